@@ -1,0 +1,210 @@
+/*
+ * Decision microbenchmark (BENCHMARKS.md "Router cost"): the time of one full decision (hash,
+ * overlap walk, potential loads, select, book) plus its free, on one core, for prompts of 1k, 8k
+ * and 32k tokens, B = 16 and 64, and 8, 64 and 1,024 workers, with about 1M worker-block entries
+ * in the index and about 2,000 requests in flight.
+ *
+ * Set-up per case: 32 prompt families (shared prefixes of half the prompt); each worker caches
+ * the prefixes of four families (reported through Stored events, as engines do) plus filler paths
+ * until the index holds ~1M entries; 2,000 requests (a family prefix plus unique tokens) are
+ * routed and left in flight. Then each measured iteration routes a new such prompt and frees it.
+ * Prints one key=value line per case and the 1024/64-worker median ratio per prompt and block
+ * size. Usage: bench_decision [--quick] (--quick: fewer iterations and a 256k-entry index).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvr/hash.h"
+#include "kvr/rng.h"
+#include "kvr/router.h"
+
+#define FAMILIES 32
+#define INFLIGHT 2000
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+struct bench {
+    uint32_t tokens, block, workers;
+    uint64_t index_entries;
+    struct kvr_router *r;
+    uint32_t *family; /* FAMILIES x (tokens / 2) prefix tokens */
+    uint32_t prefix;  /* prefix tokens per family */
+    struct kvr_rng rng;
+};
+
+static void fill_prompt(struct bench *b, uint32_t *t, uint32_t fam)
+{
+    memcpy(t, b->family + (size_t)fam * b->prefix, (size_t)b->prefix * sizeof *t);
+    for (uint32_t i = b->prefix; i < b->tokens; i++)
+        t[i] = (uint32_t)kvr_rng_below(&b->rng, 128000);
+}
+
+static int store_families(struct bench *b, uint64_t *entries)
+{
+    uint32_t nb = b->prefix / b->block;
+    uint64_t *local = malloc((size_t)nb * sizeof *local);
+    struct kvr_kv_block *blocks = malloc((size_t)nb * sizeof *blocks);
+    if (!local || !blocks)
+        return -1;
+    for (uint32_t w = 0; w < b->workers; w++) {
+        for (uint32_t k = 0; k < 4; k++) {
+            uint32_t fam = (w * 4 + k) % FAMILIES;
+            kvr_hash_prompt(b->family + (size_t)fam * b->prefix, b->prefix, b->block, local, NULL);
+            for (uint32_t i = 0; i < nb; i++)
+                blocks[i] = (struct kvr_kv_block){((uint64_t)fam << 32) | i, local[i]};
+            if (kvr_router_kv_stored(b->r, w + 1, NULL, blocks, nb) != KVR_OK)
+                return -1;
+            *entries += nb;
+        }
+    }
+    free(local);
+    free(blocks);
+    return 0;
+}
+
+/* Filler: random 64-block paths spread over the workers until the index holds the target. */
+static int store_filler(struct bench *b, uint64_t entries)
+{
+    struct kvr_kv_block blocks[64];
+    uint64_t next_id = 1ull << 62;
+    for (uint32_t w = 0; entries < b->index_entries; w = (w + 1) % b->workers) {
+        for (int i = 0; i < 64; i++)
+            blocks[i] = (struct kvr_kv_block){next_id++, kvr_rng_next(&b->rng)};
+        if (kvr_router_kv_stored(b->r, w + 1, NULL, blocks, 64) != KVR_OK)
+            return -1;
+        entries += 64;
+    }
+    return 0;
+}
+
+static int setup(struct bench *b)
+{
+    struct kvr_router_config cfg;
+    kvr_router_config_default(&cfg);
+    cfg.block_size = b->block;
+    cfg.index_max_entries = (uint32_t)(b->index_entries * 2);
+    cfg.max_prompt_tokens = b->tokens;
+    kvr_status st;
+    b->r = kvr_router_create(&cfg, &st);
+    if (!b->r)
+        return -1;
+    kvr_rng_seed(&b->rng, 1000 + b->tokens + b->block + b->workers);
+    b->prefix = b->tokens / 2 / b->block * b->block;
+    b->family = malloc((size_t)FAMILIES * b->prefix * sizeof *b->family);
+    if (!b->family)
+        return -1;
+    for (size_t i = 0; i < (size_t)FAMILIES * b->prefix; i++)
+        b->family[i] = (uint32_t)kvr_rng_below(&b->rng, 128000);
+    for (uint32_t w = 1; w <= b->workers; w++) {
+        struct kvr_worker_info info = {w, b->block, 0, 0, 0.0};
+        if (kvr_router_worker_seen(b->r, &info, 0) != KVR_OK)
+            return -1;
+    }
+    uint64_t entries = 0;
+    if (store_families(b, &entries) || store_filler(b, entries))
+        return -1;
+    uint32_t *t = malloc((size_t)b->tokens * sizeof *t);
+    if (!t)
+        return -1;
+    for (uint64_t id = 1; id <= INFLIGHT; id++) {
+        fill_prompt(b, t, (uint32_t)kvr_rng_below(&b->rng, FAMILIES));
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens};
+        struct kvr_decision d;
+        if (kvr_router_route(b->r, &q, 0, &d) != KVR_OK) {
+            free(t);
+            return -1;
+        }
+        kvr_router_prefill_done(b->r, id, 0);
+    }
+    free(t);
+    return 0;
+}
+
+/* Median decision+free time in ns, or 0 on failure. */
+static uint64_t run_case(uint32_t tokens, uint32_t block, uint32_t workers, uint32_t iters,
+                         uint64_t index_entries)
+{
+    struct bench b = {tokens, block, workers, index_entries, NULL, NULL, 0, {{0}}};
+    uint64_t median = 0;
+    uint64_t *ns = malloc((size_t)iters * sizeof *ns);
+    uint32_t *t = malloc((size_t)tokens * sizeof *t);
+    if (!ns || !t || setup(&b)) {
+        fprintf(stderr, "bench_decision: set-up failed for tokens=%u block=%u workers=%u\n", tokens,
+                block, workers);
+        goto out;
+    }
+    uint32_t warm = iters / 10;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < warm + iters; i++) {
+        uint64_t id = 1000000 + i;
+        fill_prompt(&b, t, (uint32_t)kvr_rng_below(&b.rng, FAMILIES));
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = tokens};
+        struct kvr_decision d;
+        uint64_t t0 = now_ns();
+        kvr_status st = kvr_router_route(b.r, &q, 0, &d);
+        kvr_router_done(b.r, id);
+        uint64_t dt = now_ns() - t0;
+        if (st != KVR_OK) {
+            fprintf(stderr, "bench_decision: route failed: %s\n", kvr_status_str(st));
+            goto out;
+        }
+        if (i >= warm) {
+            ns[i - warm] = dt;
+            total += dt;
+        }
+    }
+    struct kvr_router_stats s;
+    kvr_router_stats(b.r, &s);
+    qsort(ns, iters, sizeof *ns, cmp_u64);
+    median = ns[iters / 2];
+    printf("tokens=%u block=%u workers=%u median_ns=%" PRIu64 " p99_ns=%" PRIu64
+           " per_sec=%.0f index_entries=%u inflight=%u nodes=%u memory_mb=%.1f\n",
+           tokens, block, workers, median, ns[(size_t)iters * 99 / 100],
+           1e9 * iters / (double)total, s.index_entries, s.inflight, s.nodes,
+           s.memory_bytes / 1048576.0);
+    fflush(stdout);
+out:
+    kvr_router_destroy(b.r);
+    free(b.family);
+    free(ns);
+    free(t);
+    return median;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    static const uint32_t tokens[] = {1024, 8192, 32768};
+    static const uint32_t blocks[] = {16, 64};
+    static const uint32_t workers[] = {8, 64, 1024};
+    uint64_t index_entries = quick ? 1u << 18 : 1u << 20;
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t bi = 0; bi < 2; bi++) {
+            uint64_t med[3] = {0};
+            uint32_t iters = tokens[ti] >= 32768 ? 2000 : tokens[ti] >= 8192 ? 5000 : 20000;
+            if (quick)
+                iters /= 10;
+            for (size_t wi = 0; wi < 3; wi++)
+                med[wi] = run_case(tokens[ti], blocks[bi], workers[wi], iters, index_entries);
+            if (!med[0] || !med[1] || !med[2])
+                return 1;
+            printf("tokens=%u block=%u scale_1024_over_64=%.3f\n", tokens[ti], blocks[bi],
+                   (double)med[2] / (double)med[1]);
+        }
+    }
+    return 0;
+}

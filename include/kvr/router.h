@@ -1,0 +1,251 @@
+/*
+ * kvr_router: the routing core's decision pipeline (ROUTING.md sections 2-5).
+ *
+ * A router holds the worker registry, the prefix index, the predictive active-block map and the
+ * policy state. For every request it hashes the prompt, walks the shared block table once to get
+ * every worker's cached prefix (overlap) and in-flight prefix, computes each worker's potential
+ * load and cost, selects a worker with the configured policy and books the request, all in one
+ * call, so no other decision can interleave. Workers' lifecycle and KV events enter through the
+ * event functions below; nothing here does I/O or reads a clock: time is passed in (ns, any
+ * monotonic origin, never decreasing between calls).
+ *
+ * Threads: a router is not thread-safe. One thread (the state thread) makes every call; the
+ * event callback runs on that thread, inside the call that caused it, and must not call back into
+ * the router.
+ *
+ * Ownership: every pointer passed in is borrowed for the duration of the call. Pointers handed out
+ * (decision candidates, block hashes) belong to the router and stay valid until the next call into
+ * it.
+ */
+#ifndef KVR_ROUTER_H
+#define KVR_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr/policy.h"
+#include "kvr/status.h"
+
+struct kvr_router;
+
+/* What a KV event says of one block: the engine's id for it and the local hash of its tokens. */
+struct kvr_kv_block {
+    uint64_t engine_id;  /* the engine's own block id (opaque, per worker) */
+    uint64_t local_hash; /* kvr_hash_block of the block's tokens */
+};
+
+/* One event the router reports back to its owner, from inside the call that caused it. */
+enum kvr_event_kind {
+    KVR_EV_PLACED = 1,      /* a queued request found a worker: decision is set */
+    KVR_EV_REJECTED = 2,    /* a queued request waited past its deadline: status says why */
+    KVR_EV_FAILED = 3,      /* an in-flight request lost its worker: tell its client */
+    KVR_EV_EXPIRED = 4,     /* an in-flight request was dropped as stale (TTL or anti-entropy) */
+    KVR_EV_WORKER_LEFT = 5, /* a worker was removed (left, timed out) */
+};
+
+struct kvr_decision;
+
+struct kvr_event {
+    enum kvr_event_kind kind;
+    uint64_t request_id;                 /* 0 for worker events */
+    uint64_t worker_id;                  /* the worker concerned, or 0 */
+    kvr_status status;                   /* the error to report, KVR_OK for PLACED */
+    const struct kvr_decision *decision; /* PLACED only; valid during the callback */
+};
+
+typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
+
+struct kvr_router_config {
+    uint32_t block_size;          /* tokens per KV block, B; workers must announce the same */
+    enum kvr_policy policy;       /* default policy */
+    double overlap_weight;        /* weight of prefill blocks against decode blocks in kv cost */
+    double temperature;           /* kv policy: 0 picks the minimum, > 0 samples softly */
+    uint64_t seed;                /* seeds every random choice */
+    bool approximate;             /* no KV events: decisions feed the index, with a TTL */
+    uint64_t index_ttl_ns;        /* approximate mode entry lifetime */
+    uint32_t index_max_entries;   /* bound on worker-block entries in the index */
+    uint32_t index_prune_pct;     /* prune down to this percentage when over the bound */
+    double busy_threshold;        /* busy above this fraction of capacity in blocks; 0: off */
+    uint64_t busy_prefill_tokens; /* busy above this many queued prefill tokens; 0: off */
+    uint32_t max_prompt_tokens;   /* longer prompts are refused */
+    uint32_t max_inflight;        /* bound on requests in flight across all workers */
+    uint32_t queue_max;           /* requests that may wait while every worker is busy; 0: none */
+    uint64_t queue_timeout_ns;    /* how long a request may wait before "overloaded" */
+    uint64_t request_ttl_ns;      /* an in-flight request with no event for this long is dropped */
+    uint64_t worker_timeout_ns;   /* a worker silent for this long is removed; 0: never */
+    uint32_t max_workers;         /* bound on registered workers */
+    /* baseline policies' knobs (ROUTING.md section 5) */
+    uint32_t sglang_balance_abs;   /* sglang_cache_aware: imbalance if max - min load > this */
+    double sglang_balance_rel;     /* ... and max > this * min */
+    double sglang_cache_threshold; /* ... else the best match wins above this prefix fraction */
+    double llmd_w_queue;           /* llmd_weighted weights */
+    double llmd_w_kv;              /* */
+    double llmd_w_prefix;          /* */
+    uint32_t chwbl_vnodes;         /* chwbl: virtual nodes per worker */
+    double chwbl_load_factor;      /* chwbl: walk on while load > this * mean */
+    kvr_event_fn on_event;         /* may be NULL */
+    void *event_ctx;               /* passed to on_event */
+};
+
+/* Fill c with the defaults documented in docs/architecture.md. */
+void kvr_router_config_default(struct kvr_router_config *c);
+
+/* Per-request overrides of the router's defaults; fields count only when their flag is set. */
+enum kvr_override_flags {
+    KVR_OV_POLICY = 1u << 0,
+    KVR_OV_OVERLAP_WEIGHT = 1u << 1,
+    KVR_OV_TEMPERATURE = 1u << 2,
+};
+
+struct kvr_overrides {
+    uint32_t flags;         /* KVR_OV_* */
+    enum kvr_policy policy; /* */
+    double overlap_weight;  /* */
+    double temperature;     /* */
+};
+
+struct kvr_request {
+    uint64_t id;             /* unique among in-flight requests; 0 is invalid */
+    const uint32_t *tokens;  /* prompt token ids, borrowed */
+    uint32_t ntokens;        /* */
+    uint32_t max_tokens;     /* generation limit (informational to the core) */
+    struct kvr_overrides ov; /* */
+};
+
+/* One worker as the decision saw it. */
+struct kvr_candidate {
+    uint64_t worker_id;
+    uint32_t overlap_blocks; /* consecutive prompt blocks it caches */
+    uint32_t active_hits;    /* consecutive prompt blocks already in use by its requests */
+    uint64_t decode_blocks;  /* its predicted active blocks if the request went there */
+    uint64_t prefill_tokens; /* its predicted outstanding prefill tokens if it went there */
+    uint32_t inflight;       /* requests the router has in flight on it */
+    uint32_t cached_blocks;  /* entries it has in the index */
+    uint32_t waiting;        /* its own queue length, from its last load report */
+    double kv_usage;         /* its own KV utilisation, from its last load report */
+    double cost;             /* kv cost (lower is better), computed for every policy */
+    bool busy;               /* skipped as busy */
+};
+
+struct kvr_decision {
+    uint64_t request_id;
+    uint64_t worker_id;           /* the chosen worker */
+    enum kvr_policy policy;       /* the policy that chose */
+    uint32_t overlap_blocks;      /* the chosen worker's cached prefix, in blocks */
+    uint32_t prompt_blocks;       /* full blocks of the prompt */
+    uint32_t prompt_tokens;       /* */
+    double cost;                  /* the chosen worker's kv cost */
+    const uint64_t *block_hashes; /* the prompt's sequence hashes, prompt_blocks of them */
+    const struct kvr_candidate *candidates; /* every live worker, in registry order */
+    uint32_t ncandidates;                   /* */
+    bool booked;                            /* the request is now in flight on the worker */
+};
+
+/* What a worker announces (on join and in every heartbeat). */
+struct kvr_worker_info {
+    uint64_t id;              /* unique, non-zero */
+    uint32_t block_size;      /* must equal the router's */
+    uint64_t capacity_blocks; /* KV pool size; 0: unknown, never busy by blocks */
+    uint32_t waiting;         /* its own queue length (load report, for llmd_weighted) */
+    double kv_usage;          /* its own KV utilisation in [0, 1] (load report) */
+};
+
+struct kvr_index_counters {
+    uint64_t stored_blocks;  /* blocks added by Stored events */
+    uint64_t removed_blocks; /* blocks dropped by Removed events */
+    uint64_t unknown_parent; /* Stored events rejected for an unknown parent */
+    uint64_t unknown_block;  /* Removed ids that were not in the index */
+    uint64_t reassigned;     /* engine ids reused for another block, or duplicate blocks */
+    uint64_t pruned;         /* entries pruned to keep the bound */
+    uint64_t expired;        /* TTL entries expired */
+    uint64_t cleared;        /* entries dropped by Cleared events or worker removal */
+};
+
+struct kvr_router_stats {
+    uint64_t decisions;         /* requests routed and booked */
+    uint64_t selects;           /* decisions returned without booking */
+    uint64_t queued;            /* requests that had to wait */
+    uint64_t rejected;          /* requests refused (any error) */
+    uint64_t overloaded;        /* ... of which overloaded */
+    uint64_t unknown_request;   /* events for requests not in flight */
+    uint64_t unknown_worker;    /* events from workers not registered */
+    uint64_t duplicate_request; /* requests whose id was already in flight */
+    uint64_t bad_block_size;    /* workers refused for their block size */
+    uint64_t expired_requests;  /* in-flight requests dropped as stale */
+    uint64_t failed_requests;   /* in-flight requests failed by worker loss */
+    uint64_t workers_joined;    /* */
+    uint64_t workers_left;      /* */
+    struct kvr_index_counters index;
+    uint32_t workers;       /* registered now */
+    uint32_t inflight;      /* requests in flight now */
+    uint32_t queue_len;     /* requests waiting now */
+    uint32_t index_entries; /* worker-block entries in the index */
+    uint32_t nodes;         /* blocks in the shared block table */
+    uint64_t active_blocks; /* sum over workers of predicted active blocks */
+    size_t memory_bytes;    /* heap held by the router's structures */
+};
+
+/* Create a router; cfg is copied. NULL when cfg is invalid or memory is short (*st says which). */
+struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st);
+void kvr_router_destroy(struct kvr_router *r);
+
+/*
+ * Decide and book: choose a worker for req and book it in the active-block map (and, in
+ * approximate mode, the index). On KVR_OK, *out describes the decision. KVR_ERR_QUEUED means
+ * every worker is busy and the request waits; its outcome arrives later as a PLACED or REJECTED
+ * event. Any other status refuses the request (nothing is booked).
+ */
+kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                            struct kvr_decision *out);
+
+/* Decide without booking (for gateways that forward themselves). Never queues. */
+kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                             struct kvr_decision *out);
+
+/*
+ * Book a decision made elsewhere (a peer's gossip, or a gateway that selected earlier): request id
+ * on worker_id with the given sequence hashes, prompt length and overlap. Duplicate ids and
+ * unknown workers are refused and counted.
+ */
+kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
+                           const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
+                           uint32_t overlap_blocks, uint64_t now);
+
+/* Request lifecycle events from the workers. Unknown ids are counted no-ops. */
+kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now);
+kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, uint64_t now);
+kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id);
+
+/*
+ * A worker's heartbeat (or first announcement): registers it when new, refreshes its liveness,
+ * capacity and load report. Refused with KVR_ERR_BLOCK_SIZE when its block size differs.
+ */
+kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_info *info,
+                                  uint64_t now);
+
+/* Remove a worker: its cache entries go, its in-flight requests fail (FAILED events). */
+kvr_status kvr_router_worker_remove(struct kvr_router *r, uint64_t worker_id);
+
+/* KV events from a worker's engine (event mode; also applied in approximate mode). */
+kvr_status kvr_router_kv_stored(struct kvr_router *r, uint64_t worker_id, const uint64_t *parent,
+                                const struct kvr_kv_block *blocks, size_t n);
+kvr_status kvr_router_kv_removed(struct kvr_router *r, uint64_t worker_id,
+                                 const uint64_t *engine_ids, size_t n);
+kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id);
+
+/*
+ * Housekeeping at time now: expire index TTL entries, stale requests and silent workers, place or
+ * reject queued requests. Call it periodically (every few ms to a second) and after events that
+ * free load.
+ */
+void kvr_router_tick(struct kvr_router *r, uint64_t now);
+
+void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out);
+
+/* Predicted load of one worker (for reports and tests). KVR_ERR_UNKNOWN_WORKER if absent. */
+kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id,
+                                  uint64_t *active_blocks, uint64_t *prefill_tokens,
+                                  uint32_t *inflight);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * kvr_active implementation. Invariants: a request holds exactly one reference in the act set of
+ * each of its nodes under its slot; a worker's blocks equal the number of act sets holding its
+ * slot plus its requests' extra blocks; its prefill equals the sum of its requests' prefill. The
+ * TTL list is in last_ns order because time never decreases and every event moves its request to
+ * the tail.
+ */
+#include "active.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static struct kvr_active_req *req(const struct kvr_active *a, uint32_t h)
+{
+    return (struct kvr_active_req *)kvr_pool_get(&a->reqs, h);
+}
+
+kvr_status kvr_active_init(struct kvr_active *a, struct kvr_blocktab *tab, uint32_t block_size,
+                           uint32_t hint)
+{
+    memset(a, 0, sizeof *a);
+    a->tab = tab;
+    a->block_size = block_size ? block_size : 1;
+    a->ttl_head = a->ttl_tail = KVR_NIL;
+    kvr_pool_init(&a->reqs, sizeof(struct kvr_active_req));
+    return kvr_map_init(&a->ids, hint);
+}
+
+void kvr_active_free(struct kvr_active *a)
+{
+    for (uint32_t s = 0; s < a->nslots; s++)
+        kvr_active_drop_worker(a, s, NULL, NULL);
+    free(a->w);
+    kvr_map_free(&a->ids);
+    kvr_pool_free(&a->reqs);
+    memset(a, 0, sizeof *a);
+}
+
+kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
+{
+    if (nslots <= a->nslots)
+        return KVR_OK;
+    struct kvr_active_worker *w = realloc(a->w, (size_t)nslots * sizeof *w);
+    if (!w)
+        return KVR_ERR_NOMEM;
+    for (uint32_t s = a->nslots; s < nslots; s++) {
+        memset(&w[s], 0, sizeof w[s]);
+        w[s].head = KVR_NIL;
+    }
+    a->w = w;
+    a->nslots = nslots;
+    return KVR_OK;
+}
+
+static void ttl_unlink(struct kvr_active *a, uint32_t h)
+{
+    struct kvr_active_req *r = req(a, h);
+    if (r->t_prev != KVR_NIL)
+        req(a, r->t_prev)->t_next = r->t_next;
+    else
+        a->ttl_head = r->t_next;
+    if (r->t_next != KVR_NIL)
+        req(a, r->t_next)->t_prev = r->t_prev;
+    else
+        a->ttl_tail = r->t_prev;
+}
+
+static void ttl_append(struct kvr_active *a, uint32_t h)
+{
+    struct kvr_active_req *r = req(a, h);
+    r->t_next = KVR_NIL;
+    r->t_prev = a->ttl_tail;
+    if (a->ttl_tail != KVR_NIL)
+        req(a, a->ttl_tail)->t_next = h;
+    else
+        a->ttl_head = h;
+    a->ttl_tail = h;
+}
+
+/* Drop n references of worker slot from nodes[0..n). */
+static void unref_nodes(struct kvr_active *a, uint32_t slot, const uint32_t *nodes, uint32_t n)
+{
+    struct kvr_active_worker *w = &a->w[slot];
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
+        uint32_t *refs = kvr_hset_find(&node->act, slot);
+        if (--*refs == 0) {
+            kvr_hset_del(&node->act, slot, &a->tab->set_bytes);
+            w->blocks--;
+            kvr_blocktab_release(a->tab, nodes[i]);
+        }
+    }
+}
+
+kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, const uint32_t *nodes,
+                          uint32_t n, uint32_t prompt_tokens, uint32_t overlap_blocks, uint64_t now)
+{
+    if (slot >= a->nslots || (n && !nodes))
+        return KVR_ERR_INVALID;
+    if (kvr_map_get(&a->ids, id) != KVR_NIL)
+        return KVR_ERR_DUPLICATE;
+    uint32_t *copy = NULL;
+    if (n) {
+        copy = malloc((size_t)n * sizeof *copy);
+        if (!copy)
+            return KVR_ERR_NOMEM;
+        memcpy(copy, nodes, (size_t)n * sizeof *copy);
+    }
+    uint32_t h = kvr_pool_alloc(&a->reqs);
+    if (h == KVR_NIL || kvr_map_put(&a->ids, id, h) != KVR_OK) {
+        if (h != KVR_NIL)
+            kvr_pool_put(&a->reqs, h);
+        free(copy);
+        return KVR_ERR_NOMEM;
+    }
+    struct kvr_active_worker *w = &a->w[slot];
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
+        uint32_t *refs = kvr_hset_find(&node->act, slot);
+        if (refs) {
+            ++*refs;
+            continue;
+        }
+        kvr_status st = kvr_hset_add(&node->act, slot, 1, &a->tab->set_bytes);
+        if (st != KVR_OK) {
+            unref_nodes(a, slot, copy, i);
+            kvr_map_del(&a->ids, id);
+            kvr_pool_put(&a->reqs, h);
+            free(copy);
+            return st;
+        }
+        w->blocks++;
+    }
+    struct kvr_active_req *r = req(a, h);
+    uint64_t cached = (uint64_t)overlap_blocks * a->block_size;
+    r->id = id;
+    r->slot = slot;
+    r->nodes = copy;
+    r->nnodes = n;
+    r->extra = prompt_tokens % a->block_size ? 1 : 0;
+    r->prompt_tokens = prompt_tokens;
+    r->overlap = overlap_blocks;
+    r->prefill = cached < prompt_tokens ? prompt_tokens - cached : 0;
+    r->last_ns = now;
+    r->w_prev = KVR_NIL;
+    r->w_next = w->head;
+    if (w->head != KVR_NIL)
+        req(a, w->head)->w_prev = h;
+    w->head = h;
+    w->blocks += r->extra;
+    w->prefill += r->prefill;
+    w->nreqs++;
+    ttl_append(a, h);
+    a->node_bytes += (size_t)n * sizeof *copy;
+    return KVR_OK;
+}
+
+/* The live request id, moved to the TTL tail as of now; KVR_NIL when unknown. */
+static uint32_t touch(struct kvr_active *a, uint64_t id, uint64_t now)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    if (h == KVR_NIL)
+        return KVR_NIL;
+    struct kvr_active_req *r = req(a, h);
+    if (now > r->last_ns)
+        r->last_ns = now;
+    ttl_unlink(a, h);
+    ttl_append(a, h);
+    return h;
+}
+
+kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t now)
+{
+    uint32_t h = touch(a, id, now);
+    if (h == KVR_NIL)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    struct kvr_active_req *r = req(a, h);
+    a->w[r->slot].prefill -= r->prefill;
+    r->prefill = 0;
+    return KVR_OK;
+}
+
+kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now)
+{
+    uint32_t h = touch(a, id, now);
+    if (h == KVR_NIL)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    struct kvr_active_req *r = req(a, h);
+    r->extra++;
+    a->w[r->slot].blocks++;
+    return KVR_OK;
+}
+
+static void remove_handle(struct kvr_active *a, uint32_t h)
+{
+    struct kvr_active_req *r = req(a, h);
+    struct kvr_active_worker *w = &a->w[r->slot];
+    unref_nodes(a, r->slot, r->nodes, r->nnodes);
+    w->blocks -= r->extra;
+    w->prefill -= r->prefill;
+    w->nreqs--;
+    if (r->w_prev != KVR_NIL)
+        req(a, r->w_prev)->w_next = r->w_next;
+    else
+        w->head = r->w_next;
+    if (r->w_next != KVR_NIL)
+        req(a, r->w_next)->w_prev = r->w_prev;
+    ttl_unlink(a, h);
+    kvr_map_del(&a->ids, r->id);
+    a->node_bytes -= (size_t)r->nnodes * sizeof *r->nodes;
+    free(r->nodes);
+    kvr_pool_put(&a->reqs, h);
+}
+
+kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    if (h == KVR_NIL)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    remove_handle(a, h);
+    return KVR_OK;
+}
+
+uint32_t kvr_active_expire(struct kvr_active *a, uint64_t cutoff, kvr_active_drop_fn fn, void *ctx)
+{
+    uint32_t n = 0;
+    while (a->ttl_head != KVR_NIL && req(a, a->ttl_head)->last_ns <= cutoff) {
+        struct kvr_active_req *r = req(a, a->ttl_head);
+        uint64_t id = r->id;
+        uint32_t slot = r->slot;
+        remove_handle(a, a->ttl_head);
+        if (fn)
+            fn(ctx, id, slot);
+        n++;
+    }
+    return n;
+}
+
+uint32_t kvr_active_drop_worker(struct kvr_active *a, uint32_t slot, kvr_active_drop_fn fn,
+                                void *ctx)
+{
+    if (slot >= a->nslots)
+        return 0;
+    uint32_t n = 0;
+    while (a->w[slot].head != KVR_NIL) {
+        uint64_t id = req(a, a->w[slot].head)->id;
+        remove_handle(a, a->w[slot].head);
+        if (fn)
+            fn(ctx, id, slot);
+        n++;
+    }
+    return n;
+}
+
+size_t kvr_active_bytes(const struct kvr_active *a)
+{
+    return kvr_pool_bytes(&a->reqs) + kvr_map_bytes(&a->ids) + a->node_bytes +
+           (size_t)a->nslots * sizeof *a->w;
+}

@@ -1,0 +1,97 @@
+/*
+ * kvr_active: the predictive active-block map (ROUTING.md section 3).
+ *
+ * The router books every request it routes on the chosen worker: a reference on each of the
+ * prompt's blocks (the act sets of the shared block table count requests per worker and block),
+ * the prompt tokens the worker still has to prefill, and the blocks outside the table (a trailing
+ * partial block, then one per output block). Lifecycle events move those figures: prefill done
+ * takes the prefill tokens out, each output block adds a block, done frees everything. From that
+ * the router predicts each worker's load without asking the engines:
+ *   active_blocks(w)  = distinct table blocks with a reference on w + w's extra blocks
+ *   prefill_tokens(w) = sum of outstanding prefill tokens of w's requests
+ * Every operation is O(1) per block. Requests that are never freed are dropped after a TTL
+ * counted from their last event. Single-threaded.
+ */
+#ifndef KVR_ACTIVE_H
+#define KVR_ACTIVE_H
+
+#include <stdint.h>
+
+#include "blocktab.h"
+
+struct kvr_active_req {
+    uint64_t id;            /* request id */
+    uint64_t prefill;       /* prompt tokens still to prefill (0 once prefill is done) */
+    uint64_t last_ns;       /* time of its last event */
+    uint32_t *nodes;        /* block table nodes it references, owned */
+    uint32_t nnodes;        /* */
+    uint32_t slot;          /* worker slot */
+    uint32_t extra;         /* blocks held outside the table */
+    uint32_t prompt_tokens; /* */
+    uint32_t overlap;       /* cached prefix blocks at booking */
+    uint32_t t_prev;        /* neighbours in the TTL list (by last_ns) */
+    uint32_t t_next;        /* */
+    uint32_t w_prev;        /* neighbours in its worker's list */
+    uint32_t w_next;        /* */
+};
+
+struct kvr_active_worker {
+    uint64_t blocks;  /* predicted active blocks */
+    uint64_t prefill; /* predicted outstanding prefill tokens */
+    uint32_t nreqs;   /* requests in flight */
+    uint32_t head;    /* first request, KVR_NIL when none */
+};
+
+struct kvr_active {
+    struct kvr_blocktab *tab;    /* borrowed; must outlive the map */
+    struct kvr_pool reqs;        /* struct kvr_active_req */
+    struct kvr_map ids;          /* request id -> request handle */
+    struct kvr_active_worker *w; /* per worker slot, owned */
+    uint32_t nslots;             /* */
+    uint32_t ttl_head;           /* least recently active request */
+    uint32_t ttl_tail;           /* most recently active request */
+    uint32_t block_size;         /* B */
+    size_t node_bytes;           /* bytes of the requests' node arrays */
+};
+
+typedef void (*kvr_active_drop_fn)(void *ctx, uint64_t request_id, uint32_t slot);
+
+kvr_status kvr_active_init(struct kvr_active *a, struct kvr_blocktab *tab, uint32_t block_size,
+                           uint32_t hint);
+void kvr_active_free(struct kvr_active *a);
+kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots);
+
+/*
+ * Book request id on worker slot: a reference on nodes[0..n) (copied), prompt_tokens to prefill
+ * minus the overlap_blocks already cached. KVR_ERR_DUPLICATE when id is in flight.
+ */
+kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, const uint32_t *nodes,
+                          uint32_t n, uint32_t prompt_tokens, uint32_t overlap_blocks,
+                          uint64_t now);
+
+/* Lifecycle events; KVR_ERR_UNKNOWN_REQUEST when id is not in flight. */
+kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t now);
+kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now);
+kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id);
+
+/* Drop requests whose last event is at or before cutoff; fn (may be NULL) hears of each. */
+uint32_t kvr_active_expire(struct kvr_active *a, uint64_t cutoff, kvr_active_drop_fn fn, void *ctx);
+
+/* Drop every request of a worker; fn (may be NULL) hears of each. */
+uint32_t kvr_active_drop_worker(struct kvr_active *a, uint32_t slot, kvr_active_drop_fn fn,
+                                void *ctx);
+
+static inline const struct kvr_active_req *kvr_active_find(const struct kvr_active *a, uint64_t id)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    return h == KVR_NIL ? NULL : (const struct kvr_active_req *)kvr_pool_get(&a->reqs, h);
+}
+
+static inline uint32_t kvr_active_count(const struct kvr_active *a)
+{
+    return a->reqs.live;
+}
+
+size_t kvr_active_bytes(const struct kvr_active *a);
+
+#endif

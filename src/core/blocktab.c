@@ -1,0 +1,110 @@
+/*
+ * kvr_blocktab implementation. Invariant: a handle is in the map iff its node is live, and a live
+ * node that is not being built by its caller has at least one member in idx or act.
+ */
+#include "blocktab.h"
+
+#include <string.h>
+
+kvr_status kvr_blocktab_init(struct kvr_blocktab *t, uint32_t hint)
+{
+    memset(t, 0, sizeof *t);
+    kvr_pool_init(&t->nodes, sizeof(struct kvr_node));
+    return kvr_map_init(&t->map, hint);
+}
+
+void kvr_blocktab_free(struct kvr_blocktab *t)
+{
+    for (uint32_t i = 0; i <= t->map.mask; i++) {
+        if (t->map.slots[i].val == KVR_NIL)
+            continue;
+        struct kvr_node *n = kvr_blocktab_node(t, t->map.slots[i].val);
+        kvr_hset_release(&n->idx, &t->set_bytes);
+        kvr_hset_release(&n->act, &t->set_bytes);
+    }
+    kvr_map_free(&t->map);
+    kvr_pool_free(&t->nodes);
+}
+
+kvr_status kvr_blocktab_get(struct kvr_blocktab *t, uint64_t seq, uint32_t *h)
+{
+    uint32_t found = kvr_map_get(&t->map, seq);
+    if (found != KVR_NIL) {
+        *h = found;
+        return KVR_OK;
+    }
+    uint32_t nh = kvr_pool_alloc(&t->nodes);
+    if (nh == KVR_NIL)
+        return KVR_ERR_NOMEM;
+    kvr_status st = kvr_map_put(&t->map, seq, nh);
+    if (st != KVR_OK) {
+        kvr_pool_put(&t->nodes, nh);
+        return st;
+    }
+    struct kvr_node *n = kvr_blocktab_node(t, nh);
+    memset(n, 0, sizeof *n);
+    n->seq = seq;
+    *h = nh;
+    return KVR_OK;
+}
+
+bool kvr_blocktab_release(struct kvr_blocktab *t, uint32_t h)
+{
+    struct kvr_node *n = kvr_blocktab_node(t, h);
+    if (n->idx.n || n->act.n)
+        return false;
+    kvr_hset_release(&n->idx, &t->set_bytes);
+    kvr_hset_release(&n->act, &t->set_bytes);
+    kvr_map_del(&t->map, n->seq);
+    kvr_pool_put(&t->nodes, h);
+    return true;
+}
+
+size_t kvr_blocktab_bytes(const struct kvr_blocktab *t)
+{
+    return kvr_map_bytes(&t->map) + kvr_pool_bytes(&t->nodes) + t->set_bytes;
+}
+
+#define WALK_PREFETCH 8u
+
+uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, uint32_t n,
+                           struct kvr_walk *idx_walk, uint32_t *idx_out, struct kvr_walk *act_walk,
+                           uint32_t *act_out, uint32_t *nodes_out)
+{
+    for (uint32_t d = 0; d < n && d < WALK_PREFETCH; d++)
+        kvr_map_prefetch(&t->map, seq[d]);
+    uint32_t d = 0;
+    for (; d < n; d++) {
+        if (d + WALK_PREFETCH < n)
+            kvr_map_prefetch(&t->map, seq[d + WALK_PREFETCH]);
+        uint32_t h = kvr_map_get(&t->map, seq[d]);
+        if (h == KVR_NIL)
+            break;
+        const struct kvr_node *node = kvr_blocktab_node(t, h);
+        nodes_out[d] = h;
+        bool live = false;
+        if (idx_walk) {
+            if (d == 0)
+                kvr_walk_start(idx_walk, &node->idx);
+            else if (kvr_walk_alive(idx_walk))
+                kvr_walk_step(idx_walk, &node->idx, d, idx_out);
+            live |= kvr_walk_alive(idx_walk);
+        }
+        if (act_walk) {
+            if (d == 0)
+                kvr_walk_start(act_walk, &node->act);
+            else if (kvr_walk_alive(act_walk))
+                kvr_walk_step(act_walk, &node->act, d, act_out);
+            live |= kvr_walk_alive(act_walk);
+        }
+        if (!live) {
+            d++;
+            break;
+        }
+    }
+    if (idx_walk)
+        kvr_walk_finish(idx_walk, d, idx_out);
+    if (act_walk)
+        kvr_walk_finish(act_walk, d, act_out);
+    return d;
+}

@@ -1,0 +1,118 @@
+/*
+ * kvr_hset: a set of worker slots, each member carrying a u32 value, and kvr_walk, the prefix
+ * walk that intersects a chain of such sets in one pass.
+ *
+ * A block of the index or of the active map is held by a set of workers. Most blocks are held by
+ * one worker (stored inline, no allocation), some by a few (a small sparse array of (slot, value)
+ * pairs), and a shared system prompt's blocks by hundreds (a dense bitmap plus a value per slot).
+ * The representation switches on size, with hysteresis, so memory stays proportional to the
+ * members and the walk costs O(members) for sparse sets and O(live words) for dense ones.
+ *
+ * kvr_walk answers, for the chain of sets of a prompt's blocks, the number of *consecutive*
+ * blocks from the start that each worker holds, for every worker at once: it keeps the set of
+ * workers that held every block so far as a bitmap and records the depth at which each drops out.
+ * Its cost is O(sum over depth of min(members, live words)) plus O(workers) to finish, never
+ * O(blocks x workers).
+ *
+ * Not thread-safe: owned by the router's state thread.
+ */
+#ifndef KVR_HSET_H
+#define KVR_HSET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvr/status.h"
+
+#define KVR_HSET_DENSE     UINT32_MAX /* cap value of a dense set */
+#define KVR_HSET_DENSE_AT  48u        /* a sparse set with this many members turns dense */
+#define KVR_HSET_SPARSE_AT 12u        /* a dense set with fewer members turns sparse */
+
+struct kvr_hpair {
+    uint32_t slot; /* worker slot */
+    uint32_t val;  /* the owner's value for that worker */
+};
+
+/*
+ * Dense form: a bitmap of members, per word the number of members in the words before it, and
+ * the members' values packed in slot order (a member's value sits at its rank), so a dense set
+ * costs a bit per possible worker plus four bytes per member.
+ */
+struct kvr_hdense {
+    uint32_t words;  /* bitmap words; slots below words * 64 can be held */
+    uint32_t vcap;   /* room for this many values */
+    uint64_t bits[]; /* words bitmap words, then words u32 prefix counts, then vcap u32 values */
+};
+
+struct kvr_hset {
+    uint32_t n;   /* members */
+    uint32_t cap; /* 0 or 1: inline; >= 2: capacity of pairs; KVR_HSET_DENSE: dense */
+    union {
+        struct kvr_hpair one;     /* cap <= 1 */
+        struct kvr_hpair *pairs;  /* 2 <= cap < KVR_HSET_DENSE, owned */
+        struct kvr_hdense *dense; /* cap == KVR_HSET_DENSE, owned */
+    } u;
+};
+
+/* An empty set needs no initialisation beyond zeroing. */
+#define KVR_HSET_INIT                                                                              \
+    {                                                                                              \
+        0, 0,                                                                                      \
+        {                                                                                          \
+            {                                                                                      \
+                0, 0                                                                               \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* Pointer to the value of slot, or NULL when slot is not a member. Valid until the next change. */
+uint32_t *kvr_hset_find(struct kvr_hset *s, uint32_t slot);
+
+/* Add slot (which must not be a member) with val. *bytes tracks heap bytes held by sets. */
+kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes);
+
+/* Remove slot; returns whether it was a member. */
+bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes);
+
+/* Free everything; the set becomes empty. */
+void kvr_hset_release(struct kvr_hset *s, size_t *bytes);
+
+/* Iteration in no particular order; the set must not change during it. */
+struct kvr_hset_iter {
+    const struct kvr_hset *s; /* borrowed */
+    uint32_t i;               /* next pair index, or next bitmap word */
+    uint64_t bits;            /* remaining bits of the current dense word */
+    uint32_t word;            /* index of the current dense word */
+};
+void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s);
+bool kvr_hset_next(struct kvr_hset_iter *it, uint32_t *slot, uint32_t *val);
+
+/* Scratch state of one prefix walk; reused across walks, all-zero between them. */
+struct kvr_walk {
+    uint32_t words;  /* capacity: slots below words * 64 */
+    uint32_t nnz;    /* entries of nz in use */
+    uint64_t *alive; /* workers that held every set so far, owned */
+    uint64_t *tmp;   /* scratch bitmap, zero between steps, owned */
+    uint32_t *nz;    /* indices of the nonzero words of alive, owned */
+};
+
+/* Make room for slots below nslots. */
+kvr_status kvr_walk_reserve(struct kvr_walk *w, uint32_t nslots);
+void kvr_walk_free(struct kvr_walk *w);
+
+/* Begin a walk: the alive set becomes the members of first. */
+void kvr_walk_start(struct kvr_walk *w, const struct kvr_hset *first);
+
+static inline bool kvr_walk_alive(const struct kvr_walk *w)
+{
+    return w->nnz != 0;
+}
+
+/* Intersect the alive set with s; every worker that drops out gets out[slot] = depth. */
+void kvr_walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth, uint32_t *out);
+
+/* End the walk: every worker still alive gets out[slot] = depth; the walk is reset. */
+void kvr_walk_finish(struct kvr_walk *w, uint32_t depth, uint32_t *out);
+
+#endif

@@ -1,0 +1,310 @@
+/*
+ * kvr_index implementation. Invariants: an entry is in exactly one LRU list (TTL entries in
+ * lru[0] in expiry order, event entries in lru[1] in age order), in its worker's list, in its
+ * node's idx set under its slot, and, when it is an event entry, in its worker's jump table under
+ * its engine id. A node holds a worker at most once, so (node, slot) names an entry.
+ */
+#include "index.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr/hash.h"
+
+#define EVENT_ENTRY UINT64_MAX /* expires value of an event entry */
+
+static struct kvr_index_entry *ent(const struct kvr_index *ix, uint32_t h)
+{
+    return (struct kvr_index_entry *)kvr_pool_get(&ix->entries, h);
+}
+
+static int lru_of(const struct kvr_index_entry *e)
+{
+    return e->expires == EVENT_ENTRY;
+}
+
+static void lru_unlink(struct kvr_index *ix, uint32_t h)
+{
+    struct kvr_index_entry *e = ent(ix, h);
+    struct kvr_index_lru *l = &ix->lru[lru_of(e)];
+    if (e->lru_prev != KVR_NIL)
+        ent(ix, e->lru_prev)->lru_next = e->lru_next;
+    else
+        l->head = e->lru_next;
+    if (e->lru_next != KVR_NIL)
+        ent(ix, e->lru_next)->lru_prev = e->lru_prev;
+    else
+        l->tail = e->lru_prev;
+}
+
+static void lru_append(struct kvr_index *ix, uint32_t h)
+{
+    struct kvr_index_entry *e = ent(ix, h);
+    struct kvr_index_lru *l = &ix->lru[lru_of(e)];
+    e->lru_next = KVR_NIL;
+    e->lru_prev = l->tail;
+    if (l->tail != KVR_NIL)
+        ent(ix, l->tail)->lru_next = h;
+    else
+        l->head = h;
+    l->tail = h;
+}
+
+kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
+                          const struct kvr_index_config *cfg)
+{
+    memset(ix, 0, sizeof *ix);
+    ix->cfg = *cfg;
+    if (ix->cfg.prune_pct == 0 || ix->cfg.prune_pct > 100)
+        ix->cfg.prune_pct = 80;
+    ix->tab = tab;
+    kvr_pool_init(&ix->entries, sizeof(struct kvr_index_entry));
+    for (int i = 0; i < 2; i++)
+        ix->lru[i].head = ix->lru[i].tail = KVR_NIL;
+    return KVR_OK;
+}
+
+void kvr_index_free(struct kvr_index *ix)
+{
+    for (uint32_t s = 0; s < ix->nslots; s++)
+        kvr_index_clear_worker(ix, s);
+    free(ix->w);
+    kvr_pool_free(&ix->entries);
+    memset(ix, 0, sizeof *ix);
+}
+
+kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots)
+{
+    if (nslots <= ix->nslots)
+        return KVR_OK;
+    struct kvr_index_worker *w = realloc(ix->w, (size_t)nslots * sizeof *w);
+    if (!w)
+        return KVR_ERR_NOMEM;
+    for (uint32_t s = ix->nslots; s < nslots; s++) {
+        memset(&w[s], 0, sizeof w[s]);
+        w[s].head = KVR_NIL;
+    }
+    ix->w = w;
+    ix->nslots = nslots;
+    return KVR_OK;
+}
+
+/* Drop one entry everywhere; frees its node when nothing else holds it. */
+static void entry_remove(struct kvr_index *ix, uint32_t h)
+{
+    struct kvr_index_entry *e = ent(ix, h);
+    struct kvr_index_worker *w = &ix->w[e->slot];
+    lru_unlink(ix, h);
+    if (e->w_prev != KVR_NIL)
+        ent(ix, e->w_prev)->w_next = e->w_next;
+    else
+        w->head = e->w_next;
+    if (e->w_next != KVR_NIL)
+        ent(ix, e->w_next)->w_prev = e->w_prev;
+    if (e->expires == EVENT_ENTRY && w->engines.slots &&
+        kvr_map_get(&w->engines, e->engine_id) == h)
+        kvr_map_del(&w->engines, e->engine_id);
+    w->count--;
+    struct kvr_node *node = kvr_blocktab_node(ix->tab, e->node);
+    kvr_hset_del(&node->idx, e->slot, &ix->tab->set_bytes);
+    kvr_blocktab_release(ix->tab, e->node);
+    kvr_pool_put(&ix->entries, h);
+}
+
+/* A new entry of worker slot on node nh, linked everywhere but the jump table. */
+static kvr_status entry_add(struct kvr_index *ix, uint32_t slot, uint32_t nh, uint64_t expires,
+                            uint32_t *out)
+{
+    uint32_t h = kvr_pool_alloc(&ix->entries);
+    if (h == KVR_NIL)
+        return KVR_ERR_NOMEM;
+    struct kvr_node *node = kvr_blocktab_node(ix->tab, nh);
+    kvr_status st = kvr_hset_add(&node->idx, slot, h, &ix->tab->set_bytes);
+    if (st != KVR_OK) {
+        kvr_pool_put(&ix->entries, h);
+        return st;
+    }
+    struct kvr_index_entry *e = ent(ix, h);
+    struct kvr_index_worker *w = &ix->w[slot];
+    e->node = nh;
+    e->slot = slot;
+    e->engine_id = 0;
+    e->expires = expires;
+    e->w_prev = KVR_NIL;
+    e->w_next = w->head;
+    if (w->head != KVR_NIL)
+        ent(ix, w->head)->w_prev = h;
+    w->head = h;
+    w->count++;
+    lru_append(ix, h);
+    *out = h;
+    return KVR_OK;
+}
+
+static void prune(struct kvr_index *ix)
+{
+    if (ix->entries.live <= ix->cfg.max_entries)
+        return;
+    uint32_t target = (uint32_t)((uint64_t)ix->cfg.max_entries * ix->cfg.prune_pct / 100);
+    for (int l = 0; l < 2; l++) {
+        while (ix->entries.live > target && ix->lru[l].head != KVR_NIL) {
+            entry_remove(ix, ix->lru[l].head);
+            ix->cnt.pruned++;
+        }
+    }
+}
+
+/* Bind engine_id to a new or existing entry of slot on node nh, as an event entry. */
+static kvr_status store_one(struct kvr_index *ix, uint32_t slot, uint32_t nh, uint64_t engine_id)
+{
+    struct kvr_index_worker *w = &ix->w[slot];
+    uint32_t old = kvr_map_get(&w->engines, engine_id);
+    if (old != KVR_NIL) {
+        if (ent(ix, old)->node == nh) { /* a repeated event: refresh its age */
+            lru_unlink(ix, old);
+            lru_append(ix, old);
+            return KVR_OK;
+        }
+        entry_remove(ix, old); /* the engine reused the id for another block */
+        ix->cnt.reassigned++;
+    }
+    struct kvr_node *node = kvr_blocktab_node(ix->tab, nh);
+    uint32_t *held = kvr_hset_find(&node->idx, slot);
+    uint32_t h;
+    if (held) { /* already cached under a TTL entry or under another engine id */
+        h = *held;
+        struct kvr_index_entry *e = ent(ix, h);
+        lru_unlink(ix, h);
+        if (e->expires == EVENT_ENTRY) {
+            kvr_map_del(&w->engines, e->engine_id);
+            ix->cnt.reassigned++;
+        }
+        e->expires = EVENT_ENTRY;
+        lru_append(ix, h);
+    } else {
+        kvr_status st = entry_add(ix, slot, nh, EVENT_ENTRY, &h);
+        if (st != KVR_OK)
+            return st;
+    }
+    ent(ix, h)->engine_id = engine_id;
+    kvr_status st = kvr_map_put(&w->engines, engine_id, h);
+    if (st != KVR_OK)
+        entry_remove(ix, h);
+    return st;
+}
+
+kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t *parent,
+                            const struct kvr_kv_block *blocks, size_t n)
+{
+    if (slot >= ix->nslots || (n && !blocks))
+        return KVR_ERR_INVALID;
+    struct kvr_index_worker *w = &ix->w[slot];
+    if (!w->engines.slots) {
+        kvr_status st = kvr_map_init(&w->engines, 64);
+        if (st != KVR_OK)
+            return st;
+    }
+    uint64_t prev = 0;
+    if (parent) {
+        uint32_t p = kvr_map_get(&w->engines, *parent);
+        if (p == KVR_NIL) {
+            ix->cnt.unknown_parent++;
+            return KVR_ERR_UNKNOWN_PARENT;
+        }
+        prev = kvr_blocktab_node(ix->tab, ent(ix, p)->node)->seq;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t seq =
+            (i == 0 && !parent) ? blocks[i].local_hash : kvr_hash_seq(prev, blocks[i].local_hash);
+        uint32_t nh;
+        kvr_status st = kvr_blocktab_get(ix->tab, seq, &nh);
+        if (st == KVR_OK) {
+            st = store_one(ix, slot, nh, blocks[i].engine_id);
+            if (st != KVR_OK)
+                kvr_blocktab_release(ix->tab, nh);
+        }
+        if (st != KVR_OK) {
+            prune(ix);
+            return st;
+        }
+        ix->cnt.stored_blocks++;
+        prev = seq;
+    }
+    prune(ix);
+    return KVR_OK;
+}
+
+kvr_status kvr_index_removed(struct kvr_index *ix, uint32_t slot, const uint64_t *engine_ids,
+                             size_t n)
+{
+    if (slot >= ix->nslots || (n && !engine_ids))
+        return KVR_ERR_INVALID;
+    struct kvr_index_worker *w = &ix->w[slot];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = w->engines.slots ? kvr_map_get(&w->engines, engine_ids[i]) : KVR_NIL;
+        if (h == KVR_NIL) {
+            ix->cnt.unknown_block++;
+            continue;
+        }
+        entry_remove(ix, h);
+        ix->cnt.removed_blocks++;
+    }
+    return KVR_OK;
+}
+
+void kvr_index_clear_worker(struct kvr_index *ix, uint32_t slot)
+{
+    if (slot >= ix->nslots)
+        return;
+    struct kvr_index_worker *w = &ix->w[slot];
+    while (w->head != KVR_NIL) {
+        entry_remove(ix, w->head);
+        ix->cnt.cleared++;
+    }
+    kvr_map_free(&w->engines);
+}
+
+kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *nodes, size_t n,
+                           uint64_t now)
+{
+    if (slot >= ix->nslots)
+        return KVR_ERR_INVALID;
+    uint64_t expires = now + ix->cfg.ttl_ns;
+    if (expires == EVENT_ENTRY)
+        expires--;
+    kvr_status st = KVR_OK;
+    for (size_t i = 0; i < n && st == KVR_OK; i++) {
+        struct kvr_node *node = kvr_blocktab_node(ix->tab, nodes[i]);
+        uint32_t *held = kvr_hset_find(&node->idx, slot);
+        if (!held) {
+            uint32_t h;
+            st = entry_add(ix, slot, nodes[i], expires, &h);
+            continue;
+        }
+        struct kvr_index_entry *e = ent(ix, *held);
+        if (e->expires == EVENT_ENTRY)
+            continue; /* the engine's own word outranks a guess */
+        lru_unlink(ix, *held);
+        e->expires = expires;
+        lru_append(ix, *held);
+    }
+    prune(ix);
+    return st;
+}
+
+void kvr_index_expire(struct kvr_index *ix, uint64_t now)
+{
+    struct kvr_index_lru *l = &ix->lru[0];
+    while (l->head != KVR_NIL && ent(ix, l->head)->expires <= now) {
+        entry_remove(ix, l->head);
+        ix->cnt.expired++;
+    }
+}
+
+size_t kvr_index_bytes(const struct kvr_index *ix)
+{
+    size_t b = kvr_pool_bytes(&ix->entries) + (size_t)ix->nslots * sizeof *ix->w;
+    for (uint32_t s = 0; s < ix->nslots; s++)
+        b += kvr_map_bytes(&ix->w[s].engines);
+    return b;
+}

@@ -1,0 +1,103 @@
+/*
+ * kvr_index: the prefix index, which workers already cache which prefix (ROUTING.md section 2).
+ *
+ * Entries are (worker, block) pairs hung on the shared block table's idx sets. Two sources feed it:
+ * - KV events from engines (event mode): Stored with parent, Removed, Cleared. Each worker has a
+ *   jump table from the engine's own block id to its entry, so Removed costs O(1) per block and a
+ *   Stored event finds its parent without a search. An unknown parent rejects the whole event.
+ * - routing decisions (approximate mode, for engines without events): the chosen worker is
+ *   assumed to cache the prompt's blocks for ttl_ns, refreshed whenever they are routed again.
+ * Both kinds of entry live in one structure; TTL entries expire, event entries stay until the
+ * engine removes them. The index is bounded: past max_entries it prunes the soonest-to-expire
+ * entries (TTL entries first, then the oldest event entries) down to prune_pct percent.
+ * Overlaps are read with kvr_blocktab_walk over the idx sets. Single-threaded.
+ */
+#ifndef KVR_INDEX_H
+#define KVR_INDEX_H
+
+#include <stdint.h>
+
+#include "blocktab.h"
+#include "kvr/router.h"
+
+struct kvr_index_config {
+    uint64_t ttl_ns;      /* lifetime of a TTL entry since it was last routed to */
+    uint32_t max_entries; /* bound on worker-block entries */
+    uint32_t prune_pct;   /* prune down to this percentage of max_entries */
+};
+
+struct kvr_index_entry {
+    uint32_t node;      /* block table node */
+    uint32_t slot;      /* worker slot */
+    uint64_t engine_id; /* the engine's block id; event entries only */
+    uint64_t expires;   /* ns; UINT64_MAX for event entries */
+    uint32_t lru_prev;  /* neighbours in its LRU list (TTL or event) */
+    uint32_t lru_next;  /* */
+    uint32_t w_prev;    /* neighbours in its worker's list */
+    uint32_t w_next;    /* */
+};
+
+struct kvr_index_worker {
+    struct kvr_map engines; /* engine block id -> entry; allocated on the first event */
+    uint32_t head;          /* first entry of this worker, KVR_NIL when none */
+    uint32_t count;         /* entries of this worker */
+};
+
+struct kvr_index_lru {
+    uint32_t head; /* oldest, the next to expire or prune */
+    uint32_t tail; /* newest */
+};
+
+struct kvr_index {
+    struct kvr_index_config cfg;
+    struct kvr_blocktab *tab;      /* borrowed; must outlive the index */
+    struct kvr_pool entries;       /* struct kvr_index_entry */
+    struct kvr_index_lru lru[2];   /* [0]: TTL entries by expiry, [1]: event entries by age */
+    struct kvr_index_worker *w;    /* per worker slot, nslots of them, owned */
+    uint32_t nslots;               /* slots with state */
+    struct kvr_index_counters cnt; /* what happened, for stats */
+};
+
+kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
+                          const struct kvr_index_config *cfg);
+void kvr_index_free(struct kvr_index *ix);
+
+/* Make room for worker slots below nslots. */
+kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots);
+
+/*
+ * A Stored event: blocks[0..n) were filled on worker slot, each the child of the one before,
+ * the first the child of the block the engine calls *parent (NULL: a root block). Rejected whole,
+ * and counted, when the parent is unknown.
+ */
+kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t *parent,
+                            const struct kvr_kv_block *blocks, size_t n);
+
+/* A Removed event. Unknown ids are counted and skipped; returns KVR_ERR_UNKNOWN_PARENT never. */
+kvr_status kvr_index_removed(struct kvr_index *ix, uint32_t slot, const uint64_t *engine_ids,
+                             size_t n);
+
+/* Drop every entry of a worker (a Cleared event, or the worker's removal). */
+void kvr_index_clear_worker(struct kvr_index *ix, uint32_t slot);
+
+/* Approximate mode: worker slot now caches nodes[0..n), for ttl_ns from now. */
+kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *nodes, size_t n,
+                           uint64_t now);
+
+/* Drop TTL entries that expired at or before now. */
+void kvr_index_expire(struct kvr_index *ix, uint64_t now);
+
+static inline uint32_t kvr_index_entries(const struct kvr_index *ix)
+{
+    return ix->entries.live;
+}
+
+static inline uint32_t kvr_index_worker_blocks(const struct kvr_index *ix, uint32_t slot)
+{
+    return slot < ix->nslots ? ix->w[slot].count : 0;
+}
+
+/* Bytes held by the index itself (entries and jump tables; nodes are the block table's). */
+size_t kvr_index_bytes(const struct kvr_index *ix);
+
+#endif

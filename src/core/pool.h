@@ -1,0 +1,43 @@
+/*
+ * kvr_pool: fixed-size items addressed by u32 handles, allocated from 4096-item chunks that never
+ * move, so an item's address is stable for its life and growth never copies. Freed items go to
+ * a free list and are reused first; memory is bounded by the peak number of live items.
+ * Single-threaded, like its owner.
+ */
+#ifndef KVR_POOL_H
+#define KVR_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "map.h"
+
+#define KVR_POOL_SHIFT 12u
+#define KVR_POOL_CHUNK (1u << KVR_POOL_SHIFT)
+
+struct kvr_pool {
+    unsigned char **chunks; /* nchunks chunks of KVR_POOL_CHUNK items, owned */
+    uint32_t nchunks;       /* chunks allocated */
+    uint32_t item_size;     /* bytes per item, at least 4 */
+    uint32_t next;          /* handles below this have been handed out at least once */
+    uint32_t free_head;     /* first free handle, KVR_NIL when none */
+    uint32_t live;          /* items currently allocated */
+};
+
+void kvr_pool_init(struct kvr_pool *p, size_t item_size);
+void kvr_pool_free(struct kvr_pool *p);
+
+/* A new item (contents undefined), or KVR_NIL when out of memory or handles. */
+uint32_t kvr_pool_alloc(struct kvr_pool *p);
+
+/* Return an item; h must be live. */
+void kvr_pool_put(struct kvr_pool *p, uint32_t h);
+
+static inline void *kvr_pool_get(const struct kvr_pool *p, uint32_t h)
+{
+    return p->chunks[h >> KVR_POOL_SHIFT] + (size_t)(h & (KVR_POOL_CHUNK - 1)) * p->item_size;
+}
+
+size_t kvr_pool_bytes(const struct kvr_pool *p);
+
+#endif

@@ -1,0 +1,733 @@
+/*
+ * kvr_router: the decision pipeline over the registry, the shared block table, the prefix index,
+ * the active-block map and the policies. A decision is one call: hash, one walk over the prompt's
+ * path for every worker's overlap and in-flight prefix, candidates with their kv cost, busy
+ * exclusion, selection, booking. Per-worker scratch arrays are sized to the registry's slots and
+ * per-prompt ones to the longest prompt seen, so a decision allocates only for new blocks.
+ * Single-threaded (see include/kvr/router.h).
+ */
+#include "kvr/router.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "active.h"
+#include "blocktab.h"
+#include "index.h"
+#include "kvr/hash.h"
+#include "registry.h"
+#include "select.h"
+
+struct queued {
+    uint64_t id;             /* request id */
+    uint64_t deadline;       /* ns after which it is rejected */
+    uint64_t first_hash;     /* chwbl key */
+    uint64_t *seq;           /* its sequence hashes, owned */
+    uint32_t nblocks;        /* */
+    uint32_t ntokens;        /* */
+    struct kvr_overrides ov; /* */
+    struct queued *next;     /* FIFO */
+};
+
+/* One prompt on its way through decide(). */
+struct prompt {
+    uint64_t id;
+    const uint64_t *seq;
+    uint32_t nblocks;
+    uint32_t ntokens;
+    uint64_t first_hash;
+    const struct kvr_overrides *ov;
+};
+
+struct kvr_router {
+    struct kvr_router_config cfg;
+    struct kvr_registry reg;
+    struct kvr_blocktab tab;
+    struct kvr_index ix;
+    struct kvr_active act;
+    struct kvr_select_state sel;
+    struct kvr_walk walk_idx;
+    struct kvr_walk walk_act;
+    bool ring_dirty;             /* the chwbl ring misses a membership change */
+    uint32_t nslots;             /* room in the per-slot scratch arrays */
+    uint32_t *overlap;           /* per slot: cached prefix blocks of the current prompt */
+    uint32_t *hits;              /* per slot: in-flight prefix blocks of the current prompt */
+    uint32_t *slot_cand;         /* per slot: position in eligible, or KVR_NIL */
+    struct kvr_candidate *cands; /* per live worker, registry order */
+    uint32_t *cand_slot;         /* slot of each candidate */
+    uint32_t *eligible;          /* candidates that are not busy */
+    uint32_t cap_blocks;         /* room in seq and nodes */
+    uint64_t *seq;               /* the current prompt's sequence hashes */
+    uint32_t *nodes;             /* the current prompt's block table nodes */
+    struct queued *qhead;        /* requests waiting for a worker that is not busy */
+    struct queued *qtail;        /* */
+    uint32_t qlen;               /* */
+    struct kvr_router_stats st;  /* counters (gauges are filled in by kvr_router_stats) */
+};
+
+void kvr_router_config_default(struct kvr_router_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->block_size = 64;
+    c->policy = KVR_POLICY_KV;
+    c->overlap_weight = 1.0;
+    c->temperature = 0.0;
+    c->seed = 1;
+    c->index_ttl_ns = 120ull * 1000000000ull;
+    c->index_max_entries = 1u << 20;
+    c->index_prune_pct = 80;
+    c->busy_threshold = 0.95;
+    c->busy_prefill_tokens = 0;
+    c->max_prompt_tokens = 1u << 20;
+    c->max_inflight = 1u << 20;
+    c->queue_max = 1024;
+    c->queue_timeout_ns = 5ull * 1000000000ull;
+    c->request_ttl_ns = 600ull * 1000000000ull;
+    c->worker_timeout_ns = 0;
+    c->max_workers = 65536;
+    c->sglang_balance_abs = 64;
+    c->sglang_balance_rel = 1.5;
+    c->sglang_cache_threshold = 0.3;
+    c->llmd_w_queue = 2.0;
+    c->llmd_w_kv = 2.0;
+    c->llmd_w_prefix = 3.0;
+    c->chwbl_vnodes = 256;
+    c->chwbl_load_factor = 1.25;
+}
+
+static bool config_valid(const struct kvr_router_config *c)
+{
+    return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
+           c->overlap_weight >= 0 && c->temperature >= 0 && c->busy_threshold >= 0 &&
+           c->max_prompt_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
+           c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
+}
+
+struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
+{
+    kvr_status s = KVR_OK;
+    struct kvr_router *r = NULL;
+    if (!cfg || !config_valid(cfg)) {
+        s = KVR_ERR_INVALID;
+        goto out;
+    }
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        s = KVR_ERR_NOMEM;
+        goto out;
+    }
+    r->cfg = *cfg;
+    kvr_registry_init(&r->reg, cfg->max_workers);
+    kvr_select_init(&r->sel, cfg->seed);
+    struct kvr_index_config icfg = {cfg->index_ttl_ns, cfg->index_max_entries,
+                                    cfg->index_prune_pct};
+    s = kvr_blocktab_init(&r->tab, 1024);
+    if (s == KVR_OK)
+        s = kvr_index_init(&r->ix, &r->tab, &icfg);
+    if (s == KVR_OK)
+        s = kvr_active_init(&r->act, &r->tab, cfg->block_size, 256);
+    if (s != KVR_OK) {
+        kvr_router_destroy(r);
+        r = NULL;
+    }
+out:
+    if (st)
+        *st = s;
+    return r;
+}
+
+static void free_queued(struct queued *q)
+{
+    free(q->seq);
+    free(q);
+}
+
+void kvr_router_destroy(struct kvr_router *r)
+{
+    if (!r)
+        return;
+    while (r->qhead) {
+        struct queued *q = r->qhead;
+        r->qhead = q->next;
+        free_queued(q);
+    }
+    kvr_active_free(&r->act);
+    kvr_index_free(&r->ix);
+    kvr_blocktab_free(&r->tab);
+    kvr_select_free(&r->sel);
+    kvr_registry_free(&r->reg);
+    kvr_walk_free(&r->walk_idx);
+    kvr_walk_free(&r->walk_act);
+    free(r->overlap);
+    free(r->hits);
+    free(r->slot_cand);
+    free(r->cands);
+    free(r->cand_slot);
+    free(r->eligible);
+    free(r->seq);
+    free(r->nodes);
+    free(r);
+}
+
+static void emit(struct kvr_router *r, enum kvr_event_kind kind, uint64_t request_id,
+                 uint64_t worker_id, kvr_status status, const struct kvr_decision *d)
+{
+    if (!r->cfg.on_event)
+        return;
+    struct kvr_event ev = {kind, request_id, worker_id, status, d};
+    r->cfg.on_event(r->cfg.event_ctx, &ev);
+}
+
+static kvr_status grow_array(void **p, size_t n, size_t size)
+{
+    void *np = realloc(*p, n * size);
+    if (!np)
+        return KVR_ERR_NOMEM;
+    *p = np;
+    return KVR_OK;
+}
+
+/* Size every per-slot structure for the registry's slots. */
+static kvr_status ensure_slots(struct kvr_router *r)
+{
+    uint32_t n = r->reg.nslots;
+    if (n <= r->nslots)
+        return KVR_OK;
+    kvr_status st = kvr_index_reserve(&r->ix, n);
+    if (st == KVR_OK)
+        st = kvr_active_reserve(&r->act, n);
+    if (st == KVR_OK)
+        st = kvr_walk_reserve(&r->walk_idx, n);
+    if (st == KVR_OK)
+        st = kvr_walk_reserve(&r->walk_act, n);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->overlap, n, sizeof *r->overlap);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->hits, n, sizeof *r->hits);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->slot_cand, n, sizeof *r->slot_cand);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->cands, n, sizeof *r->cands);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->cand_slot, n, sizeof *r->cand_slot);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->eligible, n, sizeof *r->eligible);
+    if (st == KVR_OK)
+        r->nslots = n;
+    return st;
+}
+
+static kvr_status ensure_blocks(struct kvr_router *r, uint32_t n)
+{
+    if (n <= r->cap_blocks)
+        return KVR_OK;
+    uint32_t cap = r->cap_blocks ? r->cap_blocks : 64;
+    while (cap < n)
+        cap *= 2;
+    kvr_status st = grow_array((void **)&r->seq, cap, sizeof *r->seq);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->nodes, cap, sizeof *r->nodes);
+    if (st == KVR_OK)
+        r->cap_blocks = cap;
+    return st;
+}
+
+static bool worker_busy(const struct kvr_router *r, const struct kvr_worker *w)
+{
+    const struct kvr_active_worker *aw = &r->act.w[w->slot];
+    if (r->cfg.busy_threshold > 0 && w->capacity_blocks &&
+        (double)aw->blocks > r->cfg.busy_threshold * (double)w->capacity_blocks)
+        return true;
+    return r->cfg.busy_prefill_tokens && aw->prefill > r->cfg.busy_prefill_tokens;
+}
+
+/* Fill r->cands for every live worker; returns how many are eligible (not busy). */
+static uint32_t build_candidates(struct kvr_router *r, const struct prompt *p, double ow)
+{
+    uint32_t B = r->cfg.block_size;
+    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    uint32_t neligible = 0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        const struct kvr_worker *w = r->reg.by_slot[slot];
+        const struct kvr_active_worker *aw = &r->act.w[slot];
+        struct kvr_candidate *c = &r->cands[i];
+        uint64_t cached = (uint64_t)r->overlap[slot] * B;
+        c->worker_id = w->id;
+        c->overlap_blocks = r->overlap[slot];
+        c->active_hits = r->hits[slot];
+        c->decode_blocks = aw->blocks + req_blocks - r->hits[slot];
+        c->prefill_tokens = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
+        c->inflight = aw->nreqs;
+        c->cached_blocks = kvr_index_worker_blocks(&r->ix, slot);
+        c->waiting = w->waiting;
+        c->kv_usage = w->kv_usage;
+        c->cost = ow * (double)c->prefill_tokens / B + (double)c->decode_blocks;
+        c->busy = worker_busy(r, w);
+        r->cand_slot[i] = slot;
+        if (!c->busy)
+            r->eligible[neligible++] = i;
+    }
+    return neligible;
+}
+
+static kvr_status refresh_ring(struct kvr_router *r)
+{
+    if (!r->ring_dirty)
+        return KVR_OK;
+    uint64_t *ids = malloc(((size_t)r->reg.nlive + 1) * sizeof *ids);
+    if (!ids)
+        return KVR_ERR_NOMEM;
+    for (uint32_t i = 0; i < r->reg.nlive; i++)
+        ids[i] = r->reg.by_slot[r->reg.order[i]]->id;
+    kvr_status st = kvr_select_ring(&r->sel, ids, r->reg.order, r->reg.nlive, r->cfg.chwbl_vnodes);
+    free(ids);
+    if (st == KVR_OK)
+        r->ring_dirty = false;
+    return st;
+}
+
+/* Resolve the nodes of seq[from..n) into nodes (creating them) and book the request. */
+static kvr_status book(struct kvr_router *r, uint64_t id, uint32_t slot, const uint64_t *seq,
+                       uint32_t *nodes, uint32_t from, uint32_t n, uint32_t ntokens,
+                       uint32_t overlap, uint64_t now)
+{
+    kvr_status st = KVR_OK;
+    uint32_t d = from;
+    for (; d < n; d++) {
+        st = kvr_blocktab_get(&r->tab, seq[d], &nodes[d]);
+        if (st != KVR_OK)
+            break;
+    }
+    if (st == KVR_OK)
+        st = kvr_active_add(&r->act, id, slot, nodes, n, ntokens, overlap, now);
+    if (st != KVR_OK) {
+        for (uint32_t k = from; k < d; k++) /* nodes this call resolved; frees only empty ones */
+            kvr_blocktab_release(&r->tab, nodes[k]);
+        return st;
+    }
+    if (r->cfg.approximate)
+        kvr_index_touch(&r->ix, slot, nodes, n, now); /* best effort: a miss costs only a hit */
+    return KVR_OK;
+}
+
+/*
+ * The decision itself. With do_book, the chosen worker is booked. KVR_ERR_OVERLOADED when every
+ * worker is busy; KVR_ERR_NO_WORKERS when there is none.
+ */
+static kvr_status decide(struct kvr_router *r, const struct prompt *p, uint64_t now, bool do_book,
+                         struct kvr_decision *out)
+{
+    if (r->reg.nlive == 0)
+        return KVR_ERR_NO_WORKERS;
+    kvr_status st = ensure_blocks(r, p->nblocks);
+    if (st != KVR_OK)
+        return st;
+    const struct kvr_overrides *ov = p->ov;
+    enum kvr_policy policy = ov && (ov->flags & KVR_OV_POLICY) ? ov->policy : r->cfg.policy;
+    double ow =
+        ov && (ov->flags & KVR_OV_OVERLAP_WEIGHT) ? ov->overlap_weight : r->cfg.overlap_weight;
+    double temp = ov && (ov->flags & KVR_OV_TEMPERATURE) ? ov->temperature : r->cfg.temperature;
+
+    memset(r->overlap, 0, (size_t)r->nslots * sizeof *r->overlap);
+    memset(r->hits, 0, (size_t)r->nslots * sizeof *r->hits);
+    uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
+                                        &r->walk_act, r->hits, r->nodes);
+    uint32_t neligible = build_candidates(r, p, ow);
+    if (neligible == 0)
+        return KVR_ERR_OVERLOADED;
+
+    struct kvr_select_input in = {policy, temp, p->nblocks, p->first_hash, NULL, r->cand_slot};
+    if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
+        for (uint32_t i = 0; i < r->nslots; i++)
+            r->slot_cand[i] = KVR_NIL;
+        for (uint32_t e = 0; e < neligible; e++)
+            r->slot_cand[r->cand_slot[r->eligible[e]]] = e;
+        in.slot_cand = r->slot_cand;
+    }
+    uint32_t pick =
+        r->eligible[kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible)];
+    const struct kvr_candidate *c = &r->cands[pick];
+    if (do_book) {
+        st = book(r, p->id, r->cand_slot[pick], p->seq, r->nodes, walked, p->nblocks, p->ntokens,
+                  c->overlap_blocks, now);
+        if (st != KVR_OK)
+            return st;
+    }
+    out->request_id = p->id;
+    out->worker_id = c->worker_id;
+    out->policy = policy;
+    out->overlap_blocks = c->overlap_blocks;
+    out->prompt_blocks = p->nblocks;
+    out->prompt_tokens = p->ntokens;
+    out->cost = c->cost;
+    out->block_hashes = p->seq;
+    out->candidates = r->cands;
+    out->ncandidates = r->reg.nlive;
+    out->booked = do_book;
+    return KVR_OK;
+}
+
+static bool queued_id(const struct kvr_router *r, uint64_t id)
+{
+    for (const struct queued *q = r->qhead; q; q = q->next)
+        if (q->id == id)
+            return true;
+    return false;
+}
+
+/* Place or reject waiting requests, oldest first, until one finds every worker busy. */
+static void drain_queue(struct kvr_router *r, uint64_t now)
+{
+    while (r->qhead) {
+        struct queued *q = r->qhead;
+        struct kvr_overrides ov = q->ov;
+        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov};
+        struct kvr_decision d;
+        kvr_status st = KVR_ERR_OVERLOADED;
+        if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
+            st = decide(r, &p, now, true, &d);
+        if (st == KVR_ERR_OVERLOADED || st == KVR_ERR_NO_WORKERS) {
+            if (q->deadline > now)
+                return;
+            r->st.rejected++;
+            r->st.overloaded += st == KVR_ERR_OVERLOADED;
+        }
+        r->qhead = q->next;
+        if (!r->qhead)
+            r->qtail = NULL;
+        r->qlen--;
+        if (st == KVR_OK) {
+            r->st.decisions++;
+            emit(r, KVR_EV_PLACED, q->id, d.worker_id, KVR_OK, &d);
+        } else {
+            emit(r, KVR_EV_REJECTED, q->id, 0, st, NULL);
+        }
+        free_queued(q);
+    }
+}
+
+static kvr_status enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now)
+{
+    if (r->qlen >= r->cfg.queue_max)
+        return KVR_ERR_OVERLOADED;
+    struct queued *q = calloc(1, sizeof *q);
+    if (!q)
+        return KVR_ERR_NOMEM;
+    if (p->nblocks) {
+        q->seq = malloc((size_t)p->nblocks * sizeof *q->seq);
+        if (!q->seq) {
+            free(q);
+            return KVR_ERR_NOMEM;
+        }
+        memcpy(q->seq, p->seq, (size_t)p->nblocks * sizeof *q->seq);
+    }
+    q->id = p->id;
+    q->deadline = now + r->cfg.queue_timeout_ns;
+    q->first_hash = p->first_hash;
+    q->nblocks = p->nblocks;
+    q->ntokens = p->ntokens;
+    if (p->ov)
+        q->ov = *p->ov;
+    if (r->qtail)
+        r->qtail->next = q;
+    else
+        r->qhead = q;
+    r->qtail = q;
+    r->qlen++;
+    r->st.queued++;
+    return KVR_ERR_QUEUED;
+}
+
+static kvr_status check_request(struct kvr_router *r, const struct kvr_request *req)
+{
+    if (!req || req->id == 0 || (req->ntokens && !req->tokens))
+        return KVR_ERR_INVALID;
+    if (req->ntokens == 0)
+        return KVR_ERR_EMPTY_PROMPT;
+    if (req->ntokens > r->cfg.max_prompt_tokens)
+        return KVR_ERR_PROMPT_TOO_LONG;
+    if ((req->ov.flags & KVR_OV_POLICY) && (unsigned)req->ov.policy >= KVR_POLICY_COUNT)
+        return KVR_ERR_UNKNOWN_POLICY;
+    if (((req->ov.flags & KVR_OV_OVERLAP_WEIGHT) && !(req->ov.overlap_weight >= 0)) ||
+        ((req->ov.flags & KVR_OV_TEMPERATURE) && !(req->ov.temperature >= 0)))
+        return KVR_ERR_INVALID;
+    return KVR_OK;
+}
+
+/* Validate and hash req into r->seq; fills *p. */
+static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, struct prompt *p)
+{
+    kvr_status st = check_request(r, req);
+    if (st != KVR_OK)
+        return st;
+    uint32_t nblocks = req->ntokens / r->cfg.block_size;
+    st = ensure_blocks(r, nblocks);
+    if (st != KVR_OK)
+        return st;
+    kvr_hash_prompt(req->tokens, req->ntokens, r->cfg.block_size, NULL, r->seq);
+    p->id = req->id;
+    p->seq = r->seq;
+    p->nblocks = nblocks;
+    p->ntokens = req->ntokens;
+    p->first_hash = nblocks ? r->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
+    p->ov = &req->ov;
+    return KVR_OK;
+}
+
+static kvr_status refuse(struct kvr_router *r, kvr_status st)
+{
+    r->st.rejected++;
+    r->st.overloaded += st == KVR_ERR_OVERLOADED;
+    r->st.duplicate_request += st == KVR_ERR_DUPLICATE;
+    return st;
+}
+
+kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                            struct kvr_decision *out)
+{
+    if (r->qhead)
+        drain_queue(r, now);
+    struct prompt p;
+    kvr_status st = prepare(r, req, &p);
+    if (st != KVR_OK)
+        return refuse(r, st);
+    if (kvr_active_find(&r->act, req->id) || queued_id(r, req->id))
+        return refuse(r, KVR_ERR_DUPLICATE);
+    if (r->reg.nlive == 0)
+        return refuse(r, KVR_ERR_NO_WORKERS);
+    if (r->qhead) /* others are waiting already: keep their order */
+        st = KVR_ERR_OVERLOADED;
+    else if (kvr_active_count(&r->act) >= r->cfg.max_inflight)
+        st = KVR_ERR_OVERLOADED;
+    else
+        st = decide(r, &p, now, true, out);
+    if (st == KVR_ERR_OVERLOADED && r->cfg.queue_max)
+        st = enqueue(r, &p, now);
+    if (st == KVR_ERR_QUEUED)
+        return st;
+    if (st != KVR_OK)
+        return refuse(r, st);
+    r->st.decisions++;
+    return KVR_OK;
+}
+
+kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                             struct kvr_decision *out)
+{
+    struct prompt p;
+    kvr_status st = prepare(r, req, &p);
+    if (st == KVR_OK)
+        st = decide(r, &p, now, false, out);
+    if (st != KVR_OK)
+        return refuse(r, st);
+    r->st.selects++;
+    return KVR_OK;
+}
+
+kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
+                           const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
+                           uint32_t overlap_blocks, uint64_t now)
+{
+    if (request_id == 0 || (nblocks && !block_hashes) || overlap_blocks > nblocks)
+        return KVR_ERR_INVALID;
+    struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    if (!w) {
+        r->st.unknown_worker++;
+        return KVR_ERR_UNKNOWN_WORKER;
+    }
+    if (kvr_active_find(&r->act, request_id)) {
+        r->st.duplicate_request++;
+        return KVR_ERR_DUPLICATE;
+    }
+    kvr_status st = ensure_blocks(r, nblocks);
+    if (st != KVR_OK)
+        return st;
+    st = book(r, request_id, w->slot, block_hashes, r->nodes, 0, nblocks, prompt_tokens,
+              overlap_blocks, now);
+    if (st == KVR_OK)
+        r->st.decisions++;
+    return st;
+}
+
+static kvr_status request_event(struct kvr_router *r, kvr_status st)
+{
+    if (st == KVR_ERR_UNKNOWN_REQUEST)
+        r->st.unknown_request++;
+    return st;
+}
+
+kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now)
+{
+    return request_event(r, kvr_active_prefill_done(&r->act, request_id, now));
+}
+
+kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, uint64_t now)
+{
+    return request_event(r, kvr_active_output_block(&r->act, request_id, now));
+}
+
+kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id)
+{
+    return request_event(r, kvr_active_remove(&r->act, request_id));
+}
+
+kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_info *info,
+                                  uint64_t now)
+{
+    if (!info || info->id == 0)
+        return KVR_ERR_INVALID;
+    if (info->block_size != r->cfg.block_size) {
+        r->st.bad_block_size++;
+        return KVR_ERR_BLOCK_SIZE;
+    }
+    struct kvr_worker *w = kvr_registry_find(&r->reg, info->id);
+    if (!w) {
+        kvr_status st = kvr_registry_add(&r->reg, info->id, &w);
+        if (st != KVR_OK)
+            return st;
+        st = ensure_slots(r);
+        if (st != KVR_OK) {
+            kvr_registry_remove(&r->reg, w);
+            return st;
+        }
+        w->block_size = info->block_size;
+        r->ring_dirty = true;
+        r->st.workers_joined++;
+    }
+    w->capacity_blocks = info->capacity_blocks;
+    w->waiting = info->waiting;
+    w->kv_usage = info->kv_usage;
+    if (now > w->last_seen)
+        w->last_seen = now;
+    return KVR_OK;
+}
+
+struct fail_ctx {
+    struct kvr_router *r;
+    uint64_t worker_id;
+    enum kvr_event_kind kind;
+};
+
+static void on_drop(void *ctx, uint64_t request_id, uint32_t slot)
+{
+    struct fail_ctx *f = ctx;
+    uint64_t wid = f->worker_id;
+    if (!wid && slot < f->r->reg.nslots && f->r->reg.by_slot[slot])
+        wid = f->r->reg.by_slot[slot]->id;
+    if (f->kind == KVR_EV_FAILED)
+        f->r->st.failed_requests++;
+    else
+        f->r->st.expired_requests++;
+    emit(f->r, f->kind, request_id, wid,
+         f->kind == KVR_EV_FAILED ? KVR_ERR_WORKER_LOST : KVR_ERR_TIMEOUT, NULL);
+}
+
+static void remove_worker(struct kvr_router *r, struct kvr_worker *w)
+{
+    uint64_t id = w->id;
+    struct fail_ctx f = {r, id, KVR_EV_FAILED};
+    kvr_index_clear_worker(&r->ix, w->slot);
+    kvr_active_drop_worker(&r->act, w->slot, on_drop, &f);
+    kvr_registry_remove(&r->reg, w);
+    r->ring_dirty = true;
+    r->st.workers_left++;
+    emit(r, KVR_EV_WORKER_LEFT, 0, id, KVR_ERR_WORKER_LOST, NULL);
+}
+
+kvr_status kvr_router_worker_remove(struct kvr_router *r, uint64_t worker_id)
+{
+    struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    if (!w) {
+        r->st.unknown_worker++;
+        return KVR_ERR_UNKNOWN_WORKER;
+    }
+    remove_worker(r, w);
+    return KVR_OK;
+}
+
+static struct kvr_worker *event_worker(struct kvr_router *r, uint64_t worker_id)
+{
+    struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    if (!w)
+        r->st.unknown_worker++;
+    return w;
+}
+
+kvr_status kvr_router_kv_stored(struct kvr_router *r, uint64_t worker_id, const uint64_t *parent,
+                                const struct kvr_kv_block *blocks, size_t n)
+{
+    struct kvr_worker *w = event_worker(r, worker_id);
+    return w ? kvr_index_stored(&r->ix, w->slot, parent, blocks, n) : KVR_ERR_UNKNOWN_WORKER;
+}
+
+kvr_status kvr_router_kv_removed(struct kvr_router *r, uint64_t worker_id,
+                                 const uint64_t *engine_ids, size_t n)
+{
+    struct kvr_worker *w = event_worker(r, worker_id);
+    return w ? kvr_index_removed(&r->ix, w->slot, engine_ids, n) : KVR_ERR_UNKNOWN_WORKER;
+}
+
+kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
+{
+    struct kvr_worker *w = event_worker(r, worker_id);
+    if (!w)
+        return KVR_ERR_UNKNOWN_WORKER;
+    kvr_index_clear_worker(&r->ix, w->slot);
+    return KVR_OK;
+}
+
+void kvr_router_tick(struct kvr_router *r, uint64_t now)
+{
+    kvr_index_expire(&r->ix, now);
+    if (r->cfg.request_ttl_ns && now >= r->cfg.request_ttl_ns) {
+        struct fail_ctx f = {r, 0, KVR_EV_EXPIRED};
+        kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, on_drop, &f);
+    }
+    if (r->cfg.worker_timeout_ns) {
+        for (uint32_t i = 0; i < r->reg.nlive;) {
+            struct kvr_worker *w = r->reg.by_slot[r->reg.order[i]];
+            if (w->last_seen + r->cfg.worker_timeout_ns <= now)
+                remove_worker(r, w); /* the next worker moves into position i */
+            else
+                i++;
+        }
+    }
+    drain_queue(r, now);
+}
+
+void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out)
+{
+    *out = r->st;
+    out->index = r->ix.cnt;
+    out->workers = r->reg.nlive;
+    out->inflight = kvr_active_count(&r->act);
+    out->queue_len = r->qlen;
+    out->index_entries = kvr_index_entries(&r->ix);
+    out->nodes = kvr_blocktab_count(&r->tab);
+    out->active_blocks = 0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++)
+        out->active_blocks += r->act.w[r->reg.order[i]].blocks;
+    out->memory_bytes = sizeof *r + kvr_blocktab_bytes(&r->tab) + kvr_index_bytes(&r->ix) +
+                        kvr_active_bytes(&r->act) +
+                        (size_t)r->nslots * (3 * sizeof(uint32_t) + sizeof(struct kvr_candidate) +
+                                             2 * sizeof(uint32_t) + 3 * 8) +
+                        (size_t)r->cap_blocks * (sizeof(uint64_t) + sizeof(uint32_t));
+}
+
+kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id,
+                                  uint64_t *active_blocks, uint64_t *prefill_tokens,
+                                  uint32_t *inflight)
+{
+    const struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    if (!w)
+        return KVR_ERR_UNKNOWN_WORKER;
+    const struct kvr_active_worker *aw = &r->act.w[w->slot];
+    if (active_blocks)
+        *active_blocks = aw->blocks;
+    if (prefill_tokens)
+        *prefill_tokens = aw->prefill;
+    if (inflight)
+        *inflight = aw->nreqs;
+    return KVR_OK;
+}

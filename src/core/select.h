@@ -1,0 +1,54 @@
+/*
+ * kvr_select: the policies (ROUTING.md sections 4 and 5) as pure choices over a list of
+ * candidates the router has already filled with overlaps, loads and kv costs. Every policy runs
+ * on the same inputs, so comparisons between them measure the rule and nothing else. All
+ * randomness comes from the caller's seeded kvr_rng. Single-threaded.
+ */
+#ifndef KVR_SELECT_H
+#define KVR_SELECT_H
+
+#include <stdint.h>
+
+#include "kvr/rng.h"
+#include "kvr/router.h"
+
+struct kvr_ring_point {
+    uint64_t hash; /* position on the ring */
+    uint32_t slot; /* worker slot */
+};
+
+struct kvr_select_state {
+    struct kvr_rng rng;          /* every random choice */
+    uint64_t rr_next;            /* round_robin cursor */
+    struct kvr_ring_point *ring; /* chwbl ring, sorted by hash, owned */
+    uint32_t nring;              /* points on the ring */
+    double *weights;             /* scratch for temperature sampling, owned */
+    uint32_t nweights;           /* room in weights */
+};
+
+/* What one selection needs besides the candidates. */
+struct kvr_select_input {
+    enum kvr_policy policy;
+    double temperature;        /* kv only */
+    uint32_t prompt_blocks;    /* full blocks of the prompt */
+    uint64_t first_hash;       /* chwbl key: the prompt's first block (or whole-prompt) hash */
+    const uint32_t *slot_cand; /* chwbl: worker slot -> index in eligible, or KVR_NIL */
+    const uint32_t *slots;     /* worker slot of each candidate */
+};
+
+void kvr_select_init(struct kvr_select_state *s, uint64_t seed);
+void kvr_select_free(struct kvr_select_state *s);
+
+/* Rebuild the chwbl ring for workers ids[i] in slots[i], i < n. */
+kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, const uint32_t *slots,
+                           uint32_t n, uint32_t vnodes);
+
+/*
+ * Choose among cands[eligible[0..n)] (n >= 1); returns a position in eligible. cfg supplies the
+ * baselines' knobs.
+ */
+uint32_t kvr_select(struct kvr_select_state *s, const struct kvr_router_config *cfg,
+                    const struct kvr_select_input *in, const struct kvr_candidate *cands,
+                    const uint32_t *eligible, uint32_t n);
+
+#endif

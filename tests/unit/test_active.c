@@ -1,0 +1,182 @@
+/* The predictive active-block map: booking, lifecycle, loads, TTL, worker loss, invariants. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <string.h>
+
+#include "active.h"
+#include "kvr/rng.h"
+
+#define B 16
+
+static struct kvr_blocktab tab;
+static struct kvr_active act;
+
+static void setup(void)
+{
+    cr_assert(eq(int, kvr_blocktab_init(&tab, 16), KVR_OK));
+    cr_assert(eq(int, kvr_active_init(&act, &tab, B, 16), KVR_OK));
+    cr_assert(eq(int, kvr_active_reserve(&act, 4), KVR_OK));
+}
+
+static void teardown(void)
+{
+    kvr_active_free(&act);
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 0), "every node freed with its last request");
+    cr_assert(eq(sz, tab.set_bytes, 0));
+    kvr_blocktab_free(&tab);
+}
+
+TestSuite(active, .init = setup, .fini = teardown);
+
+/* Nodes for seq hashes base..base+n-1. */
+static void nodes_for(uint64_t base, uint32_t n, uint32_t *nodes)
+{
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, kvr_mix64(base + i), &nodes[i]), KVR_OK));
+}
+
+Test(active, add_counts_distinct_blocks_and_prefill)
+{
+    uint32_t a[4], b[6];
+    nodes_for(100, 4, a);
+    nodes_for(100, 6, b); /* shares the first four blocks */
+    cr_assert(eq(int, kvr_active_add(&act, 1, 0, a, 4, 4 * B + 3, 1, 0), KVR_OK));
+    /* 4 table blocks + 1 partial; prefill = 67 - 16 */
+    cr_assert(eq(u64, act.w[0].blocks, 5));
+    cr_assert(eq(u64, act.w[0].prefill, 4 * B + 3 - B));
+    cr_assert(eq(int, kvr_active_add(&act, 2, 0, b, 6, 6 * B, 4, 0), KVR_OK));
+    cr_assert(eq(u64, act.w[0].blocks, 5 + 2), "shared blocks count once");
+    cr_assert(eq(u64, act.w[0].prefill, 51 + 2 * B));
+    cr_assert(eq(u32, act.w[0].nreqs, 2));
+    cr_assert(eq(int, kvr_active_add(&act, 3, 1, a, 4, 4 * B, 9, 0), KVR_OK));
+    cr_assert(eq(u64, act.w[1].prefill, 0), "overlap beyond the prompt clamps at zero");
+    cr_assert(eq(int, kvr_active_remove(&act, 1), KVR_OK));
+    cr_assert(eq(u64, act.w[0].blocks, 6));
+    cr_assert(eq(int, kvr_active_remove(&act, 2), KVR_OK));
+    cr_assert(eq(int, kvr_active_remove(&act, 3), KVR_OK));
+    for (int w = 0; w < 4; w++) {
+        cr_assert(eq(u64, act.w[w].blocks, 0));
+        cr_assert(eq(u64, act.w[w].prefill, 0));
+    }
+}
+
+Test(active, lifecycle_moves_prefill_and_output_blocks)
+{
+    uint32_t a[2];
+    nodes_for(7, 2, a);
+    cr_assert(eq(int, kvr_active_add(&act, 9, 2, a, 2, 2 * B, 0, 0), KVR_OK));
+    cr_assert(eq(u64, act.w[2].prefill, 2 * B));
+    cr_assert(eq(int, kvr_active_prefill_done(&act, 9, 1), KVR_OK));
+    cr_assert(eq(u64, act.w[2].prefill, 0));
+    cr_assert(eq(int, kvr_active_prefill_done(&act, 9, 2), KVR_OK), "a repeat is harmless");
+    cr_assert(eq(u64, act.w[2].prefill, 0));
+    cr_assert(eq(int, kvr_active_output_block(&act, 9, 3), KVR_OK));
+    cr_assert(eq(int, kvr_active_output_block(&act, 9, 4), KVR_OK));
+    cr_assert(eq(u64, act.w[2].blocks, 4));
+    cr_assert(eq(int, kvr_active_remove(&act, 9), KVR_OK));
+    cr_assert(eq(u64, act.w[2].blocks, 0));
+}
+
+Test(active, unknown_and_duplicate_ids_are_refused)
+{
+    uint32_t a[1];
+    nodes_for(1, 1, a);
+    cr_assert(eq(int, kvr_active_prefill_done(&act, 5, 0), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_active_output_block(&act, 5, 0), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_active_remove(&act, 5), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_active_add(&act, 5, 0, a, 1, B, 0, 0), KVR_OK));
+    cr_assert(eq(int, kvr_active_add(&act, 5, 1, a, 1, B, 0, 0), KVR_ERR_DUPLICATE));
+    cr_assert(eq(u32, act.w[1].nreqs, 0));
+    cr_assert(eq(int, kvr_active_add(&act, 6, 99, a, 1, B, 0, 0), KVR_ERR_INVALID));
+    cr_assert(eq(int, kvr_active_remove(&act, 5), KVR_OK));
+    cr_assert(eq(int, kvr_active_remove(&act, 5), KVR_ERR_UNKNOWN_REQUEST), "a double free too");
+}
+
+static uint32_t dropped;
+static void count_drop(void *ctx, uint64_t id, uint32_t slot)
+{
+    (void)ctx;
+    (void)id;
+    (void)slot;
+    dropped++;
+}
+
+Test(active, stale_requests_expire_after_their_last_event)
+{
+    uint32_t a[3];
+    nodes_for(1, 3, a);
+    dropped = 0;
+    cr_assert(eq(int, kvr_active_add(&act, 1, 0, a, 3, 3 * B, 0, 10), KVR_OK));
+    cr_assert(eq(int, kvr_active_add(&act, 2, 1, a, 3, 3 * B, 0, 20), KVR_OK));
+    cr_assert(eq(int, kvr_active_output_block(&act, 1, 30), KVR_OK)); /* 1 is alive at 30 */
+    cr_assert(eq(u32, kvr_active_expire(&act, 25, count_drop, NULL), 1));
+    cr_assert(eq(u32, dropped, 1));
+    cr_assert(kvr_active_find(&act, 2) == NULL);
+    cr_assert(kvr_active_find(&act, 1) != NULL);
+    cr_assert(eq(u32, kvr_active_expire(&act, 30, count_drop, NULL), 1));
+    cr_assert(eq(u32, kvr_active_count(&act), 0));
+}
+
+Test(active, dropping_a_worker_frees_only_its_requests)
+{
+    uint32_t a[3];
+    nodes_for(1, 3, a);
+    dropped = 0;
+    for (uint64_t id = 1; id <= 10; id++)
+        cr_assert(eq(int, kvr_active_add(&act, id, (uint32_t)(id % 2), a, 3, 3 * B, 0, 0), KVR_OK));
+    cr_assert(eq(u32, kvr_active_drop_worker(&act, 1, count_drop, NULL), 5));
+    cr_assert(eq(u32, dropped, 5));
+    cr_assert(eq(u32, act.w[1].nreqs, 0));
+    cr_assert(eq(u64, act.w[1].blocks, 0));
+    cr_assert(eq(u32, act.w[0].nreqs, 5));
+    cr_assert(eq(u64, act.w[0].blocks, 3));
+}
+
+/* Random add/event/remove traffic; loads always match a recount, and all goes to zero. */
+Test(active, random_traffic_keeps_invariants)
+{
+    enum { N = 400 };
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 3);
+    static uint32_t nodes[N][24];
+    static uint32_t nn[N];
+    static bool live[N];
+    memset(live, 0, sizeof live);
+    for (int op = 0; op < 20000; op++) {
+        uint32_t i = (uint32_t)kvr_rng_below(&rng, N);
+        uint64_t id = i + 1;
+        if (!live[i]) {
+            nn[i] = 1 + (uint32_t)kvr_rng_below(&rng, 24);
+            nodes_for(kvr_rng_below(&rng, 4) * 1000, nn[i], nodes[i]); /* 4 shared families */
+            uint32_t slot = (uint32_t)kvr_rng_below(&rng, 4);
+            cr_assert(
+                eq(int,
+                   kvr_active_add(&act, id, slot, nodes[i], nn[i], nn[i] * B + 5, 0, (uint64_t)op),
+                   KVR_OK));
+            live[i] = true;
+        } else {
+            switch (kvr_rng_below(&rng, 3)) {
+            case 0:
+                cr_assert(eq(int, kvr_active_prefill_done(&act, id, (uint64_t)op), KVR_OK));
+                break;
+            case 1:
+                cr_assert(eq(int, kvr_active_output_block(&act, id, (uint64_t)op), KVR_OK));
+                break;
+            default:
+                cr_assert(eq(int, kvr_active_remove(&act, id), KVR_OK));
+                live[i] = false;
+            }
+        }
+        cr_assert(lt(u64, act.w[0].blocks + act.w[1].blocks + act.w[2].blocks + act.w[3].blocks,
+                     (uint64_t)1 << 40),
+                  "no counter wrapped below zero");
+    }
+    for (uint32_t i = 0; i < N; i++)
+        if (live[i])
+            cr_assert(eq(int, kvr_active_remove(&act, i + 1), KVR_OK));
+    for (int w = 0; w < 4; w++) {
+        cr_assert(eq(u64, act.w[w].blocks, 0));
+        cr_assert(eq(u64, act.w[w].prefill, 0));
+        cr_assert(eq(u32, act.w[w].nreqs, 0));
+    }
+}

@@ -1,0 +1,145 @@
+/* kvr_hset in all three forms, and kvr_walk against a brute-force prefix intersection. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <string.h>
+
+#include "hset.h"
+#include "kvr/rng.h"
+
+#define SLOTS 300
+
+static void check_against(struct kvr_hset *s, const uint32_t *ref)
+{
+    uint32_t n = 0;
+    for (uint32_t slot = 0; slot < SLOTS; slot++) {
+        uint32_t *v = kvr_hset_find(s, slot);
+        if (ref[slot] == UINT32_MAX) {
+            cr_assert(v == NULL, "slot %u should be absent", slot);
+        } else {
+            cr_assert(v != NULL, "slot %u should be present", slot);
+            cr_assert(eq(u32, *v, ref[slot]));
+            n++;
+        }
+    }
+    cr_assert(eq(u32, s->n, n));
+    struct kvr_hset_iter it;
+    uint32_t slot, val, seen = 0;
+    kvr_hset_iter_init(&it, s);
+    while (kvr_hset_next(&it, &slot, &val)) {
+        cr_assert(lt(u32, slot, SLOTS));
+        cr_assert(eq(u32, val, ref[slot]));
+        seen++;
+    }
+    cr_assert(eq(u32, seen, n));
+}
+
+Test(hset, inline_sparse_dense_transitions)
+{
+    struct kvr_hset s = KVR_HSET_INIT;
+    size_t bytes = 0;
+    uint32_t ref[SLOTS];
+    memset(ref, 0xff, sizeof ref);
+    cr_assert(eq(int, kvr_hset_add(&s, 5, 50, &bytes), KVR_OK));
+    ref[5] = 50;
+    cr_assert(eq(sz, bytes, 0), "one member is stored inline");
+    check_against(&s, ref);
+    for (uint32_t i = 0; i < 200; i++) {
+        uint32_t slot = (i * 37 + 11) % SLOTS;
+        if (ref[slot] != UINT32_MAX)
+            continue;
+        cr_assert(eq(int, kvr_hset_add(&s, slot, i, &bytes), KVR_OK));
+        ref[slot] = i;
+        check_against(&s, ref);
+    }
+    cr_assert(eq(u32, s.cap, KVR_HSET_DENSE));
+    *kvr_hset_find(&s, 5) = 77;
+    ref[5] = 77;
+    check_against(&s, ref);
+    for (uint32_t slot = 0; slot < SLOTS; slot++) {
+        if (ref[slot] == UINT32_MAX) {
+            cr_assert(not(kvr_hset_del(&s, slot, &bytes)));
+            continue;
+        }
+        cr_assert(kvr_hset_del(&s, slot, &bytes));
+        ref[slot] = UINT32_MAX;
+        check_against(&s, ref);
+    }
+    cr_assert(eq(u32, s.n, 0));
+    cr_assert(eq(sz, bytes, 0), "an empty set holds no memory");
+}
+
+Test(hset, random_operations_match_reference)
+{
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 7);
+    struct kvr_hset s = KVR_HSET_INIT;
+    size_t bytes = 0;
+    uint32_t ref[SLOTS];
+    memset(ref, 0xff, sizeof ref);
+    for (int op = 0; op < 20000; op++) {
+        /* bias towards growth, then shrink, so every form is visited */
+        uint32_t slot = (uint32_t)kvr_rng_below(&rng, op % 4000 < 2000 ? SLOTS : 64);
+        if (ref[slot] == UINT32_MAX && (op % 4000) < 2000) {
+            cr_assert(eq(int, kvr_hset_add(&s, slot, (uint32_t)op, &bytes), KVR_OK));
+            ref[slot] = (uint32_t)op;
+        } else if (ref[slot] != UINT32_MAX) {
+            cr_assert(kvr_hset_del(&s, slot, &bytes));
+            ref[slot] = UINT32_MAX;
+        }
+        if (op % 97 == 0)
+            check_against(&s, ref);
+    }
+    check_against(&s, ref);
+    kvr_hset_release(&s, &bytes);
+    cr_assert(eq(sz, bytes, 0));
+}
+
+/* Random chain of sets, sizes spanning all three forms; the walk must equal brute force. */
+Test(walk, equals_brute_force_prefix_intersection)
+{
+    enum { DEPTH = 40, TRIALS = 60 };
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 99);
+    struct kvr_walk w = {0};
+    cr_assert(eq(int, kvr_walk_reserve(&w, SLOTS), KVR_OK));
+    for (int trial = 0; trial < TRIALS; trial++) {
+        static struct kvr_hset sets[DEPTH];
+        static bool member[DEPTH][SLOTS];
+        size_t bytes = 0;
+        memset(member, 0, sizeof member);
+        uint32_t depth = 1 + (uint32_t)kvr_rng_below(&rng, DEPTH);
+        uint32_t density = (uint32_t)kvr_rng_below(&rng, 100); /* percent */
+        for (uint32_t d = 0; d < depth; d++) {
+            memset(&sets[d], 0, sizeof sets[d]);
+            for (uint32_t slot = 0; slot < SLOTS; slot++) {
+                /* deeper blocks are held less often, as in a real prefix tree */
+                bool in = kvr_rng_below(&rng, 100) < density && kvr_rng_below(&rng, 50) >= d;
+                if (in) {
+                    cr_assert(eq(int, kvr_hset_add(&sets[d], slot, 1, &bytes), KVR_OK));
+                    member[d][slot] = true;
+                }
+            }
+        }
+        uint32_t out[SLOTS];
+        memset(out, 0, sizeof out);
+        kvr_walk_start(&w, &sets[0]);
+        uint32_t d = 1;
+        for (; d < depth && kvr_walk_alive(&w); d++)
+            kvr_walk_step(&w, &sets[d], d, out);
+        kvr_walk_finish(&w, d, out);
+        for (uint32_t slot = 0; slot < SLOTS; slot++) {
+            uint32_t expect = 0;
+            while (expect < depth && member[expect][slot])
+                expect++;
+            cr_assert(eq(u32, out[slot], expect), "trial %d slot %u", trial, slot);
+        }
+        for (uint32_t k = 0; k < w.words; k++) {
+            cr_assert(eq(u64, w.alive[k], 0), "the walk leaves no state behind");
+            cr_assert(eq(u64, w.tmp[k], 0));
+        }
+        for (uint32_t k = 0; k < depth; k++)
+            kvr_hset_release(&sets[k], &bytes);
+        cr_assert(eq(sz, bytes, 0));
+    }
+    kvr_walk_free(&w);
+}

@@ -1,0 +1,241 @@
+/* The prefix index: events, strict prefixes, all overlaps in one walk, bounds, TTL. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <string.h>
+
+#include "index.h"
+#include "kvr/hash.h"
+#include "kvr/rng.h"
+
+#define NS 1000000000ull
+
+static struct kvr_blocktab tab;
+static struct kvr_index ix;
+static struct kvr_walk walk;
+
+static void setup_cfg(uint32_t max_entries)
+{
+    cr_assert(eq(int, kvr_blocktab_init(&tab, 16), KVR_OK));
+    struct kvr_index_config cfg = {120 * NS, max_entries, 80};
+    cr_assert(eq(int, kvr_index_init(&ix, &tab, &cfg), KVR_OK));
+    cr_assert(eq(int, kvr_index_reserve(&ix, 8), KVR_OK));
+    cr_assert(eq(int, kvr_walk_reserve(&walk, 8), KVR_OK));
+}
+
+static void setup(void)
+{
+    setup_cfg(1000);
+}
+
+static void teardown(void)
+{
+    kvr_index_free(&ix);
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 0), "no node outlives its entries");
+    cr_assert(eq(sz, tab.set_bytes, 0));
+    kvr_blocktab_free(&tab);
+    kvr_walk_free(&walk);
+}
+
+/* A prompt path: local hashes base+0.. and their sequence hashes. */
+static void path(uint64_t base, uint32_t n, struct kvr_kv_block *blocks, uint64_t *seq)
+{
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t local = kvr_mix64(base + i);
+        seq[i] = i ? kvr_hash_seq(prev, local) : local;
+        prev = seq[i];
+        if (blocks) {
+            blocks[i].engine_id = 1000 * base + i;
+            blocks[i].local_hash = local;
+        }
+    }
+}
+
+static void overlaps(const uint64_t *seq, uint32_t n, uint32_t *out)
+{
+    uint32_t nodes[64];
+    memset(out, 0, 8 * sizeof *out);
+    kvr_blocktab_walk(&tab, seq, n, &walk, out, NULL, NULL, nodes);
+}
+
+TestSuite(index, .init = setup, .fini = teardown);
+
+Test(index, stored_chain_with_parent_gives_overlap)
+{
+    struct kvr_kv_block b[6];
+    uint64_t seq[6];
+    uint32_t ov[8];
+    path(1, 6, b, seq);
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 3), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, &b[2].engine_id, b + 3, 3), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, NULL, b, 2), KVR_OK));
+    overlaps(seq, 6, ov);
+    cr_assert(eq(u32, ov[0], 6));
+    cr_assert(eq(u32, ov[1], 2));
+    cr_assert(eq(u32, ov[2], 0));
+    cr_assert(eq(u32, kvr_index_entries(&ix), 8));
+    cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 0), 6));
+    cr_assert(eq(u64, ix.cnt.stored_blocks, 8));
+}
+
+Test(index, unknown_parent_rejects_whole_event)
+{
+    struct kvr_kv_block b[3];
+    uint64_t seq[3], bogus = 424242;
+    path(1, 3, b, seq);
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, &bogus, b, 3), KVR_ERR_UNKNOWN_PARENT));
+    cr_assert(eq(u64, ix.cnt.unknown_parent, 1));
+    cr_assert(eq(u32, kvr_index_entries(&ix), 0));
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 0));
+    /* a parent known on another worker is still unknown on this one */
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, NULL, b, 1), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, &b[0].engine_id, b + 1, 2), KVR_ERR_UNKNOWN_PARENT));
+    cr_assert(eq(int, kvr_index_stored(&ix, 99, NULL, b, 1), KVR_ERR_INVALID));
+}
+
+Test(index, hole_in_prefix_stops_overlap)
+{
+    struct kvr_kv_block b[5];
+    uint64_t seq[5];
+    uint32_t ov[8];
+    path(3, 5, b, seq);
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 5), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, NULL, b, 5), KVR_OK));
+    uint64_t gone = b[2].engine_id;
+    cr_assert(eq(int, kvr_index_removed(&ix, 0, &gone, 1), KVR_OK));
+    overlaps(seq, 5, ov);
+    cr_assert(eq(u32, ov[0], 2), "blocks 3 and 4 do not count after a hole at 2");
+    cr_assert(eq(u32, ov[1], 5));
+}
+
+Test(index, removed_frees_nodes_and_counts_unknown_ids)
+{
+    struct kvr_kv_block b[4];
+    uint64_t seq[4], ids[5];
+    path(5, 4, b, seq);
+    cr_assert(eq(int, kvr_index_stored(&ix, 2, NULL, b, 4), KVR_OK));
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 4));
+    for (int i = 0; i < 4; i++)
+        ids[i] = b[i].engine_id;
+    ids[4] = 77;
+    cr_assert(eq(int, kvr_index_removed(&ix, 2, ids, 5), KVR_OK));
+    cr_assert(eq(u64, ix.cnt.unknown_block, 1));
+    cr_assert(eq(u64, ix.cnt.removed_blocks, 4));
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 0), "no empty node is left behind");
+    cr_assert(eq(int, kvr_index_removed(&ix, 2, ids, 1), KVR_OK));
+    cr_assert(eq(u64, ix.cnt.unknown_block, 2), "a second removal is an unknown id");
+}
+
+Test(index, cleared_drops_one_worker_only)
+{
+    struct kvr_kv_block b[4];
+    uint64_t seq[4];
+    uint32_t ov[8];
+    path(9, 4, b, seq);
+    for (uint32_t w = 0; w < 3; w++)
+        cr_assert(eq(int, kvr_index_stored(&ix, w, NULL, b, 4), KVR_OK));
+    kvr_index_clear_worker(&ix, 1);
+    overlaps(seq, 4, ov);
+    cr_assert(eq(u32, ov[0], 4));
+    cr_assert(eq(u32, ov[1], 0));
+    cr_assert(eq(u32, ov[2], 4));
+    cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 0));
+    cr_assert(eq(u64, ix.cnt.cleared, 4));
+    /* the cleared worker's engine ids are gone: a child of them is refused */
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, &b[3].engine_id, b, 1), KVR_ERR_UNKNOWN_PARENT));
+}
+
+Test(index, repeated_and_reassigned_engine_ids)
+{
+    struct kvr_kv_block a[2], c[2];
+    uint64_t sa[2], sc[2];
+    uint32_t ov[8];
+    path(20, 2, a, sa);
+    path(30, 2, c, sc);
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, a, 2), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, a, 2), KVR_OK), "duplicates are idempotent");
+    cr_assert(eq(u32, kvr_index_entries(&ix), 2));
+    c[0].engine_id = a[0].engine_id; /* the engine reuses an id for another block */
+    c[1].engine_id = 555;
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, c, 2), KVR_OK));
+    cr_assert(eq(u64, ix.cnt.reassigned, 1));
+    overlaps(sa, 2, ov);
+    cr_assert(eq(u32, ov[0], 0), "the old block under the reused id is gone");
+    overlaps(sc, 2, ov);
+    cr_assert(eq(u32, ov[0], 2));
+}
+
+Test(index, every_worker_overlap_in_one_walk)
+{
+    struct kvr_kv_block b[8];
+    uint64_t seq[8];
+    uint32_t ov[8];
+    path(40, 8, b, seq);
+    for (uint32_t w = 0; w < 8; w++)
+        cr_assert(eq(int, kvr_index_stored(&ix, w, NULL, b, w), KVR_OK)); /* w holds w blocks */
+    overlaps(seq, 8, ov);
+    for (uint32_t w = 0; w < 8; w++)
+        cr_assert(eq(u32, ov[w], w));
+}
+
+Test(index, bounded_under_flood_of_stored_events)
+{
+    struct kvr_kv_block b[16];
+    uint64_t seq[16];
+    for (uint64_t p = 0; p < 5000; p++) {
+        path(1000 + p, 16, b, seq);
+        cr_assert(eq(int, kvr_index_stored(&ix, (uint32_t)(p % 8), NULL, b, 16), KVR_OK));
+        cr_assert(le(u32, kvr_index_entries(&ix), 1000 + 16));
+    }
+    cr_assert(gt(u64, ix.cnt.pruned, 0));
+    cr_assert(le(u32, kvr_blocktab_count(&tab), 1000 + 16));
+    /* the newest path survived pruning */
+    uint32_t ov[8];
+    overlaps(seq, 16, ov);
+    cr_assert(eq(u32, ov[4999 % 8], 16));
+}
+
+Test(index, approximate_entries_expire_after_ttl_and_refresh_on_use)
+{
+    uint32_t nodes[4];
+    uint64_t seq[4];
+    uint32_t ov[8];
+    path(50, 4, NULL, seq);
+    for (int i = 0; i < 4; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, seq[i], &nodes[i]), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 3, nodes, 4, 0), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 4, nodes, 2, 10 * NS), KVR_OK));
+    kvr_index_expire(&ix, 100 * NS);
+    overlaps(seq, 4, ov);
+    cr_assert(eq(u32, ov[3], 4));
+    cr_assert(eq(int, kvr_index_touch(&ix, 3, nodes, 1, 100 * NS), KVR_OK)); /* refresh block 0 */
+    kvr_index_expire(&ix, 125 * NS);
+    overlaps(seq, 4, ov);
+    cr_assert(eq(u32, ov[3], 1), "only the refreshed block is left");
+    cr_assert(eq(u32, ov[4], 2), "worker 4's entries live until 130 s");
+    cr_assert(eq(u64, ix.cnt.expired, 3));
+    kvr_index_expire(&ix, 130 * NS);
+    overlaps(seq, 4, ov);
+    cr_assert(eq(u32, ov[4], 0));
+    cr_assert(eq(u64, ix.cnt.expired, 5));
+    kvr_index_expire(&ix, 220 * NS);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 0));
+    cr_assert(eq(u32, kvr_blocktab_count(&tab), 0));
+}
+
+Test(index, event_entry_outranks_ttl_entry)
+{
+    struct kvr_kv_block b[2];
+    uint64_t seq[2];
+    uint32_t nodes[2];
+    path(60, 2, b, seq);
+    for (int i = 0; i < 2; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, seq[i], &nodes[i]), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 0, nodes, 2, 0), KVR_OK));
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 2), KVR_OK));
+    cr_assert(eq(u32, kvr_index_entries(&ix), 2), "the event upgraded the guesses in place");
+    kvr_index_expire(&ix, 1000 * NS);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 2), "event entries do not expire");
+    cr_assert(eq(int, kvr_index_removed(&ix, 0, &b[1].engine_id, 1), KVR_OK));
+    cr_assert(eq(u32, kvr_index_entries(&ix), 1));
+}

@@ -1,0 +1,431 @@
+/* The decision pipeline end to end on the pure core: errors, queueing, events, invariants. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr/hash.h"
+#include "kvr/router.h"
+
+#define B  16
+#define NS 1000000000ull
+
+static struct kvr_router_config cfg;
+static struct kvr_router *r;
+
+struct seen {
+    int placed, rejected, failed, expired, left;
+    uint64_t last_id, last_worker;
+    kvr_status last_status;
+};
+static struct seen ev;
+
+static void on_event(void *ctx, const struct kvr_event *e)
+{
+    struct seen *s = ctx;
+    s->last_id = e->request_id;
+    s->last_worker = e->worker_id;
+    s->last_status = e->status;
+    switch (e->kind) {
+    case KVR_EV_PLACED:
+        s->placed++;
+        cr_assert(e->decision != NULL);
+        break;
+    case KVR_EV_REJECTED:
+        s->rejected++;
+        break;
+    case KVR_EV_FAILED:
+        s->failed++;
+        break;
+    case KVR_EV_EXPIRED:
+        s->expired++;
+        break;
+    case KVR_EV_WORKER_LEFT:
+        s->left++;
+        break;
+    }
+}
+
+static void make(void)
+{
+    memset(&ev, 0, sizeof ev);
+    cfg.on_event = on_event;
+    cfg.event_ctx = &ev;
+    kvr_status st;
+    r = kvr_router_create(&cfg, &st);
+    cr_assert(r != NULL);
+    cr_assert(eq(int, st, KVR_OK));
+}
+
+static void setup(void)
+{
+    kvr_router_config_default(&cfg);
+    cfg.block_size = B;
+}
+
+static void teardown(void)
+{
+    kvr_router_destroy(r);
+    r = NULL;
+}
+
+TestSuite(router, .init = setup, .fini = teardown);
+
+static void join(uint64_t id, uint64_t capacity)
+{
+    struct kvr_worker_info info = {id, B, capacity, 0, 0.0};
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
+}
+
+/* Prompt: `shared` tokens from family f, then `unique` tokens unique to id. */
+static uint32_t *prompt(uint32_t f, uint32_t shared, uint64_t id, uint32_t unique)
+{
+    uint32_t *t = malloc((shared + unique) * sizeof *t);
+    for (uint32_t i = 0; i < shared; i++)
+        t[i] = f * 100000 + i;
+    for (uint32_t i = 0; i < unique; i++)
+        t[shared + i] = (uint32_t)(id * 1000 + i + 50000000);
+    return t;
+}
+
+static kvr_status route(uint64_t id, uint32_t *t, uint32_t n, struct kvr_decision *d)
+{
+    struct kvr_request q = {.id = id, .tokens = t, .ntokens = n};
+    return kvr_router_route(r, &q, 0, d);
+}
+
+Test(router, refuses_bad_requests_with_clear_errors)
+{
+    make();
+    struct kvr_decision d;
+    uint32_t t[4] = {1, 2, 3, 4};
+    cr_assert(eq(int, route(1, t, 4, &d), KVR_ERR_NO_WORKERS));
+    join(1, 0);
+    cr_assert(eq(int, route(1, t, 0, &d), KVR_ERR_EMPTY_PROMPT));
+    cr_assert(eq(int, route(0, t, 4, &d), KVR_ERR_INVALID));
+    struct kvr_request q = {.id = 2, .tokens = t, .ntokens = 4};
+    q.ov.flags = KVR_OV_POLICY;
+    q.ov.policy = (enum kvr_policy)77;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_UNKNOWN_POLICY));
+    q.ov.flags = KVR_OV_TEMPERATURE;
+    q.ov.temperature = -1;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_INVALID));
+    cr_assert(eq(int, route(3, t, 4, &d), KVR_OK));
+    cr_assert(eq(int, route(3, t, 4, &d), KVR_ERR_DUPLICATE));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u64, s.decisions, 1));
+    cr_assert(eq(u64, s.rejected, 6));
+    cr_assert(eq(u64, s.duplicate_request, 1));
+}
+
+Test(router, refuses_prompts_over_the_limit)
+{
+    cfg.max_prompt_tokens = 8;
+    make();
+    join(1, 0);
+    uint32_t t[9] = {0};
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, 9, &d), KVR_ERR_PROMPT_TOO_LONG));
+    cr_assert(eq(int, route(1, t, 8, &d), KVR_OK));
+}
+
+Test(router, refuses_worker_with_other_block_size)
+{
+    make();
+    struct kvr_worker_info info = {5, B * 2, 100, 0, 0};
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_ERR_BLOCK_SIZE));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.workers, 0));
+    cr_assert(eq(u64, s.bad_block_size, 1));
+}
+
+Test(router, event_mode_follows_the_cached_prefix)
+{
+    make();
+    for (uint64_t w = 1; w <= 4; w++)
+        join(w, 0);
+    uint32_t *t = prompt(1, 8 * B, 1, 2 * B);
+    uint64_t local[10], seq[10];
+    kvr_hash_prompt(t, 10 * B, B, local, seq);
+    struct kvr_kv_block blocks[8];
+    for (int i = 0; i < 8; i++)
+        blocks[i] = (struct kvr_kv_block){(uint64_t)i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 3, NULL, blocks, 8), KVR_OK));
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, 10 * B, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 3));
+    cr_assert(eq(u32, d.overlap_blocks, 8));
+    cr_assert(eq(u32, d.prompt_blocks, 10));
+    cr_assert(eq(u32, d.ncandidates, 4));
+    for (uint32_t i = 0; i < 4; i++) {
+        const struct kvr_candidate *c = &d.candidates[i];
+        uint64_t expect_prefill = c->worker_id == 3 ? 2 * B : 10 * B;
+        cr_assert(eq(u64, c->prefill_tokens, expect_prefill));
+        cr_assert(eq(u64, c->decode_blocks, 10));
+        cr_assert(eq(dbl, c->cost, (double)expect_prefill / B + 10));
+    }
+    for (int i = 0; i < 10; i++)
+        cr_assert(eq(u64, d.block_hashes[i], seq[i]));
+    free(t);
+}
+
+Test(router, load_spreads_requests_without_cached_prefix)
+{
+    make();
+    for (uint64_t w = 1; w <= 4; w++)
+        join(w, 0);
+    int per[5] = {0};
+    for (uint64_t id = 1; id <= 8; id++) {
+        uint32_t *t = prompt(0, 0, id, 4 * B);
+        struct kvr_decision d;
+        cr_assert(eq(int, route(id, t, 4 * B, &d), KVR_OK));
+        per[d.worker_id]++;
+        free(t);
+    }
+    for (int w = 1; w <= 4; w++)
+        cr_assert(eq(int, per[w], 2), "the predicted load spreads new prompts evenly");
+}
+
+Test(router, shared_prefix_counts_once_in_decode_load)
+{
+    make();
+    join(1, 0);
+    join(2, 0);
+    uint32_t *a = prompt(7, 6 * B, 1, 2 * B), *b = prompt(7, 6 * B, 2, 2 * B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, a, 8 * B, &d), KVR_OK));
+    uint64_t first = d.worker_id;
+    cr_assert(eq(int, kvr_router_prefill_done(r, 1, 1), KVR_OK));
+    struct kvr_request q = {.id = 2, .tokens = b, .ntokens = 8 * B};
+    cr_assert(eq(int, kvr_router_select(r, &q, 1, &d), KVR_OK));
+    for (uint32_t i = 0; i < 2; i++) {
+        const struct kvr_candidate *c = &d.candidates[i];
+        if (c->worker_id == first) {
+            cr_assert(eq(u32, c->active_hits, 6));
+            cr_assert(eq(u64, c->decode_blocks, 8 + 2), "6 shared blocks are not counted twice");
+        } else {
+            cr_assert(eq(u64, c->decode_blocks, 8));
+        }
+    }
+    cr_assert(not(d.booked));
+    free(a);
+    free(b);
+}
+
+Test(router, approximate_mode_learns_from_its_own_decisions)
+{
+    cfg.approximate = true;
+    cfg.index_ttl_ns = 10 * NS;
+    make();
+    for (uint64_t w = 1; w <= 4; w++)
+        join(w, 0);
+    uint32_t *a = prompt(3, 16 * B, 1, B), *b = prompt(3, 16 * B, 2, B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, a, 17 * B, &d), KVR_OK));
+    uint64_t first = d.worker_id;
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    cr_assert(eq(int, route(2, b, 17 * B, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, first));
+    cr_assert(eq(u32, d.overlap_blocks, 16));
+    cr_assert(eq(int, kvr_router_done(r, 2), KVR_OK));
+    kvr_router_tick(r, 20 * NS);
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.index_entries, 0), "entries expire after the TTL");
+    cr_assert(eq(u32, s.nodes, 0));
+    free(a);
+    free(b);
+}
+
+Test(router, busy_workers_queue_then_place_or_reject)
+{
+    cfg.busy_threshold = 0.5;
+    cfg.queue_timeout_ns = 5 * NS;
+    make();
+    join(1, 8); /* busy above 4 blocks */
+    uint32_t *t1 = prompt(0, 0, 1, 5 * B), *t2 = prompt(0, 0, 2, B), *t3 = prompt(0, 0, 3, B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t1, 5 * B, &d), KVR_OK));
+    cr_assert(eq(int, route(2, t2, B, &d), KVR_ERR_QUEUED));
+    cr_assert(eq(int, route(2, t2, B, &d), KVR_ERR_DUPLICATE), "a queued id is in use");
+    kvr_router_tick(r, NS);
+    cr_assert(eq(int, ev.placed, 0));
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    kvr_router_tick(r, 2 * NS);
+    cr_assert(eq(int, ev.placed, 1));
+    cr_assert(eq(u64, ev.last_id, 2));
+    cr_assert(eq(u64, ev.last_worker, 1));
+    cr_assert(eq(int, route(3, t1, 5 * B, &d), KVR_OK)); /* busy again */
+    struct kvr_request q = {.id = 4, .tokens = t3, .ntokens = B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 3 * NS, &d), KVR_ERR_QUEUED));
+    kvr_router_tick(r, 9 * NS);
+    cr_assert(eq(int, ev.rejected, 1));
+    cr_assert(eq(u64, ev.last_id, 4));
+    cr_assert(eq(int, ev.last_status, KVR_ERR_OVERLOADED));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.queue_len, 0));
+    cr_assert(eq(u64, s.overloaded, 1));
+    free(t1);
+    free(t2);
+    free(t3);
+}
+
+Test(router, full_queue_answers_overloaded_at_once)
+{
+    cfg.busy_threshold = 0.5;
+    cfg.queue_max = 1;
+    make();
+    join(1, 2);
+    uint32_t *t = prompt(0, 0, 1, 4 * B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, 4 * B, &d), KVR_OK));
+    cr_assert(eq(int, route(2, t, 4 * B, &d), KVR_ERR_QUEUED));
+    cr_assert(eq(int, route(3, t, 4 * B, &d), KVR_ERR_OVERLOADED));
+    free(t);
+}
+
+Test(router, worker_loss_fails_its_requests)
+{
+    make();
+    join(1, 0);
+    join(2, 0);
+    uint32_t *t = prompt(0, 0, 1, 2 * B);
+    struct kvr_decision d;
+    int on1 = 0;
+    for (uint64_t id = 1; id <= 6; id++) {
+        cr_assert(eq(int, route(id, t, 2 * B, &d), KVR_OK));
+        on1 += d.worker_id == 1;
+    }
+    cr_assert(eq(int, kvr_router_worker_remove(r, 1), KVR_OK));
+    cr_assert(eq(int, ev.failed, on1));
+    cr_assert(eq(int, ev.left, 1));
+    cr_assert(eq(int, kvr_router_worker_remove(r, 1), KVR_ERR_UNKNOWN_WORKER));
+    cr_assert(eq(int, kvr_router_kv_cleared(r, 1), KVR_ERR_UNKNOWN_WORKER));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.inflight, 6 - on1));
+    cr_assert(eq(u64, s.unknown_worker, 2));
+    free(t);
+}
+
+Test(router, silent_workers_and_stale_requests_time_out)
+{
+    cfg.worker_timeout_ns = 3 * NS;
+    cfg.request_ttl_ns = 10 * NS;
+    make();
+    join(1, 0);
+    struct kvr_worker_info w2 = {2, B, 0, 0, 0};
+    cr_assert(eq(int, kvr_router_worker_seen(r, &w2, 0), KVR_OK));
+    uint32_t *t = prompt(0, 0, 1, B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, B, &d), KVR_OK));
+    uint64_t w = d.worker_id, other = w == 1 ? 2 : 1;
+    for (uint64_t now = NS; now <= 12 * NS; now += NS) {
+        struct kvr_worker_info i1 = {w, B, 0, 0, 0};
+        cr_assert(eq(int, kvr_router_worker_seen(r, &i1, now), KVR_OK));
+        kvr_router_tick(r, now);
+    }
+    cr_assert(eq(int, ev.left, 1), "the silent worker %lu left", (unsigned long)other);
+    cr_assert(eq(int, ev.expired, 1), "the request nobody finished expired");
+    free(t);
+}
+
+Test(router, unknown_ids_are_counted_not_fatal)
+{
+    make();
+    join(1, 0);
+    cr_assert(eq(int, kvr_router_done(r, 42), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_router_prefill_done(r, 42, 0), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_router_output_block(r, 42, 0), KVR_ERR_UNKNOWN_REQUEST));
+    uint64_t ids[2] = {1, 2};
+    cr_assert(eq(int, kvr_router_kv_removed(r, 1, ids, 2), KVR_OK));
+    cr_assert(eq(int, kvr_router_kv_removed(r, 9, ids, 2), KVR_ERR_UNKNOWN_WORKER));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u64, s.unknown_request, 3));
+    cr_assert(eq(u64, s.index.unknown_block, 2));
+}
+
+Test(router, book_applies_a_decision_made_elsewhere)
+{
+    make();
+    join(1, 0);
+    join(2, 0);
+    uint64_t seq[3] = {11, 22, 33};
+    cr_assert(eq(int, kvr_router_book(r, 7, 2, seq, 3, 3 * B + 1, 0, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_book(r, 7, 2, seq, 3, 3 * B, 0, 0), KVR_ERR_DUPLICATE));
+    cr_assert(eq(int, kvr_router_book(r, 8, 9, seq, 3, 3 * B, 0, 0), KVR_ERR_UNKNOWN_WORKER));
+    cr_assert(eq(int, kvr_router_book(r, 8, 1, seq, 3, 3 * B, 4, 0), KVR_ERR_INVALID));
+    uint64_t blocks, prefill;
+    uint32_t inflight;
+    cr_assert(eq(int, kvr_router_worker_load(r, 2, &blocks, &prefill, &inflight), KVR_OK));
+    cr_assert(eq(u64, blocks, 4));
+    cr_assert(eq(u64, prefill, 3 * B + 1));
+    cr_assert(eq(u32, inflight, 1));
+    cr_assert(eq(int, kvr_router_done(r, 7), KVR_OK));
+}
+
+/* Random traffic with every event kind; once all requests end, every map is empty. */
+static void random_run(uint64_t seed, enum kvr_policy policy, double temperature, uint64_t *log,
+                       int nlog)
+{
+    cfg.seed = seed;
+    cfg.policy = policy;
+    cfg.temperature = temperature;
+    cfg.approximate = false;
+    make();
+    for (uint64_t w = 1; w <= 6; w++)
+        join(w, 1000);
+    for (int i = 0; i < nlog; i++) {
+        uint64_t id = (uint64_t)i + 1;
+        uint32_t *t = prompt((uint32_t)(i % 5), 4 * B, id, (uint32_t)(i % 7) * B + 3);
+        uint32_t n = 4 * B + (uint32_t)(i % 7) * B + 3;
+        struct kvr_decision d;
+        cr_assert(eq(int, route(id, t, n, &d), KVR_OK));
+        log[i] = d.worker_id;
+        uint64_t local[16];
+        uint32_t nb = (uint32_t)kvr_hash_prompt(t, n, B, local, NULL);
+        struct kvr_kv_block blocks[16];
+        for (uint32_t b = 0; b < nb; b++)
+            blocks[b] = (struct kvr_kv_block){id * 100 + b, local[b]};
+        kvr_router_kv_stored(r, d.worker_id, NULL, blocks, nb);
+        kvr_router_prefill_done(r, id, 0);
+        kvr_router_output_block(r, id, 0);
+        if (i >= 8)
+            cr_assert(eq(int, kvr_router_done(r, id - 8), KVR_OK));
+        free(t);
+    }
+    for (int i = nlog - 8; i < nlog; i++)
+        cr_assert(eq(int, kvr_router_done(r, (uint64_t)i + 1), KVR_OK));
+    for (uint64_t w = 1; w <= 6; w++)
+        cr_assert(eq(int, kvr_router_kv_cleared(r, w), KVR_OK));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.inflight, 0));
+    cr_assert(eq(u64, s.active_blocks, 0));
+    cr_assert(eq(u32, s.index_entries, 0));
+    cr_assert(eq(u32, s.nodes, 0), "once every request is freed, every map is empty");
+    kvr_router_destroy(r);
+    r = NULL;
+}
+
+Test(router, equal_seeds_give_equal_decisions)
+{
+    enum { N = 300 };
+    static uint64_t a[N], b[N], c[N];
+    random_run(5, KVR_POLICY_KV, 0.7, a, N);
+    random_run(5, KVR_POLICY_KV, 0.7, b, N);
+    random_run(6, KVR_POLICY_KV, 0.7, c, N);
+    cr_assert(eq(int, memcmp(a, b, sizeof a), 0));
+    cr_assert(ne(int, memcmp(a, c, sizeof a), 0), "another seed samples otherwise");
+}
+
+Test(router, every_policy_runs_and_leaves_nothing_behind)
+{
+    static uint64_t log[120];
+    for (int p = 0; p < KVR_POLICY_COUNT; p++)
+        random_run(1, (enum kvr_policy)p, 0, log, 120);
+}
