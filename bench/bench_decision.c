@@ -9,7 +9,8 @@
  * until the index holds ~1M entries; 2,000 requests (a family prefix plus unique tokens) are
  * routed and left in flight. Then each measured iteration routes a new such prompt and frees it.
  * Prints one key=value line per case and the 1024/64-worker median ratio per prompt and block
- * size. Usage: bench_decision [--quick] (--quick: fewer iterations and a 256k-entry index).
+ * size. Usage: bench_decision [--quick | --case TOKENS BLOCK WORKERS] (--quick: fewer
+ * iterations and a 256k-entry index; --case: one case, for profiling).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -134,55 +135,92 @@ static int setup(struct bench *b)
     return 0;
 }
 
-/* Median decision+free time in ns, or 0 on failure. */
-static uint64_t run_case(uint32_t tokens, uint32_t block, uint32_t workers, uint32_t iters,
-                         uint64_t index_entries)
+struct result {
+    uint64_t *ns;   /* samples */
+    uint32_t n;     /* samples taken */
+    uint64_t total; /* sum of samples */
+};
+
+/* One timed decision and its free on b; returns 0, or -1 when the router refused. */
+static int one_decision(struct bench *b, uint32_t *t, uint64_t id, uint64_t *dt)
 {
-    struct bench b = {tokens, block, workers, index_entries, NULL, NULL, 0, {{0}}};
-    uint64_t median = 0;
-    uint64_t *ns = malloc((size_t)iters * sizeof *ns);
-    uint32_t *t = malloc((size_t)tokens * sizeof *t);
-    if (!ns || !t || setup(&b)) {
-        fprintf(stderr, "bench_decision: set-up failed for tokens=%u block=%u workers=%u\n", tokens,
-                block, workers);
-        goto out;
+    fill_prompt(b, t, (uint32_t)kvr_rng_below(&b->rng, FAMILIES));
+    struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens};
+    struct kvr_decision d;
+    uint64_t t0 = now_ns();
+    kvr_status st = kvr_router_route(b->r, &q, 0, &d);
+    kvr_router_done(b->r, id);
+    *dt = now_ns() - t0;
+    if (st != KVR_OK) {
+        fprintf(stderr, "bench_decision: route failed: %s\n", kvr_status_str(st));
+        return -1;
     }
-    uint32_t warm = iters / 10;
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < warm + iters; i++) {
-        uint64_t id = 1000000 + i;
-        fill_prompt(&b, t, (uint32_t)kvr_rng_below(&b.rng, FAMILIES));
-        struct kvr_request q = {.id = id, .tokens = t, .ntokens = tokens};
-        struct kvr_decision d;
-        uint64_t t0 = now_ns();
-        kvr_status st = kvr_router_route(b.r, &q, 0, &d);
-        kvr_router_done(b.r, id);
-        uint64_t dt = now_ns() - t0;
-        if (st != KVR_OK) {
-            fprintf(stderr, "bench_decision: route failed: %s\n", kvr_status_str(st));
-            goto out;
-        }
-        if (i >= warm) {
-            ns[i - warm] = dt;
-            total += dt;
-        }
-    }
+    return 0;
+}
+
+static void report(const struct bench *b, struct result *res)
+{
     struct kvr_router_stats s;
-    kvr_router_stats(b.r, &s);
-    qsort(ns, iters, sizeof *ns, cmp_u64);
-    median = ns[iters / 2];
+    kvr_router_stats(b->r, &s);
+    qsort(res->ns, res->n, sizeof *res->ns, cmp_u64);
     printf("tokens=%u block=%u workers=%u median_ns=%" PRIu64 " p99_ns=%" PRIu64
            " per_sec=%.0f index_entries=%u inflight=%u nodes=%u memory_mb=%.1f\n",
-           tokens, block, workers, median, ns[(size_t)iters * 99 / 100],
-           1e9 * iters / (double)total, s.index_entries, s.inflight, s.nodes,
+           b->tokens, b->block, b->workers, res->ns[res->n / 2], res->ns[(size_t)res->n * 99 / 100],
+           1e9 * res->n / (double)res->total, s.index_entries, s.inflight, s.nodes,
            s.memory_bytes / 1048576.0);
     fflush(stdout);
-out:
-    kvr_router_destroy(b.r);
-    free(b.family);
-    free(ns);
+}
+
+#define BATCH 32 /* decisions in a row on one router before moving to the next */
+
+/*
+ * Measure the cases of one prompt and block size side by side: their routers are built first,
+ * then the measured decisions alternate between them in small batches, so a noisy neighbour
+ * slows every case alike and the ratios between them hold. Returns the medians in med[].
+ */
+static int run_group(uint32_t tokens, uint32_t block, const uint32_t *workers, int ncases,
+                     uint32_t iters, uint64_t index_entries, uint64_t *med)
+{
+    struct bench b[3];
+    struct result res[3];
+    uint32_t *t = malloc((size_t)tokens * sizeof *t);
+    int rc = t ? 0 : -1;
+    memset(b, 0, sizeof b);
+    memset(res, 0, sizeof res);
+    for (int c = 0; c < ncases && rc == 0; c++) {
+        b[c] = (struct bench){tokens, block, workers[c], index_entries, NULL, NULL, 0, {{0}}};
+        res[c].ns = malloc((size_t)iters * sizeof *res[c].ns);
+        if (!res[c].ns || setup(&b[c])) {
+            fprintf(stderr, "bench_decision: set-up failed for tokens=%u block=%u workers=%u\n",
+                    tokens, block, workers[c]);
+            rc = -1;
+        }
+    }
+    uint32_t warm = iters / 10;
+    uint64_t id = 1000000;
+    for (uint32_t done = 0; done < warm + iters && rc == 0; done += BATCH) {
+        for (int c = 0; c < ncases && rc == 0; c++) {
+            for (uint32_t k = 0; k < BATCH && done + k < warm + iters && rc == 0; k++) {
+                uint64_t dt;
+                rc = one_decision(&b[c], t, id++, &dt);
+                if (done + k >= warm) {
+                    res[c].ns[res[c].n++] = dt;
+                    res[c].total += dt;
+                }
+            }
+        }
+    }
+    for (int c = 0; c < ncases; c++) {
+        if (rc == 0) {
+            report(&b[c], &res[c]);
+            med[c] = res[c].ns[res[c].n / 2];
+        }
+        kvr_router_destroy(b[c].r);
+        free(b[c].family);
+        free(res[c].ns);
+    }
     free(t);
-    return median;
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -191,19 +229,28 @@ int main(int argc, char **argv)
     static const uint32_t tokens[] = {1024, 8192, 32768};
     static const uint32_t blocks[] = {16, 64};
     static const uint32_t workers[] = {8, 64, 1024};
+    uint64_t med[3];
+    if ((argc == 5 || argc == 6) && !strcmp(argv[1], "--case")) { /* one case, for profiling */
+        uint32_t t = (uint32_t)atoi(argv[2]), bs = (uint32_t)atoi(argv[3]);
+        uint32_t w = (uint32_t)atoi(argv[4]);
+        uint32_t iters = argc == 6 ? (uint32_t)atoi(argv[5]) : 0;
+        if (!t || !bs || !w)
+            return 2;
+        if (!iters)
+            iters = t >= 32768 ? 2000 : t >= 8192 ? 5000 : 20000;
+        return run_group(t, bs, &w, 1, iters, 1u << 20, med) ? 1 : 0;
+    }
     uint64_t index_entries = quick ? 1u << 18 : 1u << 20;
     for (size_t ti = 0; ti < 3; ti++) {
         for (size_t bi = 0; bi < 2; bi++) {
-            uint64_t med[3] = {0};
             uint32_t iters = tokens[ti] >= 32768 ? 2000 : tokens[ti] >= 8192 ? 5000 : 20000;
             if (quick)
                 iters /= 10;
-            for (size_t wi = 0; wi < 3; wi++)
-                med[wi] = run_case(tokens[ti], blocks[bi], workers[wi], iters, index_entries);
-            if (!med[0] || !med[1] || !med[2])
+            if (run_group(tokens[ti], blocks[bi], workers, 3, iters, index_entries, med))
                 return 1;
             printf("tokens=%u block=%u scale_1024_over_64=%.3f\n", tokens[ti], blocks[bi],
                    (double)med[2] / (double)med[1]);
+            fflush(stdout);
         }
     }
     return 0;

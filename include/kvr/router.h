@@ -111,6 +111,7 @@ struct kvr_request {
     uint32_t ntokens;        /* */
     uint32_t max_tokens;     /* generation limit (informational to the core) */
     struct kvr_overrides ov; /* */
+    bool explain;            /* fill decision.candidates with every worker's full view */
 };
 
 /* One worker as the decision saw it. */
@@ -137,8 +138,11 @@ struct kvr_decision {
     uint32_t prompt_tokens;       /* */
     double cost;                  /* the chosen worker's kv cost */
     const uint64_t *block_hashes; /* the prompt's sequence hashes, prompt_blocks of them */
-    const struct kvr_candidate *candidates; /* every live worker, in registry order */
-    uint32_t ncandidates;                   /* */
+    uint32_t ncandidates;         /* live workers, in registry order: */
+    const uint64_t *worker_ids;   /* ... their ids */
+    const double *costs;          /* ... their kv costs (before this booking) */
+    const struct kvr_candidate *candidates; /* ... their full view; NULL unless the request
+                                                asked to explain or the policy is a baseline */
     bool booked;                            /* the request is now in flight on the worker */
 };
 

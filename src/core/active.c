@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define UNREF_PREFETCH 8u
+
 static struct kvr_active_req *req(const struct kvr_active *a, uint32_t h)
 {
     return (struct kvr_active_req *)kvr_pool_get(&a->reqs, h);
@@ -82,6 +84,11 @@ static void unref_nodes(struct kvr_active *a, uint32_t slot, const uint32_t *nod
 {
     struct kvr_active_worker *w = &a->w[slot];
     for (uint32_t i = 0; i < n; i++) {
+        if (i + UNREF_PREFETCH < n) { /* the set and the table slot a release may touch */
+            const struct kvr_node *ahead = kvr_blocktab_node(a->tab, nodes[i + UNREF_PREFETCH]);
+            kvr_hset_prefetch_slot(&ahead->act, slot);
+            kvr_map_prefetch(&a->tab->map, ahead->seq);
+        }
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
         if (--*refs == 0) {
@@ -115,6 +122,8 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     }
     struct kvr_active_worker *w = &a->w[slot];
     for (uint32_t i = 0; i < n; i++) {
+        if (i + UNREF_PREFETCH < n)
+            kvr_hset_prefetch_slot(&kvr_blocktab_node(a->tab, copy[i + UNREF_PREFETCH])->act, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
         if (refs) {

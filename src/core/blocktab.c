@@ -28,19 +28,20 @@ void kvr_blocktab_free(struct kvr_blocktab *t)
 
 kvr_status kvr_blocktab_get(struct kvr_blocktab *t, uint64_t seq, uint32_t *h)
 {
-    uint32_t found = kvr_map_get(&t->map, seq);
-    if (found != KVR_NIL) {
-        *h = found;
+    bool created;
+    uint32_t *val = kvr_map_upsert(&t->map, seq, &created);
+    if (!val)
+        return KVR_ERR_NOMEM;
+    if (!created) {
+        *h = *val;
         return KVR_OK;
     }
     uint32_t nh = kvr_pool_alloc(&t->nodes);
-    if (nh == KVR_NIL)
+    if (nh == KVR_NIL) {
+        kvr_map_del(&t->map, seq);
         return KVR_ERR_NOMEM;
-    kvr_status st = kvr_map_put(&t->map, seq, nh);
-    if (st != KVR_OK) {
-        kvr_pool_put(&t->nodes, nh);
-        return st;
     }
+    *val = nh;
     struct kvr_node *n = kvr_blocktab_node(t, nh);
     memset(n, 0, sizeof *n);
     n->seq = seq;
@@ -65,23 +66,53 @@ size_t kvr_blocktab_bytes(const struct kvr_blocktab *t)
     return kvr_map_bytes(&t->map) + kvr_pool_bytes(&t->nodes) + t->set_bytes;
 }
 
-#define WALK_PREFETCH 8u
+/*
+ * The walk is a chain of dependent loads per block (table slot, node, its sets), each a likely
+ * cache miss on a large table. It is software-pipelined: the table slot of block d + 16 is
+ * prefetched, block d + 8 is looked up and its node prefetched, and the sets of block d + 4 are
+ * prefetched, so the misses of different blocks overlap.
+ */
+#define PF_SLOT 48u
+#define PF_NODE 30u
+#define PF_SET  15u
+
+static void prefetch_sets(const struct kvr_blocktab *t, uint32_t h)
+{
+    const struct kvr_node *node = kvr_blocktab_node(t, h);
+    kvr_hset_prefetch(&node->idx);
+    kvr_hset_prefetch(&node->act);
+}
 
 uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, uint32_t n,
                            struct kvr_walk *idx_walk, uint32_t *idx_out, struct kvr_walk *act_walk,
                            uint32_t *act_out, uint32_t *nodes_out)
 {
-    for (uint32_t d = 0; d < n && d < WALK_PREFETCH; d++)
-        kvr_map_prefetch(&t->map, seq[d]);
+    for (uint32_t k = 0; k < n && k < PF_SLOT; k++)
+        kvr_map_prefetch(&t->map, seq[k]);
+    for (uint32_t k = 0; k < n && k < PF_NODE; k++) {
+        nodes_out[k] = kvr_map_get(&t->map, seq[k]);
+        if (nodes_out[k] != KVR_NIL)
+            __builtin_prefetch(kvr_blocktab_node(t, nodes_out[k]));
+    }
+    for (uint32_t k = 0; k < n && k < PF_SET; k++)
+        if (nodes_out[k] != KVR_NIL)
+            prefetch_sets(t, nodes_out[k]);
     uint32_t d = 0;
     for (; d < n; d++) {
-        if (d + WALK_PREFETCH < n)
-            kvr_map_prefetch(&t->map, seq[d + WALK_PREFETCH]);
-        uint32_t h = kvr_map_get(&t->map, seq[d]);
+        if (d + PF_SLOT < n)
+            kvr_map_prefetch(&t->map, seq[d + PF_SLOT]);
+        if (d + PF_NODE < n) {
+            uint32_t ahead = kvr_map_get(&t->map, seq[d + PF_NODE]);
+            nodes_out[d + PF_NODE] = ahead;
+            if (ahead != KVR_NIL)
+                __builtin_prefetch(kvr_blocktab_node(t, ahead));
+        }
+        if (d + PF_SET < n && nodes_out[d + PF_SET] != KVR_NIL)
+            prefetch_sets(t, nodes_out[d + PF_SET]);
+        uint32_t h = nodes_out[d];
         if (h == KVR_NIL)
             break;
         const struct kvr_node *node = kvr_blocktab_node(t, h);
-        nodes_out[d] = h;
         bool live = false;
         if (idx_walk) {
             if (d == 0)

@@ -21,11 +21,13 @@ uint64_t kvr_hash_bytes(const void *data, size_t len)
     return XXH3_64bits_withSeed(data, len, KVR_HASH_SEED);
 }
 
+#if !KVR_LITTLE_ENDIAN
 static void put_le64(unsigned char *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
         p[i] = (unsigned char)(v >> (8 * i));
 }
+#endif
 
 uint64_t kvr_hash_block(const uint32_t *tokens, size_t block_size)
 {
@@ -53,9 +55,13 @@ uint64_t kvr_hash_block(const uint32_t *tokens, size_t block_size)
 
 uint64_t kvr_hash_seq(uint64_t parent_seq, uint64_t local)
 {
+#if KVR_LITTLE_ENDIAN
+    uint64_t buf[2] = {parent_seq, local};
+#else
     unsigned char buf[16];
     put_le64(buf, parent_seq);
     put_le64(buf + 8, local);
+#endif
     return XXH3_64bits_withSeed(buf, sizeof buf, KVR_HASH_SEED);
 }
 

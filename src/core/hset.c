@@ -1,33 +1,36 @@
 /*
- * kvr_hset and kvr_walk implementation. Invariants: n counts the members in every form; a dense
- * set's prefix counts and packed values always match its bitmap; a walk's tmp bitmap is all zero
- * between steps and its alive bitmap all zero between walks.
+ * kvr_hset and kvr_walk implementation. Invariants: n counts the members in every form; the
+ * fingerprint of a sparse or dense set is the XOR of kvr_mix64 over its members; a dense set's
+ * bitmap and table hold exactly the same slots; a walk's tmp bitmap is all zero between steps
+ * and its alive bitmap all zero between walks.
  */
 #include "hset.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t *dense_cum(const struct kvr_hdense *d)
+#include "kvr/rng.h"
+
+#define EMPTY_SLOT UINT32_MAX
+
+static size_t sparse_size(uint32_t cap)
 {
-    return (uint32_t *)(d->bits + d->words);
+    return (size_t)cap * sizeof(struct kvr_hpair);
 }
 
-static uint32_t *dense_vals(const struct kvr_hdense *d)
+static size_t dense_size(uint32_t words, uint32_t tcap)
 {
-    return dense_cum(d) + d->words;
+    return sizeof(struct kvr_hdense) + (size_t)words * 8 + (size_t)tcap * sizeof(struct kvr_hpair);
 }
 
-static size_t dense_size(uint32_t words, uint32_t vcap)
+static struct kvr_hpair *dense_table(const struct kvr_hdense *d)
 {
-    return sizeof(struct kvr_hdense) + (size_t)words * 12 + (size_t)vcap * 4;
+    return (struct kvr_hpair *)(d->bits + d->words);
 }
 
-static uint32_t dense_rank(const struct kvr_hdense *d, uint32_t slot)
+static uint32_t dense_home(const struct kvr_hdense *d, uint32_t slot)
 {
-    uint32_t w = slot >> 6;
-    uint64_t below = (1ull << (slot & 63)) - 1;
-    return dense_cum(d)[w] + (uint32_t)__builtin_popcountll(d->bits[w] & below);
+    return (slot * 0x9e3779b1u) & (d->tcap - 1);
 }
 
 static bool dense_has(const struct kvr_hdense *d, uint32_t slot)
@@ -36,54 +39,101 @@ static bool dense_has(const struct kvr_hdense *d, uint32_t slot)
     return w < d->words && (d->bits[w] >> (slot & 63) & 1);
 }
 
-/* A new dense set holding the n members of src (in slot order), with room for more. */
-static struct kvr_hdense *dense_build(const struct kvr_hpair *sorted, uint32_t n, uint32_t words,
-                                      uint32_t vcap, size_t *bytes)
+/* Position of member slot in the table. */
+static uint32_t dense_pos(const struct kvr_hdense *d, uint32_t slot)
 {
-    struct kvr_hdense *d = calloc(1, dense_size(words, vcap));
+    const struct kvr_hpair *t = dense_table(d);
+    uint32_t i = dense_home(d, slot);
+    while (t[i].slot != slot)
+        i = (i + 1) & (d->tcap - 1);
+    return i;
+}
+
+static void dense_put(struct kvr_hdense *d, uint32_t slot, uint32_t val)
+{
+    struct kvr_hpair *t = dense_table(d);
+    uint32_t i = dense_home(d, slot);
+    while (t[i].slot != EMPTY_SLOT)
+        i = (i + 1) & (d->tcap - 1);
+    t[i].slot = slot;
+    t[i].val = val;
+    d->bits[slot >> 6] |= 1ull << (slot & 63);
+}
+
+static uint32_t tcap_for(uint32_t n)
+{
+    uint32_t cap = 64;
+    while (cap * 3 < n * 4 + 4)
+        cap *= 2;
+    return cap;
+}
+
+/* A new dense set holding pairs[0..n), with bitmap room for slots below words * 64. */
+static struct kvr_hdense *dense_build(const struct kvr_hpair *pairs, uint32_t n, uint32_t words,
+                                      size_t *bytes)
+{
+    uint32_t tcap = tcap_for(n + 1);
+    struct kvr_hdense *d = malloc(dense_size(words, tcap));
     if (!d)
         return NULL;
-    *bytes += dense_size(words, vcap);
+    *bytes += dense_size(words, tcap);
     d->words = words;
-    d->vcap = vcap;
-    uint32_t *vals = dense_vals(d);
-    for (uint32_t i = 0; i < n; i++) {
-        d->bits[sorted[i].slot >> 6] |= 1ull << (sorted[i].slot & 63);
-        vals[i] = sorted[i].val;
-    }
-    uint32_t *cum = dense_cum(d);
-    uint32_t acc = 0;
-    for (uint32_t w = 0; w < words; w++) {
-        cum[w] = acc;
-        acc += (uint32_t)__builtin_popcountll(d->bits[w]);
-    }
+    d->tcap = tcap;
+    memset(d->bits, 0, (size_t)words * 8);
+    struct kvr_hpair *t = dense_table(d);
+    for (uint32_t i = 0; i < tcap; i++)
+        t[i].slot = EMPTY_SLOT;
+    for (uint32_t i = 0; i < n; i++)
+        dense_put(d, pairs[i].slot, pairs[i].val);
     return d;
 }
 
-/* Members of a dense set as pairs in slot order; out has room for d's members. */
+/* The members of a dense set as pairs (in table order); out has room for all of them. */
 static void dense_pairs(const struct kvr_hdense *d, struct kvr_hpair *out)
 {
-    const uint32_t *vals = dense_vals(d);
+    const struct kvr_hpair *t = dense_table(d);
     uint32_t k = 0;
-    for (uint32_t w = 0; w < d->words; w++) {
-        for (uint64_t b = d->bits[w]; b; b &= b - 1) {
-            out[k].slot = w * 64 + (uint32_t)__builtin_ctzll(b);
-            out[k].val = vals[k];
-            k++;
-        }
-    }
+    for (uint32_t i = 0; i < d->tcap; i++)
+        if (t[i].slot != EMPTY_SLOT)
+            out[k++] = t[i];
 }
 
 static void dense_free(struct kvr_hdense *d, size_t *bytes)
 {
-    *bytes -= dense_size(d->words, d->vcap);
+    *bytes -= dense_size(d->words, d->tcap);
     free(d);
 }
 
-static int cmp_pair(const void *a, const void *b)
+/* Rebuild s's dense set with bitmap room for words and a table sized for its members. */
+static kvr_status dense_rebuild(struct kvr_hset *s, uint32_t words, size_t *bytes)
 {
-    uint32_t x = ((const struct kvr_hpair *)a)->slot, y = ((const struct kvr_hpair *)b)->slot;
-    return (x > y) - (x < y);
+    struct kvr_hdense *d = s->u.dense;
+    struct kvr_hpair *tmp = malloc(((size_t)s->n + 1) * sizeof *tmp);
+    if (!tmp)
+        return KVR_ERR_NOMEM;
+    dense_pairs(d, tmp);
+    struct kvr_hdense *nd = dense_build(tmp, s->n, words, bytes);
+    free(tmp);
+    if (!nd)
+        return KVR_ERR_NOMEM;
+    dense_free(d, bytes);
+    s->u.dense = nd;
+    return KVR_OK;
+}
+
+void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot)
+{
+    if (s->cap <= 1)
+        return;
+    if (s->cap != KVR_HSET_DENSE) {
+        __builtin_prefetch(s->u.pairs);
+        return;
+    }
+    const struct kvr_hdense *d = s->u.dense;
+    if (slot >> 6 < d->words) {
+        __builtin_prefetch(&d->bits[slot >> 6]);
+        __builtin_prefetch(&dense_table(d)[dense_home(d, slot)]);
+    }
 }
 
 uint32_t *kvr_hset_find(struct kvr_hset *s, uint32_t slot)
@@ -100,23 +150,26 @@ uint32_t *kvr_hset_find(struct kvr_hset *s, uint32_t slot)
     struct kvr_hdense *d = s->u.dense;
     if (!dense_has(d, slot))
         return NULL;
-    return &dense_vals(d)[dense_rank(d, slot)];
+    return &dense_table(d)[dense_pos(d, slot)].val;
 }
 
+/* Sparse with n members (room for one more) plus (slot, val) becomes dense. */
 static kvr_status to_dense(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes)
 {
     struct kvr_hpair *p = s->u.pairs;
     uint32_t n = s->n;
-    p[n].slot = slot; /* the caller guaranteed room for one more pair */
+    p[n].slot = slot;
     p[n].val = val;
     n++;
-    qsort(p, n, sizeof *p, cmp_pair);
-    uint32_t words = p[n - 1].slot / 64 + 1;
-    struct kvr_hdense *d = dense_build(p, n, words, n * 2, bytes);
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < n; i++)
+        top = p[i].slot > top ? p[i].slot : top;
+    struct kvr_hdense *d = dense_build(p, n, top / 64 + 1, bytes);
     if (!d)
         return KVR_ERR_NOMEM;
-    *bytes -= (size_t)s->cap * sizeof *p;
-    free(p);
+    s->fp ^= kvr_mix64(slot);
+    *bytes -= sparse_size(s->cap);
+    free(s->u.pairs);
     s->u.dense = d;
     s->cap = KVR_HSET_DENSE;
     s->n = n;
@@ -127,27 +180,14 @@ static kvr_status dense_add(struct kvr_hset *s, uint32_t slot, uint32_t val, siz
 {
     struct kvr_hdense *d = s->u.dense;
     uint32_t w = slot >> 6;
-    if (w >= d->words || s->n == d->vcap) {
-        uint32_t words = w >= d->words ? w + 1 : d->words;
-        struct kvr_hpair *tmp = malloc(((size_t)s->n + 1) * sizeof *tmp);
-        if (!tmp)
-            return KVR_ERR_NOMEM;
-        dense_pairs(d, tmp);
-        struct kvr_hdense *nd = dense_build(tmp, s->n, words, (s->n + 1) * 2, bytes);
-        free(tmp);
-        if (!nd)
-            return KVR_ERR_NOMEM;
-        dense_free(d, bytes);
-        s->u.dense = d = nd;
+    if (w >= d->words || (s->n + 1) * 4 > d->tcap * 3) {
+        kvr_status st = dense_rebuild(s, w >= d->words ? w + 1 : d->words, bytes);
+        if (st != KVR_OK)
+            return st;
+        d = s->u.dense;
     }
-    uint32_t *vals = dense_vals(d);
-    uint32_t r = dense_rank(d, slot);
-    memmove(vals + r + 1, vals + r, (size_t)(s->n - r) * sizeof *vals);
-    vals[r] = val;
-    d->bits[w] |= 1ull << (slot & 63);
-    uint32_t *cum = dense_cum(d);
-    for (uint32_t i = w + 1; i < d->words; i++)
-        cum[i]++;
+    dense_put(d, slot, val);
+    s->fp ^= kvr_mix64(slot);
     s->n++;
     return KVR_OK;
 }
@@ -158,18 +198,20 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
         if (s->n == 0) {
             s->u.one.slot = slot;
             s->u.one.val = val;
+            s->fp = kvr_mix64(slot);
             s->n = 1;
             s->cap = 1;
             return KVR_OK;
         }
-        struct kvr_hpair *p = malloc(4 * sizeof *p);
-        if (!p)
+        struct kvr_hpair *sp = malloc(sparse_size(4));
+        if (!sp)
             return KVR_ERR_NOMEM;
-        *bytes += 4 * sizeof *p;
-        p[0] = s->u.one;
-        p[1].slot = slot;
-        p[1].val = val;
-        s->u.pairs = p;
+        *bytes += sparse_size(4);
+        s->fp ^= kvr_mix64(slot);
+        sp[0] = s->u.one;
+        sp[1].slot = slot;
+        sp[1].val = val;
+        s->u.pairs = sp;
         s->cap = 4;
         s->n = 2;
         return KVR_OK;
@@ -180,17 +222,19 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
         return to_dense(s, slot, val, bytes);
     if (s->n == s->cap) {
         uint32_t cap = s->cap * 2;
-        struct kvr_hpair *p = realloc(s->u.pairs, (size_t)cap * sizeof *p);
-        if (!p)
+        struct kvr_hpair *sp = realloc(s->u.pairs, sparse_size(cap));
+        if (!sp)
             return KVR_ERR_NOMEM;
-        *bytes += (size_t)(cap - s->cap) * sizeof *p;
-        s->u.pairs = p;
+        *bytes += sparse_size(cap) - sparse_size(s->cap);
+        s->u.pairs = sp;
         s->cap = cap;
         if (s->n + 1 >= KVR_HSET_DENSE_AT)
             return to_dense(s, slot, val, bytes);
     }
-    s->u.pairs[s->n].slot = slot;
-    s->u.pairs[s->n].val = val;
+    struct kvr_hpair *sp = s->u.pairs;
+    sp[s->n].slot = slot;
+    sp[s->n].val = val;
+    s->fp ^= kvr_mix64(slot);
     s->n++;
     return KVR_OK;
 }
@@ -198,52 +242,65 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
 /* Shrink a sparse array that has become small: inline for one member, else a smaller array. */
 static void sparse_shrink(struct kvr_hset *s, size_t *bytes)
 {
-    struct kvr_hpair *p = s->u.pairs;
+    struct kvr_hpair *sp = s->u.pairs;
     if (s->n <= 1) {
-        struct kvr_hpair one = p[0];
-        *bytes -= (size_t)s->cap * sizeof *p;
-        free(p);
+        struct kvr_hpair one = sp[0];
+        *bytes -= sparse_size(s->cap);
+        free(sp);
         s->u.one = one;
         s->cap = 1;
         return;
     }
     if (s->cap > 4 && s->n * 4 <= s->cap) {
         uint32_t cap = s->cap / 2;
-        struct kvr_hpair *np = realloc(p, (size_t)cap * sizeof *p);
+        struct kvr_hpair *np = realloc(sp, sparse_size(cap));
         if (np) {
-            *bytes -= (size_t)(s->cap - cap) * sizeof *p;
+            *bytes -= sparse_size(s->cap) - sparse_size(cap);
             s->u.pairs = np;
             s->cap = cap;
         }
     }
 }
 
-static void dense_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+/* A dense set that fell below KVR_HSET_SPARSE_AT members becomes sparse. */
+static void to_sparse(struct kvr_hset *s, size_t *bytes)
 {
     struct kvr_hdense *d = s->u.dense;
-    uint32_t w = slot >> 6;
-    uint32_t *vals = dense_vals(d);
-    uint32_t r = dense_rank(d, slot);
-    memmove(vals + r, vals + r + 1, (size_t)(s->n - r - 1) * sizeof *vals);
-    d->bits[w] &= ~(1ull << (slot & 63));
-    uint32_t *cum = dense_cum(d);
-    for (uint32_t i = w + 1; i < d->words; i++)
-        cum[i]--;
-    s->n--;
-    if (s->n >= KVR_HSET_SPARSE_AT)
-        return;
     uint32_t cap = 4;
     while (cap < s->n * 2)
         cap *= 2;
-    struct kvr_hpair *p = malloc((size_t)cap * sizeof *p);
-    if (!p)
+    struct kvr_hpair *sp = malloc(sparse_size(cap));
+    if (!sp)
         return; /* stays dense: correct, only larger */
-    *bytes += (size_t)cap * sizeof *p;
-    dense_pairs(d, p);
+    *bytes += sparse_size(cap);
+    dense_pairs(d, sp);
     dense_free(d, bytes);
-    s->u.pairs = p;
+    s->u.pairs = sp;
     s->cap = cap;
     sparse_shrink(s, bytes);
+}
+
+static void dense_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+{
+    struct kvr_hdense *d = s->u.dense;
+    struct kvr_hpair *t = dense_table(d);
+    uint32_t mask = d->tcap - 1;
+    uint32_t hole = dense_pos(d, slot);
+    for (uint32_t j = (hole + 1) & mask; t[j].slot != EMPTY_SLOT; j = (j + 1) & mask) {
+        uint32_t home = dense_home(d, t[j].slot);
+        if (((j - home) & mask) >= ((j - hole) & mask)) {
+            t[hole] = t[j];
+            hole = j;
+        }
+    }
+    t[hole].slot = EMPTY_SLOT;
+    d->bits[slot >> 6] &= ~(1ull << (slot & 63));
+    s->fp ^= kvr_mix64(slot);
+    s->n--;
+    if (s->n < KVR_HSET_SPARSE_AT)
+        to_sparse(s, bytes);
+    else if (d->tcap > 64 && s->n * 8 < d->tcap)
+        dense_rebuild(s, d->words, bytes); /* on failure it simply stays larger */
 }
 
 bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
@@ -253,6 +310,7 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
             return false;
         s->n = 0;
         s->cap = 0;
+        s->fp = 0;
         return true;
     }
     if (s->cap == KVR_HSET_DENSE) {
@@ -261,10 +319,11 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
         dense_del(s, slot, bytes);
         return true;
     }
-    struct kvr_hpair *p = s->u.pairs;
+    struct kvr_hpair *sp = s->u.pairs;
     for (uint32_t i = 0; i < s->n; i++) {
-        if (p[i].slot == slot) {
-            p[i] = p[--s->n];
+        if (sp[i].slot == slot) {
+            sp[i] = sp[--s->n];
+            s->fp ^= kvr_mix64(slot);
             sparse_shrink(s, bytes);
             return true;
         }
@@ -277,53 +336,44 @@ void kvr_hset_release(struct kvr_hset *s, size_t *bytes)
     if (s->cap == KVR_HSET_DENSE) {
         dense_free(s->u.dense, bytes);
     } else if (s->cap > 1) {
-        *bytes -= (size_t)s->cap * sizeof(struct kvr_hpair);
+        *bytes -= sparse_size(s->cap);
         free(s->u.pairs);
     }
     s->n = 0;
     s->cap = 0;
+    s->fp = 0;
 }
 
 void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s)
 {
     it->s = s;
     it->i = 0;
-    it->bits = 0;
-    it->word = 0;
-    if (s->cap == KVR_HSET_DENSE && s->n)
-        it->bits = s->u.dense->bits[0];
 }
 
 bool kvr_hset_next(struct kvr_hset_iter *it, uint32_t *slot, uint32_t *val)
 {
     const struct kvr_hset *s = it->s;
+    const struct kvr_hpair *p;
     if (s->cap <= 1) {
         if (it->i >= s->n)
             return false;
+        p = &s->u.one;
         it->i++;
-        *slot = s->u.one.slot;
-        *val = s->u.one.val;
-        return true;
-    }
-    if (s->cap != KVR_HSET_DENSE) {
+    } else if (s->cap != KVR_HSET_DENSE) {
         if (it->i >= s->n)
             return false;
-        *slot = s->u.pairs[it->i].slot;
-        *val = s->u.pairs[it->i].val;
-        it->i++;
-        return true;
+        p = &s->u.pairs[it->i++];
+    } else {
+        const struct kvr_hdense *d = s->u.dense;
+        const struct kvr_hpair *t = dense_table(d);
+        while (it->i < d->tcap && t[it->i].slot == EMPTY_SLOT)
+            it->i++;
+        if (it->i >= d->tcap)
+            return false;
+        p = &t[it->i++];
     }
-    const struct kvr_hdense *d = s->u.dense;
-    if (it->i >= s->n)
-        return false;
-    while (!it->bits) {
-        it->word++;
-        it->bits = d->bits[it->word];
-    }
-    *slot = it->word * 64 + (uint32_t)__builtin_ctzll(it->bits);
-    *val = dense_vals(d)[it->i];
-    it->bits &= it->bits - 1;
-    it->i++;
+    *slot = p->slot;
+    *val = p->val;
     return true;
 }
 
@@ -370,8 +420,19 @@ static void walk_set(struct kvr_walk *w, uint32_t slot)
     w->alive[i] |= 1ull << (slot & 63);
 }
 
+/* Remember the set just intersected; returns whether it equals the previous one. */
+static bool walk_same(struct kvr_walk *w, const struct kvr_hset *s)
+{
+    uint64_t fp = kvr_hset_fp(s);
+    bool same = fp == w->last_fp && s->n == w->last_n;
+    w->last_fp = fp;
+    w->last_n = s->n;
+    return same;
+}
+
 void kvr_walk_start(struct kvr_walk *w, const struct kvr_hset *first)
 {
+    walk_same(w, first);
     if (first->cap <= 1) {
         if (first->n)
             walk_set(w, first->u.one.slot);
@@ -411,6 +472,8 @@ static void walk_mark(struct kvr_walk *w, uint32_t slot)
 
 void kvr_walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth, uint32_t *out)
 {
+    if (walk_same(w, s))
+        return; /* alive is a subset of the previous set, which equals this one */
     if (s->cap == KVR_HSET_DENSE) {
         const struct kvr_hdense *d = s->u.dense;
         for (uint32_t k = 0; k < w->nnz;) {

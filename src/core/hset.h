@@ -4,7 +4,7 @@
  *
  * A block of the index or of the active map is held by a set of workers. Most blocks are held by
  * one worker (stored inline, no allocation), some by a few (a small sparse array of (slot, value)
- * pairs), and a shared system prompt's blocks by hundreds (a dense bitmap plus a value per slot).
+ * pairs), and a shared system prompt's blocks by hundreds (a dense bitmap plus a small table).
  * The representation switches on size, with hysteresis, so memory stays proportional to the
  * members and the walk costs O(members) for sparse sets and O(live words) for dense ones.
  *
@@ -12,7 +12,9 @@
  * blocks from the start that each worker holds, for every worker at once: it keeps the set of
  * workers that held every block so far as a bitmap and records the depth at which each drops out.
  * Its cost is O(sum over depth of min(members, live words)) plus O(workers) to finish, never
- * O(blocks x workers).
+ * O(blocks x workers). Consecutive blocks of a shared prefix are usually held by the very same
+ * workers; a set whose fingerprint and size equal the previous one's cannot shrink the alive
+ * set, so that step is skipped (fingerprints are 64-bit: a false match needs a collision).
  *
  * Not thread-safe: owned by the router's state thread.
  */
@@ -35,30 +37,47 @@ struct kvr_hpair {
 };
 
 /*
- * Dense form: a bitmap of members, per word the number of members in the words before it, and
- * the members' values packed in slot order (a member's value sits at its rank), so a dense set
- * costs a bit per possible worker plus four bytes per member.
+ * Dense form: a bitmap of members (what the walk reads) and an open-addressing table from slot
+ * to value (linear probing, backward-shift deletion), so add, find and delete stay O(1) however
+ * many workers share the block.
  */
 struct kvr_hdense {
     uint32_t words;  /* bitmap words; slots below words * 64 can be held */
-    uint32_t vcap;   /* room for this many values */
-    uint64_t bits[]; /* words bitmap words, then words u32 prefix counts, then vcap u32 values */
+    uint32_t tcap;   /* table capacity, a power of two, at most 3/4 full */
+    uint64_t bits[]; /* words bitmap words, then tcap struct kvr_hpair (slot UINT32_MAX: empty) */
 };
 
 struct kvr_hset {
+    uint64_t fp;  /* XOR of kvr_mix64(slot) over members, kept here so a walk need not chase */
     uint32_t n;   /* members */
     uint32_t cap; /* 0 or 1: inline; >= 2: capacity of pairs; KVR_HSET_DENSE: dense */
     union {
         struct kvr_hpair one;     /* cap <= 1 */
-        struct kvr_hpair *pairs;  /* 2 <= cap < KVR_HSET_DENSE, owned */
+        struct kvr_hpair *pairs;  /* sparse: 2 <= cap < KVR_HSET_DENSE, unordered, owned */
         struct kvr_hdense *dense; /* cap == KVR_HSET_DENSE, owned */
     } u;
 };
 
+/* Hint the cache that s's members will be read soon. */
+static inline void kvr_hset_prefetch(const struct kvr_hset *s)
+{
+    if (s->cap > 1)
+        __builtin_prefetch(s->u.pairs); /* the first line of either heap form */
+}
+
+/* Hint the cache that slot will be looked up in s soon (its bitmap word and table home). */
+void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot);
+
+/* Fingerprint of the members: XOR of kvr_mix64(slot); 0 for the empty set. */
+static inline uint64_t kvr_hset_fp(const struct kvr_hset *s)
+{
+    return s->fp;
+}
+
 /* An empty set needs no initialisation beyond zeroing. */
 #define KVR_HSET_INIT                                                                              \
     {                                                                                              \
-        0, 0,                                                                                      \
+        0, 0, 0,                                                                                   \
         {                                                                                          \
             {                                                                                      \
                 0, 0                                                                               \
@@ -81,20 +100,20 @@ void kvr_hset_release(struct kvr_hset *s, size_t *bytes);
 /* Iteration in no particular order; the set must not change during it. */
 struct kvr_hset_iter {
     const struct kvr_hset *s; /* borrowed */
-    uint32_t i;               /* next pair index, or next bitmap word */
-    uint64_t bits;            /* remaining bits of the current dense word */
-    uint32_t word;            /* index of the current dense word */
+    uint32_t i;               /* next pair, or next dense table position */
 };
 void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s);
 bool kvr_hset_next(struct kvr_hset_iter *it, uint32_t *slot, uint32_t *val);
 
 /* Scratch state of one prefix walk; reused across walks, all-zero between them. */
 struct kvr_walk {
-    uint32_t words;  /* capacity: slots below words * 64 */
-    uint32_t nnz;    /* entries of nz in use */
-    uint64_t *alive; /* workers that held every set so far, owned */
-    uint64_t *tmp;   /* scratch bitmap, zero between steps, owned */
-    uint32_t *nz;    /* indices of the nonzero words of alive, owned */
+    uint32_t words;   /* capacity: slots below words * 64 */
+    uint32_t nnz;     /* entries of nz in use */
+    uint64_t last_fp; /* fingerprint of the last set intersected */
+    uint32_t last_n;  /* its member count */
+    uint64_t *alive;  /* workers that held every set so far, owned */
+    uint64_t *tmp;    /* scratch bitmap, zero between steps, owned */
+    uint32_t *nz;     /* indices of the nonzero words of alive, owned */
 };
 
 /* Make room for slots below nslots. */

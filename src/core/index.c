@@ -69,6 +69,7 @@ void kvr_index_free(struct kvr_index *ix)
     for (uint32_t s = 0; s < ix->nslots; s++)
         kvr_index_clear_worker(ix, s);
     free(ix->w);
+    free(ix->counts);
     kvr_pool_free(&ix->entries);
     memset(ix, 0, sizeof *ix);
 }
@@ -77,12 +78,17 @@ kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots)
 {
     if (nslots <= ix->nslots)
         return KVR_OK;
+    uint32_t *counts = realloc(ix->counts, (size_t)nslots * sizeof *counts);
+    if (!counts)
+        return KVR_ERR_NOMEM;
+    ix->counts = counts;
     struct kvr_index_worker *w = realloc(ix->w, (size_t)nslots * sizeof *w);
     if (!w)
         return KVR_ERR_NOMEM;
     for (uint32_t s = ix->nslots; s < nslots; s++) {
         memset(&w[s], 0, sizeof w[s]);
         w[s].head = KVR_NIL;
+        counts[s] = 0;
     }
     ix->w = w;
     ix->nslots = nslots;
@@ -104,7 +110,7 @@ static void entry_remove(struct kvr_index *ix, uint32_t h)
     if (e->expires == EVENT_ENTRY && w->engines.slots &&
         kvr_map_get(&w->engines, e->engine_id) == h)
         kvr_map_del(&w->engines, e->engine_id);
-    w->count--;
+    ix->counts[e->slot]--;
     struct kvr_node *node = kvr_blocktab_node(ix->tab, e->node);
     kvr_hset_del(&node->idx, e->slot, &ix->tab->set_bytes);
     kvr_blocktab_release(ix->tab, e->node);
@@ -135,7 +141,7 @@ static kvr_status entry_add(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
     if (w->head != KVR_NIL)
         ent(ix, w->head)->w_prev = h;
     w->head = h;
-    w->count++;
+    ix->counts[slot]++;
     lru_append(ix, h);
     *out = h;
     return KVR_OK;
@@ -303,7 +309,8 @@ void kvr_index_expire(struct kvr_index *ix, uint64_t now)
 
 size_t kvr_index_bytes(const struct kvr_index *ix)
 {
-    size_t b = kvr_pool_bytes(&ix->entries) + (size_t)ix->nslots * sizeof *ix->w;
+    size_t b =
+        kvr_pool_bytes(&ix->entries) + (size_t)ix->nslots * (sizeof *ix->w + sizeof *ix->counts);
     for (uint32_t s = 0; s < ix->nslots; s++)
         b += kvr_map_bytes(&ix->w[s].engines);
     return b;

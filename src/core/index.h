@@ -40,7 +40,6 @@ struct kvr_index_entry {
 struct kvr_index_worker {
     struct kvr_map engines; /* engine block id -> entry; allocated on the first event */
     uint32_t head;          /* first entry of this worker, KVR_NIL when none */
-    uint32_t count;         /* entries of this worker */
 };
 
 struct kvr_index_lru {
@@ -54,6 +53,8 @@ struct kvr_index {
     struct kvr_pool entries;       /* struct kvr_index_entry */
     struct kvr_index_lru lru[2];   /* [0]: TTL entries by expiry, [1]: event entries by age */
     struct kvr_index_worker *w;    /* per worker slot, nslots of them, owned */
+    uint32_t *counts;              /* per worker slot: its entries (a compact array, read by the
+                                      tie-break of every decision), owned */
     uint32_t nslots;               /* slots with state */
     struct kvr_index_counters cnt; /* what happened, for stats */
 };
@@ -94,7 +95,7 @@ static inline uint32_t kvr_index_entries(const struct kvr_index *ix)
 
 static inline uint32_t kvr_index_worker_blocks(const struct kvr_index *ix, uint32_t slot)
 {
-    return slot < ix->nslots ? ix->w[slot].count : 0;
+    return slot < ix->nslots ? ix->counts[slot] : 0;
 }
 
 /* Bytes held by the index itself (entries and jump tables; nodes are the block table's). */

@@ -7,11 +7,13 @@
 
 #include <stdlib.h>
 
+#include "pool.h"
+
 #define MAP_MIN_CAP 16u
 
 static struct kvr_map_slot *alloc_slots(uint32_t cap)
 {
-    struct kvr_map_slot *s = malloc((size_t)cap * sizeof *s);
+    struct kvr_map_slot *s = kvr_big_alloc((size_t)cap * sizeof *s);
     if (!s)
         return NULL;
     for (uint32_t i = 0; i < cap; i++)
@@ -98,6 +100,37 @@ kvr_status kvr_map_put(struct kvr_map *m, uint64_t key, uint32_t val)
     }
     m->count++;
     return KVR_OK;
+}
+
+uint32_t *kvr_map_upsert(struct kvr_map *m, uint64_t key, bool *created)
+{
+    if ((uint64_t)(m->count + 1) * 10 > (uint64_t)(m->mask + 1) * 7) {
+        if (kvr_map_get(m, key) != KVR_NIL) { /* present: no growth needed */
+            *created = false;
+            uint32_t i = kvr_map_pos(m, key);
+            while (m->slots[i].key != key || m->slots[i].val == KVR_NIL)
+                i = (i + 1) & m->mask;
+            return &m->slots[i].val;
+        }
+        if (m->mask + 1 >= (1u << 31) || resize(m, (m->mask + 1) * 2) != KVR_OK)
+            return NULL;
+    }
+    uint32_t i = kvr_map_pos(m, key);
+    for (;;) {
+        struct kvr_map_slot *s = &m->slots[i];
+        if (s->val == KVR_NIL) {
+            s->key = key;
+            s->val = 0;
+            m->count++;
+            *created = true;
+            return &s->val;
+        }
+        if (s->key == key) {
+            *created = false;
+            return &s->val;
+        }
+        i = (i + 1) & m->mask;
+    }
 }
 
 bool kvr_map_del(struct kvr_map *m, uint64_t key)

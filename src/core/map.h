@@ -63,6 +63,14 @@ static inline void kvr_map_prefetch(const struct kvr_map *m, uint64_t key)
 /* Insert or overwrite. val must not be KVR_NIL. KVR_ERR_NOMEM leaves the map unchanged. */
 kvr_status kvr_map_put(struct kvr_map *m, uint64_t key, uint32_t val);
 
+/*
+ * Find key, or claim a slot for it with one probe: returns a pointer to its value and sets
+ * *created when the key is new; the caller must then store a value (not KVR_NIL) there, or
+ * kvr_map_del the key. NULL when the table cannot grow. The pointer is valid until the next
+ * change to the map.
+ */
+uint32_t *kvr_map_upsert(struct kvr_map *m, uint64_t key, bool *created);
+
 /* Remove key; returns whether it was present. */
 bool kvr_map_del(struct kvr_map *m, uint64_t key);
 

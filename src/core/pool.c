@@ -1,10 +1,27 @@
 /*
  * kvr_pool implementation: a free list threaded through the first four bytes of freed items.
  */
+#define _DEFAULT_SOURCE /* madvise */
 #include "pool.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#define HUGE_PAGE (2u << 20)
+
+void *kvr_big_alloc(size_t size)
+{
+    if (size < HUGE_PAGE)
+        return malloc(size);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, size))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, size / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advice only: failure is fine */
+#endif
+    return p;
+}
 
 void kvr_pool_init(struct kvr_pool *p, size_t item_size)
 {
@@ -37,7 +54,7 @@ uint32_t kvr_pool_alloc(struct kvr_pool *p)
             if (!chunks)
                 return KVR_NIL;
             p->chunks = chunks;
-            chunks[c] = malloc((size_t)KVR_POOL_CHUNK * p->item_size);
+            chunks[c] = kvr_big_alloc((size_t)KVR_POOL_CHUNK * p->item_size);
             if (!chunks[c])
                 return KVR_NIL;
             p->nchunks++;

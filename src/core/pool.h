@@ -1,5 +1,5 @@
 /*
- * kvr_pool: fixed-size items addressed by u32 handles, allocated from 4096-item chunks that never
+ * kvr_pool: fixed-size items addressed by u32 handles, allocated from 32768-item chunks that never
  * move, so an item's address is stable for its life and growth never copies. Freed items go to
  * a free list and are reused first; memory is bounded by the peak number of live items.
  * Single-threaded, like its owner.
@@ -12,7 +12,7 @@
 
 #include "map.h"
 
-#define KVR_POOL_SHIFT 12u
+#define KVR_POOL_SHIFT 15u
 #define KVR_POOL_CHUNK (1u << KVR_POOL_SHIFT)
 
 struct kvr_pool {
@@ -39,5 +39,12 @@ static inline void *kvr_pool_get(const struct kvr_pool *p, uint32_t h)
 }
 
 size_t kvr_pool_bytes(const struct kvr_pool *p);
+
+/*
+ * Memory for large, randomly accessed arrays (hash tables, pool chunks): at least 2 MiB is
+ * aligned to 2 MiB and offered to the kernel for transparent huge pages, which saves a TLB miss
+ * on nearly every random access once a table outgrows the TLB's reach. Free with free().
+ */
+void *kvr_big_alloc(size_t size);
 
 #endif

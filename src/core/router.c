@@ -18,6 +18,8 @@
 #include "registry.h"
 #include "select.h"
 
+#define BOOK_PREFETCH 12u /* blocks looked ahead when resolving a prompt's nodes */
+
 struct queued {
     uint64_t id;             /* request id */
     uint64_t deadline;       /* ns after which it is rejected */
@@ -37,6 +39,7 @@ struct prompt {
     uint32_t ntokens;
     uint64_t first_hash;
     const struct kvr_overrides *ov;
+    bool explain;
 };
 
 struct kvr_router {
@@ -53,8 +56,10 @@ struct kvr_router {
     uint32_t *overlap;           /* per slot: cached prefix blocks of the current prompt */
     uint32_t *hits;              /* per slot: in-flight prefix blocks of the current prompt */
     uint32_t *slot_cand;         /* per slot: position in eligible, or KVR_NIL */
-    struct kvr_candidate *cands; /* per live worker, registry order */
-    uint32_t *cand_slot;         /* slot of each candidate */
+    struct kvr_candidate *cands; /* per live worker, registry order: the full view */
+    double *costs;               /* per live worker: kv cost */
+    uint64_t *cand_ids;          /* per live worker: id */
+    uint32_t *cand_slot;         /* per live worker: slot */
     uint32_t *eligible;          /* candidates that are not busy */
     uint32_t cap_blocks;         /* room in seq and nodes */
     uint64_t *seq;               /* the current prompt's sequence hashes */
@@ -117,11 +122,12 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
         goto out;
     }
     r->cfg = *cfg;
-    kvr_registry_init(&r->reg, cfg->max_workers);
     kvr_select_init(&r->sel, cfg->seed);
     struct kvr_index_config icfg = {cfg->index_ttl_ns, cfg->index_max_entries,
                                     cfg->index_prune_pct};
-    s = kvr_blocktab_init(&r->tab, 1024);
+    s = kvr_registry_init(&r->reg, cfg->max_workers);
+    if (s == KVR_OK)
+        s = kvr_blocktab_init(&r->tab, 1024);
     if (s == KVR_OK)
         s = kvr_index_init(&r->ix, &r->tab, &icfg);
     if (s == KVR_OK)
@@ -162,6 +168,8 @@ void kvr_router_destroy(struct kvr_router *r)
     free(r->hits);
     free(r->slot_cand);
     free(r->cands);
+    free(r->costs);
+    free(r->cand_ids);
     free(r->cand_slot);
     free(r->eligible);
     free(r->seq);
@@ -209,6 +217,10 @@ static kvr_status ensure_slots(struct kvr_router *r)
     if (st == KVR_OK)
         st = grow_array((void **)&r->cands, n, sizeof *r->cands);
     if (st == KVR_OK)
+        st = grow_array((void **)&r->costs, n, sizeof *r->costs);
+    if (st == KVR_OK)
+        st = grow_array((void **)&r->cand_ids, n, sizeof *r->cand_ids);
+    if (st == KVR_OK)
         st = grow_array((void **)&r->cand_slot, n, sizeof *r->cand_slot);
     if (st == KVR_OK)
         st = grow_array((void **)&r->eligible, n, sizeof *r->eligible);
@@ -232,24 +244,50 @@ static kvr_status ensure_blocks(struct kvr_router *r, uint32_t n)
     return st;
 }
 
-static bool worker_busy(const struct kvr_router *r, const struct kvr_worker *w)
+static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
-    const struct kvr_active_worker *aw = &r->act.w[w->slot];
+    const struct kvr_worker *w = &r->reg.by_slot[slot];
+    const struct kvr_active_worker *aw = &r->act.w[slot];
     if (r->cfg.busy_threshold > 0 && w->capacity_blocks &&
         (double)aw->blocks > r->cfg.busy_threshold * (double)w->capacity_blocks)
         return true;
     return r->cfg.busy_prefill_tokens && aw->prefill > r->cfg.busy_prefill_tokens;
 }
 
-/* Fill r->cands for every live worker; returns how many are eligible (not busy). */
-static uint32_t build_candidates(struct kvr_router *r, const struct prompt *p, double ow)
+/*
+ * Score every live worker: its kv cost if the request went there, and whether it is busy. This
+ * loop is the O(workers) part of every decision, so it reads only compact per-slot arrays and
+ * writes three. Returns how many workers are eligible (not busy); they are listed in r->eligible.
+ */
+static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, double ow)
 {
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    double per_token = ow / B;
     uint32_t neligible = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];
-        const struct kvr_worker *w = r->reg.by_slot[slot];
+        const struct kvr_active_worker *aw = &r->act.w[slot];
+        uint64_t cached = (uint64_t)r->overlap[slot] * B;
+        uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
+        uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
+        r->costs[i] = per_token * (double)prefill + (double)decode;
+        r->cand_ids[i] = r->reg.by_slot[slot].id;
+        r->cand_slot[i] = slot;
+        r->eligible[neligible] = i;
+        neligible += !worker_busy(r, slot);
+    }
+    return neligible;
+}
+
+/* The full view of every live worker, for explanations and the baseline policies. */
+static void fill_candidates(struct kvr_router *r, const struct prompt *p)
+{
+    uint32_t B = r->cfg.block_size;
+    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->cand_slot[i];
+        const struct kvr_worker *w = &r->reg.by_slot[slot];
         const struct kvr_active_worker *aw = &r->act.w[slot];
         struct kvr_candidate *c = &r->cands[i];
         uint64_t cached = (uint64_t)r->overlap[slot] * B;
@@ -262,13 +300,9 @@ static uint32_t build_candidates(struct kvr_router *r, const struct prompt *p, d
         c->cached_blocks = kvr_index_worker_blocks(&r->ix, slot);
         c->waiting = w->waiting;
         c->kv_usage = w->kv_usage;
-        c->cost = ow * (double)c->prefill_tokens / B + (double)c->decode_blocks;
-        c->busy = worker_busy(r, w);
-        r->cand_slot[i] = slot;
-        if (!c->busy)
-            r->eligible[neligible++] = i;
+        c->cost = r->costs[i];
+        c->busy = worker_busy(r, slot);
     }
-    return neligible;
 }
 
 static kvr_status refresh_ring(struct kvr_router *r)
@@ -279,7 +313,7 @@ static kvr_status refresh_ring(struct kvr_router *r)
     if (!ids)
         return KVR_ERR_NOMEM;
     for (uint32_t i = 0; i < r->reg.nlive; i++)
-        ids[i] = r->reg.by_slot[r->reg.order[i]]->id;
+        ids[i] = r->reg.by_slot[r->reg.order[i]].id;
     kvr_status st = kvr_select_ring(&r->sel, ids, r->reg.order, r->reg.nlive, r->cfg.chwbl_vnodes);
     free(ids);
     if (st == KVR_OK)
@@ -294,7 +328,11 @@ static kvr_status book(struct kvr_router *r, uint64_t id, uint32_t slot, const u
 {
     kvr_status st = KVR_OK;
     uint32_t d = from;
+    for (uint32_t k = from; k < n && k < from + BOOK_PREFETCH; k++)
+        kvr_map_prefetch(&r->tab.map, seq[k]);
     for (; d < n; d++) {
+        if (d + BOOK_PREFETCH < n)
+            kvr_map_prefetch(&r->tab.map, seq[d + BOOK_PREFETCH]);
         st = kvr_blocktab_get(&r->tab, seq[d], &nodes[d]);
         if (st != KVR_OK)
             break;
@@ -333,37 +371,48 @@ static kvr_status decide(struct kvr_router *r, const struct prompt *p, uint64_t 
     memset(r->hits, 0, (size_t)r->nslots * sizeof *r->hits);
     uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
                                         &r->walk_act, r->hits, r->nodes);
-    uint32_t neligible = build_candidates(r, p, ow);
+    uint32_t neligible = score_workers(r, p, ow);
     if (neligible == 0)
         return KVR_ERR_OVERLOADED;
+    bool full = p->explain || policy != KVR_POLICY_KV;
+    if (full)
+        fill_candidates(r, p);
 
-    struct kvr_select_input in = {policy, temp, p->nblocks, p->first_hash, NULL, r->cand_slot};
-    if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
-        for (uint32_t i = 0; i < r->nslots; i++)
-            r->slot_cand[i] = KVR_NIL;
-        for (uint32_t e = 0; e < neligible; e++)
-            r->slot_cand[r->cand_slot[r->eligible[e]]] = e;
-        in.slot_cand = r->slot_cand;
+    uint32_t pick;
+    if (policy == KVR_POLICY_KV) {
+        pick = kvr_select_kv(&r->sel, temp, r->costs, r->cand_slot, r->ix.counts, r->eligible,
+                             neligible);
+    } else {
+        struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->cand_slot};
+        if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
+            for (uint32_t i = 0; i < r->nslots; i++)
+                r->slot_cand[i] = KVR_NIL;
+            for (uint32_t e = 0; e < neligible; e++)
+                r->slot_cand[r->cand_slot[r->eligible[e]]] = e;
+            in.slot_cand = r->slot_cand;
+        }
+        pick = kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible);
     }
-    uint32_t pick =
-        r->eligible[kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible)];
-    const struct kvr_candidate *c = &r->cands[pick];
+    pick = r->eligible[pick];
+    uint32_t slot = r->cand_slot[pick];
     if (do_book) {
-        st = book(r, p->id, r->cand_slot[pick], p->seq, r->nodes, walked, p->nblocks, p->ntokens,
-                  c->overlap_blocks, now);
+        st = book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
+                  r->overlap[slot], now);
         if (st != KVR_OK)
             return st;
     }
     out->request_id = p->id;
-    out->worker_id = c->worker_id;
+    out->worker_id = r->cand_ids[pick];
     out->policy = policy;
-    out->overlap_blocks = c->overlap_blocks;
+    out->overlap_blocks = r->overlap[slot];
     out->prompt_blocks = p->nblocks;
     out->prompt_tokens = p->ntokens;
-    out->cost = c->cost;
+    out->cost = r->costs[pick];
     out->block_hashes = p->seq;
-    out->candidates = r->cands;
     out->ncandidates = r->reg.nlive;
+    out->worker_ids = r->cand_ids;
+    out->costs = r->costs;
+    out->candidates = full ? r->cands : NULL;
     out->booked = do_book;
     return KVR_OK;
 }
@@ -382,7 +431,7 @@ static void drain_queue(struct kvr_router *r, uint64_t now)
     while (r->qhead) {
         struct queued *q = r->qhead;
         struct kvr_overrides ov = q->ov;
-        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov};
+        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false};
         struct kvr_decision d;
         kvr_status st = KVR_ERR_OVERLOADED;
         if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
@@ -472,6 +521,7 @@ static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, s
     p->ntokens = req->ntokens;
     p->first_hash = nblocks ? r->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
     p->ov = &req->ov;
+    p->explain = req->explain;
     return KVR_OK;
 }
 
@@ -543,8 +593,8 @@ kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t w
     kvr_status st = ensure_blocks(r, nblocks);
     if (st != KVR_OK)
         return st;
-    st = book(r, request_id, w->slot, block_hashes, r->nodes, 0, nblocks, prompt_tokens,
-              overlap_blocks, now);
+    st = book(r, request_id, kvr_registry_slot(&r->reg, w), block_hashes, r->nodes, 0, nblocks,
+              prompt_tokens, overlap_blocks, now);
     if (st == KVR_OK)
         r->st.decisions++;
     return st;
@@ -583,14 +633,16 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
     }
     struct kvr_worker *w = kvr_registry_find(&r->reg, info->id);
     if (!w) {
-        kvr_status st = kvr_registry_add(&r->reg, info->id, &w);
+        uint32_t slot;
+        kvr_status st = kvr_registry_add(&r->reg, info->id, &slot);
         if (st != KVR_OK)
             return st;
         st = ensure_slots(r);
         if (st != KVR_OK) {
-            kvr_registry_remove(&r->reg, w);
+            kvr_registry_remove(&r->reg, slot);
             return st;
         }
+        w = &r->reg.by_slot[slot];
         w->block_size = info->block_size;
         r->ring_dirty = true;
         r->st.workers_joined++;
@@ -613,8 +665,8 @@ static void on_drop(void *ctx, uint64_t request_id, uint32_t slot)
 {
     struct fail_ctx *f = ctx;
     uint64_t wid = f->worker_id;
-    if (!wid && slot < f->r->reg.nslots && f->r->reg.by_slot[slot])
-        wid = f->r->reg.by_slot[slot]->id;
+    if (!wid && slot < f->r->reg.nslots)
+        wid = f->r->reg.by_slot[slot].id;
     if (f->kind == KVR_EV_FAILED)
         f->r->st.failed_requests++;
     else
@@ -623,13 +675,13 @@ static void on_drop(void *ctx, uint64_t request_id, uint32_t slot)
          f->kind == KVR_EV_FAILED ? KVR_ERR_WORKER_LOST : KVR_ERR_TIMEOUT, NULL);
 }
 
-static void remove_worker(struct kvr_router *r, struct kvr_worker *w)
+static void remove_worker(struct kvr_router *r, uint32_t slot)
 {
-    uint64_t id = w->id;
+    uint64_t id = r->reg.by_slot[slot].id;
     struct fail_ctx f = {r, id, KVR_EV_FAILED};
-    kvr_index_clear_worker(&r->ix, w->slot);
-    kvr_active_drop_worker(&r->act, w->slot, on_drop, &f);
-    kvr_registry_remove(&r->reg, w);
+    kvr_index_clear_worker(&r->ix, slot);
+    kvr_active_drop_worker(&r->act, slot, on_drop, &f);
+    kvr_registry_remove(&r->reg, slot);
     r->ring_dirty = true;
     r->st.workers_left++;
     emit(r, KVR_EV_WORKER_LEFT, 0, id, KVR_ERR_WORKER_LOST, NULL);
@@ -642,7 +694,7 @@ kvr_status kvr_router_worker_remove(struct kvr_router *r, uint64_t worker_id)
         r->st.unknown_worker++;
         return KVR_ERR_UNKNOWN_WORKER;
     }
-    remove_worker(r, w);
+    remove_worker(r, kvr_registry_slot(&r->reg, w));
     return KVR_OK;
 }
 
@@ -658,14 +710,16 @@ kvr_status kvr_router_kv_stored(struct kvr_router *r, uint64_t worker_id, const 
                                 const struct kvr_kv_block *blocks, size_t n)
 {
     struct kvr_worker *w = event_worker(r, worker_id);
-    return w ? kvr_index_stored(&r->ix, w->slot, parent, blocks, n) : KVR_ERR_UNKNOWN_WORKER;
+    return w ? kvr_index_stored(&r->ix, kvr_registry_slot(&r->reg, w), parent, blocks, n)
+             : KVR_ERR_UNKNOWN_WORKER;
 }
 
 kvr_status kvr_router_kv_removed(struct kvr_router *r, uint64_t worker_id,
                                  const uint64_t *engine_ids, size_t n)
 {
     struct kvr_worker *w = event_worker(r, worker_id);
-    return w ? kvr_index_removed(&r->ix, w->slot, engine_ids, n) : KVR_ERR_UNKNOWN_WORKER;
+    return w ? kvr_index_removed(&r->ix, kvr_registry_slot(&r->reg, w), engine_ids, n)
+             : KVR_ERR_UNKNOWN_WORKER;
 }
 
 kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
@@ -673,7 +727,7 @@ kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
     struct kvr_worker *w = event_worker(r, worker_id);
     if (!w)
         return KVR_ERR_UNKNOWN_WORKER;
-    kvr_index_clear_worker(&r->ix, w->slot);
+    kvr_index_clear_worker(&r->ix, kvr_registry_slot(&r->reg, w));
     return KVR_OK;
 }
 
@@ -686,9 +740,9 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
     }
     if (r->cfg.worker_timeout_ns) {
         for (uint32_t i = 0; i < r->reg.nlive;) {
-            struct kvr_worker *w = r->reg.by_slot[r->reg.order[i]];
-            if (w->last_seen + r->cfg.worker_timeout_ns <= now)
-                remove_worker(r, w); /* the next worker moves into position i */
+            uint32_t slot = r->reg.order[i];
+            if (r->reg.by_slot[slot].last_seen + r->cfg.worker_timeout_ns <= now)
+                remove_worker(r, slot); /* the next worker moves into position i */
             else
                 i++;
         }
@@ -722,7 +776,7 @@ kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id
     const struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
     if (!w)
         return KVR_ERR_UNKNOWN_WORKER;
-    const struct kvr_active_worker *aw = &r->act.w[w->slot];
+    const struct kvr_active_worker *aw = &r->act.w[kvr_registry_slot(&r->reg, w)];
     if (active_blocks)
         *active_blocks = aw->blocks;
     if (prefill_tokens)

@@ -94,31 +94,42 @@ static double score_neg_overlap(const struct kvr_candidate *c, const void *arg)
     return -(double)c->overlap_blocks;
 }
 
-static uint32_t pick_kv_min(struct kvr_select_state *s, const struct kvr_candidate *cands,
-                            const uint32_t *eligible, uint32_t n)
+static uint32_t kv_min(struct kvr_select_state *s, const double *costs, const uint32_t *slots,
+                       const uint32_t *cached, const uint32_t *eligible, uint32_t n)
 {
     uint32_t best = 0, ties = 1;
+    double bc = costs[eligible[0]];
     for (uint32_t i = 1; i < n; i++) {
-        const struct kvr_candidate *c = &cands[eligible[i]], *b = &cands[eligible[best]];
-        if (c->cost < b->cost || (c->cost == b->cost && c->cached_blocks < b->cached_blocks)) {
+        double c = costs[eligible[i]];
+        if (c > bc)
+            continue;
+        if (c < bc) {
+            best = i;
+            bc = c;
+            ties = 1;
+            continue;
+        }
+        /* equal cost: fewer cached blocks wins, then a random draw */
+        uint32_t ci = cached[slots[eligible[i]]], cb = cached[slots[eligible[best]]];
+        if (ci < cb) {
             best = i;
             ties = 1;
-        } else if (c->cost == b->cost && c->cached_blocks == b->cached_blocks &&
-                   take_tie(s, &ties)) {
+        } else if (ci == cb && take_tie(s, &ties)) {
             best = i;
         }
     }
     return best;
 }
 
-static uint32_t pick_kv(struct kvr_select_state *s, const struct kvr_select_input *in,
-                        const struct kvr_candidate *cands, const uint32_t *eligible, uint32_t n)
+uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const double *costs,
+                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
+                       uint32_t n)
 {
-    if (in->temperature <= 0 || n == 1)
-        return pick_kv_min(s, cands, eligible, n);
-    double lo = cands[eligible[0]].cost, hi = lo;
+    if (temperature <= 0 || n == 1)
+        return kv_min(s, costs, slots, cached, eligible, n);
+    double lo = costs[eligible[0]], hi = lo;
     for (uint32_t i = 1; i < n; i++) {
-        double c = cands[eligible[i]].cost;
+        double c = costs[eligible[i]];
         lo = c < lo ? c : lo;
         hi = c > hi ? c : hi;
     }
@@ -127,13 +138,13 @@ static uint32_t pick_kv(struct kvr_select_state *s, const struct kvr_select_inpu
     if (s->nweights < n) {
         double *w = realloc(s->weights, (size_t)n * sizeof *w);
         if (!w)
-            return pick_kv_min(s, cands, eligible, n);
+            return kv_min(s, costs, slots, cached, eligible, n);
         s->weights = w;
         s->nweights = n;
     }
-    double scale = (hi - lo) * in->temperature, total = 0;
+    double scale = (hi - lo) * temperature, total = 0;
     for (uint32_t i = 0; i < n; i++) {
-        s->weights[i] = exp(-(cands[eligible[i]].cost - lo) / scale);
+        s->weights[i] = exp(-(costs[eligible[i]] - lo) / scale);
         total += s->weights[i];
     }
     double x = kvr_rng_double(&s->rng) * total;
@@ -143,6 +154,12 @@ static uint32_t pick_kv(struct kvr_select_state *s, const struct kvr_select_inpu
             return i;
     }
     return n - 1;
+}
+
+static double score_cost(const struct kvr_candidate *c, const void *arg)
+{
+    (void)arg;
+    return c->cost;
 }
 
 static uint32_t pick_p2c(struct kvr_select_state *s, const struct kvr_candidate *cands,
@@ -254,9 +271,9 @@ uint32_t kvr_select(struct kvr_select_state *s, const struct kvr_router_config *
         return pick_llmd(s, cfg, in, cands, eligible, n);
     case KVR_POLICY_CHWBL:
         return pick_chwbl(s, cfg, in, cands, eligible, n);
-    case KVR_POLICY_KV:
+    case KVR_POLICY_KV: /* the router uses kvr_select_kv; this is only a fallback */
     case KVR_POLICY_COUNT:
         break;
     }
-    return pick_kv(s, in, cands, eligible, n);
+    return argmin(s, cands, eligible, n, score_cost, NULL);
 }

@@ -29,7 +29,6 @@ struct kvr_select_state {
 /* What one selection needs besides the candidates. */
 struct kvr_select_input {
     enum kvr_policy policy;
-    double temperature;        /* kv only */
     uint32_t prompt_blocks;    /* full blocks of the prompt */
     uint64_t first_hash;       /* chwbl key: the prompt's first block (or whole-prompt) hash */
     const uint32_t *slot_cand; /* chwbl: worker slot -> index in eligible, or KVR_NIL */
@@ -44,8 +43,18 @@ kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, cons
                            uint32_t n, uint32_t vnodes);
 
 /*
- * Choose among cands[eligible[0..n)] (n >= 1); returns a position in eligible. cfg supplies the
- * baselines' knobs.
+ * The kv policy over plain arrays (its hot path reads nothing else): the lowest costs[c] among
+ * c = eligible[0..n) (n >= 1); ties go to the fewest cached[slots[c]], then to a random draw;
+ * with temperature > 0, c is drawn with probability proportional to
+ * exp(-(cost - min) / ((max - min) * temperature)). Returns a position in eligible.
+ */
+uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const double *costs,
+                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
+                       uint32_t n);
+
+/*
+ * The baseline policies: choose among cands[eligible[0..n)] (n >= 1); returns a position in
+ * eligible. cfg supplies their knobs. (kv goes through kvr_select_kv.)
  */
 uint32_t kvr_select(struct kvr_select_state *s, const struct kvr_router_config *cfg,
                     const struct kvr_select_input *in, const struct kvr_candidate *cands,

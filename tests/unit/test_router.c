@@ -90,7 +90,7 @@ static uint32_t *prompt(uint32_t f, uint32_t shared, uint64_t id, uint32_t uniqu
 
 static kvr_status route(uint64_t id, uint32_t *t, uint32_t n, struct kvr_decision *d)
 {
-    struct kvr_request q = {.id = id, .tokens = t, .ntokens = n};
+    struct kvr_request q = {.id = id, .tokens = t, .ntokens = n, .explain = true};
     return kvr_router_route(r, &q, 0, d);
 }
 
@@ -171,6 +171,29 @@ Test(router, event_mode_follows_the_cached_prefix)
     free(t);
 }
 
+Test(router, costs_always_candidates_on_request)
+{
+    make();
+    join(1, 0);
+    join(2, 0);
+    uint32_t *t = prompt(0, 0, 1, 3 * B);
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 3 * B};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(d.candidates == NULL, "the kv hot path builds no full view unless asked");
+    cr_assert(eq(u32, d.ncandidates, 2));
+    cr_assert(eq(u64, d.worker_ids[0], 1));
+    cr_assert(eq(u64, d.worker_ids[1], 2));
+    cr_assert(eq(dbl, d.costs[0], 3.0 + 3.0), "3 blocks to prefill, 3 to decode");
+    q.ov.flags = KVR_OV_POLICY;
+    q.ov.policy = KVR_POLICY_ROUND_ROBIN;
+    q.id = 2;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(d.candidates != NULL, "baselines read the full view");
+    cr_assert(eq(int, d.policy, KVR_POLICY_ROUND_ROBIN));
+    free(t);
+}
+
 Test(router, load_spreads_requests_without_cached_prefix)
 {
     make();
@@ -198,7 +221,7 @@ Test(router, shared_prefix_counts_once_in_decode_load)
     cr_assert(eq(int, route(1, a, 8 * B, &d), KVR_OK));
     uint64_t first = d.worker_id;
     cr_assert(eq(int, kvr_router_prefill_done(r, 1, 1), KVR_OK));
-    struct kvr_request q = {.id = 2, .tokens = b, .ntokens = 8 * B};
+    struct kvr_request q = {.id = 2, .tokens = b, .ntokens = 8 * B, .explain = true};
     cr_assert(eq(int, kvr_router_select(r, &q, 1, &d), KVR_OK));
     for (uint32_t i = 0; i < 2; i++) {
         const struct kvr_candidate *c = &d.candidates[i];

@@ -33,7 +33,16 @@ TestSuite(select, .init = setup, .fini = teardown);
 
 static uint32_t pick(enum kvr_policy p, uint32_t n)
 {
-    struct kvr_select_input in = {p, 0.0, 10, 12345, NULL, slots};
+    if (p == KVR_POLICY_KV) { /* the kv policy reads plain arrays */
+        double costs[8];
+        uint32_t cached[8];
+        for (uint32_t i = 0; i < n; i++) {
+            costs[i] = c[i].cost;
+            cached[i] = c[i].cached_blocks;
+        }
+        return kvr_select_kv(&st, 0.0, costs, slots, cached, all, n);
+    }
+    struct kvr_select_input in = {p, 10, 12345, NULL, slots};
     return kvr_select(&st, &cfg, &in, c, all, n);
 }
 
@@ -77,10 +86,13 @@ Test(select, kv_temperature_prefers_cheap_but_samples)
 {
     for (int i = 0; i < 8; i++)
         c[i].cost = 100 + 10 * i;
-    struct kvr_select_input in = {KVR_POLICY_KV, 0.5, 10, 0, NULL, slots};
+    double costs[8];
+    uint32_t cached[8] = {0};
+    for (int i = 0; i < 8; i++)
+        costs[i] = c[i].cost;
     uint32_t seen[8] = {0};
     for (int k = 0; k < 8000; k++)
-        seen[kvr_select(&st, &cfg, &in, c, all, 8)]++;
+        seen[kvr_select_kv(&st, 0.5, costs, slots, cached, all, 8)]++;
     cr_assert(gt(u32, seen[0], seen[7] * 3), "cheapest %u vs dearest %u", seen[0], seen[7]);
     cr_assert(gt(u32, seen[7], 50), "the dearest is still sampled");
     for (int i = 1; i < 8; i++)
@@ -161,7 +173,7 @@ Test(select, chwbl_is_consistent_and_bounded)
     }
     cr_assert(eq(int, kvr_select_ring(&st, ids, slots, 8, cfg.chwbl_vnodes), KVR_OK));
     cr_assert(eq(u32, st.nring, 8 * 256));
-    struct kvr_select_input in = {KVR_POLICY_CHWBL, 0, 10, 777, slot_cand, slots};
+    struct kvr_select_input in = {KVR_POLICY_CHWBL, 10, 777, slot_cand, slots};
     uint32_t first = kvr_select(&st, &cfg, &in, c, all, 8);
     for (int k = 0; k < 10; k++)
         cr_assert(eq(u32, kvr_select(&st, &cfg, &in, c, all, 8), first), "same key, same worker");
