@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install what kvrouter needs to build, test and run, from Debian's packages (apt-get), when
+# missing. Idempotent; needs root (or sudo) on a machine where something is missing.
+set -euo pipefail
+
+packages=(
+  gcc libc6-dev pkg-config meson ninja-build
+  libnats-dev nats-server
+  libprotobuf-c-dev protobuf-c-compiler
+  libxxhash-dev uthash-dev libcriterion-dev
+  valgrind clang-format gnuplot-nox curl procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
