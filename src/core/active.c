@@ -7,6 +7,7 @@
  */
 #include "active.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,7 @@ kvr_status kvr_active_init(struct kvr_active *a, struct kvr_blocktab *tab, uint3
     memset(a, 0, sizeof *a);
     a->tab = tab;
     a->block_size = block_size ? block_size : 1;
-    a->ttl_head = a->ttl_tail = KVR_NIL;
+    kvr_list_init(&a->ttl);
     kvr_pool_init(&a->reqs, sizeof(struct kvr_active_req));
     return kvr_map_init(&a->ids, hint);
 }
@@ -47,37 +48,15 @@ kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
         return KVR_ERR_NOMEM;
     for (uint32_t s = a->nslots; s < nslots; s++) {
         memset(&w[s], 0, sizeof w[s]);
-        w[s].head = KVR_NIL;
+        kvr_list_init(&w[s].reqs);
     }
     a->w = w;
     a->nslots = nslots;
     return KVR_OK;
 }
 
-static void ttl_unlink(struct kvr_active *a, uint32_t h)
-{
-    struct kvr_active_req *r = req(a, h);
-    if (r->t_prev != KVR_NIL)
-        req(a, r->t_prev)->t_next = r->t_next;
-    else
-        a->ttl_head = r->t_next;
-    if (r->t_next != KVR_NIL)
-        req(a, r->t_next)->t_prev = r->t_prev;
-    else
-        a->ttl_tail = r->t_prev;
-}
-
-static void ttl_append(struct kvr_active *a, uint32_t h)
-{
-    struct kvr_active_req *r = req(a, h);
-    r->t_next = KVR_NIL;
-    r->t_prev = a->ttl_tail;
-    if (a->ttl_tail != KVR_NIL)
-        req(a, a->ttl_tail)->t_next = h;
-    else
-        a->ttl_head = h;
-    a->ttl_tail = h;
-}
+#define TTL offsetof(struct kvr_active_req, ttl)
+#define WL  offsetof(struct kvr_active_req, wl)
 
 /* Drop n references of worker slot from nodes[0..n). */
 static void unref_nodes(struct kvr_active *a, uint32_t slot, const uint32_t *nodes, uint32_t n)
@@ -151,15 +130,11 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->overlap = overlap_blocks;
     r->prefill = cached < prompt_tokens ? prompt_tokens - cached : 0;
     r->last_ns = now;
-    r->w_prev = KVR_NIL;
-    r->w_next = w->head;
-    if (w->head != KVR_NIL)
-        req(a, w->head)->w_prev = h;
-    w->head = h;
+    kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
     w->nreqs++;
-    ttl_append(a, h);
+    kvr_list_append(&a->ttl, &a->reqs, TTL, h);
     a->node_bytes += (size_t)n * sizeof *copy;
     return KVR_OK;
 }
@@ -173,8 +148,8 @@ static uint32_t touch(struct kvr_active *a, uint64_t id, uint64_t now)
     struct kvr_active_req *r = req(a, h);
     if (now > r->last_ns)
         r->last_ns = now;
-    ttl_unlink(a, h);
-    ttl_append(a, h);
+    kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
+    kvr_list_append(&a->ttl, &a->reqs, TTL, h);
     return h;
 }
 
@@ -208,13 +183,8 @@ static void remove_handle(struct kvr_active *a, uint32_t h)
     w->blocks -= r->extra;
     w->prefill -= r->prefill;
     w->nreqs--;
-    if (r->w_prev != KVR_NIL)
-        req(a, r->w_prev)->w_next = r->w_next;
-    else
-        w->head = r->w_next;
-    if (r->w_next != KVR_NIL)
-        req(a, r->w_next)->w_prev = r->w_prev;
-    ttl_unlink(a, h);
+    kvr_list_unlink(&w->reqs, &a->reqs, WL, h);
+    kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
     kvr_map_del(&a->ids, r->id);
     a->node_bytes -= (size_t)r->nnodes * sizeof *r->nodes;
     free(r->nodes);
@@ -233,11 +203,11 @@ kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id)
 uint32_t kvr_active_expire(struct kvr_active *a, uint64_t cutoff, kvr_active_drop_fn fn, void *ctx)
 {
     uint32_t n = 0;
-    while (a->ttl_head != KVR_NIL && req(a, a->ttl_head)->last_ns <= cutoff) {
-        struct kvr_active_req *r = req(a, a->ttl_head);
+    while (a->ttl.head != KVR_NIL && req(a, a->ttl.head)->last_ns <= cutoff) {
+        struct kvr_active_req *r = req(a, a->ttl.head);
         uint64_t id = r->id;
         uint32_t slot = r->slot;
-        remove_handle(a, a->ttl_head);
+        remove_handle(a, a->ttl.head);
         if (fn)
             fn(ctx, id, slot);
         n++;
@@ -251,9 +221,9 @@ uint32_t kvr_active_drop_worker(struct kvr_active *a, uint32_t slot, kvr_active_
     if (slot >= a->nslots)
         return 0;
     uint32_t n = 0;
-    while (a->w[slot].head != KVR_NIL) {
-        uint64_t id = req(a, a->w[slot].head)->id;
-        remove_handle(a, a->w[slot].head);
+    while (a->w[slot].reqs.head != KVR_NIL) {
+        uint64_t id = req(a, a->w[slot].reqs.head)->id;
+        remove_handle(a, a->w[slot].reqs.head);
         if (fn)
             fn(ctx, id, slot);
         n++;

@@ -29,17 +29,15 @@ struct kvr_active_req {
     uint32_t extra;         /* blocks held outside the table */
     uint32_t prompt_tokens; /* */
     uint32_t overlap;       /* cached prefix blocks at booking */
-    uint32_t t_prev;        /* neighbours in the TTL list (by last_ns) */
-    uint32_t t_next;        /* */
-    uint32_t w_prev;        /* neighbours in its worker's list */
-    uint32_t w_next;        /* */
+    struct kvr_link ttl;    /* in the TTL list (by last_ns) */
+    struct kvr_link wl;     /* in its worker's list */
 };
 
 struct kvr_active_worker {
-    uint64_t blocks;  /* predicted active blocks */
-    uint64_t prefill; /* predicted outstanding prefill tokens */
-    uint32_t nreqs;   /* requests in flight */
-    uint32_t head;    /* first request, KVR_NIL when none */
+    uint64_t blocks;      /* predicted active blocks */
+    uint64_t prefill;     /* predicted outstanding prefill tokens */
+    uint32_t nreqs;       /* requests in flight */
+    struct kvr_list reqs; /* its requests */
 };
 
 struct kvr_active {
@@ -48,8 +46,7 @@ struct kvr_active {
     struct kvr_map ids;          /* request id -> request handle */
     struct kvr_active_worker *w; /* per worker slot, owned */
     uint32_t nslots;             /* */
-    uint32_t ttl_head;           /* least recently active request */
-    uint32_t ttl_tail;           /* most recently active request */
+    struct kvr_list ttl;         /* requests, least recently active first */
     uint32_t block_size;         /* B */
     size_t node_bytes;           /* bytes of the requests' node arrays */
 };

@@ -83,6 +83,18 @@ static void prefetch_sets(const struct kvr_blocktab *t, uint32_t h)
     kvr_hset_prefetch(&node->act);
 }
 
+/* Take block d's set into walk w (if any); returns whether w still has workers alive. */
+static bool advance(struct kvr_walk *w, const struct kvr_hset *s, uint32_t d, uint32_t *out)
+{
+    if (!w)
+        return false;
+    if (d == 0)
+        kvr_walk_start(w, s);
+    else if (kvr_walk_alive(w))
+        kvr_walk_step(w, s, d, out);
+    return kvr_walk_alive(w);
+}
+
 uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, uint32_t n,
                            struct kvr_walk *idx_walk, uint32_t *idx_out, struct kvr_walk *act_walk,
                            uint32_t *act_out, uint32_t *nodes_out)
@@ -113,21 +125,8 @@ uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, ui
         if (h == KVR_NIL)
             break;
         const struct kvr_node *node = kvr_blocktab_node(t, h);
-        bool live = false;
-        if (idx_walk) {
-            if (d == 0)
-                kvr_walk_start(idx_walk, &node->idx);
-            else if (kvr_walk_alive(idx_walk))
-                kvr_walk_step(idx_walk, &node->idx, d, idx_out);
-            live |= kvr_walk_alive(idx_walk);
-        }
-        if (act_walk) {
-            if (d == 0)
-                kvr_walk_start(act_walk, &node->act);
-            else if (kvr_walk_alive(act_walk))
-                kvr_walk_step(act_walk, &node->act, d, act_out);
-            live |= kvr_walk_alive(act_walk);
-        }
+        bool live = advance(idx_walk, &node->idx, d, idx_out);
+        live |= advance(act_walk, &node->act, d, act_out);
         if (!live) {
             d++;
             break;

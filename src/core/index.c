@@ -6,6 +6,7 @@
  */
 #include "index.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,31 +24,17 @@ static int lru_of(const struct kvr_index_entry *e)
     return e->expires == EVENT_ENTRY;
 }
 
+#define LRU offsetof(struct kvr_index_entry, lru)
+#define WL  offsetof(struct kvr_index_entry, wl)
+
 static void lru_unlink(struct kvr_index *ix, uint32_t h)
 {
-    struct kvr_index_entry *e = ent(ix, h);
-    struct kvr_index_lru *l = &ix->lru[lru_of(e)];
-    if (e->lru_prev != KVR_NIL)
-        ent(ix, e->lru_prev)->lru_next = e->lru_next;
-    else
-        l->head = e->lru_next;
-    if (e->lru_next != KVR_NIL)
-        ent(ix, e->lru_next)->lru_prev = e->lru_prev;
-    else
-        l->tail = e->lru_prev;
+    kvr_list_unlink(&ix->lru[lru_of(ent(ix, h))], &ix->entries, LRU, h);
 }
 
 static void lru_append(struct kvr_index *ix, uint32_t h)
 {
-    struct kvr_index_entry *e = ent(ix, h);
-    struct kvr_index_lru *l = &ix->lru[lru_of(e)];
-    e->lru_next = KVR_NIL;
-    e->lru_prev = l->tail;
-    if (l->tail != KVR_NIL)
-        ent(ix, l->tail)->lru_next = h;
-    else
-        l->head = h;
-    l->tail = h;
+    kvr_list_append(&ix->lru[lru_of(ent(ix, h))], &ix->entries, LRU, h);
 }
 
 kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
@@ -60,7 +47,7 @@ kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
     ix->tab = tab;
     kvr_pool_init(&ix->entries, sizeof(struct kvr_index_entry));
     for (int i = 0; i < 2; i++)
-        ix->lru[i].head = ix->lru[i].tail = KVR_NIL;
+        kvr_list_init(&ix->lru[i]);
     return KVR_OK;
 }
 
@@ -87,7 +74,7 @@ kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots)
         return KVR_ERR_NOMEM;
     for (uint32_t s = ix->nslots; s < nslots; s++) {
         memset(&w[s], 0, sizeof w[s]);
-        w[s].head = KVR_NIL;
+        kvr_list_init(&w[s].entries);
         counts[s] = 0;
     }
     ix->w = w;
@@ -101,12 +88,7 @@ static void entry_remove(struct kvr_index *ix, uint32_t h)
     struct kvr_index_entry *e = ent(ix, h);
     struct kvr_index_worker *w = &ix->w[e->slot];
     lru_unlink(ix, h);
-    if (e->w_prev != KVR_NIL)
-        ent(ix, e->w_prev)->w_next = e->w_next;
-    else
-        w->head = e->w_next;
-    if (e->w_next != KVR_NIL)
-        ent(ix, e->w_next)->w_prev = e->w_prev;
+    kvr_list_unlink(&w->entries, &ix->entries, WL, h);
     if (e->expires == EVENT_ENTRY && w->engines.slots &&
         kvr_map_get(&w->engines, e->engine_id) == h)
         kvr_map_del(&w->engines, e->engine_id);
@@ -136,11 +118,7 @@ static kvr_status entry_add(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
     e->slot = slot;
     e->engine_id = 0;
     e->expires = expires;
-    e->w_prev = KVR_NIL;
-    e->w_next = w->head;
-    if (w->head != KVR_NIL)
-        ent(ix, w->head)->w_prev = h;
-    w->head = h;
+    kvr_list_append(&w->entries, &ix->entries, WL, h);
     ix->counts[slot]++;
     lru_append(ix, h);
     *out = h;
@@ -263,8 +241,8 @@ void kvr_index_clear_worker(struct kvr_index *ix, uint32_t slot)
     if (slot >= ix->nslots)
         return;
     struct kvr_index_worker *w = &ix->w[slot];
-    while (w->head != KVR_NIL) {
-        entry_remove(ix, w->head);
+    while (w->entries.head != KVR_NIL) {
+        entry_remove(ix, w->entries.head);
         ix->cnt.cleared++;
     }
     kvr_map_free(&w->engines);
@@ -300,7 +278,7 @@ kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *
 
 void kvr_index_expire(struct kvr_index *ix, uint64_t now)
 {
-    struct kvr_index_lru *l = &ix->lru[0];
+    struct kvr_list *l = &ix->lru[0];
     while (l->head != KVR_NIL && ent(ix, l->head)->expires <= now) {
         entry_remove(ix, l->head);
         ix->cnt.expired++;

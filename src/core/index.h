@@ -27,31 +27,24 @@ struct kvr_index_config {
 };
 
 struct kvr_index_entry {
-    uint32_t node;      /* block table node */
-    uint32_t slot;      /* worker slot */
-    uint64_t engine_id; /* the engine's block id; event entries only */
-    uint64_t expires;   /* ns; UINT64_MAX for event entries */
-    uint32_t lru_prev;  /* neighbours in its LRU list (TTL or event) */
-    uint32_t lru_next;  /* */
-    uint32_t w_prev;    /* neighbours in its worker's list */
-    uint32_t w_next;    /* */
+    uint32_t node;       /* block table node */
+    uint32_t slot;       /* worker slot */
+    uint64_t engine_id;  /* the engine's block id; event entries only */
+    uint64_t expires;    /* ns; UINT64_MAX for event entries */
+    struct kvr_link lru; /* in its LRU list (TTL or event) */
+    struct kvr_link wl;  /* in its worker's list */
 };
 
 struct kvr_index_worker {
-    struct kvr_map engines; /* engine block id -> entry; allocated on the first event */
-    uint32_t head;          /* first entry of this worker, KVR_NIL when none */
-};
-
-struct kvr_index_lru {
-    uint32_t head; /* oldest, the next to expire or prune */
-    uint32_t tail; /* newest */
+    struct kvr_map engines;  /* engine block id -> entry; allocated on the first event */
+    struct kvr_list entries; /* this worker's entries */
 };
 
 struct kvr_index {
     struct kvr_index_config cfg;
     struct kvr_blocktab *tab;      /* borrowed; must outlive the index */
     struct kvr_pool entries;       /* struct kvr_index_entry */
-    struct kvr_index_lru lru[2];   /* [0]: TTL entries by expiry, [1]: event entries by age */
+    struct kvr_list lru[2];        /* [0]: TTL entries by expiry, [1]: event entries by age */
     struct kvr_index_worker *w;    /* per worker slot, nslots of them, owned */
     uint32_t *counts;              /* per worker slot: its entries (a compact array, read by the
                                       tie-break of every decision), owned */

@@ -76,3 +76,33 @@ size_t kvr_pool_bytes(const struct kvr_pool *p)
 {
     return (size_t)p->nchunks * KVR_POOL_CHUNK * p->item_size + p->nchunks * sizeof(void *);
 }
+
+static struct kvr_link *link_of(const struct kvr_pool *p, size_t off, uint32_t h)
+{
+    return (struct kvr_link *)((unsigned char *)kvr_pool_get(p, h) + off);
+}
+
+void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h)
+{
+    struct kvr_link *k = link_of(p, off, h);
+    k->next = KVR_NIL;
+    k->prev = l->tail;
+    if (l->tail != KVR_NIL)
+        link_of(p, off, l->tail)->next = h;
+    else
+        l->head = h;
+    l->tail = h;
+}
+
+void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h)
+{
+    struct kvr_link *k = link_of(p, off, h);
+    if (k->prev != KVR_NIL)
+        link_of(p, off, k->prev)->next = k->next;
+    else
+        l->head = k->next;
+    if (k->next != KVR_NIL)
+        link_of(p, off, k->next)->prev = k->prev;
+    else
+        l->tail = k->prev;
+}

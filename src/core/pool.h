@@ -41,6 +41,29 @@ static inline void *kvr_pool_get(const struct kvr_pool *p, uint32_t h)
 size_t kvr_pool_bytes(const struct kvr_pool *p);
 
 /*
+ * Intrusive doubly-linked lists of pool items: an item embeds a struct kvr_link at byte offset
+ * off (offsetof), and a list names its ends by handle. O(1) append and unlink; an item may sit in
+ * several lists through several links.
+ */
+struct kvr_link {
+    uint32_t prev; /* KVR_NIL at the head */
+    uint32_t next; /* KVR_NIL at the tail */
+};
+
+struct kvr_list {
+    uint32_t head; /* oldest item, KVR_NIL when empty */
+    uint32_t tail; /* newest item */
+};
+
+static inline void kvr_list_init(struct kvr_list *l)
+{
+    l->head = l->tail = KVR_NIL;
+}
+
+void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
+void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
+
+/*
  * Memory for large, randomly accessed arrays (hash tables, pool chunks): at least 2 MiB is
  * aligned to 2 MiB and offered to the kernel for transparent huge pages, which saves a TLB miss
  * on nearly every random access once a table outgrows the TLB's reach. Free with free().
