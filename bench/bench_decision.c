@@ -171,7 +171,7 @@ static void report(const struct bench *b, struct result *res)
     fflush(stdout);
 }
 
-#define BATCH 32 /* decisions in a row on one router before moving to the next */
+#define BATCH 500 /* decisions in a row on one router before moving to the next */
 
 /*
  * Measure the cases of one prompt and block size side by side: their routers are built first,

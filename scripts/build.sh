@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build}
 shift || true
-opts=(--buildtype=debugoptimized)
+opts=()
 [ -n "${CI:-}" ] && opts+=(-Dwerror=true)
 if [ ! -f "$dir/build.ninja" ]; then
   meson setup "$dir" "${opts[@]}" "$@" >/dev/null

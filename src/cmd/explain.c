@@ -128,6 +128,41 @@ static void make_prompts(const struct opts *o, struct req *reqs)
     }
 }
 
+/* One line saying why the chosen worker won, from the candidates' figures. */
+static void print_why(const struct kvr_decision *d, uint32_t block_size)
+{
+    const struct kvr_candidate *chosen = NULL, *runner = NULL, *deepest = NULL;
+    for (uint32_t c = 0; d->candidates && c < d->ncandidates; c++) {
+        const struct kvr_candidate *k = &d->candidates[c];
+        if (k->worker_id == d->worker_id)
+            chosen = k;
+        else if (!runner || k->cost < runner->cost)
+            runner = k;
+        if (!deepest || k->overlap_blocks > deepest->overlap_blocks)
+            deepest = k;
+    }
+    if (!chosen)
+        return;
+    printf("    why: ");
+    if (d->policy != KVR_POLICY_KV)
+        printf("policy %s chose it (kv cost %.1f)", kvr_policy_name(d->policy), chosen->cost);
+    else if (!runner || runner->cost == chosen->cost)
+        printf("lowest cost %.1f, tied; ties go to the fewest cached blocks, then a seeded draw",
+               chosen->cost);
+    else
+        printf("lowest cost %.1f (next: worker %" PRIu64 " at %.1f)", chosen->cost,
+               runner->worker_id, runner->cost);
+    if (chosen->overlap_blocks)
+        printf("; its cache holds the first %u blocks, saving %" PRIu64 " prefill tokens",
+               chosen->overlap_blocks, (uint64_t)chosen->overlap_blocks * block_size);
+    if (deepest && deepest->overlap_blocks > chosen->overlap_blocks)
+        printf("; worker %" PRIu64 " caches more (%u blocks) but is busier (%" PRIu64
+               " prefill tokens, %" PRIu64 " blocks in use)",
+               deepest->worker_id, deepest->overlap_blocks, deepest->prefill_tokens,
+               deepest->decode_blocks);
+    printf("\n");
+}
+
 static void print_decision(const struct run *run, uint32_t i, const struct kvr_decision *d)
 {
     const struct req *q = &run->reqs[i];
@@ -135,13 +170,14 @@ static void print_decision(const struct run *run, uint32_t i, const struct kvr_d
            " [%s]: overlap %u blocks, cost %.1f\n",
            i, q->prefix, d->prompt_tokens, d->prompt_blocks, d->worker_id,
            kvr_policy_name(d->policy), d->overlap_blocks, d->cost);
-    for (uint32_t c = 0; c < d->ncandidates; c++) {
+    for (uint32_t c = 0; d->candidates && c < d->ncandidates; c++) {
         const struct kvr_candidate *k = &d->candidates[c];
         printf("    %c worker %-3" PRIu64 " overlap %4u  prefill %7" PRIu64 " tok  decode %6" PRIu64
                " blk  inflight %3u  cost %9.1f%s\n",
                k->worker_id == d->worker_id ? '*' : ' ', k->worker_id, k->overlap_blocks,
                k->prefill_tokens, k->decode_blocks, k->inflight, k->cost, k->busy ? "  busy" : "");
     }
+    print_why(d, run->o->block_size);
 }
 
 static int issue(struct run *run, uint64_t now)
@@ -149,8 +185,11 @@ static int issue(struct run *run, uint64_t now)
     const struct opts *o = run->o;
     uint32_t i = run->issued++;
     struct req *q = &run->reqs[i];
-    struct kvr_request rq = {
-        .id = i + 1, .tokens = q->tokens, .ntokens = q->ntokens, .max_tokens = o->out_tokens};
+    struct kvr_request rq = {.id = i + 1,
+                             .tokens = q->tokens,
+                             .ntokens = q->ntokens,
+                             .max_tokens = o->out_tokens,
+                             .explain = i < o->verbose};
     struct kvr_decision d;
     kvr_status st = kvr_router_route(run->r, &rq, now, &d);
     if (st != KVR_OK) {

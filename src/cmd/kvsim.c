@@ -5,6 +5,7 @@
  * No NATS, no clock: everything runs in virtual time on the pure core.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +19,9 @@
 static int usage(FILE *f)
 {
     fprintf(f, "usage:\n"
-               "  kvsim hash --block-size B --tokens T1,T2,...\n"
-               "      one line per full block: index, local hash, sequence hash (16 hex digits)\n"
+               "  kvsim hash --block-size B (--tokens T1,T2,... | --tokens-file PATH|-)\n"
+               "      one line per full block: block index, local hash, sequence hash, each as\n"
+               "      16 lower-case hex digits; a trailing partial block is not hashed\n"
                "  kvsim explain [--workers N] [--requests N] [--policy NAME] [--block-size B]\n"
                "                [--prefixes N] [--prefix-tokens N] [--unique-tokens N]\n"
                "                [--concurrency N] [--seed S] [--verbose N]\n"
@@ -45,7 +47,7 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
     return 0;
 }
 
-/* Parse "1,2,3" into a new array; returns the count, or -1 with a message. */
+/* Parse token ids separated by commas or white space into a new array; the count, or -1. */
 static long parse_tokens(const char *s, uint32_t **out)
 {
     size_t cap = 64, n = 0;
@@ -53,44 +55,80 @@ static long parse_tokens(const char *s, uint32_t **out)
     if (!t)
         return -1;
     const char *p = s;
-    while (*p) {
-        char buf[32];
-        size_t len = strcspn(p, ",");
+    bool need = false; /* a separator was a comma: a number must follow */
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p)
+            break;
+        char buf[16];
+        size_t len = strspn(p, "0123456789");
         uint64_t v;
-        if (len == 0 || len >= sizeof buf) {
-            free(t);
-            return -1;
-        }
+        if (len == 0 || len >= sizeof buf)
+            goto bad;
         memcpy(buf, p, len);
         buf[len] = 0;
-        if (parse_u64(buf, UINT32_MAX, &v)) {
-            free(t);
-            return -1;
-        }
+        if (parse_u64(buf, UINT32_MAX, &v))
+            goto bad;
         if (n == cap) {
             uint32_t *nt = realloc(t, 2 * cap * sizeof *t);
-            if (!nt) {
-                free(t);
-                return -1;
-            }
+            if (!nt)
+                goto bad;
             t = nt;
             cap *= 2;
         }
         t[n++] = (uint32_t)v;
         p += len;
-        if (*p == ',' && *++p == 0) {
-            free(t);
-            return -1;
-        }
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        need = *p == ',';
+        if (need)
+            p++;
+        else if (*p)
+            goto bad;
     }
+    if (need)
+        goto bad;
     *out = t;
     return (long)n;
+bad:
+    free(t);
+    return -1;
+}
+
+/* The whole of a file (or stdin for "-") as a string; NULL on error. */
+static char *slurp(const char *path)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (n + 1 < cap)
+            break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf)
+        buf[n] = 0;
+    if (f != stdin)
+        fclose(f);
+    return buf;
 }
 
 static int cmd_hash(int argc, char **argv)
 {
     uint64_t bs = 0;
-    const char *tokens = NULL;
+    const char *tokens = NULL, *file = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--block-size") && i + 1 < argc) {
             if (parse_u64(argv[++i], 1u << 20, &bs) || bs == 0) {
@@ -99,6 +137,8 @@ static int cmd_hash(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
             tokens = argv[++i];
+        } else if (!strcmp(argv[i], "--tokens-file") && i + 1 < argc) {
+            file = argv[++i];
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             return usage(stdout);
         } else {
@@ -106,14 +146,21 @@ static int cmd_hash(int argc, char **argv)
             return usage(stderr);
         }
     }
-    if (!bs || !tokens) {
-        fprintf(stderr, "kvsim hash: --block-size and --tokens are required\n");
+    if (!bs || !(tokens || file) || (tokens && file)) {
+        fprintf(stderr,
+                "kvsim hash: --block-size and one of --tokens, --tokens-file are required\n");
+        return 2;
+    }
+    char *text = NULL;
+    if (file && !(text = slurp(file))) {
+        fprintf(stderr, "kvsim hash: cannot read %s\n", file);
         return 2;
     }
     uint32_t *t = NULL;
-    long n = parse_tokens(tokens, &t);
+    long n = parse_tokens(file ? text : tokens, &t);
+    free(text);
     if (n < 0) {
-        fprintf(stderr, "kvsim hash: --tokens must be comma-separated integers in [0, 2^32)\n");
+        fprintf(stderr, "kvsim hash: tokens must be integers in [0, 2^32) separated by commas\n");
         return 2;
     }
     size_t nb = (size_t)n / bs;
@@ -127,7 +174,7 @@ static int cmd_hash(int argc, char **argv)
     }
     kvr_hash_prompt(t, (size_t)n, bs, local, seq);
     for (size_t i = 0; i < nb; i++)
-        printf("%zu %016" PRIx64 " %016" PRIx64 "\n", i, local[i], seq[i]);
+        printf("%016zx %016" PRIx64 " %016" PRIx64 "\n", i, local[i], seq[i]);
     free(t);
     free(local);
     free(seq);

@@ -58,24 +58,32 @@ kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
 #define TTL offsetof(struct kvr_active_req, ttl)
 #define WL  offsetof(struct kvr_active_req, wl)
 
-/* Drop n references of worker slot from nodes[0..n). */
-static void unref_nodes(struct kvr_active *a, uint32_t slot, const uint32_t *nodes, uint32_t n)
+/*
+ * Drop the references of worker slot on nodes[0..n). Two passes: the first drops references and
+ * prefetches the table slots of the nodes that emptied, compacting them to the front of nodes
+ * (which the caller owns and is about to free); the second frees those nodes, by then in cache.
+ */
+static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, uint32_t n)
 {
     struct kvr_active_worker *w = &a->w[slot];
+    uint32_t nfree = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (i + UNREF_PREFETCH < n) { /* the set and the table slot a release may touch */
-            const struct kvr_node *ahead = kvr_blocktab_node(a->tab, nodes[i + UNREF_PREFETCH]);
-            kvr_hset_prefetch_slot(&ahead->act, slot);
-            kvr_map_prefetch(&a->tab->map, ahead->seq);
-        }
+        if (i + UNREF_PREFETCH < n)
+            kvr_hset_prefetch_slot(&kvr_blocktab_node(a->tab, nodes[i + UNREF_PREFETCH])->act,
+                                   slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
-        if (--*refs == 0) {
-            kvr_hset_del(&node->act, slot, &a->tab->set_bytes);
-            w->blocks--;
-            kvr_blocktab_release(a->tab, nodes[i]);
+        if (--*refs)
+            continue;
+        kvr_hset_del(&node->act, slot, &a->tab->set_bytes);
+        w->blocks--;
+        if (node->idx.n == 0 && node->act.n == 0) {
+            kvr_map_prefetch(&a->tab->map, node->seq);
+            nodes[nfree++] = nodes[i];
         }
     }
+    for (uint32_t i = 0; i < nfree; i++)
+        kvr_blocktab_release(a->tab, nodes[i]);
 }
 
 kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, const uint32_t *nodes,
