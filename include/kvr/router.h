@@ -56,25 +56,35 @@ struct kvr_event {
 
 typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
 
+/* How the kv policy prices a worker (see docs/architecture.md). */
+enum kvr_cost_model {
+    KVR_COST_BLOCKS = 0, /* ROUTING.md section 4: overlap_weight * prefill / B + decode blocks */
+    KVR_COST_TIME = 1,   /* predicted time to first token from the engine timing model */
+};
+
 struct kvr_router_config {
-    uint32_t block_size;          /* tokens per KV block, B; workers must announce the same */
-    enum kvr_policy policy;       /* default policy */
-    double overlap_weight;        /* weight of prefill blocks against decode blocks in kv cost */
-    double temperature;           /* kv policy: 0 picks the minimum, > 0 samples softly */
-    uint64_t seed;                /* seeds every random choice */
-    bool approximate;             /* no KV events: decisions feed the index, with a TTL */
-    uint64_t index_ttl_ns;        /* approximate mode entry lifetime */
-    uint32_t index_max_entries;   /* bound on worker-block entries in the index */
-    uint32_t index_prune_pct;     /* prune down to this percentage when over the bound */
-    double busy_threshold;        /* busy above this fraction of capacity in blocks; 0: off */
-    uint64_t busy_prefill_tokens; /* busy above this many queued prefill tokens; 0: off */
-    uint32_t max_prompt_tokens;   /* longer prompts are refused */
-    uint32_t max_inflight;        /* bound on requests in flight across all workers */
-    uint32_t queue_max;           /* requests that may wait while every worker is busy; 0: none */
-    uint64_t queue_timeout_ns;    /* how long a request may wait before "overloaded" */
-    uint64_t request_ttl_ns;      /* an in-flight request with no event for this long is dropped */
-    uint64_t worker_timeout_ns;   /* a worker silent for this long is removed; 0: never */
-    uint32_t max_workers;         /* bound on registered workers */
+    uint32_t block_size;            /* tokens per KV block, B; workers must announce the same */
+    enum kvr_policy policy;         /* default policy */
+    double overlap_weight;          /* weight of prefill blocks against decode blocks in kv cost */
+    double temperature;             /* kv policy: 0 picks the minimum, > 0 samples softly */
+    enum kvr_cost_model cost_model; /* kv policy: how a worker is priced */
+    double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
+    double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
+    uint32_t batch_tokens;          /* timing model: tokens an engine step takes */
+    uint64_t seed;                  /* seeds every random choice */
+    bool approximate;               /* no KV events: decisions feed the index, with a TTL */
+    uint64_t index_ttl_ns;          /* approximate mode entry lifetime */
+    uint32_t index_max_entries;     /* bound on worker-block entries in the index */
+    uint32_t index_prune_pct;       /* prune down to this percentage when over the bound */
+    double busy_threshold;          /* busy above this fraction of capacity in blocks; 0: off */
+    uint64_t busy_prefill_tokens;   /* busy above this many queued prefill tokens; 0: off */
+    uint32_t max_prompt_tokens;     /* longer prompts are refused */
+    uint32_t max_inflight;          /* bound on requests in flight across all workers */
+    uint32_t queue_max;             /* requests that may wait while every worker is busy; 0: none */
+    uint64_t queue_timeout_ns;      /* how long a request may wait before "overloaded" */
+    uint64_t request_ttl_ns;    /* an in-flight request with no event for this long is dropped */
+    uint64_t worker_timeout_ns; /* a worker silent for this long is removed; 0: never */
+    uint32_t max_workers;       /* bound on registered workers */
     /* baseline policies' knobs (ROUTING.md section 5) */
     uint32_t sglang_balance_abs;   /* sglang_cache_aware: imbalance if max - min load > this */
     double sglang_balance_rel;     /* ... and max > this * min */

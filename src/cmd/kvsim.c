@@ -19,6 +19,10 @@
 static int usage(FILE *f)
 {
     fprintf(f, "usage:\n"
+               "  kvsim run --workload NAME --workers N --policies a,b,c\n"
+               "            [--concurrency C | --rate-scale X] [--sweep v1,v2] --seed S --out DIR\n"
+               "      simulate the workload through the router and N engines in virtual time;\n"
+               "      writes DIR/report.json, DIR/report.md and plots (kvsim run --help)\n"
                "  kvsim hash --block-size B (--tokens T1,T2,... | --tokens-file PATH|-)\n"
                "      one line per full block: block index, local hash, sequence hash, each as\n"
                "      16 lower-case hex digits; a trailing partial block is not hashed\n"
@@ -182,6 +186,7 @@ static int cmd_hash(int argc, char **argv)
 }
 
 int kvsim_explain(int argc, char **argv);
+int kvsim_run(int argc, char **argv);
 
 int main(int argc, char **argv)
 {
@@ -191,6 +196,8 @@ int main(int argc, char **argv)
         return cmd_hash(argc - 2, argv + 2);
     if (!strcmp(argv[1], "explain"))
         return kvsim_explain(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "run"))
+        return kvsim_run(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
         return usage(stdout);
     fprintf(stderr, "kvsim: unknown command '%s'\n", argv[1]);

@@ -77,6 +77,14 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->policy = KVR_POLICY_KV;
     c->overlap_weight = 1.0;
     c->temperature = 0.0;
+    c->cost_model = KVR_COST_BLOCKS;
+    c->prefill_ms[0] = 16.50142;
+    c->prefill_ms[1] = 1.518344e-2;
+    c->prefill_ms[2] = 4.209989e-7;
+    c->decode_ms[0] = 5.74;
+    c->decode_ms[1] = 54.01;
+    c->decode_ms[2] = -25.74;
+    c->batch_tokens = 8192;
     c->seed = 1;
     c->index_ttl_ns = 120ull * 1000000000ull;
     c->index_max_entries = 1u << 20;
@@ -259,6 +267,30 @@ static bool worker_busy(const struct kvr_router *r, uint32_t slot)
  * loop is the O(workers) part of every decision, so it reads only compact per-slot arrays and
  * writes three. Returns how many workers are eligible (not busy); they are listed in r->eligible.
  */
+static double poly(const double *c, double x)
+{
+    return c[0] + c[1] * x + c[2] * x * x;
+}
+
+/*
+ * Predicted time to first token on a worker, ms: its queued prefill and ours go through steps of
+ * batch_tokens, each also running the worker's decodes at its KV utilisation u.
+ */
+static double predicted_ttft(const struct kvr_router_config *c, uint64_t prefill, double u,
+                             bool decoding)
+{
+    uint64_t n = (prefill + c->batch_tokens - 1) / c->batch_tokens;
+    if (!n)
+        n = 1;
+    double last = (double)(prefill - (n - 1) * c->batch_tokens);
+    double ms = (double)(n - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+    if (decoding) {
+        double d = poly(c->decode_ms, u);
+        ms += (double)n * (d < 1.0 ? 1.0 : d);
+    }
+    return ms;
+}
+
 static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, double ow)
 {
     uint32_t B = r->cfg.block_size;
@@ -271,7 +303,13 @@ static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, doub
         uint64_t cached = (uint64_t)r->overlap[slot] * B;
         uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
-        r->costs[i] = per_token * (double)prefill + (double)decode;
+        if (r->cfg.cost_model == KVR_COST_TIME) {
+            uint64_t cap = r->reg.by_slot[slot].capacity_blocks;
+            double u = cap ? (double)decode / (double)cap : 0.0;
+            r->costs[i] = predicted_ttft(&r->cfg, prefill, u, aw->nreqs > 0);
+        } else {
+            r->costs[i] = per_token * (double)prefill + (double)decode;
+        }
         r->cand_ids[i] = r->reg.by_slot[slot].id;
         r->cand_slot[i] = slot;
         r->eligible[neligible] = i;

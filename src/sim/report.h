@@ -1,0 +1,36 @@
+/*
+ * kvsim's reports: report.json (every figure, for machines), report.md (tables with each metric's
+ * ratio to the best baseline, for people), and the plots (TTFT distribution per policy at each
+ * load, TTFT p90 and hit rate against load), drawn by gnuplot from data files it also leaves
+ * behind. The JSON and markdown depend only on the results, so equal runs give equal files.
+ */
+#ifndef KVR_REPORT_H
+#define KVR_REPORT_H
+
+#include <stdio.h>
+
+#include "sim.h"
+
+struct kvr_report_meta {
+    const char *workload;
+    uint32_t workers;
+    uint64_t seed;
+    const char *load_kind; /* "rate_scale" or "concurrency" */
+    const struct kvr_sim_config *cfg;
+    double hit_ceiling;          /* one unbounded cache */
+    double hit_ceiling_capacity; /* one cache holding every worker's capacity */
+    double hit_ceiling_trace;    /* the trace's documented ceiling, 0 when none */
+};
+
+/* Write report.json and report.md into dir (which must exist). */
+kvr_status kvr_report_write(const char *dir, const struct kvr_report_meta *m,
+                            const struct kvr_sim_result *res, size_t n);
+
+/*
+ * Write the plot data and plots.gp into dir and run gnuplot on it. Returns KVR_ERR_IO, with the
+ * data and script left in place, when gnuplot is missing or fails.
+ */
+kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
+                            const struct kvr_sim_result *res, size_t n);
+
+#endif

@@ -1,0 +1,75 @@
+/*
+ * kvr_sim: the discrete-event simulator behind `kvsim run`. It runs the routing core and N
+ * simulated engines in virtual time: requests arrive (open loop from the workload's times divided
+ * by a rate scale, or closed loop with C clients), the router decides and books, the engine of the
+ * chosen worker runs its steps, and everything the engine publishes (KV events, prefill done,
+ * output blocks, done) reaches the router through the same entry points the NATS router uses,
+ * after an event delay that models the network. Workers heartbeat their load every heartbeat
+ * period; at each heartbeat the router's predicted active blocks are compared with the blocks the
+ * engine really holds, so the prediction error is measured. Deterministic for a seed. Pure: no
+ * I/O, no clock.
+ */
+#ifndef KVR_SIM_H
+#define KVR_SIM_H
+
+#include <stdint.h>
+
+#include "../engine/engine.h"
+#include "kvr/router.h"
+#include "workload.h"
+
+struct kvr_sim_config {
+    uint32_t workers;                /* engines */
+    struct kvr_engine_config engine; /* each engine's parameters */
+    struct kvr_router_config router; /* the router's (policy, block size, ...) */
+    uint64_t event_delay_ns;         /* engine -> router delivery delay */
+    uint64_t heartbeat_ns;           /* load reports and prediction samples */
+    double rate_scale;               /* open loop: arrival rate factor */
+    uint32_t concurrency;            /* closed loop: clients */
+    void (*progress)(void *ctx, uint32_t resolved, uint32_t total, uint64_t now_ns);
+    void *progress_ctx; /* */
+};
+
+struct kvr_sim_stat {
+    double mean, p50, p90, p99, max;
+};
+
+struct kvr_sim_result {
+    enum kvr_policy policy;
+    double load;                  /* the rate scale or the concurrency */
+    uint32_t requests;            /* issued */
+    uint32_t finished;            /* completed */
+    uint32_t rejected;            /* refused by the router */
+    struct kvr_sim_stat ttft_ms;  /* arrival at the router -> first token */
+    struct kvr_sim_stat itl_ms;   /* every inter-token gap */
+    struct kvr_sim_stat e2e_ms;   /* arrival -> last token */
+    struct kvr_sim_stat queue_ms; /* arrival -> first scheduled by the engine */
+    double *ttft_sorted;          /* finished TTFTs, ascending (for distributions), owned */
+    double hit_rate;              /* cached prompt tokens / prompt tokens, at the engines */
+    double throughput_tok_s;      /* output tokens / makespan */
+    double makespan_s;            /* first arrival -> last completion */
+    double imbalance;             /* max / mean of requests per worker */
+    uint64_t preemptions;         /* across engines */
+    uint64_t evictions;           /* cached blocks evicted, across engines */
+    double pred_err_blocks;       /* mean |predicted - actual| active blocks per worker sample */
+    double pred_err_rel;          /* the same over the mean actual active blocks */
+    uint64_t router_unknown;      /* events the router did not recognise (should stay 0) */
+    uint64_t index_entries_max;   /* largest index seen (at heartbeats) */
+    uint64_t router_memory_max;   /* largest router memory seen, bytes */
+};
+
+/* Run one simulation. out is filled (free it with kvr_sim_result_free). */
+kvr_status kvr_sim_run(const struct kvr_workload *w, const struct kvr_sim_config *cfg,
+                       struct kvr_sim_result *out);
+void kvr_sim_result_free(struct kvr_sim_result *r);
+
+/*
+ * Prefix-cache hit rate (cached prompt tokens / prompt tokens) of the workload's prompts replayed
+ * in order through one LRU cache of capacity_blocks blocks (0: unbounded), at block size B: the
+ * ceiling no router can beat (unbounded), or what one engine holding every worker's capacity would
+ * reach.
+ */
+kvr_status kvr_sim_hit_ceiling(const struct kvr_workload *w, uint32_t block_size,
+                               uint64_t capacity_blocks, double *out);
+
+#endif
