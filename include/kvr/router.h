@@ -59,15 +59,19 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
 /* How the kv policy prices a worker (see docs/architecture.md). */
 enum kvr_cost_model {
     KVR_COST_BLOCKS = 0, /* ROUTING.md section 4: overlap_weight * prefill / B + decode blocks */
-    KVR_COST_TIME = 1,   /* predicted time to first token from the engine timing model */
+    KVR_COST_TIME = 1,   /* predicted TTFT (ms) from the engine timing model, plus the cache a
+                            recomputation costs (the default; docs/architecture.md) */
 };
 
 struct kvr_router_config {
     uint32_t block_size;            /* tokens per KV block, B; workers must announce the same */
     enum kvr_policy policy;         /* default policy */
-    double overlap_weight;          /* weight of prefill blocks against decode blocks in kv cost */
+    double overlap_weight;          /* blocks model: weight of prefill against decode blocks;
+                                       time model: scales cache_weight */
     double temperature;             /* kv policy: 0 picks the minimum, > 0 samples softly */
     enum kvr_cost_model cost_model; /* kv policy: how a worker is priced */
+    double cache_weight;            /* time model: recomputed prefill is charged this many more
+                                       times, scaled by how full the worker's cache is */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */

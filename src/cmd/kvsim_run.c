@@ -51,7 +51,10 @@ static void run_usage(FILE *f)
                "  --num-blocks N (16384)  --block-size B (64)  --max-batched-tokens N (8192)\n"
                "  --max-seqs N (256)  --watermark F (0.01)  --speedup F (1)\n"
                "router:\n"
-               "  --overlap-weight F (1)  --temperature F (0)  --busy-threshold F (0.95; 0 off)\n"
+               "  --kv-cost time|blocks   kv prices a worker by predicted TTFT (default) or by\n"
+               "                          ROUTING.md's blocks formula\n"
+               "  --overlap-weight F (1)  --cache-weight F (4)  --temperature F (0)\n"
+               "  --busy-threshold F (0.95; 0 off)\n"
                "  --approximate           no KV events: the index learns from decisions (TTL)\n"
                "simulation:\n"
                "  --event-delay-ms F      engine -> router delay (default 1)\n"
@@ -157,6 +160,8 @@ static int parse(int argc, char **argv, struct run_opts *o)
             ok = v && (!strcmp(v, "blocks") || !strcmp(v, "time"));
             if (ok)
                 o->router.cost_model = !strcmp(v, "time") ? KVR_COST_TIME : KVR_COST_BLOCKS;
+        } else if (!strcmp(a, "--cache-weight")) {
+            ok = to_double(v, 0, 1e6, &o->router.cache_weight);
         } else if (!strcmp(a, "--busy-threshold")) {
             ok = to_double(v, 0, 1e6, &o->router.busy_threshold);
         } else if (!strcmp(a, "--event-delay-ms")) {

@@ -77,7 +77,8 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->policy = KVR_POLICY_KV;
     c->overlap_weight = 1.0;
     c->temperature = 0.0;
-    c->cost_model = KVR_COST_BLOCKS;
+    c->cost_model = KVR_COST_TIME;
+    c->cache_weight = 4.0;
     c->prefill_ms[0] = 16.50142;
     c->prefill_ms[1] = 1.518344e-2;
     c->prefill_ms[2] = 4.209989e-7;
@@ -111,9 +112,10 @@ void kvr_router_config_default(struct kvr_router_config *c)
 static bool config_valid(const struct kvr_router_config *c)
 {
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
-           c->overlap_weight >= 0 && c->temperature >= 0 && c->busy_threshold >= 0 &&
-           c->max_prompt_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
-           c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
+           c->overlap_weight >= 0 && c->cache_weight >= 0 && c->temperature >= 0 &&
+           c->batch_tokens > 0 && c->busy_threshold >= 0 && c->max_prompt_tokens > 0 &&
+           c->max_inflight > 0 && c->max_workers > 0 && c->index_max_entries > 0 &&
+           c->chwbl_load_factor >= 1.0;
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
@@ -296,6 +298,7 @@ static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, doub
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     double per_token = ow / B;
+    double cache_w = ow * r->cfg.cache_weight;
     uint32_t neligible = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];
@@ -304,9 +307,18 @@ static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, doub
         uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
         if (r->cfg.cost_model == KVR_COST_TIME) {
+            /*
+             * Predicted TTFT, plus the cache the recomputation would cost: the prefill this
+             * request adds evicts as many blocks from a full cache, so it is charged again,
+             * cache_weight times, in proportion to how full the worker's cache is.
+             */
             uint64_t cap = r->reg.by_slot[slot].capacity_blocks;
             double u = cap ? (double)decode / (double)cap : 0.0;
-            r->costs[i] = predicted_ttft(&r->cfg, prefill, u, aw->nreqs > 0);
+            double own = (double)(prefill - aw->prefill);
+            double fill = cap ? (double)r->ix.counts[slot] / (double)cap : 1.0;
+            fill = fill > 1.0 ? 1.0 : fill;
+            r->costs[i] = predicted_ttft(&r->cfg, prefill, u, aw->nreqs > 0) +
+                          cache_w * fill * (poly(r->cfg.prefill_ms, own) - r->cfg.prefill_ms[0]);
         } else {
             r->costs[i] = per_token * (double)prefill + (double)decode;
         }

@@ -254,6 +254,13 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
     if (!gp)
         return KVR_ERR_IO;
     fprintf(gp, "set terminal pngcairo size 1000,640 noenhanced\nset grid\nset key bottom right\n");
+    /* one fixed style per policy, the same in every plot; kv drawn thick and black */
+    static const char *colors[KVR_POLICY_COUNT] = {"#000000", "#e69f00", "#56b4e9",
+                                                   "#009e73", "#f0e442", "#0072b2",
+                                                   "#d55e00", "#cc79a7", "#999999"};
+    for (int p = 0; p < KVR_POLICY_COUNT; p++)
+        fprintf(gp, "set linetype %d lc rgb '%s' lw %d dt %d\n", p + 1, colors[p], p ? 2 : 3,
+                p < 5 ? 1 : 2);
     for (size_t l = 0; l < nl; l++) { /* TTFT distribution per policy at this load */
         fprintf(gp,
                 "set output 'ttft_cdf_%g.png'\nset title '%s, %u workers, %s %g: TTFT "
@@ -278,8 +285,8 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
                         (double)(k + 1) / nf);
             fprintf(d, "%.3f 1\n", res[i].ttft_sorted[nf - 1]);
             fclose(d);
-            fprintf(gp, "%s '%s' using 1:2 with lines lw 2 title '%s'", first ? "" : ",", name,
-                    kvr_policy_name(res[i].policy));
+            fprintf(gp, "%s '%s' using 1:2 with lines lt %d title '%s'", first ? "" : ",", name,
+                    (int)res[i].policy + 1, kvr_policy_name(res[i].policy));
             first = false;
         }
         fprintf(gp, first ? " 1/0 notitle\n" : "\n");
@@ -320,8 +327,9 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
         for (int p = 0; p < KVR_POLICY_COUNT; p++) {
             if (!used[p])
                 continue;
-            fprintf(gp, "%s 'by_load.dat' index %d using 1:%s with linespoints lw 2 title '%s'",
-                    first ? "" : ",", idx++, what[k][2], kvr_policy_name((enum kvr_policy)p));
+            fprintf(gp, "%s 'by_load.dat' index %d using 1:%s with linespoints lt %d title '%s'",
+                    first ? "" : ",", idx++, what[k][2], p + 1,
+                    kvr_policy_name((enum kvr_policy)p));
             first = false;
         }
         fprintf(gp, first ? " 1/0 notitle\n" : "\n");

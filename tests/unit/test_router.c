@@ -61,6 +61,7 @@ static void setup(void)
 {
     kvr_router_config_default(&cfg);
     cfg.block_size = B;
+    cfg.cost_model = KVR_COST_BLOCKS; /* the ROUTING.md formula, whose costs the tests spell out */
 }
 
 static void teardown(void)
@@ -451,4 +452,62 @@ Test(router, every_policy_runs_and_leaves_nothing_behind)
     static uint64_t log[120];
     for (int p = 0; p < KVR_POLICY_COUNT; p++)
         random_run(1, (enum kvr_policy)p, 0, log, 120);
+}
+
+/* The time model (the default): predicted TTFT plus the cache a recomputation costs. */
+Test(router, time_model_prefers_the_cache_then_avoids_queued_prefill)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    make();
+    join(1, 1000);
+    join(2, 1000);
+    uint32_t *t = prompt(9, 32 * B, 1, 8 * B);
+    uint64_t local[40];
+    uint32_t nb = (uint32_t)kvr_hash_prompt(t, 40 * B, B, local, NULL);
+    struct kvr_kv_block blocks[40];
+    for (uint32_t i = 0; i < 32; i++)
+        blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 2, NULL, blocks, 32), KVR_OK));
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, nb * B, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 2), "the worker caching 32 of 40 blocks is faster");
+    /* the predicted TTFT there is prefill(8 blocks) on an idle worker, plus the charge for the
+     * 8 recomputed blocks on a cache 32/1000 full */
+    double p8 = cfg.prefill_ms[1] * 8 * B + cfg.prefill_ms[2] * 64 * B * B;
+    double want = cfg.prefill_ms[0] + p8 + cfg.cache_weight * (32.0 / 1000) * p8;
+    cr_assert(epsilon_eq(dbl, d.cost, want, 1e-9));
+    /* a second request without any cached prefix: worker 2 is busy prefilling, 1 is idle */
+    uint32_t *u = prompt(5, 0, 2, 40 * B);
+    cr_assert(eq(int, route(2, u, 40 * B, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 1), "queued prefill on worker 2 makes worker 1 faster");
+    free(t);
+    free(u);
+}
+
+Test(router, time_model_charges_recomputation_on_a_full_cache)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.cache_weight = 4.0;
+    make();
+    join(1, 64); /* 64-block caches */
+    join(2, 64);
+    uint32_t *t = prompt(3, 16 * B, 1, 16 * B);
+    uint64_t local[32];
+    kvr_hash_prompt(t, 32 * B, B, local, NULL);
+    struct kvr_kv_block blocks[64];
+    for (uint32_t i = 0; i < 16; i++)
+        blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 16), KVR_OK));
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 32 * B, .explain = true};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &d), KVR_OK));
+    double empty_cache = d.costs[1]; /* worker 2 caches nothing: no charge */
+    /* fill worker 2's cache with other blocks: now recomputing there evicts them */
+    for (uint32_t i = 0; i < 64; i++)
+        blocks[i] = (struct kvr_kv_block){1000 + i, 7777 + i};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 2, NULL, blocks, 64), KVR_OK));
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &d), KVR_OK));
+    double p32 = cfg.prefill_ms[1] * 32 * B + cfg.prefill_ms[2] * 32.0 * B * 32 * B;
+    cr_assert(epsilon_eq(dbl, d.costs[1] - empty_cache, 4.0 * p32, 1e-6));
+    free(t);
 }
