@@ -72,6 +72,8 @@ struct kvr_router_config {
     enum kvr_cost_model cost_model; /* kv policy: how a worker is priced */
     double cache_weight;            /* time model: recomputed prefill is charged this many more
                                        times, scaled by how full the worker's cache is */
+    double share_weight;            /* time model: weight of recomputing a prefix that n > 2
+                                       in-flight requests are computing now, times (n-2)/n */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */

@@ -53,7 +53,8 @@ static void run_usage(FILE *f)
                "router:\n"
                "  --kv-cost time|blocks   kv prices a worker by predicted TTFT (default) or by\n"
                "                          ROUTING.md's blocks formula\n"
-               "  --overlap-weight F (1)  --cache-weight F (4)  --temperature F (0)\n"
+               "  --overlap-weight F (1)  --cache-weight F (4)  --share-weight F (16)\n"
+               "  --temperature F (0)\n"
                "  --busy-threshold F (0.95; 0 off)\n"
                "  --approximate           no KV events: the index learns from decisions (TTL)\n"
                "simulation:\n"
@@ -160,6 +161,8 @@ static int parse(int argc, char **argv, struct run_opts *o)
             ok = v && (!strcmp(v, "blocks") || !strcmp(v, "time"));
             if (ok)
                 o->router.cost_model = !strcmp(v, "time") ? KVR_COST_TIME : KVR_COST_BLOCKS;
+        } else if (!strcmp(a, "--share-weight")) {
+            ok = to_double(v, 0, 1e6, &o->router.share_weight);
         } else if (!strcmp(a, "--cache-weight")) {
             ok = to_double(v, 0, 1e6, &o->router.cache_weight);
         } else if (!strcmp(a, "--busy-threshold")) {

@@ -79,6 +79,7 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->temperature = 0.0;
     c->cost_model = KVR_COST_TIME;
     c->cache_weight = 4.0;
+    c->share_weight = 16.0;
     c->prefill_ms[0] = 16.50142;
     c->prefill_ms[1] = 1.518344e-2;
     c->prefill_ms[2] = 4.209989e-7;
@@ -112,10 +113,10 @@ void kvr_router_config_default(struct kvr_router_config *c)
 static bool config_valid(const struct kvr_router_config *c)
 {
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
-           c->overlap_weight >= 0 && c->cache_weight >= 0 && c->temperature >= 0 &&
-           c->batch_tokens > 0 && c->busy_threshold >= 0 && c->max_prompt_tokens > 0 &&
-           c->max_inflight > 0 && c->max_workers > 0 && c->index_max_entries > 0 &&
-           c->chwbl_load_factor >= 1.0;
+           c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
+           c->temperature >= 0 && c->batch_tokens > 0 && c->busy_threshold >= 0 &&
+           c->max_prompt_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
+           c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
@@ -293,35 +294,82 @@ static double predicted_ttft(const struct kvr_router_config *c, uint64_t prefill
     return ms;
 }
 
-static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, double ow)
+/* What the time model needs to know about the prompt's prefix across the fleet. */
+struct fleet_prefix {
+    uint32_t omax;  /* the longest prefix any worker caches, blocks */
+    uint32_t hmax;  /* the longest prefix any in-flight request uses, blocks */
+    double share_w; /* weight of recomputing blocks in flight but cached nowhere */
+};
+
+static void fleet_prefix(const struct kvr_router *r, uint32_t walked, struct fleet_prefix *f)
+{
+    f->omax = f->hmax = 0;
+    f->share_w = 0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        f->omax = r->overlap[slot] > f->omax ? r->overlap[slot] : f->omax;
+        f->hmax = r->hits[slot] > f->hmax ? r->hits[slot] : f->hmax;
+    }
+    if (f->hmax <= f->omax || f->hmax > walked)
+        return;
+    /* n requests in flight compute a prefix no cache holds yet (a burst of agents sharing a
+     * prompt): the third and later ones should join them rather than compute it again */
+    uint32_t n = 0, slot, refs;
+    struct kvr_hset_iter it;
+    kvr_hset_iter_init(&it, &kvr_blocktab_node(&r->tab, r->nodes[f->hmax - 1])->act);
+    while (kvr_hset_next(&it, &slot, &refs))
+        n += refs;
+    f->share_w = n > 2 ? r->cfg.share_weight * (double)(n - 2) / n : 0;
+}
+
+/*
+ * The time model's price of worker slot: predicted TTFT, plus what recomputing costs others. The
+ * prefill this request adds evicts as many blocks from a full cache, so it is charged again,
+ * cache_w times, in proportion to how full the worker's cache is; and blocks that in-flight
+ * requests are computing right now are charged share_w times.
+ */
+static double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reuse, uint64_t prefill,
+                        uint64_t decode, double cache_w, const struct fleet_prefix *f)
+{
+    const struct kvr_router_config *c = &r->cfg;
+    const struct kvr_active_worker *aw = &r->act.w[slot];
+    uint64_t cap = r->reg.by_slot[slot].capacity_blocks;
+    double u = cap ? (double)decode / (double)cap : 0.0;
+    double fill = cap ? (double)r->ix.counts[slot] / (double)cap : 1.0;
+    double own = (double)(prefill - aw->prefill);
+    double cost =
+        predicted_ttft(c, prefill, u, aw->nreqs > 0) +
+        cache_w * (fill > 1.0 ? 1.0 : fill) * (poly(c->prefill_ms, own) - c->prefill_ms[0]);
+    uint32_t base = reuse > f->omax ? reuse : f->omax;
+    if (f->share_w > 0 && f->hmax > base) {
+        double dup = (double)(f->hmax - base) * r->cfg.block_size;
+        cost += f->share_w * (poly(c->prefill_ms, dup) - c->prefill_ms[0]);
+    }
+    return cost;
+}
+
+static uint32_t score_workers(struct kvr_router *r, const struct prompt *p, double ow,
+                              uint32_t walked)
 {
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
-    double per_token = ow / B;
-    double cache_w = ow * r->cfg.cache_weight;
+    bool timed = r->cfg.cost_model == KVR_COST_TIME;
+    struct fleet_prefix f = {0, 0, 0};
+    if (timed)
+        fleet_prefix(r, walked, &f);
     uint32_t neligible = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];
         const struct kvr_active_worker *aw = &r->act.w[slot];
-        uint64_t cached = (uint64_t)r->overlap[slot] * B;
+        uint32_t reuse = r->overlap[slot];
+        if (timed && r->hits[slot] > reuse)
+            reuse = r->hits[slot]; /* an in-flight request there computes them first */
+        uint64_t cached = (uint64_t)reuse * B;
         uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
-        if (r->cfg.cost_model == KVR_COST_TIME) {
-            /*
-             * Predicted TTFT, plus the cache the recomputation would cost: the prefill this
-             * request adds evicts as many blocks from a full cache, so it is charged again,
-             * cache_weight times, in proportion to how full the worker's cache is.
-             */
-            uint64_t cap = r->reg.by_slot[slot].capacity_blocks;
-            double u = cap ? (double)decode / (double)cap : 0.0;
-            double own = (double)(prefill - aw->prefill);
-            double fill = cap ? (double)r->ix.counts[slot] / (double)cap : 1.0;
-            fill = fill > 1.0 ? 1.0 : fill;
-            r->costs[i] = predicted_ttft(&r->cfg, prefill, u, aw->nreqs > 0) +
-                          cache_w * fill * (poly(r->cfg.prefill_ms, own) - r->cfg.prefill_ms[0]);
-        } else {
-            r->costs[i] = per_token * (double)prefill + (double)decode;
-        }
+        r->costs[i] = timed
+                          ? time_cost(r, slot, reuse, prefill, decode, ow * r->cfg.cache_weight, &f)
+                          : ow / B * (double)prefill + (double)decode;
         r->cand_ids[i] = r->reg.by_slot[slot].id;
         r->cand_slot[i] = slot;
         r->eligible[neligible] = i;
@@ -421,7 +469,7 @@ static kvr_status decide(struct kvr_router *r, const struct prompt *p, uint64_t 
     memset(r->hits, 0, (size_t)r->nslots * sizeof *r->hits);
     uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
                                         &r->walk_act, r->hits, r->nodes);
-    uint32_t neligible = score_workers(r, p, ow);
+    uint32_t neligible = score_workers(r, p, ow, walked);
     if (neligible == 0)
         return KVR_ERR_OVERLOADED;
     bool full = p->explain || policy != KVR_POLICY_KV;

@@ -511,3 +511,31 @@ Test(router, time_model_charges_recomputation_on_a_full_cache)
     cr_assert(epsilon_eq(dbl, d.costs[1] - empty_cache, 4.0 * p32, 1e-6));
     free(t);
 }
+
+/* Three in-flight requests compute a prefix no cache holds: a fourth joins them (time model). */
+static uint64_t fourth_sharer(double share_weight)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.share_weight = share_weight;
+    make();
+    for (uint64_t w = 1; w <= 4; w++)
+        join(w, 10000);
+    uint64_t seq[64];
+    uint32_t *t = prompt(11, 64 * B, 99, B);
+    kvr_hash_prompt(t, 65 * B, B, NULL, seq);
+    for (uint64_t id = 1; id <= 3; id++) /* booked on worker 1 by a peer, say */
+        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 64, 64 * B + 1, 0, 0), KVR_OK));
+    struct kvr_decision d;
+    cr_assert(eq(int, route(4, t, 65 * B, &d), KVR_OK));
+    free(t);
+    uint64_t w = d.worker_id;
+    kvr_router_destroy(r);
+    r = NULL;
+    return w;
+}
+
+Test(router, time_model_joins_a_burst_sharing_an_uncached_prefix)
+{
+    cr_assert(eq(u64, fourth_sharer(16.0), 1), "recomputing 64 blocks elsewhere costs more");
+    cr_assert(ne(u64, fourth_sharer(0.0), 1), "without the charge an idle worker is faster");
+}
