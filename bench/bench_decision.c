@@ -9,8 +9,9 @@
  * until the index holds ~1M entries; 2,000 requests (a family prefix plus unique tokens) are
  * routed and left in flight. Then each measured iteration routes a new such prompt and frees it.
  * Prints one key=value line per case and the 1024/64-worker median ratio per prompt and block
- * size. Usage: bench_decision [--quick | --case TOKENS BLOCK WORKERS] (--quick: fewer
- * iterations and a 256k-entry index; --case: one case, for profiling).
+ * size. Usage: bench_decision [--quick | --group TOKENS BLOCK | --case TOKENS BLOCK WORKERS]
+ * (--quick: fewer iterations and a 256k-entry index; --group: one prompt and block size;
+ * --case: one case, for profiling).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -239,6 +240,17 @@ int main(int argc, char **argv)
         if (!iters)
             iters = t >= 32768 ? 2000 : t >= 8192 ? 5000 : 20000;
         return run_group(t, bs, &w, 1, iters, 1u << 20, med) ? 1 : 0;
+    }
+    if (argc == 4 && !strcmp(argv[1], "--group")) { /* one prompt and block size, 3 fleets */
+        uint32_t t = (uint32_t)atoi(argv[2]), bs = (uint32_t)atoi(argv[3]);
+        if (!t || !bs)
+            return 2;
+        uint32_t iters = t >= 32768 ? 2000 : t >= 8192 ? 5000 : 20000;
+        if (run_group(t, bs, workers, 3, iters, 1u << 20, med))
+            return 1;
+        printf("tokens=%u block=%u scale_1024_over_64=%.3f\n", t, bs,
+               (double)med[2] / (double)med[1]);
+        return 0;
     }
     uint64_t index_entries = quick ? 1u << 18 : 1u << 20;
     for (size_t ti = 0; ti < 3; ti++) {

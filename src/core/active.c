@@ -59,6 +59,19 @@ kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
 #define WL  offsetof(struct kvr_active_req, wl)
 
 /*
+ * Two-stage prefetch of the act sets of nodes[i + ...]: the set's first line 2 * UNREF_PREFETCH
+ * ahead, then (its header now in cache) the lines slot will touch UNREF_PREFETCH ahead.
+ */
+static void prefetch_act(const struct kvr_active *a, const uint32_t *nodes, uint32_t n, uint32_t i,
+                         uint32_t slot)
+{
+    if (i + 2 * UNREF_PREFETCH < n)
+        kvr_hset_prefetch(&kvr_blocktab_node(a->tab, nodes[i + 2 * UNREF_PREFETCH])->act);
+    if (i + UNREF_PREFETCH < n)
+        kvr_hset_prefetch_slot(&kvr_blocktab_node(a->tab, nodes[i + UNREF_PREFETCH])->act, slot);
+}
+
+/*
  * Drop the references of worker slot on nodes[0..n). Two passes: the first drops references and
  * prefetches the table slots of the nodes that emptied, compacting them to the front of nodes
  * (which the caller owns and is about to free); the second frees those nodes, by then in cache.
@@ -68,9 +81,7 @@ static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, ui
     struct kvr_active_worker *w = &a->w[slot];
     uint32_t nfree = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (i + UNREF_PREFETCH < n)
-            kvr_hset_prefetch_slot(&kvr_blocktab_node(a->tab, nodes[i + UNREF_PREFETCH])->act,
-                                   slot);
+        prefetch_act(a, nodes, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
         if (--*refs)
@@ -109,8 +120,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     }
     struct kvr_active_worker *w = &a->w[slot];
     for (uint32_t i = 0; i < n; i++) {
-        if (i + UNREF_PREFETCH < n)
-            kvr_hset_prefetch_slot(&kvr_blocktab_node(a->tab, copy[i + UNREF_PREFETCH])->act, slot);
+        prefetch_act(a, copy, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
         if (refs) {

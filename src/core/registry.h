@@ -16,6 +16,7 @@
 struct kvr_worker {
     uint64_t id;              /* the worker's own id; 0 marks a free slot */
     uint64_t capacity_blocks; /* KV pool size it announced; 0: unknown */
+    double inv_capacity;      /* 1 / capacity_blocks, or 0 when unknown */
     uint64_t last_seen;       /* ns of its last heartbeat */
     uint32_t block_size;      /* tokens per block it announced */
     uint32_t waiting;         /* its queue length, from its last load report */

@@ -282,14 +282,18 @@ static double poly(const double *c, double x)
 static double predicted_ttft(const struct kvr_router_config *c, uint64_t prefill, double u,
                              bool decoding)
 {
-    uint64_t n = (prefill + c->batch_tokens - 1) / c->batch_tokens;
-    if (!n)
-        n = 1;
-    double last = (double)(prefill - (n - 1) * c->batch_tokens);
-    double ms = (double)(n - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+    double ms;
+    uint64_t steps = 1;
+    if (prefill <= c->batch_tokens) { /* the common case: one step */
+        ms = poly(c->prefill_ms, (double)prefill);
+    } else {
+        steps = (prefill + c->batch_tokens - 1) / c->batch_tokens;
+        double last = (double)(prefill - (steps - 1) * c->batch_tokens);
+        ms = (double)(steps - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+    }
     if (decoding) {
         double d = poly(c->decode_ms, u);
-        ms += (double)n * (d < 1.0 ? 1.0 : d);
+        ms += (double)steps * (d < 1.0 ? 1.0 : d);
     }
     return ms;
 }
@@ -333,9 +337,9 @@ static double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reus
 {
     const struct kvr_router_config *c = &r->cfg;
     const struct kvr_active_worker *aw = &r->act.w[slot];
-    uint64_t cap = r->reg.by_slot[slot].capacity_blocks;
-    double u = cap ? (double)decode / (double)cap : 0.0;
-    double fill = cap ? (double)r->ix.counts[slot] / (double)cap : 1.0;
+    double inv = r->reg.by_slot[slot].inv_capacity; /* 0 when the capacity is unknown */
+    double u = (double)decode * inv;
+    double fill = inv > 0 ? (double)r->ix.counts[slot] * inv : 1.0;
     double own = (double)(prefill - aw->prefill);
     double cost =
         predicted_ttft(c, prefill, u, aw->nreqs > 0) +
@@ -746,6 +750,7 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
         r->st.workers_joined++;
     }
     w->capacity_blocks = info->capacity_blocks;
+    w->inv_capacity = info->capacity_blocks ? 1.0 / (double)info->capacity_blocks : 0.0;
     w->waiting = info->waiting;
     w->kv_usage = info->kv_usage;
     if (now > w->last_seen)
