@@ -1,0 +1,192 @@
+/* The wire codec: round trips, the forwarding wrapper, and refusal of bad input. */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "kvr/rng.h"
+
+static const struct kvr_wire_limits lim = {1000, 500};
+
+Test(codec, generate_round_trip_with_overrides)
+{
+    struct kvr_buf b = {0};
+    uint32_t t[5] = {1, 2, 3, 4, 4000000000u};
+    struct kvr_overrides ov = {KVR_OV_POLICY | KVR_OV_TEMPERATURE, KVR_POLICY_CHWBL, 0, 0.5};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "req-1", t, 5, 100, &ov), KVR_OK));
+    struct kvr_wire_request r;
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_OK));
+    cr_assert(eq(str, r.request_id, "req-1"));
+    cr_assert(eq(u32, r.ntokens, 5));
+    cr_assert(eq(int, memcmp(r.tokens, t, sizeof t), 0));
+    cr_assert(eq(u32, r.max_tokens, 100));
+    cr_assert(eq(u32, r.ov.flags, KVR_OV_POLICY | KVR_OV_TEMPERATURE));
+    cr_assert(eq(int, r.ov.policy, KVR_POLICY_CHWBL));
+    cr_assert(eq(dbl, r.ov.temperature, 0.5));
+    kvr_wire_request_free(&r);
+    kvr_buf_free(&b);
+}
+
+Test(codec, forwarding_wraps_the_client_bytes_unchanged)
+{
+    struct kvr_buf req = {0}, fwd = {0};
+    uint32_t t[300];
+    for (int i = 0; i < 300; i++)
+        t[i] = (uint32_t)i * 7;
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "abc", t, 300, 9, NULL), KVR_OK));
+    cr_assert(
+        eq(int, kvr_wire_encode_worker_generate(&fwd, req.data, req.len, 42, 7, "r1"), KVR_OK));
+    struct kvr_wire_request r;
+    uint64_t key = 0;
+    uint32_t overlap = 0;
+    cr_assert(eq(int, kvr_wire_decode_worker_generate(fwd.data, fwd.len, &lim, &r, &key, &overlap),
+                 KVR_OK));
+    cr_assert(eq(u64, key, 42));
+    cr_assert(eq(u32, overlap, 7));
+    cr_assert(eq(u32, r.ntokens, 300));
+    cr_assert(eq(u32, r.tokens[299], 299 * 7));
+    kvr_wire_request_free(&r);
+    bool book = false;
+    cr_assert(eq(int, kvr_wire_encode_select_request(&fwd, req.data, req.len, true), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_select(fwd.data, fwd.len, &lim, &r, &book), KVR_OK));
+    cr_assert(book);
+    cr_assert(eq(str, r.request_id, "abc"));
+    kvr_wire_request_free(&r);
+    kvr_buf_free(&req);
+    kvr_buf_free(&fwd);
+}
+
+Test(codec, bad_requests_are_named_errors)
+{
+    struct kvr_buf b = {0};
+    struct kvr_wire_request r;
+    uint32_t t[2] = {1, 2};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "empty", t, 0, 10, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_EMPTY_PROMPT));
+    cr_assert(eq(str, r.request_id, "empty"), "the id survives to name the error");
+    kvr_wire_request_free(&r);
+    uint32_t *big = calloc(1001, sizeof *big);
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "big", big, 1001, 10, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_PROMPT_TOO_LONG));
+    kvr_wire_request_free(&r);
+    free(big);
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "out", t, 2, 501, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_INVALID));
+    kvr_wire_request_free(&r);
+    char id[KVR_REQUEST_ID_MAX + 2];
+    memset(id, 'x', sizeof id - 1);
+    id[sizeof id - 1] = 0;
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, 2, 5, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_INVALID));
+    kvr_wire_request_free(&r);
+    /* an unknown policy name, written by hand: Overrides{policy = "nope"} in field 4 */
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "p", t, 2, 5, NULL), KVR_OK));
+    uint8_t extra[] = {0x22, 0x06, 0x0a, 0x04, 'n', 'o', 'p', 'e'};
+    kvr_buf_reserve(&b, b.len + sizeof extra);
+    memcpy(b.data + b.len, extra, sizeof extra);
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len + sizeof extra, &lim, &r),
+                 KVR_ERR_UNKNOWN_POLICY));
+    kvr_wire_request_free(&r);
+    kvr_buf_free(&b);
+}
+
+Test(codec, garbage_never_crashes)
+{
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 5);
+    uint8_t buf[512];
+    for (int k = 0; k < 20000; k++) {
+        size_t n = kvr_rng_below(&rng, sizeof buf);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)kvr_rng_next(&rng);
+        struct kvr_wire_request r;
+        uint64_t key;
+        uint32_t ov;
+        bool book;
+        kvr_wire_decode_generate(buf, n, &lim, &r);
+        kvr_wire_request_free(&r);
+        kvr_wire_decode_worker_generate(buf, n, &lim, &r, &key, &ov);
+        kvr_wire_request_free(&r);
+        kvr_wire_decode_select(buf, n, &lim, &r, &book);
+        kvr_wire_request_free(&r);
+        struct kvr_wire_kv e;
+        if (kvr_wire_decode_kv(buf, n, &e) == KVR_OK)
+            kvr_wire_kv_free(&e);
+        struct kvr_wire_heartbeat h;
+        if (kvr_wire_decode_heartbeat(buf, n, &h) == KVR_OK)
+            kvr_wire_heartbeat_free(&h);
+        struct kvr_wire_tokens tk;
+        kvr_wire_decode_tokens(buf, n, &tk);
+        struct kvr_wire_done dn;
+        kvr_wire_decode_done(buf, n, &dn);
+        struct kvr_wire_response rs;
+        if (kvr_wire_decode_response(buf, n, &rs) == KVR_OK)
+            kvr_wire_response_free(&rs);
+    }
+    cr_assert(
+        eq(int, kvr_wire_decode_kv("\\xff\\xff", 2, &(struct kvr_wire_kv){0}), KVR_ERR_MALFORMED));
+}
+
+Test(codec, events_round_trip)
+{
+    struct kvr_buf b = {0};
+    struct kvr_kv_block blocks[3] = {{1, 11}, {2, 22}, {3, 33}};
+    uint64_t parent = 99;
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, 7, 5, &parent, blocks, 3), KVR_OK));
+    struct kvr_wire_kv e;
+    cr_assert(eq(int, kvr_wire_decode_kv(b.data, b.len, &e), KVR_OK));
+    cr_assert(eq(int, e.kind, KVR_WIRE_STORED));
+    cr_assert(e.has_parent);
+    cr_assert(eq(u64, e.parent, 99));
+    cr_assert(eq(u32, e.nblocks, 3));
+    cr_assert(eq(u64, e.blocks[2].local_hash, 33));
+    cr_assert(eq(u64, e.worker_id, 7));
+    cr_assert(eq(u64, e.event_seq, 5));
+    kvr_wire_kv_free(&e);
+    uint64_t ids[2] = {4, 5};
+    cr_assert(eq(int, kvr_wire_encode_removed(&b, 7, 6, ids, 2), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_kv(b.data, b.len, &e), KVR_OK));
+    cr_assert(eq(int, e.kind, KVR_WIRE_REMOVED));
+    cr_assert(eq(u32, e.nids, 2));
+    cr_assert(eq(u64, e.ids[1], 5));
+    kvr_wire_kv_free(&e);
+    cr_assert(eq(int, kvr_wire_encode_cleared(&b, 7, 7), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_kv(b.data, b.len, &e), KVR_OK));
+    cr_assert(eq(int, e.kind, KVR_WIRE_CLEARED));
+    kvr_wire_kv_free(&e);
+    struct kvr_wire_tokens tk;
+    cr_assert(eq(int, kvr_wire_encode_tokens(&b, 7, 123, KVR_WIRE_OUTPUT_BLOCK), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_tokens(b.data, b.len, &tk), KVR_OK));
+    cr_assert(eq(int, tk.kind, KVR_WIRE_OUTPUT_BLOCK));
+    cr_assert(eq(u64, tk.key, 123));
+    struct kvr_wire_done dn;
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 7, 124, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_done(b.data, b.len, &dn), KVR_OK));
+    cr_assert(eq(u64, dn.key, 124));
+    uint64_t infl[3] = {1, 2, 3};
+    struct kvr_wire_heartbeat h = {{7, 64, 16384, 2, 0.25}, infl, 3, 1000, false}, g;
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
+    cr_assert(eq(u64, g.info.id, 7));
+    cr_assert(eq(u32, g.info.block_size, 64));
+    cr_assert(eq(u64, g.info.capacity_blocks, 16384));
+    cr_assert(eq(u32, g.ninflight, 3));
+    cr_assert(eq(u64, g.inflight[2], 3));
+    kvr_wire_heartbeat_free(&g);
+    h.info.id = 0;
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_ERR_INVALID));
+    struct kvr_wire_response rs;
+    cr_assert(eq(int,
+                 kvr_wire_encode_response(&b, "x", infl == NULL ? NULL : (uint32_t[]){1, 2}, 2,
+                                          true, KVR_ERR_WORKER_LOST, 7, 0),
+                 KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_response(b.data, b.len, &rs), KVR_OK));
+    cr_assert(rs.final);
+    cr_assert(eq(u32, rs.error_code, KVR_ERR_WORKER_LOST));
+    cr_assert(eq(str, rs.error, "worker lost"));
+    cr_assert(eq(u32, rs.ntokens, 2));
+    kvr_wire_response_free(&rs);
+    kvr_buf_free(&b);
+}
