@@ -540,6 +540,8 @@ static void token(struct kvr_engine *e, struct ereq *r, uint64_t now)
     r->last_token = now;
     if (e->sink.token_gap)
         e->sink.token_gap(e->sink.ctx, gap);
+    if (e->sink.token)
+        e->sink.token(e->sink.ctx, r->id);
 }
 
 void kvr_engine_step_end(struct kvr_engine *e, uint64_t now)

@@ -71,6 +71,7 @@ struct kvr_engine_sink {
     void (*prefill_done)(void *ctx, uint64_t id);
     void (*output_block)(void *ctx, uint64_t id);
     void (*token_gap)(void *ctx, double gap_ms); /* every inter-token gap, for distributions */
+    void (*token)(void *ctx, uint64_t id);       /* a decode step produced one token of id */
     void (*done)(void *ctx, const struct kvr_engine_result *res);
 };
 

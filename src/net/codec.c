@@ -210,7 +210,8 @@ kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *o
             st = KVR_ERR_NOMEM;
             break;
         }
-        memcpy(out->ids, r->engine_ids, r->n_engine_ids * sizeof *out->ids);
+        if (r->n_engine_ids)
+            memcpy(out->ids, r->engine_ids, r->n_engine_ids * sizeof *out->ids);
         break;
     }
     case KVROUTER__V1__KV_EVENT__EVENT_CLEARED:
@@ -274,9 +275,9 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     out->draining = m->draining;
     out->ninflight = (uint32_t)m->n_inflight;
     out->inflight = malloc((m->n_inflight + 1) * sizeof *out->inflight);
-    if (out->inflight)
+    if (out->inflight && m->n_inflight)
         memcpy(out->inflight, m->inflight, m->n_inflight * sizeof *out->inflight);
-    else
+    else if (!out->inflight)
         st = KVR_ERR_NOMEM;
     if (st == KVR_OK && (m->worker_id == 0 || m->block_size == 0))
         st = KVR_ERR_INVALID;

@@ -517,7 +517,7 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     for (uint32_t i = 0; i < nw; i++) {
         s->wctx[i] = (struct wctx){s, i};
         struct kvr_engine_sink sink = {&s->wctx[i], on_stored, on_removed, on_prefill,
-                                       on_outblk,   on_gap,    on_done};
+                                       on_outblk,   on_gap,    NULL,       on_done};
         s->engines[i] = kvr_engine_create(&cfg->engine, &sink, &st);
         if (!s->engines[i])
             return st;

@@ -67,7 +67,7 @@ static void on_done(void *ctx, const struct kvr_engine_result *r)
 }
 
 static const struct kvr_engine_sink sink = {NULL,      on_stored, on_removed, on_prefill,
-                                            on_outblk, on_gap,    on_done};
+                                            on_outblk, on_gap,    NULL,       on_done};
 
 static struct kvr_engine *make(uint32_t blocks, uint32_t batch, double watermark)
 {

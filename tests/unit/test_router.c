@@ -520,7 +520,7 @@ static uint64_t fourth_sharer(double share_weight)
     make();
     for (uint64_t w = 1; w <= 4; w++)
         join(w, 10000);
-    uint64_t seq[64];
+    uint64_t seq[65];
     uint32_t *t = prompt(11, 64 * B, 99, B);
     kvr_hash_prompt(t, 65 * B, B, NULL, seq);
     for (uint64_t id = 1; id <= 3; id++) /* booked on worker 1 by a peer, say */

@@ -1,0 +1,41 @@
+/*
+ * kvr_outbox: messages prepared while a lock is held and published after it is released, in the
+ * order they were added, so state changes stay atomic without holding a lock across I/O. Each
+ * outbox belongs to one thread at a time (fill it under the state lock, swap it out, publish).
+ */
+#ifndef KVR_OUTBOX_H
+#define KVR_OUTBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include "kvr/status.h"
+
+struct kvr_outmsg {
+    char *subject; /* owned */
+    uint8_t *data; /* owned */
+    size_t len;
+    kvr_status err; /* published with the service error headers when not KVR_OK */
+};
+
+struct kvr_outbox {
+    struct kvr_outmsg *v; /* owned */
+    size_t n, cap;
+    uint64_t dropped; /* messages lost to allocation failures */
+};
+
+/* Queue a copy of subject and data. */
+void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
+                    kvr_status err);
+
+/* Publish everything on nc, in order, and empty the outbox; returns how many failed. */
+size_t kvr_outbox_flush(struct kvr_outbox *o, natsConnection *nc);
+
+/* Exchange contents (to publish outside a lock). */
+void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);
+
+void kvr_outbox_free(struct kvr_outbox *o);
+
+#endif
