@@ -169,6 +169,8 @@ struct kvr_worker_info {
     uint64_t capacity_blocks; /* KV pool size; 0: unknown, never busy by blocks */
     uint32_t waiting;         /* its own queue length (load report, for llmd_weighted) */
     double kv_usage;          /* its own KV utilisation in [0, 1] (load report) */
+    uint64_t timeout_ns;      /* silence after which it is removed; 0: the router's default */
+    bool draining;            /* shutting down: route nothing new to it */
 };
 
 struct kvr_index_counters {

@@ -286,7 +286,11 @@ static int run_policy(const struct opts *o, enum kvr_policy policy, struct req *
         return -1;
     }
     for (uint32_t w = 1; w <= o->workers; w++) {
-        struct kvr_worker_info info = {w, o->block_size, 16384, 0, 0.0};
+        struct kvr_worker_info info = {.id = w,
+                                       .block_size = o->block_size,
+                                       .capacity_blocks = 16384,
+                                       .waiting = 0,
+                                       .kv_usage = 0.0};
         kvr_router_worker_seen(run.r, &info, 0);
     }
     printf("== policy %s: %u workers, %u requests, concurrency %u, %u prefixes of %u tokens + "

@@ -324,9 +324,13 @@ int kvsim_run(int argc, char **argv)
                                  NULL,
                                  NULL};
     cfg.router.seed = o.seed;
-    struct kvr_report_meta meta = {
-        o.workload, o.workers, o.seed, closed ? "concurrency" : "rate_scale",
-        &cfg,       0,         0,      doc_ceiling};
+    struct kvr_report_meta meta = {.source = "kvsim",
+                                   .workload = o.workload,
+                                   .workers = o.workers,
+                                   .seed = o.seed,
+                                   .load_kind = closed ? "concurrency" : "rate_scale",
+                                   .cfg = &cfg,
+                                   .hit_ceiling_trace = doc_ceiling};
     if (kvr_sim_hit_ceiling(&w, o.engine.block_size, 0, &meta.hit_ceiling) != KVR_OK ||
         kvr_sim_hit_ceiling(&w, o.engine.block_size, (uint64_t)o.workers * o.engine.num_blocks,
                             &meta.hit_ceiling_capacity) != KVR_OK) {

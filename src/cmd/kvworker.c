@@ -289,7 +289,8 @@ static void *engine_thread(void *arg)
 static void heartbeat(struct worker *w)
 {
     struct kvr_wire_heartbeat h = {
-        {w->o.id, w->o.block_size, w->o.num_blocks, 0, 0.0}, NULL, 0, w->o.heartbeat_ms, false};
+        .info = {.id = w->o.id, .block_size = w->o.block_size, .capacity_blocks = w->o.num_blocks},
+        .interval_ms = w->o.heartbeat_ms};
     struct kvr_buf b = {0};
     pthread_mutex_lock(&w->mu);
     struct kvr_engine_stats es;

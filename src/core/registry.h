@@ -21,6 +21,8 @@ struct kvr_worker {
     uint32_t block_size;      /* tokens per block it announced */
     uint32_t waiting;         /* its queue length, from its last load report */
     double kv_usage;          /* its KV utilisation in [0, 1], from its last load report */
+    uint64_t timeout_ns;      /* its own silence timeout; 0: the router's */
+    bool draining;            /* announced it is shutting down */
 };
 
 struct kvr_registry {

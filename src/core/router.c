@@ -259,6 +259,8 @@ static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
     const struct kvr_worker *w = &r->reg.by_slot[slot];
     const struct kvr_active_worker *aw = &r->act.w[slot];
+    if (w->draining)
+        return true;
     if (r->cfg.busy_threshold > 0 && w->capacity_blocks &&
         (double)aw->blocks > r->cfg.busy_threshold * (double)w->capacity_blocks)
         return true;
@@ -753,6 +755,8 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
     w->inv_capacity = info->capacity_blocks ? 1.0 / (double)info->capacity_blocks : 0.0;
     w->waiting = info->waiting;
     w->kv_usage = info->kv_usage;
+    w->timeout_ns = info->timeout_ns;
+    w->draining = info->draining;
     if (now > w->last_seen)
         w->last_seen = now;
     return KVR_OK;
@@ -841,14 +845,14 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
         struct fail_ctx f = {r, 0, KVR_EV_EXPIRED};
         kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, on_drop, &f);
     }
-    if (r->cfg.worker_timeout_ns) {
-        for (uint32_t i = 0; i < r->reg.nlive;) {
-            uint32_t slot = r->reg.order[i];
-            if (r->reg.by_slot[slot].last_seen + r->cfg.worker_timeout_ns <= now)
-                remove_worker(r, slot); /* the next worker moves into position i */
-            else
-                i++;
-        }
+    for (uint32_t i = 0; i < r->reg.nlive;) {
+        uint32_t slot = r->reg.order[i];
+        const struct kvr_worker *w = &r->reg.by_slot[slot];
+        uint64_t timeout = w->timeout_ns ? w->timeout_ns : r->cfg.worker_timeout_ns;
+        if (timeout && w->last_seen + timeout <= now)
+            remove_worker(r, slot); /* the next worker moves into position i */
+        else
+            i++;
     }
     drain_queue(r, now);
 }

@@ -8,8 +8,8 @@
 
 #include "util.h"
 
-void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
-                    kvr_status err)
+static void add(struct kvr_outbox *o, const char *subject, const char *reply, const void *data,
+                size_t len, kvr_status err)
 {
     if (!subject || !*subject)
         return;
@@ -25,9 +25,11 @@ void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data,
     }
     struct kvr_outmsg *m = &o->v[o->n];
     m->subject = strdup(subject);
+    m->reply = reply ? strdup(reply) : NULL;
     m->data = malloc(len ? len : 1);
-    if (!m->subject || !m->data) {
+    if (!m->subject || !m->data || (reply && !m->reply)) {
         free(m->subject);
+        free(m->reply);
         free(m->data);
         o->dropped++;
         return;
@@ -38,14 +40,31 @@ void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data,
     o->n++;
 }
 
+void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
+                    kvr_status err)
+{
+    add(o, subject, NULL, data, len, err);
+}
+
+void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const char *reply,
+                            const void *data, size_t len)
+{
+    add(o, subject, reply, data, len, KVR_OK);
+}
+
 size_t kvr_outbox_flush(struct kvr_outbox *o, natsConnection *nc)
 {
     size_t failed = 0;
     for (size_t i = 0; i < o->n; i++) {
         struct kvr_outmsg *m = &o->v[i];
-        if (kvr_publish(nc, m->subject, m->data, m->len, m->err) != KVR_OK)
-            failed++;
+        kvr_status st = m->reply ? (natsConnection_PublishRequest(nc, m->subject, m->reply, m->data,
+                                                                  (int)m->len) == NATS_OK
+                                        ? KVR_OK
+                                        : KVR_ERR_IO)
+                                 : kvr_publish(nc, m->subject, m->data, m->len, m->err);
+        failed += st != KVR_OK;
         free(m->subject);
+        free(m->reply);
         free(m->data);
     }
     o->n = 0;
@@ -63,6 +82,7 @@ void kvr_outbox_free(struct kvr_outbox *o)
 {
     for (size_t i = 0; i < o->n; i++) {
         free(o->v[i].subject);
+        free(o->v[i].reply);
         free(o->v[i].data);
     }
     free(o->v);

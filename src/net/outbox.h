@@ -15,6 +15,7 @@
 
 struct kvr_outmsg {
     char *subject; /* owned */
+    char *reply;   /* owned; NULL when none */
     uint8_t *data; /* owned */
     size_t len;
     kvr_status err; /* published with the service error headers when not KVR_OK */
@@ -29,6 +30,10 @@ struct kvr_outbox {
 /* Queue a copy of subject and data. */
 void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
                     kvr_status err);
+
+/* The same, published with a reply subject (a forwarded request). */
+void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const char *reply,
+                            const void *data, size_t len);
 
 /* Publish everything on nc, in order, and empty the outbox; returns how many failed. */
 size_t kvr_outbox_flush(struct kvr_outbox *o, natsConnection *nc);

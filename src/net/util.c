@@ -92,7 +92,8 @@ bool kvr_subject(char *buf, size_t len, const char *prefix, const char *ns, cons
 
 static void on_disconnected(natsConnection *nc, void *closure)
 {
-    (void)nc;
+    if (natsConnection_IsClosed(nc))
+        return; /* our own close, not an outage */
     kvr_log(KVR_LOG_WARN, "nats_disconnected", "conn=%s", (const char *)closure);
 }
 

@@ -64,21 +64,25 @@ static kvr_status write_json(const char *dir, const struct kvr_report_meta *m,
     if (!f)
         return KVR_ERR_IO;
     const struct kvr_sim_config *c = m->cfg;
-    const struct kvr_engine_config *e = &c->engine;
     fprintf(f, "{\n  \"workload\": \"%s\",\n  \"workers\": %u,\n  \"seed\": %llu,\n", m->workload,
             m->workers, (unsigned long long)m->seed);
-    fprintf(f, "  \"load_kind\": \"%s\",\n  \"block_size\": %u,\n", m->load_kind, e->block_size);
-    fprintf(f,
-            "  \"engine\": {\"num_blocks\": %u, \"block_size\": %u, \"watermark\": %.4f, "
-            "\"max_batched_tokens\": %u, \"max_seqs\": %u, \"speedup\": %.3f},\n",
-            e->num_blocks, e->block_size, e->watermark, e->max_batched_tokens, e->max_seqs,
-            e->speedup);
-    fprintf(f,
-            "  \"router\": {\"overlap_weight\": %.3f, \"temperature\": %.3f, \"approximate\": "
-            "%s, \"busy_threshold\": %.3f},\n",
-            c->router.overlap_weight, c->router.temperature,
-            c->router.approximate ? "true" : "false", c->router.busy_threshold);
-    fprintf(f, "  \"event_delay_ms\": %.3f,\n", c->event_delay_ns / 1e6);
+    fprintf(f, "  \"source\": \"%s\",\n  \"load_kind\": \"%s\",\n", m->source ? m->source : "kvsim",
+            m->load_kind);
+    if (c) {
+        const struct kvr_engine_config *e = &c->engine;
+        fprintf(f, "  \"block_size\": %u,\n", e->block_size);
+        fprintf(f,
+                "  \"engine\": {\"num_blocks\": %u, \"block_size\": %u, \"watermark\": %.4f, "
+                "\"max_batched_tokens\": %u, \"max_seqs\": %u, \"speedup\": %.3f},\n",
+                e->num_blocks, e->block_size, e->watermark, e->max_batched_tokens, e->max_seqs,
+                e->speedup);
+        fprintf(f,
+                "  \"router\": {\"overlap_weight\": %.3f, \"temperature\": %.3f, \"approximate\": "
+                "%s, \"busy_threshold\": %.3f},\n",
+                c->router.overlap_weight, c->router.temperature,
+                c->router.approximate ? "true" : "false", c->router.busy_threshold);
+        fprintf(f, "  \"event_delay_ms\": %.3f,\n", c->event_delay_ns / 1e6);
+    }
     fprintf(f, "  \"hit_ceiling\": %.5f,\n  \"hit_ceiling_capacity\": %.5f,\n", m->hit_ceiling,
             m->hit_ceiling_capacity);
     if (m->hit_ceiling_trace > 0)
@@ -186,14 +190,16 @@ static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
     FILE *f = open_in(dir, "report.md", "w");
     if (!f)
         return KVR_ERR_IO;
-    const struct kvr_engine_config *e = &m->cfg->engine;
-    fprintf(f, "# kvsim: %s, %u workers, seed %llu\n\n", m->workload, m->workers,
-            (unsigned long long)m->seed);
-    fprintf(f,
-            "Engine: %u blocks of %u tokens, %u batched tokens, %u sequences, speed-up %.2f. "
-            "Event delay %.2f ms.\n\n",
-            e->num_blocks, e->block_size, e->max_batched_tokens, e->max_seqs, e->speedup,
-            m->cfg->event_delay_ns / 1e6);
+    fprintf(f, "# %s: %s, %u workers, seed %llu\n\n", m->source ? m->source : "kvsim", m->workload,
+            m->workers, (unsigned long long)m->seed);
+    if (m->cfg) {
+        const struct kvr_engine_config *e = &m->cfg->engine;
+        fprintf(f,
+                "Engine: %u blocks of %u tokens, %u batched tokens, %u sequences, speed-up %.2f. "
+                "Event delay %.2f ms.\n\n",
+                e->num_blocks, e->block_size, e->max_batched_tokens, e->max_seqs, e->speedup,
+                m->cfg->event_delay_ns / 1e6);
+    }
     fprintf(f,
             "Prefix-cache hit ceilings: one unbounded cache %.4f; one cache holding all %u "
             "workers' blocks %.4f",

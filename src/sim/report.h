@@ -12,14 +12,15 @@
 #include "sim.h"
 
 struct kvr_report_meta {
+    const char *source; /* "kvsim" or "kvbench" (NULL: kvsim) */
     const char *workload;
     uint32_t workers;
     uint64_t seed;
-    const char *load_kind; /* "rate_scale" or "concurrency" */
-    const struct kvr_sim_config *cfg;
-    double hit_ceiling;          /* one unbounded cache */
-    double hit_ceiling_capacity; /* one cache holding every worker's capacity */
-    double hit_ceiling_trace;    /* the trace's documented ceiling, 0 when none */
+    const char *load_kind;            /* "rate_scale" or "concurrency" */
+    const struct kvr_sim_config *cfg; /* the simulation's settings; NULL for measurements */
+    double hit_ceiling;               /* one unbounded cache */
+    double hit_ceiling_capacity;      /* one cache holding every worker's capacity */
+    double hit_ceiling_trace;         /* the trace's documented ceiling, 0 when none */
 };
 
 /* Write report.json and report.md into dir (which must exist). */

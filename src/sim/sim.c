@@ -345,8 +345,11 @@ static void heartbeat(struct sim *s)
     for (uint32_t w = 0; w < s->cfg->workers; w++) {
         struct kvr_engine_stats es;
         kvr_engine_stats(s->engines[w], &es);
-        struct kvr_worker_info info = {w + 1, s->cfg->engine.block_size, s->cfg->engine.num_blocks,
-                                       es.waiting, es.kv_usage};
+        struct kvr_worker_info info = {.id = w + 1,
+                                       .block_size = s->cfg->engine.block_size,
+                                       .capacity_blocks = s->cfg->engine.num_blocks,
+                                       .waiting = es.waiting,
+                                       .kv_usage = es.kv_usage};
         kvr_router_worker_seen(s->router, &info, s->now);
         uint64_t predicted;
         if (kvr_router_worker_load(s->router, w + 1, &predicted, NULL, NULL) == KVR_OK) {
