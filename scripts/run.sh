@@ -1,9 +1,72 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds, and routes a generated shared-prefix workload
-# through the routing core with the kv policy and round_robin, printing what each decision chose
-# and why, then a summary per policy. Extra arguments go to `kvsim explain`.
+# The main job: install what is missing, build, then run a local fleet on an embedded NATS server
+# (127.0.0.1, ephemeral ports, started and stopped here): 8 simulated workers (kvworker, 10x
+# real time), 2 routers (kvrouter) sharing the request subject, and kvbench replaying the `seed`
+# workload through them with the kv policy and with round_robin. Prints the comparison, writes
+# out/fleet/report.{json,md} and plots, and stops everything cleanly.
+#
+# Environment: WORKERS (8), ROUTERS (2), REQUESTS (1000), CONCURRENCY (20), SPEEDUP (10),
+# WORKLOAD (seed), POLICIES (kv,round_robin), OUT (out/fleet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/build.sh build
-exec ./build/src/kvsim explain "$@"
+
+WORKERS=${WORKERS:-8}
+ROUTERS=${ROUTERS:-2}
+REQUESTS=${REQUESTS:-1000}
+CONCURRENCY=${CONCURRENCY:-20}
+SPEEDUP=${SPEEDUP:-10}
+WORKLOAD=${WORKLOAD:-seed}
+POLICIES=${POLICIES:-kv,round_robin}
+OUT=${OUT:-out/fleet}
+bin=build/src
+run=$(mktemp -d)
+pids=()
+
+stop_all() {
+  # routers first (they drain their queues), then workers (they finish what they hold), then NATS
+  for sig_group in kvrouter kvworker; do
+    for p in "${pids[@]}"; do
+      if [ -e "/proc/$p" ] && grep -q "$sig_group" "/proc/$p/cmdline" 2>/dev/null; then kill -TERM "$p" 2>/dev/null || true; fi
+    done
+    for p in "${pids[@]}"; do
+      if grep -q "$sig_group" "/proc/$p/cmdline" 2>/dev/null; then wait "$p" 2>/dev/null || true; fi
+    done
+  done
+  if [ -n "${nats_pid:-}" ]; then kill -TERM "$nats_pid" 2>/dev/null || true; wait "$nats_pid" 2>/dev/null || true; fi
+  rm -rf "$run"
+}
+trap stop_all EXIT
+
+echo "== starting nats-server on 127.0.0.1 (logs in $run)"
+nats-server -a 127.0.0.1 -p -1 -m -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
+nats_pid=$!
+for _ in $(seq 100); do
+  ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true)
+  [ -n "$ports" ] && break
+  sleep 0.05
+done
+[ -n "$ports" ] || { echo "nats-server did not start:"; cat "$run/nats.log"; exit 1; }
+url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
+monitor=$(sed -E 's/.*"monitoring":\["([^"]+)".*/\1/' "$ports")
+echo "   nats $url, monitoring $monitor"
+
+echo "== starting $WORKERS workers and $ROUTERS routers"
+for i in $(seq "$WORKERS"); do
+  "$bin/kvworker" --nats "$url" --id "$i" --speedup "$SPEEDUP" --log-level warn >"$run/worker$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq "$ROUTERS"); do
+  "$bin/kvrouter" --nats "$url" --id "router$i" --log-level warn >"$run/router$i.log" 2>&1 &
+  pids+=($!)
+done
+sleep 1.5 # one heartbeat: every router knows every worker
+
+echo "== kvbench: $WORKLOAD, $REQUESTS requests, $CONCURRENCY clients, policies $POLICIES"
+"$bin/kvbench" --nats "$url" --workload "$WORKLOAD" --requests "$REQUESTS" \
+  --concurrency "$CONCURRENCY" --policies "$POLICIES" --out "$OUT"
+
+echo "== the routers, as NATS monitoring sees them"
+curl -s "$monitor/connz?limit=1024" | tr ',' '\n' | grep -o '"name": *"kvrouter-[^"]*"' | sort -u || true
+echo "== done: report in $OUT/report.md; stopping the fleet"

@@ -265,6 +265,9 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now);
 
 void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out);
 
+/* Requests waiting for a worker that is not busy (cheap; for deciding when to tick). */
+uint32_t kvr_router_queue_len(const struct kvr_router *r);
+
 /* Predicted load of one worker (for reports and tests). KVR_ERR_UNKNOWN_WORKER if absent. */
 kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id,
                                   uint64_t *active_blocks, uint64_t *prefill_tokens,

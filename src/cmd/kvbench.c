@@ -379,7 +379,7 @@ static int load_mode(struct bench *b)
         if (b->o.workers)
             kvr_sim_hit_ceiling(&b->wl, b->o.block_size, (uint64_t)b->o.workers * b->o.num_blocks,
                                 &meta.hit_ceiling_capacity);
-        mkdir(b->o.out, 0777);
+        kvr_mkdir_p(b->o.out);
         if (kvr_report_write(b->o.out, &meta, res, np) != KVR_OK)
             fprintf(stderr, "kvbench: cannot write %s/report.json\n", b->o.out);
         else if (kvr_report_plots(b->o.out, &meta, res, np) != KVR_OK)

@@ -41,7 +41,7 @@ struct opts {
     char cost[KVR_OPT_STR_MAX];
     char log_level[KVR_OPT_STR_MAX];
     uint32_t block_size, max_prompt_tokens, max_output_tokens, queue_max, tick_ms;
-    uint64_t queue_timeout_ms, worker_timeout_ms, request_ttl_s, seed;
+    uint64_t queue_timeout_ms, worker_timeout_ms, request_ttl_s, seed, warmup_ms;
     double overlap_weight, cache_weight, temperature, busy_threshold;
     bool approximate;
 };
@@ -81,6 +81,8 @@ struct router {
     uint64_t started_real;       /* for $SRV.STATS */
     char instance[64];           /* $SRV id */
     char prefix_worker[256];     /* "<prefix>.<ns>.worker." */
+    char name_req[300];          /* connection names (they outlive the connections) */
+    char name_ev[300];           /* */
 };
 
 static volatile sig_atomic_t got_signal;
@@ -363,7 +365,8 @@ static kvr_status apply_event(struct router *r, uint64_t wid, const char *kind, 
         if (p)
             pending_drop(r, p);
         st = kvr_router_done(r->core, d.key);
-        kvr_router_tick(r->core, now); /* freed load may place waiting requests */
+        if (kvr_router_queue_len(r->core))
+            kvr_router_tick(r->core, now); /* freed load may place waiting requests */
         return st;
     }
     return KVR_ERR_MALFORMED;
@@ -392,14 +395,16 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
             pthread_mutex_lock(&r->mu);
             st = apply_event(r, wid, kind + 1, natsMsg_GetData(msg),
                              (size_t)natsMsg_GetDataLength(msg));
-            if (st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID)
-                r->ev_errors++;
             pthread_mutex_unlock(&r->mu);
         }
     }
-    if (st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID)
+    if (st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID) {
+        pthread_mutex_lock(&r->mu);
+        r->ev_errors++;
+        pthread_mutex_unlock(&r->mu);
         kvr_log(KVR_LOG_WARN, "event_dropped", "subject=%s error=\"%s\"", subject,
                 kvr_status_str(st));
+    }
     natsMsg_Destroy(msg);
     flush(r);
 }
@@ -537,12 +542,12 @@ static int make_core(struct router *r)
 
 static int subscribe(struct router *r)
 {
-    char subj[256], name[300];
-    snprintf(name, sizeof name, "kvrouter-%s", r->o.id);
-    if (kvr_connect(r->o.nats, name, &r->nc_req) != KVR_OK)
+    char subj[256];
+    snprintf(r->name_req, sizeof r->name_req, "kvrouter-%s", r->o.id);
+    if (kvr_connect(r->o.nats, r->name_req, &r->nc_req) != KVR_OK)
         return 1;
-    snprintf(name, sizeof name, "kvrouter-%s-events", r->o.id);
-    if (kvr_connect(r->o.nats, name, &r->nc_ev) != KVR_OK)
+    snprintf(r->name_ev, sizeof r->name_ev, "kvrouter-%s-events", r->o.id);
+    if (kvr_connect(r->o.nats, r->name_ev, &r->nc_ev) != KVR_OK)
         return 1;
     natsStatus s = NATS_OK;
     kvr_subject(subj, sizeof subj, r->o.prefix, r->o.ns, "ev.>");
@@ -551,6 +556,20 @@ static int subscribe(struct router *r)
         s = natsSubscription_SetPendingLimits(r->sub_ev, -1, -1);
     if (s == NATS_OK)
         s = natsConnection_Flush(r->nc_ev);
+    /* learn the fleet before taking requests: a router that knows no worker yet would answer
+     * "no workers" while its peers could serve */
+    uint64_t end = kvr_now_ns() + r->o.warmup_ms * 1000000ull, seen_at = 0;
+    while (s == NATS_OK && kvr_now_ns() < end) {
+        pthread_mutex_lock(&r->mu);
+        struct kvr_router_stats st;
+        kvr_router_stats(r->core, &st);
+        pthread_mutex_unlock(&r->mu);
+        if (st.workers && !seen_at)
+            seen_at = kvr_now_ns();
+        if (seen_at && kvr_now_ns() > seen_at + 300000000ull) /* the rest announce meanwhile */
+            break;
+        kvr_sleep_ns(10000000);
+    }
     kvr_subject(r->ep[0].subject, sizeof r->ep[0].subject, r->o.prefix, r->o.ns, "generate");
     kvr_subject(r->ep[1].subject, sizeof r->ep[1].subject, r->o.prefix, r->o.ns, "select");
     if (s == NATS_OK)
@@ -587,10 +606,9 @@ static void drain(struct router *r)
     uint64_t deadline = kvr_now_ns() + r->o.queue_timeout_ms * 1000000ull + 1000000000ull;
     for (;;) {
         pthread_mutex_lock(&r->mu);
-        struct kvr_router_stats s;
-        kvr_router_stats(r->core, &s);
+        uint32_t waiting = kvr_router_queue_len(r->core);
         pthread_mutex_unlock(&r->mu);
-        if (!s.queue_len || kvr_now_ns() > deadline)
+        if (!waiting || kvr_now_ns() > deadline)
             break;
         kvr_sleep_ns(20000000);
     }
@@ -616,6 +634,7 @@ int main(int argc, char **argv)
     o->worker_timeout_ms = 3200;
     o->request_ttl_s = 600;
     o->tick_ms = 20;
+    o->warmup_ms = 2000;
     o->overlap_weight = 1.0;
     o->cache_weight = 4.0;
     o->busy_threshold = 0.95;
@@ -644,6 +663,8 @@ int main(int argc, char **argv)
         {"request-ttl-s", NULL, KVR_OPT_U64, &o->request_ttl_s, "stale in-flight requests dropped"},
         {"seed", NULL, KVR_OPT_U64, &o->seed, "seeds random choices (0: from the clock)"},
         {"tick-ms", NULL, KVR_OPT_U32, &o->tick_ms, "housekeeping period"},
+        {"warmup-ms", NULL, KVR_OPT_U64, &o->warmup_ms,
+         "at start, listen this long (at most) for workers before taking requests"},
         {"log-level", "KVR_LOG_LEVEL", KVR_OPT_STR, o->log_level, "debug, info, warn or error"},
     };
     int rc = kvr_opts_parse(table, sizeof table / sizeof table[0], argc, argv, "kvrouter",

@@ -309,7 +309,7 @@ int kvsim_run(int argc, char **argv)
             closed ? (o.concurrency ? o.concurrency : 20) : (o.rate_scale ? o.rate_scale : 1.0);
         o.nloads = 1;
     }
-    if (mkdir(o.out, 0777) && errno != EEXIST) {
+    if (kvr_mkdir_p(o.out)) {
         fprintf(stderr, "kvsim run: cannot create %s: %s\n", o.out, strerror(errno));
         kvr_workload_free(&w);
         return 1;

@@ -62,6 +62,7 @@ struct worker {
     bool stopping;         /* threads exit */
     bool draining;         /* no new requests */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
+    char name_in[64], name_out[64]; /* connection names (they outlive the connections) */
     uint64_t errors, served;
 };
 
@@ -334,7 +335,6 @@ static void *heartbeat_thread(void *arg)
 
 static int setup(struct worker *w)
 {
-    char name[300];
     const char *p = w->o.prefix, *ns = w->o.ns;
     char tail[128];
     snprintf(tail, sizeof tail, "ev.%" PRIu64 ".kv", w->o.id);
@@ -363,11 +363,11 @@ static int setup(struct worker *w)
         fprintf(stderr, "kvworker: engine: %s\n", kvr_status_str(st));
         return 2;
     }
-    snprintf(name, sizeof name, "kvworker-%" PRIu64 "-in", w->o.id);
-    if (kvr_connect(w->o.nats, name, &w->nc_in) != KVR_OK)
+    snprintf(w->name_in, sizeof w->name_in, "kvworker-%" PRIu64 "-in", w->o.id);
+    if (kvr_connect(w->o.nats, w->name_in, &w->nc_in) != KVR_OK)
         return 1;
-    snprintf(name, sizeof name, "kvworker-%" PRIu64, w->o.id);
-    if (kvr_connect(w->o.nats, name, &w->nc_out) != KVR_OK)
+    snprintf(w->name_out, sizeof w->name_out, "kvworker-%" PRIu64, w->o.id);
+    if (kvr_connect(w->o.nats, w->name_out, &w->nc_out) != KVR_OK)
         return 1;
     if (natsConnection_Subscribe(&w->sub, w->nc_in, w->subj_gen, on_generate, w) != NATS_OK ||
         natsSubscription_SetPendingLimits(w->sub, -1, -1) != NATS_OK ||

@@ -857,6 +857,11 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
     drain_queue(r, now);
 }
 
+uint32_t kvr_router_queue_len(const struct kvr_router *r)
+{
+    return r->qlen;
+}
+
 void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out)
 {
     *out = r->st;

@@ -126,7 +126,7 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
         servers[nservers++] = t;
     if (!nservers)
         return KVR_ERR_INVALID;
-    char *tag = strdup(name); /* the callbacks' closure; lives as long as the process */
+    void *tag = (void *)name; /* the callbacks' closure: the caller keeps name alive */
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
         s = natsOptions_SetServers(o, servers, nservers);
@@ -158,7 +158,6 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
     if (s != NATS_OK) {
         kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", urls,
                 natsStatus_GetText(s));
-        free(tag);
         return KVR_ERR_IO;
     }
     return KVR_OK;

@@ -45,6 +45,8 @@ bool kvr_subject(char *buf, size_t len, const char *prefix, const char *ns, cons
 /*
  * Connect to urls (comma-separated) as name: SendAsap, reconnect forever every 250 ms (with
  * jitter), retry the first connect until it succeeds, and log disconnects and reconnects.
+ * name is borrowed for the connection's whole life (its callbacks may run after it is destroyed):
+ * pass a string that outlives it.
  */
 kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out);
 

@@ -4,10 +4,30 @@
  */
 #include "report.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kvr/policy.h"
+
+int kvr_mkdir_p(const char *dir)
+{
+    char path[4096];
+    size_t len = strlen(dir);
+    if (!len || len >= sizeof path)
+        return -1;
+    memcpy(path, dir, len + 1);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(path, 0777) && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(path, 0777) && errno != EEXIST ? -1 : 0;
+}
 
 static FILE *open_in(const char *dir, const char *name, const char *mode)
 {

@@ -23,6 +23,9 @@ struct kvr_report_meta {
     double hit_ceiling_trace;         /* the trace's documented ceiling, 0 when none */
 };
 
+/* Create dir and its missing parents (like mkdir -p); 0 on success. */
+int kvr_mkdir_p(const char *dir);
+
 /* Write report.json and report.md into dir (which must exist). */
 kvr_status kvr_report_write(const char *dir, const struct kvr_report_meta *m,
                             const struct kvr_sim_result *res, size_t n);
