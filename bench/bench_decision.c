@@ -112,7 +112,8 @@ static int setup(struct bench *b)
     for (size_t i = 0; i < (size_t)FAMILIES * b->prefix; i++)
         b->family[i] = (uint32_t)kvr_rng_below(&b->rng, 128000);
     for (uint32_t w = 1; w <= b->workers; w++) {
-        struct kvr_worker_info info = {.id = w, .block_size = b->block, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0.0};
+        struct kvr_worker_info info = {
+            .id = w, .block_size = b->block, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0.0};
         if (kvr_router_worker_seen(b->r, &info, 0) != KVR_OK)
             return -1;
     }

@@ -165,7 +165,13 @@ Test(codec, events_round_trip)
     cr_assert(eq(int, kvr_wire_decode_done(b.data, b.len, &dn), KVR_OK));
     cr_assert(eq(u64, dn.key, 124));
     uint64_t infl[3] = {1, 2, 3};
-    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 64, .capacity_blocks = 16384, .waiting = 2, .kv_usage = 0.25}, infl, 3, 1000, false}, g;
+    struct kvr_wire_heartbeat
+        h = {{.id = 7, .block_size = 64, .capacity_blocks = 16384, .waiting = 2, .kv_usage = 0.25},
+             infl,
+             3,
+             1000,
+             false},
+        g;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
     cr_assert(eq(u64, g.info.id, 7));

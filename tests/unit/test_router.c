@@ -74,7 +74,8 @@ TestSuite(router, .init = setup, .fini = teardown);
 
 static void join(uint64_t id, uint64_t capacity)
 {
-    struct kvr_worker_info info = {.id = id, .block_size = B, .capacity_blocks = capacity, .waiting = 0, .kv_usage = 0.0};
+    struct kvr_worker_info info = {
+        .id = id, .block_size = B, .capacity_blocks = capacity, .waiting = 0, .kv_usage = 0.0};
     cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
 }
 
@@ -134,7 +135,8 @@ Test(router, refuses_prompts_over_the_limit)
 Test(router, refuses_worker_with_other_block_size)
 {
     make();
-    struct kvr_worker_info info = {.id = 5, .block_size = B * 2, .capacity_blocks = 100, .waiting = 0, .kv_usage = 0};
+    struct kvr_worker_info info = {
+        .id = 5, .block_size = B * 2, .capacity_blocks = 100, .waiting = 0, .kv_usage = 0};
     cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_ERR_BLOCK_SIZE));
     struct kvr_router_stats s;
     kvr_router_stats(r, &s);
@@ -341,14 +343,16 @@ Test(router, silent_workers_and_stale_requests_time_out)
     cfg.request_ttl_ns = 10 * NS;
     make();
     join(1, 0);
-    struct kvr_worker_info w2 = {.id = 2, .block_size = B, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0};
+    struct kvr_worker_info w2 = {
+        .id = 2, .block_size = B, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0};
     cr_assert(eq(int, kvr_router_worker_seen(r, &w2, 0), KVR_OK));
     uint32_t *t = prompt(0, 0, 1, B);
     struct kvr_decision d;
     cr_assert(eq(int, route(1, t, B, &d), KVR_OK));
     uint64_t w = d.worker_id, other = w == 1 ? 2 : 1;
     for (uint64_t now = NS; now <= 12 * NS; now += NS) {
-        struct kvr_worker_info i1 = {.id = w, .block_size = B, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0};
+        struct kvr_worker_info i1 = {
+            .id = w, .block_size = B, .capacity_blocks = 0, .waiting = 0, .kv_usage = 0};
         cr_assert(eq(int, kvr_router_worker_seen(r, &i1, now), KVR_OK));
         kvr_router_tick(r, now);
     }
