@@ -198,6 +198,9 @@ struct kvr_router_stats {
     uint64_t failed_requests;   /* in-flight requests failed by worker loss */
     uint64_t workers_joined;    /* */
     uint64_t workers_left;      /* */
+    uint64_t late_decisions;    /* imported decisions refused: their done came first */
+    uint64_t early_events;      /* events that came before their decision (kept a while) */
+    uint64_t reconciled;        /* requests dropped because their worker did not hold them */
     struct kvr_index_counters index;
     uint32_t workers;       /* registered now */
     uint32_t inflight;      /* requests in flight now */
@@ -238,6 +241,8 @@ kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t w
 kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now);
 kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, uint64_t now);
 kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id);
+/* done at time now (a done for a request not booked yet is remembered until its decision). */
+kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now);
 
 /*
  * A worker's heartbeat (or first announcement): registers it when new, refreshes its liveness,
@@ -264,6 +269,73 @@ kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id);
 void kvr_router_tick(struct kvr_router *r, uint64_t now);
 
 void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out);
+
+/* --- replication: what router replicas exchange (docs/architecture.md, "A fleet of routers") ---
+ */
+
+/* One in-flight request as a replica holds it. */
+struct kvr_request_record {
+    uint64_t request_id;          /* */
+    uint64_t worker_id;           /* */
+    const uint64_t *block_hashes; /* its prompt's sequence hashes, nblocks of them */
+    uint32_t nblocks;             /* */
+    uint32_t prompt_tokens;       /* */
+    uint32_t overlap_blocks;      /* cached prefix at booking */
+    bool prefill_done;            /* its first token is out */
+    uint32_t output_blocks;       /* blocks it took while decoding */
+};
+
+/* The record of request_id (block_hashes point into router scratch, valid until the next call). */
+kvr_status kvr_router_export(struct kvr_router *r, uint64_t request_id,
+                             struct kvr_request_record *out);
+
+/* Call fn for every in-flight request (fn must not call into the router). */
+void kvr_router_export_requests(struct kvr_router *r,
+                                void (*fn)(void *ctx, const struct kvr_request_record *rec),
+                                void *ctx);
+
+/*
+ * Book a request another replica decided (gossip, a snapshot, a repair). Events that arrived before
+ * it are applied; if its done already arrived, it is refused with KVR_ERR_DUPLICATE (a
+ * tombstone) and counted as a late decision.
+ */
+kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
+                             uint64_t now);
+
+/* One index entry as a replica holds it. */
+struct kvr_index_record {
+    uint64_t worker_id;   /* */
+    uint64_t seq;         /* the block's sequence hash */
+    bool has_engine;      /* an event entry (else a TTL entry) */
+    uint64_t engine_id;   /* event entries: the engine's id for the block */
+    uint64_t ttl_left_ns; /* TTL entries: time left */
+};
+
+void kvr_router_export_index(struct kvr_router *r,
+                             void (*fn)(void *ctx, const struct kvr_index_record *rec), void *ctx,
+                             uint64_t now);
+kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_record *rec,
+                                   uint64_t now);
+
+/*
+ * Anti-entropy from a worker's heartbeat, which lists every request it holds (keys[0..n)):
+ * requests booked on it before older_than that it does not hold are dropped (EXPIRED events, the
+ * worker never got them or lost them); keys the router does not know are written to unknown (at
+ * most max) so the caller can ask its peers. Returns how many were dropped.
+ */
+uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
+                              uint32_t n, uint64_t older_than, uint64_t *unknown,
+                              uint32_t *nunknown, uint32_t max);
+
+/* A digest of a replica's state: equal state, equal digest (XORs of per-item hashes). */
+struct kvr_digest {
+    uint64_t workers;  /* over live worker ids */
+    uint64_t requests; /* over (request id, worker id) in flight */
+    uint64_t index;    /* over (worker id, block) entries */
+    uint64_t combined; /* all three mixed */
+    uint32_t nworkers, nrequests, nentries;
+};
+void kvr_router_digest(struct kvr_router *r, struct kvr_digest *out);
 
 /* Requests waiting for a worker that is not busy (cheap; for deciding when to tick). */
 uint32_t kvr_router_queue_len(const struct kvr_router *r);

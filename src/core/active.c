@@ -148,6 +148,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->overlap = overlap_blocks;
     r->prefill = cached < prompt_tokens ? prompt_tokens - cached : 0;
     r->last_ns = now;
+    r->booked_ns = now;
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
@@ -215,6 +216,28 @@ kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id)
     if (h == KVR_NIL)
         return KVR_ERR_UNKNOWN_REQUEST;
     remove_handle(a, h);
+    return KVR_OK;
+}
+
+void kvr_active_each(const struct kvr_active *a,
+                     void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx)
+{
+    for (uint32_t h = a->ttl.head; h != KVR_NIL;) {
+        const struct kvr_active_req *r = req(a, h);
+        h = r->ttl.next;
+        fn(ctx, r);
+    }
+}
+
+kvr_status kvr_active_drop(struct kvr_active *a, uint64_t id, kvr_active_drop_fn fn, void *ctx)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    if (h == KVR_NIL)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    uint32_t slot = req(a, h)->slot;
+    remove_handle(a, h);
+    if (fn)
+        fn(ctx, id, slot);
     return KVR_OK;
 }
 

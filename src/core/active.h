@@ -23,6 +23,7 @@ struct kvr_active_req {
     uint64_t id;            /* request id */
     uint64_t prefill;       /* prompt tokens still to prefill (0 once prefill is done) */
     uint64_t last_ns;       /* time of its last event */
+    uint64_t booked_ns;     /* time it was booked */
     uint32_t *nodes;        /* block table nodes it references, owned */
     uint32_t nnodes;        /* */
     uint32_t slot;          /* worker slot */
@@ -70,6 +71,13 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
 kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t now);
 kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now);
 kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id);
+
+/* Call fn for every request in flight (none may be added or removed meanwhile). */
+void kvr_active_each(const struct kvr_active *a,
+                     void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx);
+
+/* Drop request id (as kvr_active_remove) and tell fn, as the expiry paths do. */
+kvr_status kvr_active_drop(struct kvr_active *a, uint64_t id, kvr_active_drop_fn fn, void *ctx);
 
 /* Drop requests whose last event is at or before cutoff; fn (may be NULL) hears of each. */
 uint32_t kvr_active_expire(struct kvr_active *a, uint64_t cutoff, kvr_active_drop_fn fn, void *ctx);

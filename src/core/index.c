@@ -276,6 +276,47 @@ kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *
     return st;
 }
 
+void kvr_index_each(const struct kvr_index *ix,
+                    void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                               uint64_t engine_id, uint64_t expires),
+                    void *ctx)
+{
+    for (int l = 0; l < 2; l++) { /* in LRU order, so an import keeps it */
+        for (uint32_t h = ix->lru[l].head; h != KVR_NIL;) {
+            const struct kvr_index_entry *e = ent(ix, h);
+            h = e->lru.next;
+            fn(ctx, e->slot, kvr_blocktab_node(ix->tab, e->node)->seq, e->expires == EVENT_ENTRY,
+               e->engine_id, e->expires);
+        }
+    }
+}
+
+kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, bool has_engine,
+                            uint64_t engine_id, uint64_t expires)
+{
+    if (slot >= ix->nslots)
+        return KVR_ERR_INVALID;
+    uint32_t nh;
+    kvr_status st = kvr_blocktab_get(ix->tab, seq, &nh);
+    if (st != KVR_OK)
+        return st;
+    if (has_engine) {
+        struct kvr_index_worker *w = &ix->w[slot];
+        if (!w->engines.slots && (st = kvr_map_init(&w->engines, 64)) != KVR_OK) {
+            kvr_blocktab_release(ix->tab, nh);
+            return st;
+        }
+        st = store_one(ix, slot, nh, engine_id);
+    } else if (!kvr_hset_find(&kvr_blocktab_node(ix->tab, nh)->idx, slot)) {
+        uint32_t h;
+        st = entry_add(ix, slot, nh, expires == EVENT_ENTRY ? expires - 1 : expires, &h);
+    }
+    if (st != KVR_OK)
+        kvr_blocktab_release(ix->tab, nh);
+    prune(ix);
+    return st;
+}
+
 void kvr_index_expire(struct kvr_index *ix, uint64_t now)
 {
     struct kvr_list *l = &ix->lru[0];

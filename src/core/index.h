@@ -78,6 +78,23 @@ void kvr_index_clear_worker(struct kvr_index *ix, uint32_t slot);
 kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *nodes, size_t n,
                            uint64_t now);
 
+/*
+ * Call fn for every entry, TTL entries by expiry then event entries by age (so importing them in
+ * this order keeps both orders): worker slot, node sequence hash, engine id (event entries),
+ * expiry. The index must not change meanwhile.
+ */
+void kvr_index_each(const struct kvr_index *ix,
+                    void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                               uint64_t engine_id, uint64_t expires),
+                    void *ctx);
+
+/*
+ * Insert one entry as another replica has it: worker slot caches the block of sequence hash seq,
+ * as an event entry named engine_id (has_engine) or a TTL entry expiring at expires.
+ */
+kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, bool has_engine,
+                            uint64_t engine_id, uint64_t expires);
+
 /* Drop TTL entries that expired at or before now. */
 void kvr_index_expire(struct kvr_index *ix, uint64_t now);
 

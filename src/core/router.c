@@ -13,6 +13,7 @@
 
 #include "active.h"
 #include "blocktab.h"
+#include "early.h"
 #include "index.h"
 #include "kvr/hash.h"
 #include "registry.h"
@@ -49,6 +50,9 @@ struct kvr_router {
     struct kvr_index ix;
     struct kvr_active act;
     struct kvr_select_state sel;
+    struct kvr_early early;  /* events that came before their decision */
+    uint64_t *export_hashes; /* scratch for kvr_router_export */
+    uint32_t cap_export;     /* */
     struct kvr_walk walk_idx;
     struct kvr_walk walk_act;
     bool ring_dirty;             /* the chwbl ring misses a membership change */
@@ -68,6 +72,7 @@ struct kvr_router {
     struct queued *qtail;        /* */
     uint32_t qlen;               /* */
     struct kvr_router_stats st;  /* counters (gauges are filled in by kvr_router_stats) */
+    uint64_t last_now;           /* the latest time a call brought (for calls without one) */
 };
 
 void kvr_router_config_default(struct kvr_router_config *c)
@@ -143,6 +148,8 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
         s = kvr_index_init(&r->ix, &r->tab, &icfg);
     if (s == KVR_OK)
         s = kvr_active_init(&r->act, &r->tab, cfg->block_size, 256);
+    if (s == KVR_OK)
+        s = kvr_early_init(&r->early, 65536, 60ull * 1000000000ull);
     if (s != KVR_OK) {
         kvr_router_destroy(r);
         r = NULL;
@@ -169,6 +176,8 @@ void kvr_router_destroy(struct kvr_router *r)
         free_queued(q);
     }
     kvr_active_free(&r->act);
+    kvr_early_free(&r->early);
+    free(r->export_hashes);
     kvr_index_free(&r->ix);
     kvr_blocktab_free(&r->tab);
     kvr_select_free(&r->sel);
@@ -679,31 +688,6 @@ kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req
     return KVR_OK;
 }
 
-kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
-                           const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
-                           uint32_t overlap_blocks, uint64_t now)
-{
-    if (request_id == 0 || (nblocks && !block_hashes) || overlap_blocks > nblocks)
-        return KVR_ERR_INVALID;
-    struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
-    if (!w) {
-        r->st.unknown_worker++;
-        return KVR_ERR_UNKNOWN_WORKER;
-    }
-    if (kvr_active_find(&r->act, request_id)) {
-        r->st.duplicate_request++;
-        return KVR_ERR_DUPLICATE;
-    }
-    kvr_status st = ensure_blocks(r, nblocks);
-    if (st != KVR_OK)
-        return st;
-    st = book(r, request_id, kvr_registry_slot(&r->reg, w), block_hashes, r->nodes, 0, nblocks,
-              prompt_tokens, overlap_blocks, now);
-    if (st == KVR_OK)
-        r->st.decisions++;
-    return st;
-}
-
 static kvr_status request_event(struct kvr_router *r, kvr_status st)
 {
     if (st == KVR_ERR_UNKNOWN_REQUEST)
@@ -711,19 +695,37 @@ static kvr_status request_event(struct kvr_router *r, kvr_status st)
     return st;
 }
 
+/* An event for a request this router has not booked (yet): keep it for its decision. */
+static kvr_status early_event(struct kvr_router *r, kvr_status st, uint64_t request_id,
+                              enum kvr_early_kind kind, uint64_t now)
+{
+    if (st == KVR_ERR_UNKNOWN_REQUEST && request_id) {
+        kvr_early_note(&r->early, request_id, kind, now);
+        r->st.early_events++;
+    }
+    return request_event(r, st);
+}
+
 kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now)
 {
-    return request_event(r, kvr_active_prefill_done(&r->act, request_id, now));
+    return early_event(r, kvr_active_prefill_done(&r->act, request_id, now), request_id,
+                       KVR_EARLY_PREFILL, now);
 }
 
 kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, uint64_t now)
 {
-    return request_event(r, kvr_active_output_block(&r->act, request_id, now));
+    return early_event(r, kvr_active_output_block(&r->act, request_id, now), request_id,
+                       KVR_EARLY_OUTBLOCK, now);
+}
+
+kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now)
+{
+    return early_event(r, kvr_active_remove(&r->act, request_id), request_id, KVR_EARLY_DONE, now);
 }
 
 kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id)
 {
-    return request_event(r, kvr_active_remove(&r->act, request_id));
+    return kvr_router_done_at(r, request_id, r->last_now);
 }
 
 kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_info *info,
@@ -840,7 +842,9 @@ kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
 
 void kvr_router_tick(struct kvr_router *r, uint64_t now)
 {
+    r->last_now = now;
     kvr_index_expire(&r->ix, now);
+    kvr_early_expire(&r->early, now);
     if (r->cfg.request_ttl_ns && now >= r->cfg.request_ttl_ns) {
         struct fail_ctx f = {r, 0, KVR_EV_EXPIRED};
         kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, on_drop, &f);
@@ -896,4 +900,235 @@ kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id
     if (inflight)
         *inflight = aw->nreqs;
     return KVR_OK;
+}
+
+/* --- replication ------------------------------------------------------------------------ */
+
+kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
+                             uint64_t now)
+{
+    if (!rec || rec->request_id == 0 || (rec->nblocks && !rec->block_hashes) ||
+        rec->overlap_blocks > rec->nblocks)
+        return KVR_ERR_INVALID;
+    struct kvr_worker *w = kvr_registry_find(&r->reg, rec->worker_id);
+    if (!w) {
+        r->st.unknown_worker++;
+        return KVR_ERR_UNKNOWN_WORKER;
+    }
+    if (kvr_active_find(&r->act, rec->request_id)) {
+        r->st.duplicate_request++;
+        return KVR_ERR_DUPLICATE;
+    }
+    struct kvr_early_rec early;
+    bool had_early = kvr_early_take(&r->early, rec->request_id, &early);
+    if (had_early && early.done) { /* its done overtook it: it is over */
+        r->st.late_decisions++;
+        return KVR_ERR_DUPLICATE;
+    }
+    kvr_status st = ensure_blocks(r, rec->nblocks);
+    if (st != KVR_OK)
+        return st;
+    st = book(r, rec->request_id, kvr_registry_slot(&r->reg, w), rec->block_hashes, r->nodes, 0,
+              rec->nblocks, rec->prompt_tokens, rec->overlap_blocks, now);
+    if (st != KVR_OK)
+        return st;
+    r->st.decisions++;
+    if (rec->prefill_done || (had_early && early.prefill_done))
+        kvr_active_prefill_done(&r->act, rec->request_id, now);
+    uint32_t out = rec->output_blocks + (had_early ? early.outblocks : 0);
+    for (uint32_t i = 0; i < out; i++)
+        kvr_active_output_block(&r->act, rec->request_id, now);
+    return KVR_OK;
+}
+
+kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
+                           const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
+                           uint32_t overlap_blocks, uint64_t now)
+{
+    struct kvr_request_record rec = {request_id,    worker_id,      block_hashes, nblocks,
+                                     prompt_tokens, overlap_blocks, false,        0};
+    return kvr_router_import(r, &rec, now);
+}
+
+static void fill_record(struct kvr_router *r, const struct kvr_active_req *q,
+                        struct kvr_request_record *out)
+{
+    if (q->nnodes > r->cap_export) {
+        uint64_t *h = realloc(r->export_hashes, (size_t)q->nnodes * sizeof *h);
+        if (h) {
+            r->export_hashes = h;
+            r->cap_export = q->nnodes;
+        }
+    }
+    uint32_t n = q->nnodes <= r->cap_export ? q->nnodes : 0;
+    for (uint32_t i = 0; i < n; i++)
+        r->export_hashes[i] = kvr_blocktab_node(&r->tab, q->nodes[i])->seq;
+    uint32_t partial = q->prompt_tokens % r->cfg.block_size ? 1 : 0;
+    out->request_id = q->id;
+    out->worker_id = r->reg.by_slot[q->slot].id;
+    out->block_hashes = r->export_hashes;
+    out->nblocks = n;
+    out->prompt_tokens = q->prompt_tokens;
+    out->overlap_blocks = q->overlap < n ? q->overlap : n;
+    out->prefill_done = q->prefill == 0;
+    out->output_blocks = q->extra > partial ? q->extra - partial : 0;
+}
+
+kvr_status kvr_router_export(struct kvr_router *r, uint64_t request_id,
+                             struct kvr_request_record *out)
+{
+    const struct kvr_active_req *q = kvr_active_find(&r->act, request_id);
+    if (!q)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    fill_record(r, q, out);
+    return KVR_OK;
+}
+
+struct export_ctx {
+    struct kvr_router *r;
+    void (*fn)(void *, const struct kvr_request_record *);
+    void *ctx;
+};
+
+static void export_one(void *ctx, const struct kvr_active_req *q)
+{
+    struct export_ctx *x = ctx;
+    struct kvr_request_record rec;
+    fill_record(x->r, q, &rec);
+    x->fn(x->ctx, &rec);
+}
+
+void kvr_router_export_requests(struct kvr_router *r,
+                                void (*fn)(void *ctx, const struct kvr_request_record *rec),
+                                void *ctx)
+{
+    struct export_ctx x = {r, fn, ctx};
+    kvr_active_each(&r->act, export_one, &x);
+}
+
+struct index_export_ctx {
+    struct kvr_router *r;
+    void (*fn)(void *, const struct kvr_index_record *);
+    void *ctx;
+    uint64_t now;
+};
+
+static void export_entry(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                         uint64_t engine_id, uint64_t expires)
+{
+    struct index_export_ctx *x = ctx;
+    struct kvr_index_record rec = {x->r->reg.by_slot[slot].id, seq, has_engine, engine_id,
+                                   !has_engine && expires > x->now ? expires - x->now : 0};
+    if (has_engine || rec.ttl_left_ns)
+        x->fn(x->ctx, &rec);
+}
+
+void kvr_router_export_index(struct kvr_router *r,
+                             void (*fn)(void *ctx, const struct kvr_index_record *rec), void *ctx,
+                             uint64_t now)
+{
+    struct index_export_ctx x = {r, fn, ctx, now};
+    kvr_index_each(&r->ix, export_entry, &x);
+}
+
+kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_record *rec,
+                                   uint64_t now)
+{
+    struct kvr_worker *w = kvr_registry_find(&r->reg, rec->worker_id);
+    if (!w) {
+        r->st.unknown_worker++;
+        return KVR_ERR_UNKNOWN_WORKER;
+    }
+    return kvr_index_import(&r->ix, kvr_registry_slot(&r->reg, w), rec->seq, rec->has_engine,
+                            rec->engine_id, now + rec->ttl_left_ns);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool holds(const uint64_t *sorted, uint32_t n, uint64_t key)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && sorted[lo] == key;
+}
+
+uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
+                              uint32_t n, uint64_t older_than, uint64_t *unknown,
+                              uint32_t *nunknown, uint32_t max)
+{
+    *nunknown = 0;
+    struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    uint64_t *sorted = n ? malloc((size_t)n * sizeof *sorted) : NULL;
+    if (!w || (n && !sorted)) {
+        free(sorted);
+        return 0;
+    }
+    if (n)
+        memcpy(sorted, keys, (size_t)n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_u64);
+    uint32_t slot = kvr_registry_slot(&r->reg, w), dropped = 0;
+    /* collect first: dropping while walking the worker's list would unlink under our feet */
+    uint32_t cap = r->act.w[slot].nreqs, nvictims = 0;
+    uint64_t *victims = cap ? malloc((size_t)cap * sizeof *victims) : NULL;
+    for (uint32_t h = r->act.w[slot].reqs.head; victims && h != KVR_NIL;) {
+        const struct kvr_active_req *q = kvr_pool_get(&r->act.reqs, h);
+        h = q->wl.next;
+        if (q->booked_ns < older_than && !holds(sorted, n, q->id))
+            victims[nvictims++] = q->id;
+    }
+    struct fail_ctx f = {r, worker_id, KVR_EV_EXPIRED};
+    for (uint32_t i = 0; i < nvictims; i++)
+        dropped += kvr_active_drop(&r->act, victims[i], on_drop, &f) == KVR_OK;
+    r->st.reconciled += dropped;
+    for (uint32_t i = 0; i < n && *nunknown < max; i++)
+        if (!kvr_active_find(&r->act, keys[i]) && kvr_map_get(&r->early.ids, keys[i]) == KVR_NIL)
+            unknown[(*nunknown)++] = keys[i];
+    free(victims);
+    free(sorted);
+    return dropped;
+}
+
+struct digest_ctx {
+    struct kvr_router *r;
+    struct kvr_digest *d;
+};
+
+static void digest_request(void *ctx, const struct kvr_active_req *q)
+{
+    struct digest_ctx *x = ctx;
+    x->d->requests ^= kvr_mix64(q->id ^ kvr_mix64(x->r->reg.by_slot[q->slot].id));
+    x->d->nrequests++;
+}
+
+static void digest_entry(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                         uint64_t engine_id, uint64_t expires)
+{
+    (void)has_engine;
+    (void)engine_id;
+    (void)expires;
+    struct digest_ctx *x = ctx;
+    x->d->index ^= kvr_mix64(seq ^ kvr_mix64(x->r->reg.by_slot[slot].id + 1));
+    x->d->nentries++;
+}
+
+void kvr_router_digest(struct kvr_router *r, struct kvr_digest *out)
+{
+    memset(out, 0, sizeof *out);
+    for (uint32_t i = 0; i < r->reg.nlive; i++)
+        out->workers ^= kvr_mix64(r->reg.by_slot[r->reg.order[i]].id);
+    out->nworkers = r->reg.nlive;
+    struct digest_ctx x = {r, out};
+    kvr_active_each(&r->act, digest_request, &x);
+    kvr_index_each(&r->ix, digest_entry, &x);
+    out->combined = kvr_mix64(out->workers ^ kvr_mix64(out->requests ^ kvr_mix64(out->index)));
 }

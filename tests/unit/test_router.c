@@ -543,3 +543,128 @@ Test(router, time_model_joins_a_burst_sharing_an_uncached_prefix)
     cr_assert(eq(u64, fourth_sharer(16.0), 1), "recomputing 64 blocks elsewhere costs more");
     cr_assert(ne(u64, fourth_sharer(0.0), 1), "without the charge an idle worker is faster");
 }
+
+/* --- replication ---------------------------------------------------------------------------- */
+
+static struct kvr_router *make_plain(void)
+{
+    struct kvr_router_config c;
+    kvr_router_config_default(&c);
+    c.block_size = B;
+    kvr_status st;
+    struct kvr_router *x = kvr_router_create(&c, &st);
+    cr_assert(x != NULL);
+    for (uint64_t w = 1; w <= 3; w++) {
+        struct kvr_worker_info info = {.id = w, .block_size = B, .capacity_blocks = 1000};
+        cr_assert(eq(int, kvr_router_worker_seen(x, &info, 0), KVR_OK));
+    }
+    return x;
+}
+
+static void copy_request(void *ctx, const struct kvr_request_record *rec)
+{
+    cr_assert(eq(int, kvr_router_import(ctx, rec, 5), KVR_OK));
+}
+
+static void copy_entry(void *ctx, const struct kvr_index_record *rec)
+{
+    cr_assert(eq(int, kvr_router_import_index(ctx, rec, 5), KVR_OK));
+}
+
+Test(replication, a_snapshot_makes_an_equal_replica)
+{
+    struct kvr_router *a = make_plain(), *b = make_plain();
+    for (uint64_t id = 1; id <= 20; id++) {
+        uint32_t *t = prompt((uint32_t)(id % 3), 6 * B, id, 2 * B + 5);
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = 8 * B + 5};
+        struct kvr_decision d;
+        cr_assert(eq(int, kvr_router_route(a, &q, 1, &d), KVR_OK));
+        uint64_t local[8];
+        kvr_hash_prompt(t, 8 * B + 5, B, local, NULL);
+        struct kvr_kv_block blocks[8];
+        for (int i = 0; i < 8; i++)
+            blocks[i] = (struct kvr_kv_block){id * 10 + (uint64_t)i, local[i]};
+        cr_assert(eq(int, kvr_router_kv_stored(a, d.worker_id, NULL, blocks, 8), KVR_OK));
+        if (id % 2)
+            kvr_router_prefill_done(a, id, 2);
+        if (id % 4 == 1)
+            kvr_router_output_block(a, id, 2);
+        free(t);
+    }
+    struct kvr_digest da, db;
+    kvr_router_digest(a, &da);
+    kvr_router_digest(b, &db);
+    cr_assert(ne(u64, da.combined, db.combined));
+    kvr_router_export_requests(a, copy_request, b);
+    kvr_router_export_index(a, copy_entry, b, 3);
+    kvr_router_digest(b, &db);
+    cr_assert(eq(u64, da.requests, db.requests));
+    cr_assert(eq(u64, da.index, db.index));
+    cr_assert(eq(u64, da.combined, db.combined), "an equal state has an equal digest");
+    cr_assert(eq(u32, db.nrequests, 20));
+    for (uint64_t w = 1; w <= 3; w++) { /* the predicted loads came across too */
+        uint64_t ba, pa, bb, pb;
+        kvr_router_worker_load(a, w, &ba, &pa, NULL);
+        kvr_router_worker_load(b, w, &bb, &pb, NULL);
+        cr_assert(eq(u64, ba, bb));
+        cr_assert(eq(u64, pa, pb));
+    }
+    kvr_router_destroy(a);
+    kvr_router_destroy(b);
+}
+
+Test(replication, a_done_that_overtakes_its_decision_wins)
+{
+    struct kvr_router *b = make_plain();
+    uint64_t seq[2] = {1, 2};
+    struct kvr_request_record rec = {77, 2, seq, 2, 2 * B, 0, false, 0};
+    cr_assert(eq(int, kvr_router_done_at(b, 77, 1), KVR_ERR_UNKNOWN_REQUEST));
+    cr_assert(eq(int, kvr_router_import(b, &rec, 2), KVR_ERR_DUPLICATE), "tombstoned");
+    struct kvr_router_stats s;
+    kvr_router_stats(b, &s);
+    cr_assert(eq(u64, s.late_decisions, 1));
+    cr_assert(eq(u32, s.inflight, 0));
+    /* events that come early are applied when the decision arrives */
+    rec.request_id = 78;
+    kvr_router_prefill_done(b, 78, 3);
+    kvr_router_output_block(b, 78, 3);
+    cr_assert(eq(int, kvr_router_import(b, &rec, 4), KVR_OK));
+    uint64_t blocks, prefill;
+    kvr_router_worker_load(b, 2, &blocks, &prefill, NULL);
+    cr_assert(eq(u64, prefill, 0), "the early prefill-done was applied");
+    cr_assert(eq(u64, blocks, 3), "2 prompt blocks and the early output block");
+    kvr_router_destroy(b);
+}
+
+static int expired_seen;
+static void count_expired(void *ctx, const struct kvr_event *e)
+{
+    (void)ctx;
+    expired_seen += e->kind == KVR_EV_EXPIRED;
+}
+
+Test(router, heartbeats_reconcile_what_no_worker_holds)
+{
+    cfg.on_event = count_expired;
+    expired_seen = 0;
+    kvr_status st;
+    r = kvr_router_create(&cfg, &st);
+    for (uint64_t w = 1; w <= 2; w++) {
+        struct kvr_worker_info info = {.id = w, .block_size = B};
+        kvr_router_worker_seen(r, &info, 0);
+    }
+    uint64_t seq[1] = {9};
+    for (uint64_t id = 1; id <= 3; id++)
+        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 1, B, 0, 10), KVR_OK));
+    cr_assert(eq(int, kvr_router_book(r, 4, 1, seq, 1, B, 0, 100), KVR_OK)); /* too young */
+    uint64_t held[2] = {2, 555}, unknown[4];
+    uint32_t nunknown = 0;
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, held, 2, 50, unknown, &nunknown, 4), 2));
+    cr_assert(eq(int, expired_seen, 2));
+    cr_assert(eq(u32, nunknown, 1));
+    cr_assert(eq(u64, unknown[0], 555), "the worker holds one this router never heard of");
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.inflight, 2), "2 held or too young to judge remain");
+    cr_assert(eq(u64, s.reconciled, 2));
+}
