@@ -530,3 +530,319 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.draining = h->draining;
     return pack(b, &m.base);
 }
+
+/* --- router replicas ----------------------------------------------------------------------- */
+
+void kvr_wire_decision_free(struct kvr_wire_decision *d)
+{
+    free((void *)d->rec.block_hashes);
+    free(d->reply);
+    free(d->request_id);
+    free(d->origin);
+    memset(d, 0, sizeof *d);
+}
+
+void kvr_wire_gossip_free(struct kvr_wire_gossip *g)
+{
+    free(g->router_id);
+    kvr_wire_decision_free(&g->d);
+    memset(g, 0, sizeof *g);
+}
+
+static void fill_decision_msg(Kvrouter__V1__Decision *m, const struct kvr_request_record *rec,
+                              const char *reply, const char *request_id, const char *origin)
+{
+    m->request_key = rec->request_id;
+    m->worker_id = rec->worker_id;
+    m->block_hashes = (uint64_t *)rec->block_hashes;
+    m->n_block_hashes = rec->nblocks;
+    m->prompt_tokens = rec->prompt_tokens;
+    m->overlap_blocks = rec->overlap_blocks;
+    m->reply = (char *)(reply ? reply : "");
+    m->request_id = (char *)(request_id ? request_id : "");
+    m->prefill_done = rec->prefill_done;
+    m->output_blocks = rec->output_blocks;
+    m->origin = (char *)(origin ? origin : "");
+}
+
+/* Copy an unpacked Decision into d (validated). */
+static kvr_status take_decision(const Kvrouter__V1__Decision *m, struct kvr_wire_decision *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!m || m->request_key == 0 || m->worker_id == 0 || m->overlap_blocks > m->n_block_hashes)
+        return KVR_ERR_MALFORMED;
+    uint64_t *h = malloc((m->n_block_hashes + 1) * sizeof *h);
+    d->reply = dup_str(m->reply, 1024);
+    d->request_id = dup_str(m->request_id, KVR_REQUEST_ID_MAX);
+    d->origin = dup_str(m->origin, 1024);
+    if (!h || !d->reply || !d->request_id || !d->origin) {
+        free(h);
+        kvr_wire_decision_free(d);
+        return KVR_ERR_MALFORMED;
+    }
+    if (m->n_block_hashes)
+        memcpy(h, m->block_hashes, m->n_block_hashes * sizeof *h);
+    d->rec = (struct kvr_request_record){m->request_key,
+                                         m->worker_id,
+                                         h,
+                                         (uint32_t)m->n_block_hashes,
+                                         m->prompt_tokens,
+                                         m->overlap_blocks,
+                                         m->prefill_done,
+                                         m->output_blocks};
+    return KVR_OK;
+}
+
+kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                           uint64_t seq, const struct kvr_request_record *rec,
+                                           const char *reply, const char *request_id,
+                                           const char *origin)
+{
+    Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
+    Kvrouter__V1__Decision d = KVROUTER__V1__DECISION__INIT;
+    fill_decision_msg(&d, rec, reply, request_id, origin);
+    g.router_id = (char *)router_id;
+    g.epoch = epoch;
+    g.seq = seq;
+    g.body_case = KVROUTER__V1__GOSSIP__BODY_DECISION;
+    g.decision = &d;
+    return pack(b, &g.base);
+}
+
+kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                        uint64_t seq, bool serving)
+{
+    Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
+    Kvrouter__V1__Hello h = KVROUTER__V1__HELLO__INIT;
+    h.serving = serving;
+    g.router_id = (char *)router_id;
+    g.epoch = epoch;
+    g.seq = seq;
+    g.body_case = KVROUTER__V1__GOSSIP__BODY_HELLO;
+    g.hello = &h;
+    return pack(b, &g.base);
+}
+
+kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_gossip *out)
+{
+    memset(out, 0, sizeof *out);
+    Kvrouter__V1__Gossip *m = kvrouter__v1__gossip__unpack(NULL, len, buf);
+    if (!m)
+        return KVR_ERR_MALFORMED;
+    kvr_status st = KVR_OK;
+    out->router_id = dup_str(m->router_id, 256);
+    out->epoch = m->epoch;
+    out->seq = m->seq;
+    if (!out->router_id || !out->router_id[0]) {
+        st = KVR_ERR_MALFORMED;
+    } else if (m->body_case == KVROUTER__V1__GOSSIP__BODY_DECISION) {
+        out->kind = KVR_WIRE_GOSSIP_DECISION;
+        st = take_decision(m->decision, &out->d);
+    } else if (m->body_case == KVROUTER__V1__GOSSIP__BODY_HELLO && m->hello) {
+        out->kind = KVR_WIRE_GOSSIP_HELLO;
+        out->serving = m->hello->serving;
+    } else {
+        st = KVR_ERR_MALFORMED;
+    }
+    kvrouter__v1__gossip__free_unpacked(m, NULL);
+    if (st != KVR_OK)
+        kvr_wire_gossip_free(out);
+    return st;
+}
+
+void kvr_wire_sync_free(struct kvr_wire_sync *s)
+{
+    free(s->router_id);
+    free(s->keys);
+    memset(s, 0, sizeof *s);
+}
+
+kvr_status kvr_wire_encode_sync(struct kvr_buf *b, const struct kvr_wire_sync *s)
+{
+    Kvrouter__V1__SyncRequest m = KVROUTER__V1__SYNC_REQUEST__INIT;
+    m.router_id = s->router_id ? s->router_id : "";
+    m.full = s->full;
+    m.keys = s->keys;
+    m.n_keys = s->nkeys;
+    m.from_seq = s->from_seq;
+    m.to_seq = s->to_seq;
+    m.epoch = s->epoch;
+    return pack(b, &m.base);
+}
+
+kvr_status kvr_wire_decode_sync(const void *buf, size_t len, struct kvr_wire_sync *out)
+{
+    memset(out, 0, sizeof *out);
+    Kvrouter__V1__SyncRequest *m = kvrouter__v1__sync_request__unpack(NULL, len, buf);
+    if (!m)
+        return KVR_ERR_MALFORMED;
+    kvr_status st = KVR_OK;
+    out->router_id = dup_str(m->router_id, 256);
+    out->full = m->full;
+    out->from_seq = m->from_seq;
+    out->to_seq = m->to_seq;
+    out->epoch = m->epoch;
+    out->keys = malloc((m->n_keys + 1) * sizeof *out->keys);
+    if (!out->router_id || !out->keys || m->n_keys > 1000000 || m->to_seq - m->from_seq > 1000000)
+        st = KVR_ERR_MALFORMED;
+    else if (m->n_keys)
+        memcpy(out->keys, m->keys, m->n_keys * sizeof *out->keys);
+    out->nkeys = (uint32_t)m->n_keys;
+    kvrouter__v1__sync_request__free_unpacked(m, NULL);
+    if (st != KVR_OK)
+        kvr_wire_sync_free(out);
+    return st;
+}
+
+/* A page under construction keeps records and, in one arena, the hashes and strings they use. */
+struct page_decision {
+    struct kvr_request_record rec;            /* block_hashes unused: hashes at arena offset */
+    size_t hashes, reply, request_id, origin; /* arena offsets */
+};
+
+void kvr_page_init(struct kvr_page *p)
+{
+    memset(p, 0, sizeof *p);
+}
+
+void kvr_page_free(struct kvr_page *p)
+{
+    free(p->decisions);
+    free(p->entries);
+    kvr_buf_free(&p->strings);
+    memset(p, 0, sizeof *p);
+}
+
+static kvr_status arena_put(struct kvr_buf *a, const void *data, size_t len, size_t *off)
+{
+    size_t at = (a->len + 7) & ~(size_t)7;
+    kvr_status st = kvr_buf_reserve(a, at + len + 1);
+    if (st != KVR_OK)
+        return st;
+    memcpy(a->data + at, data, len);
+    a->data[at + len] = 0;
+    a->len = at + len + 1;
+    *off = at;
+    return KVR_OK;
+}
+
+kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
+                                 const char *reply, const char *request_id, const char *origin)
+{
+    if (p->ndecisions == p->capd) {
+        uint32_t cap = p->capd ? p->capd * 2 : 64;
+        void *d = realloc(p->decisions, cap * sizeof(struct page_decision));
+        if (!d)
+            return KVR_ERR_NOMEM;
+        p->decisions = d;
+        p->capd = cap;
+    }
+    struct page_decision *pd = (struct page_decision *)p->decisions + p->ndecisions;
+    pd->rec = *rec;
+    reply = reply ? reply : "";
+    request_id = request_id ? request_id : "";
+    origin = origin ? origin : "";
+    kvr_status st =
+        arena_put(&p->strings, rec->block_hashes, rec->nblocks * sizeof(uint64_t), &pd->hashes);
+    if (st == KVR_OK)
+        st = arena_put(&p->strings, reply, strlen(reply), &pd->reply);
+    if (st == KVR_OK)
+        st = arena_put(&p->strings, request_id, strlen(request_id), &pd->request_id);
+    if (st == KVR_OK)
+        st = arena_put(&p->strings, origin, strlen(origin), &pd->origin);
+    if (st != KVR_OK)
+        return st;
+    p->ndecisions++;
+    p->approx += 64 + rec->nblocks * 9 + strlen(reply) + strlen(request_id) + strlen(origin);
+    return KVR_OK;
+}
+
+kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec)
+{
+    if (p->nentries == p->cape) {
+        uint32_t cap = p->cape ? p->cape * 2 : 256;
+        void *e = realloc(p->entries, cap * sizeof(struct kvr_index_record));
+        if (!e)
+            return KVR_ERR_NOMEM;
+        p->entries = e;
+        p->cape = cap;
+    }
+    ((struct kvr_index_record *)p->entries)[p->nentries++] = *rec;
+    p->approx += 40;
+    return KVR_OK;
+}
+
+kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last)
+{
+    Kvrouter__V1__SyncPage m = KVROUTER__V1__SYNC_PAGE__INIT;
+    Kvrouter__V1__Decision *d = calloc(p->ndecisions + 1, sizeof *d);
+    Kvrouter__V1__Decision **dp = calloc(p->ndecisions + 1, sizeof *dp);
+    Kvrouter__V1__IndexEntry *e = calloc(p->nentries + 1, sizeof *e);
+    Kvrouter__V1__IndexEntry **ep = calloc(p->nentries + 1, sizeof *ep);
+    kvr_status st = d && dp && e && ep ? KVR_OK : KVR_ERR_NOMEM;
+    for (uint32_t i = 0; st == KVR_OK && i < p->ndecisions; i++) {
+        const struct page_decision *pd = (const struct page_decision *)p->decisions + i;
+        Kvrouter__V1__Decision x = KVROUTER__V1__DECISION__INIT;
+        struct kvr_request_record rec = pd->rec;
+        rec.block_hashes = (const uint64_t *)(p->strings.data + pd->hashes);
+        fill_decision_msg(&x, &rec, (char *)p->strings.data + pd->reply,
+                          (char *)p->strings.data + pd->request_id,
+                          (char *)p->strings.data + pd->origin);
+        d[i] = x;
+        dp[i] = &d[i];
+    }
+    for (uint32_t i = 0; st == KVR_OK && i < p->nentries; i++) {
+        const struct kvr_index_record *r = (const struct kvr_index_record *)p->entries + i;
+        Kvrouter__V1__IndexEntry x = KVROUTER__V1__INDEX_ENTRY__INIT;
+        x.worker_id = r->worker_id;
+        x.seq = r->seq;
+        x.has_engine = r->has_engine;
+        x.engine_id = r->engine_id;
+        x.ttl_left_ms = r->ttl_left_ns / 1000000;
+        e[i] = x;
+        ep[i] = &e[i];
+    }
+    if (st == KVR_OK) {
+        m.decisions = dp;
+        m.n_decisions = p->ndecisions;
+        m.entries = ep;
+        m.n_entries = p->nentries;
+        m.last = last;
+        st = pack(b, &m.base);
+    }
+    free(d);
+    free(dp);
+    free(e);
+    free(ep);
+    p->ndecisions = p->nentries = 0;
+    p->approx = 0;
+    p->strings.len = 0;
+    return st;
+}
+
+kvr_status kvr_wire_decode_page(const void *buf, size_t len,
+                                void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
+                                void (*on_entry)(void *ctx, const struct kvr_index_record *e),
+                                void *ctx, bool *last)
+{
+    Kvrouter__V1__SyncPage *m = kvrouter__v1__sync_page__unpack(NULL, len, buf);
+    if (!m)
+        return KVR_ERR_MALFORMED;
+    *last = m->last;
+    for (size_t i = 0; i < m->n_decisions; i++) {
+        struct kvr_wire_decision d;
+        if (take_decision(m->decisions[i], &d) == KVR_OK) {
+            on_decision(ctx, &d);
+            kvr_wire_decision_free(&d);
+        }
+    }
+    for (size_t i = 0; i < m->n_entries; i++) {
+        const Kvrouter__V1__IndexEntry *x = m->entries[i];
+        struct kvr_index_record r = {x->worker_id, x->seq, x->has_engine, x->engine_id,
+                                     x->ttl_left_ms * 1000000ull};
+        if (x->worker_id)
+            on_entry(ctx, &r);
+    }
+    kvrouter__v1__sync_page__free_unpacked(m, NULL);
+    return KVR_OK;
+}

@@ -139,4 +139,68 @@ kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t 
                                 uint32_t status);
 kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_heartbeat *h);
 
+/* --- router replicas ----------------------------------------------------------------------- */
+
+/* A decision as replicas share it; everything owned (free with kvr_wire_decision_free). */
+struct kvr_wire_decision {
+    struct kvr_request_record rec; /* rec.block_hashes is owned here */
+    char *reply;                   /* "" for booked selects */
+    char *request_id;              /* */
+    char *origin;                  /* the router that answers the client */
+};
+void kvr_wire_decision_free(struct kvr_wire_decision *d);
+
+enum kvr_wire_gossip_kind { KVR_WIRE_GOSSIP_DECISION = 1, KVR_WIRE_GOSSIP_HELLO = 2 };
+
+struct kvr_wire_gossip {
+    char *router_id; /* owned */
+    uint64_t epoch;
+    uint64_t seq;
+    enum kvr_wire_gossip_kind kind;
+    struct kvr_wire_decision d; /* decisions */
+    bool serving;               /* hellos */
+};
+void kvr_wire_gossip_free(struct kvr_wire_gossip *g);
+
+kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                           uint64_t seq, const struct kvr_request_record *rec,
+                                           const char *reply, const char *request_id,
+                                           const char *origin);
+kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                        uint64_t seq, bool serving);
+kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_gossip *out);
+
+struct kvr_wire_sync {
+    char *router_id; /* owned */
+    bool full;
+    uint64_t *keys; /* owned */
+    uint32_t nkeys;
+    uint64_t from_seq, to_seq, epoch;
+};
+void kvr_wire_sync_free(struct kvr_wire_sync *s);
+kvr_status kvr_wire_encode_sync(struct kvr_buf *b, const struct kvr_wire_sync *s);
+kvr_status kvr_wire_decode_sync(const void *buf, size_t len, struct kvr_wire_sync *out);
+
+/* Builds SyncPage messages of bounded size. */
+struct kvr_page {
+    void *decisions; /* internal arrays, owned */
+    void *entries;   /* */
+    uint32_t ndecisions, nentries, capd, cape;
+    size_t approx;          /* bytes so far, roughly */
+    struct kvr_buf strings; /* copies of strings (offsets), owned */
+};
+void kvr_page_init(struct kvr_page *p);
+void kvr_page_free(struct kvr_page *p);
+kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
+                                 const char *reply, const char *request_id, const char *origin);
+kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec);
+/* Encode the page into b (last: the final page) and empty it. */
+kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last);
+
+/* Decode a SyncPage, calling the callbacks for each decision and entry (borrowed for the call). */
+kvr_status kvr_wire_decode_page(const void *buf, size_t len,
+                                void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
+                                void (*on_entry)(void *ctx, const struct kvr_index_record *e),
+                                void *ctx, bool *last);
+
 #endif

@@ -1,6 +1,7 @@
 /* The wire codec: round trips, the forwarding wrapper, and refusal of bad input. */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,4 +196,156 @@ Test(codec, events_round_trip)
     cr_assert(eq(u32, rs.ntokens, 2));
     kvr_wire_response_free(&rs);
     kvr_buf_free(&b);
+}
+
+Test(codec, gossip_round_trip)
+{
+    struct kvr_buf b = {0};
+    uint64_t h[3] = {11, 22, 33};
+    struct kvr_request_record rec = {77, 5, h, 3, 150, 2, true, 4};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1"),
+                 KVR_OK));
+    struct kvr_wire_gossip g;
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
+    cr_assert(eq(str, g.router_id, "r1"));
+    cr_assert(eq(u64, g.epoch, 9));
+    cr_assert(eq(u64, g.seq, 42));
+    cr_assert(eq(int, g.kind, KVR_WIRE_GOSSIP_DECISION));
+    cr_assert(eq(u64, g.d.rec.request_id, 77));
+    cr_assert(eq(u64, g.d.rec.worker_id, 5));
+    cr_assert(eq(u32, g.d.rec.nblocks, 3));
+    cr_assert(eq(u64, g.d.rec.block_hashes[2], 33));
+    cr_assert(eq(u32, g.d.rec.prompt_tokens, 150));
+    cr_assert(eq(u32, g.d.rec.overlap_blocks, 2));
+    cr_assert(g.d.rec.prefill_done);
+    cr_assert(eq(u32, g.d.rec.output_blocks, 4));
+    cr_assert(eq(str, g.d.reply, "_INBOX.x"));
+    cr_assert(eq(str, g.d.request_id, "req-7"));
+    cr_assert(eq(str, g.d.origin, "r1"));
+    kvr_wire_gossip_free(&g);
+
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "r2", 3, 8, true), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
+    cr_assert(eq(int, g.kind, KVR_WIRE_GOSSIP_HELLO));
+    cr_assert(g.serving);
+    cr_assert(eq(u64, g.seq, 8));
+    kvr_wire_gossip_free(&g);
+
+    /* a decision naming no worker, a cached prefix longer than the prompt, no sender: refused */
+    rec.worker_id = 0;
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1");
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    rec.worker_id = 5;
+    rec.overlap_blocks = 4;
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1");
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    kvr_wire_encode_gossip_hello(&b, "", 3, 8, true);
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    kvr_buf_free(&b);
+}
+
+Test(codec, sync_request_round_trip)
+{
+    struct kvr_buf b = {0};
+    uint64_t keys[2] = {5, 6};
+    struct kvr_wire_sync s = {"r3", false, keys, 2, 10, 20, 7}, t;
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &s), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_OK));
+    cr_assert(eq(str, t.router_id, "r3"));
+    cr_assert(not(t.full));
+    cr_assert(eq(u32, t.nkeys, 2));
+    cr_assert(eq(u64, t.keys[1], 6));
+    cr_assert(eq(u64, t.from_seq, 10));
+    cr_assert(eq(u64, t.to_seq, 20));
+    cr_assert(eq(u64, t.epoch, 7));
+    kvr_wire_sync_free(&t);
+    s.from_seq = 30; /* a backwards range */
+    kvr_wire_encode_sync(&b, &s);
+    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_ERR_MALFORMED));
+    kvr_buf_free(&b);
+}
+
+struct page_seen {
+    uint32_t decisions, entries;
+    uint64_t hash_sum, ttl_sum;
+    char last_origin[16];
+};
+
+static void seen_decision(void *ctx, const struct kvr_wire_decision *d)
+{
+    struct page_seen *s = ctx;
+    s->decisions++;
+    for (uint32_t i = 0; i < d->rec.nblocks; i++)
+        s->hash_sum += d->rec.block_hashes[i];
+    snprintf(s->last_origin, sizeof s->last_origin, "%s", d->origin);
+}
+
+static void seen_entry(void *ctx, const struct kvr_index_record *e)
+{
+    struct page_seen *s = ctx;
+    s->entries++;
+    s->ttl_sum += e->ttl_left_ns;
+}
+
+Test(codec, sync_pages_carry_decisions_and_entries)
+{
+    struct kvr_page p;
+    kvr_page_init(&p);
+    struct kvr_buf b = {0};
+    uint64_t expect = 0;
+    for (uint32_t i = 1; i <= 300; i++) {
+        uint64_t h[4] = {i, i + 1, i + 2, i + 3};
+        expect += 4 * (uint64_t)i + 6;
+        struct kvr_request_record rec = {i, 1 + i % 4, h, 4, 200, 1, false, 0};
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra"),
+                     KVR_OK));
+    }
+    for (uint32_t i = 1; i <= 1000; i++) {
+        struct kvr_index_record e = {1 + i % 4, i, false, 0, 5000000ull};
+        cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
+    }
+    cr_assert(gt(sz, p.approx, 1000));
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true), KVR_OK));
+    cr_assert(eq(sz, p.approx, 0));
+    struct page_seen seen = {0};
+    bool last = false;
+    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last),
+                 KVR_OK));
+    cr_assert(last);
+    cr_assert(eq(u32, seen.decisions, 300));
+    cr_assert(eq(u32, seen.entries, 1000));
+    cr_assert(eq(u64, seen.hash_sum, expect));
+    cr_assert(eq(u64, seen.ttl_sum, 1000 * 5000000ull));
+    cr_assert(eq(str, seen.last_origin, "rz"));
+    /* the emptied page encodes to an empty page */
+    cr_assert(eq(int, kvr_page_encode(&p, &b, false), KVR_OK));
+    memset(&seen, 0, sizeof seen);
+    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last),
+                 KVR_OK));
+    cr_assert(not(last));
+    cr_assert(eq(u32, seen.decisions + seen.entries, 0));
+    kvr_page_free(&p);
+    kvr_buf_free(&b);
+}
+
+Test(codec, replica_garbage_never_crashes)
+{
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 9);
+    uint8_t buf[512];
+    struct page_seen seen = {0};
+    for (int k = 0; k < 20000; k++) {
+        size_t n = kvr_rng_below(&rng, sizeof buf);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)kvr_rng_next(&rng);
+        struct kvr_wire_gossip g;
+        if (kvr_wire_decode_gossip(buf, n, &g) == KVR_OK)
+            kvr_wire_gossip_free(&g);
+        struct kvr_wire_sync s;
+        if (kvr_wire_decode_sync(buf, n, &s) == KVR_OK)
+            kvr_wire_sync_free(&s);
+        bool last;
+        kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &last);
+    }
 }
