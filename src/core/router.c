@@ -935,7 +935,11 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     r->st.decisions++;
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
-    uint32_t out = rec->output_blocks + (had_early ? early.outblocks : 0);
+    /* the record and the early events may both count the same blocks (a snapshot taken after
+     * events this replica also saw): the larger count, never the sum */
+    uint32_t out = rec->output_blocks;
+    if (had_early && early.outblocks > out)
+        out = early.outblocks;
     for (uint32_t i = 0; i < out; i++)
         kvr_active_output_block(&r->act, rec->request_id, now);
     return KVR_OK;

@@ -633,6 +633,13 @@ Test(replication, a_done_that_overtakes_its_decision_wins)
     kvr_router_worker_load(b, 2, &blocks, &prefill, NULL);
     cr_assert(eq(u64, prefill, 0), "the early prefill-done was applied");
     cr_assert(eq(u64, blocks, 3), "2 prompt blocks and the early output block");
+    /* a snapshot record that already counts the blocks this replica saw early: not counted twice */
+    rec.request_id = 79;
+    rec.output_blocks = 2;
+    kvr_router_output_block(b, 79, 5);
+    cr_assert(eq(int, kvr_router_import(b, &rec, 6), KVR_OK));
+    kvr_router_worker_load(b, 2, &blocks, NULL, NULL);
+    cr_assert(eq(u64, blocks, 3 + 2), "79 shares 78's prompt blocks; its 2 output blocks, not 3");
     kvr_router_destroy(b);
 }
 
