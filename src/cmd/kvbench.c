@@ -35,7 +35,7 @@ struct opts {
     char workload[KVR_OPT_STR_MAX], policies[KVR_OPT_STR_MAX], out[KVR_OPT_STR_MAX];
     char trace[KVR_OPT_STR_MAX], mode[KVR_OPT_STR_MAX], log_level[KVR_OPT_STR_MAX];
     uint32_t requests, concurrency, block_size, workers, num_blocks, max_tokens, hop_window;
-    uint64_t seed, timeout_ms, worker_id, hop_seconds;
+    uint64_t seed, timeout_ms, worker_id, hop_seconds, digest_wait_ms;
     double rate_scale;
 };
 
@@ -526,6 +526,52 @@ static int hop_mode(struct bench *b)
     return nr && nd ? 0 : 1;
 }
 
+/*
+ * --mode digest: ask every router for its state digest (kv.<ns>.router.digest), print the answers,
+ * exit 0 when they all agree.
+ */
+static int digest_mode(struct bench *b)
+{
+    char subj[256], inbox[64];
+    kvr_subject(subj, sizeof subj, b->o.prefix, b->o.ns, "router.digest");
+    natsInbox *ib = NULL;
+    natsSubscription *sub = NULL;
+    if (natsInbox_Create(&ib) != NATS_OK)
+        return 1;
+    snprintf(inbox, sizeof inbox, "%s", ib);
+    natsInbox_Destroy(ib);
+    if (natsConnection_SubscribeSync(&sub, b->nc_sub, inbox) != NATS_OK ||
+        natsConnection_Flush(b->nc_sub) != NATS_OK ||
+        natsConnection_PublishRequest(b->nc_pub, subj, inbox, "", 0) != NATS_OK)
+        return 1;
+    char first[32] = "";
+    int answers = 0, differ = 0;
+    uint64_t end = kvr_now_ns() + b->o.digest_wait_ms * 1000000ull;
+    for (uint64_t now = kvr_now_ns(); now < end; now = kvr_now_ns()) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, sub, (int64_t)((end - now) / 1000000 + 1)) != NATS_OK)
+            break;
+        const char *data = natsMsg_GetData(m);
+        int len = natsMsg_GetDataLength(m);
+        printf("%.*s\n", len, data);
+        const char *d = strstr(data, "\"digest\":\"");
+        char digest[32] = "";
+        if (d)
+            sscanf(d + 10, "%16[0-9a-f]", digest);
+        if (!answers++)
+            snprintf(first, sizeof first, "%s", digest);
+        else
+            differ += strcmp(first, digest) != 0;
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(sub);
+    fprintf(stderr, "kvbench: %d routers answered; %s\n", answers,
+            !answers ? "none"
+            : differ ? "their digests differ"
+                     : "their digests agree");
+    return answers && !differ ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     static struct bench b;
@@ -544,11 +590,13 @@ int main(int argc, char **argv)
     o->num_blocks = 16384;
     o->hop_window = 256;
     o->hop_seconds = 3;
+    o->digest_wait_ms = 300;
     const struct kvr_opt table[] = {
         {"nats", "KVR_NATS", KVR_OPT_STR, o->nats, "NATS server URLs, comma-separated"},
         {"namespace", "KVR_NAMESPACE", KVR_OPT_STR, o->ns, "subject namespace"},
         {"prefix", "KVR_PREFIX", KVR_OPT_STR, o->prefix, "subject prefix"},
-        {"mode", NULL, KVR_OPT_STR, o->mode, "load (replay a workload) or hop (NATS-hop cost)"},
+        {"mode", NULL, KVR_OPT_STR, o->mode,
+         "load (replay a workload), hop (NATS-hop cost) or digest (do the routers agree?)"},
         {"workload", NULL, KVR_OPT_STR, o->workload,
          "seed, seed-isl, seed-osl, burst, "
          "conversation, synthetic"},
@@ -568,6 +616,8 @@ int main(int argc, char **argv)
         {"worker-id", NULL, KVR_OPT_U64, &o->worker_id, "hop: the worker to call directly"},
         {"hop-window", NULL, KVR_OPT_U32, &o->hop_window, "hop: requests in flight for max rate"},
         {"hop-seconds", NULL, KVR_OPT_U64, &o->hop_seconds, "hop: how long the max-rate phase"},
+        {"digest-wait-ms", NULL, KVR_OPT_U64, &o->digest_wait_ms,
+         "digest: how long to collect the routers' answers"},
         {"log-level", "KVR_LOG_LEVEL", KVR_OPT_STR, o->log_level, "debug, info, warn or error"},
     };
     int rc = kvr_opts_parse(table, sizeof table / sizeof table[0], argc, argv, "kvbench",
@@ -577,7 +627,7 @@ int main(int argc, char **argv)
     enum kvr_log_level lvl;
     bool is_trace = false;
     if (!kvr_log_parse_level(o->log_level, &lvl) ||
-        (strcmp(o->mode, "load") && strcmp(o->mode, "hop")) ||
+        (strcmp(o->mode, "load") && strcmp(o->mode, "hop") && strcmp(o->mode, "digest")) ||
         !kvr_workload_known(o->workload, &is_trace) || !o->block_size) {
         fprintf(stderr, "kvbench: bad --log-level, --mode, --workload or --block-size\n");
         return 2;
@@ -601,7 +651,9 @@ int main(int argc, char **argv)
         natsSubscription_SetPendingLimits(b.sub, -1, -1) != NATS_OK ||
         natsConnection_Flush(b.nc_sub) != NATS_OK)
         return 1;
-    rc = strcmp(o->mode, "hop") ? load_mode(&b) : hop_mode(&b);
+    rc = !strcmp(o->mode, "hop")      ? hop_mode(&b)
+         : !strcmp(o->mode, "digest") ? digest_mode(&b)
+                                      : load_mode(&b);
     natsSubscription_Destroy(b.sub);
     natsConnection_Destroy(b.nc_pub);
     natsConnection_Destroy(b.nc_sub);

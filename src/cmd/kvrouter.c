@@ -20,72 +20,20 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <uthash.h>
-
-#include "codec.h"
 #include "kvr/hash.h"
 #include "kvr/policy.h"
-#include "kvr/router.h"
-#include "outbox.h"
-#include "util.h"
+#include "router.h"
 
 #define SERVICE_NAME    "kvrouter"
 #define SERVICE_VERSION "0.1.0"
 
-struct opts {
-    char nats[KVR_OPT_STR_MAX];
-    char ns[KVR_OPT_STR_MAX];
-    char prefix[KVR_OPT_STR_MAX];
-    char id[KVR_OPT_STR_MAX];
-    char policy[KVR_OPT_STR_MAX];
-    char cost[KVR_OPT_STR_MAX];
-    char log_level[KVR_OPT_STR_MAX];
-    uint32_t block_size, max_prompt_tokens, max_output_tokens, queue_max, tick_ms;
-    uint64_t queue_timeout_ms, worker_timeout_ms, request_ttl_s, seed, warmup_ms;
-    double overlap_weight, cache_weight, temperature, busy_threshold;
-    bool approximate;
-};
-
-/* A request this router answers for. */
-struct pending {
-    uint64_t key;       /* the router's id: XXH3 of reply subject and client id */
-    char *reply;        /* the client's reply subject; NULL for booked selects */
-    char *request_id;   /* the client's id */
-    uint8_t *raw;       /* the client's GenerateRequest, kept while it waits in the queue */
-    size_t rawlen;      /* */
-    uint64_t worker_id; /* 0 while queued */
-    UT_hash_handle hh;  /* by key; the router owns the item */
-};
-
-struct endpoint_stats {
-    const char *name;       /* generate, select */
-    char subject[256];      /* */
-    uint64_t requests;      /* */
-    uint64_t errors;        /* */
-    uint64_t processing_ns; /* */
-    char last_error[128];   /* */
-};
-
-struct router {
-    struct opts o;
-    natsConnection *nc_req, *nc_ev;
-    natsSubscription *sub_gen, *sub_sel, *sub_ev, *sub_srv[3];
-    pthread_mutex_t mu;
-    struct kvr_router *core;     /* under mu */
-    struct pending *pend;        /* under mu */
-    struct kvr_outbox out;       /* under mu */
-    struct kvr_buf buf;          /* under mu */
-    struct endpoint_stats ep[2]; /* under mu */
-    uint64_t ev_errors;          /* malformed or unknown events, under mu */
-    bool stopping;               /* the timer thread exits */
-    uint64_t started_real;       /* for $SRV.STATS */
-    char instance[64];           /* $SRV id */
-    char prefix_worker[256];     /* "<prefix>.<ns>.worker." */
-    char name_req[300];          /* connection names (they outlive the connections) */
-    char name_ev[300];           /* */
-};
-
 static volatile sig_atomic_t got_signal;
+
+static bool subject_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
+}
 
 static void on_signal(int sig)
 {
@@ -100,7 +48,7 @@ static uint64_t key_of(const char *reply, const char *request_id)
     return k ? k : 1;
 }
 
-static void pending_free(struct pending *p)
+void pending_free(struct pending *p)
 {
     free(p->reply);
     free(p->request_id);
@@ -108,7 +56,7 @@ static void pending_free(struct pending *p)
     free(p);
 }
 
-static struct pending *pending_find(struct router *r, uint64_t key)
+struct pending *pending_find(struct router *r, uint64_t key)
 {
     struct pending *p = NULL;
     HASH_FIND(hh, r->pend, &key, sizeof key, p);
@@ -122,7 +70,7 @@ static void pending_drop(struct router *r, struct pending *p)
 }
 
 /* Under mu: the final error chunk for a client. */
-static void queue_error(struct router *r, const char *reply, const char *request_id, kvr_status st)
+void queue_error(struct router *r, const char *reply, const char *request_id, kvr_status st)
 {
     if (!reply)
         return;
@@ -141,7 +89,7 @@ static void queue_forward(struct router *r, const struct pending *p, const void 
         kvr_outbox_add_request(&r->out, subject, p->reply, r->buf.data, r->buf.len);
 }
 
-static void flush(struct router *r)
+void flush(struct router *r)
 {
     struct kvr_outbox local = {0};
     pthread_mutex_lock(&r->mu);
@@ -163,13 +111,15 @@ static void on_core_event(void *ctx, const struct kvr_event *ev)
             queue_forward(r, p, p->raw, p->rawlen, ev->decision);
             free(p->raw);
             p->raw = NULL;
+            replica_decided(r, p);
         }
         break;
     case KVR_EV_REJECTED:
     case KVR_EV_FAILED:
     case KVR_EV_EXPIRED:
         if (p) {
-            queue_error(r, p->reply, p->request_id, ev->status);
+            if (replica_answers(r, p))
+                queue_error(r, p->reply, p->request_id, ev->status);
             kvr_log(KVR_LOG_WARN, "request_failed",
                     "request=\"%s\" worker=%" PRIu64 " error=\"%s\"", p->request_id, ev->worker_id,
                     kvr_status_str(ev->status));
@@ -222,7 +172,9 @@ static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
         if (!p || !(p->reply = strdup(reply)) || !(p->request_id = strdup(q.request_id))) {
             st = KVR_ERR_NOMEM;
         } else if (pending_find(r, key)) {
-            st = KVR_ERR_DUPLICATE;
+            /* the same client and id: a resend of a request the fleet already has in flight; its
+             * answer goes to the same inbox */
+            r->rep.resends++;
         } else {
             p->key = key;
             struct kvr_request req = {key, q.tokens, q.ntokens, q.max_tokens, q.ov, false};
@@ -239,6 +191,8 @@ static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
             }
             if (st == KVR_OK || st == KVR_ERR_QUEUED) {
                 HASH_ADD(hh, r->pend, key, sizeof p->key, p);
+                if (st == KVR_OK)
+                    replica_decided(r, p);
                 p = NULL;
             }
         }
@@ -289,6 +243,7 @@ static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
                 p->key = key;
                 p->worker_id = d.worker_id;
                 HASH_ADD(hh, r->pend, key, sizeof p->key, p);
+                replica_decided(r, p);
             } else {
                 free(p);
             }
@@ -302,6 +257,24 @@ static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     kvr_buf_free(&b);
     kvr_wire_request_free(&q);
     natsMsg_Destroy(msg);
+}
+
+/* Under mu: a KV event (now, or replayed after a snapshot). */
+kvr_status apply_kv_event(struct router *r, uint64_t wid, const void *data, size_t len)
+{
+    struct kvr_wire_kv e;
+    kvr_status st = kvr_wire_decode_kv(data, len, &e);
+    if (st != KVR_OK)
+        return st;
+    if (e.kind == KVR_WIRE_STORED)
+        st = kvr_router_kv_stored(r->core, wid, e.has_parent ? &e.parent : NULL, e.blocks,
+                                  e.nblocks);
+    else if (e.kind == KVR_WIRE_REMOVED)
+        st = kvr_router_kv_removed(r->core, wid, e.ids, e.nids);
+    else
+        st = kvr_router_kv_cleared(r->core, wid);
+    kvr_wire_kv_free(&e);
+    return st;
 }
 
 /* Under mu: one worker event. */
@@ -322,6 +295,11 @@ static kvr_status apply_event(struct router *r, uint64_t wid, const char *kind, 
         h.info.draining = h.draining;
         bool known = kvr_router_worker_load(r->core, wid, NULL, NULL, NULL) == KVR_OK;
         st = kvr_router_worker_seen(r->core, &h.info, now);
+        if (st == KVR_OK) {
+            if (h.interval_ms > r->hb_interval_ms)
+                r->hb_interval_ms = h.interval_ms;
+            replica_reconcile(r, wid, h.inflight, h.ninflight, h.interval_ms, now);
+        }
         if (st == KVR_OK && !known)
             kvr_log(KVR_LOG_INFO, "worker_joined",
                     "worker=%" PRIu64 " block_size=%u capacity_blocks=%" PRIu64, wid,
@@ -333,21 +311,8 @@ static kvr_status apply_event(struct router *r, uint64_t wid, const char *kind, 
         kvr_wire_heartbeat_free(&h);
         return st;
     }
-    if (!strcmp(kind, "kv")) {
-        struct kvr_wire_kv e;
-        kvr_status st = kvr_wire_decode_kv(data, len, &e);
-        if (st != KVR_OK)
-            return st;
-        if (e.kind == KVR_WIRE_STORED)
-            st = kvr_router_kv_stored(r->core, wid, e.has_parent ? &e.parent : NULL, e.blocks,
-                                      e.nblocks);
-        else if (e.kind == KVR_WIRE_REMOVED)
-            st = kvr_router_kv_removed(r->core, wid, e.ids, e.nids);
-        else
-            st = kvr_router_kv_cleared(r->core, wid);
-        kvr_wire_kv_free(&e);
-        return st;
-    }
+    if (!strcmp(kind, "kv"))
+        return replica_hold_event(r, wid, data, len) ? KVR_OK : apply_kv_event(r, wid, data, len);
     if (!strcmp(kind, "tokens")) {
         struct kvr_wire_tokens t;
         kvr_status st = kvr_wire_decode_tokens(data, len, &t);
@@ -364,7 +329,7 @@ static kvr_status apply_event(struct router *r, uint64_t wid, const char *kind, 
         struct pending *p = pending_find(r, d.key);
         if (p)
             pending_drop(r, p);
-        st = kvr_router_done(r->core, d.key);
+        st = kvr_router_done_at(r->core, d.key, now);
         if (kvr_router_queue_len(r->core))
             kvr_router_tick(r->core, now); /* freed load may place waiting requests */
         return st;
@@ -445,11 +410,16 @@ static int srv_stats(struct router *r, char *buf, size_t len)
                           ",\"nodes\":%u,\"active_blocks\":%" PRIu64 ",\"memory_bytes\":%zu"
                           ",\"failed_requests\":%" PRIu64 ",\"unknown_request_events\":%" PRIu64
                           ",\"unknown_worker_events\":%" PRIu64 ",\"bad_events\":%" PRIu64
-                          ",\"workers_joined\":%" PRIu64 ",\"workers_left\":%" PRIu64 "}",
+                          ",\"workers_joined\":%" PRIu64 ",\"workers_left\":%" PRIu64,
                           s.decisions, s.rejected, s.overloaded, s.queued, s.workers, s.inflight,
                           s.queue_len, s.index_entries, s.nodes, s.active_blocks, s.memory_bytes,
                           s.failed_requests, s.unknown_request, s.unknown_worker, r->ev_errors,
                           s.workers_joined, s.workers_left);
+        if (i == 0) {
+            n += snprintf(buf + n, len - (size_t)n, ",\"replication\":{");
+            n += replica_stats_json(r, buf + n, len - (size_t)n);
+            n += snprintf(buf + n, len - (size_t)n, "}}");
+        }
         n += snprintf(buf + n, len - (size_t)n, "}");
     }
     pthread_mutex_unlock(&r->mu);
@@ -463,7 +433,7 @@ static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
     struct router *r = ctx;
     const char *verb = natsMsg_GetSubject(msg) + 5; /* after "$SRV." */
     size_t k = strcspn(verb, ".");
-    char buf[8192];
+    char buf[16384];
     int n = 0;
     if (k == 4 && !memcmp(verb, "PING", 4)) {
         n = srv_common(r, buf, sizeof buf, "ping_response");
@@ -495,8 +465,11 @@ static void *timer_thread(void *arg)
         kvr_sleep_ns((uint64_t)r->o.tick_ms * 1000000ull);
         pthread_mutex_lock(&r->mu);
         bool stop = r->stopping;
-        if (!stop)
-            kvr_router_tick(r->core, kvr_now_ns());
+        if (!stop) {
+            uint64_t now = kvr_now_ns();
+            kvr_router_tick(r->core, now);
+            replica_tick(r, now);
+        }
         pthread_mutex_unlock(&r->mu);
         if (stop)
             return NULL;
@@ -555,21 +528,27 @@ static int subscribe(struct router *r)
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(r->sub_ev, -1, -1);
     if (s == NATS_OK)
+        s = replica_subscribe(r);
+    if (s == NATS_OK)
         s = natsConnection_Flush(r->nc_ev);
     /* learn the fleet before taking requests: a router that knows no worker yet would answer
-     * "no workers" while its peers could serve */
+     * "no workers" while its peers could serve. Workers and peers announce themselves
+     * periodically: listen one announcement period past the first worker. */
     uint64_t end = kvr_now_ns() + r->o.warmup_ms * 1000000ull, seen_at = 0;
     while (s == NATS_OK && kvr_now_ns() < end) {
         pthread_mutex_lock(&r->mu);
         struct kvr_router_stats st;
         kvr_router_stats(r->core, &st);
+        uint64_t period = r->hb_interval_ms > r->o.hello_ms ? r->hb_interval_ms : r->o.hello_ms;
         pthread_mutex_unlock(&r->mu);
         if (st.workers && !seen_at)
             seen_at = kvr_now_ns();
-        if (seen_at && kvr_now_ns() > seen_at + 300000000ull) /* the rest announce meanwhile */
+        if (seen_at && kvr_now_ns() > seen_at + period * 1100000ull)
             break;
         kvr_sleep_ns(10000000);
     }
+    if (s == NATS_OK)
+        replica_sync(r);
     kvr_subject(r->ep[0].subject, sizeof r->ep[0].subject, r->o.prefix, r->o.ns, "generate");
     kvr_subject(r->ep[1].subject, sizeof r->ep[1].subject, r->o.prefix, r->o.ns, "select");
     if (s == NATS_OK)
@@ -586,6 +565,8 @@ static int subscribe(struct router *r)
     snprintf(srv[2], sizeof srv[2], "$SRV.*." SERVICE_NAME ".%s", r->instance);
     for (int i = 0; i < 3 && s == NATS_OK; i++)
         s = natsConnection_Subscribe(&r->sub_srv[i], r->nc_req, srv[i], on_srv, r);
+    if (s == NATS_OK)
+        s = replica_serve_snapshots(r);
     if (s == NATS_OK)
         s = natsConnection_Flush(r->nc_req);
     if (s != NATS_OK) {
@@ -638,6 +619,9 @@ int main(int argc, char **argv)
     o->overlap_weight = 1.0;
     o->cache_weight = 4.0;
     o->busy_threshold = 0.95;
+    o->gossip = true;
+    o->hello_ms = 1000;
+    o->sync_timeout_ms = 1000;
     const struct kvr_opt table[] = {
         {"nats", "KVR_NATS", KVR_OPT_STR, o->nats, "NATS server URLs, comma-separated"},
         {"namespace", "KVR_NAMESPACE", KVR_OPT_STR, o->ns, "subject namespace"},
@@ -665,6 +649,13 @@ int main(int argc, char **argv)
         {"tick-ms", NULL, KVR_OPT_U32, &o->tick_ms, "housekeeping period"},
         {"warmup-ms", NULL, KVR_OPT_U64, &o->warmup_ms,
          "at start, listen this long (at most) for workers before taking requests"},
+        {"gossip", "KVR_GOSSIP", KVR_OPT_BOOL, &o->gossip,
+         "share decisions with the other routers (--gossip=false: each router on its own)"},
+        {"hello-ms", NULL, KVR_OPT_U64, &o->hello_ms, "period of the hello to the other routers"},
+        {"sync-timeout-ms", NULL, KVR_OPT_U64, &o->sync_timeout_ms,
+         "at start, wait this long (twice at most) for a peer's snapshot"},
+        {"test-drop-gossip", NULL, KVR_OPT_U64, &o->test_drop_gossip,
+         "tests only: do not send every Nth decision (0: send all)"},
         {"log-level", "KVR_LOG_LEVEL", KVR_OPT_STR, o->log_level, "debug, info, warn or error"},
     };
     int rc = kvr_opts_parse(table, sizeof table / sizeof table[0], argc, argv, "kvrouter",
@@ -672,8 +663,8 @@ int main(int argc, char **argv)
     if (rc)
         return rc == 1 ? 0 : rc;
     enum kvr_log_level lvl;
-    if (!kvr_log_parse_level(o->log_level, &lvl) || !o->tick_ms) {
-        fprintf(stderr, "kvrouter: bad --log-level or --tick-ms\n");
+    if (!kvr_log_parse_level(o->log_level, &lvl) || !o->tick_ms || !o->hello_ms) {
+        fprintf(stderr, "kvrouter: bad --log-level, --tick-ms or --hello-ms\n");
         return 2;
     }
     kvr_log_init("kvrouter", lvl);
@@ -681,6 +672,15 @@ int main(int argc, char **argv)
         char host[128] = "host";
         gethostname(host, sizeof host - 1);
         snprintf(o->id, sizeof o->id, "%s-%d", host, (int)getpid());
+        for (char *c = o->id; *c; c++)
+            if (!subject_char(*c))
+                *c = '_';
+    }
+    for (const char *c = o->id; *c; c++) {
+        if (!subject_char(*c)) { /* it names subjects (kv.<ns>.router.pages.<id>) */
+            fprintf(stderr, "kvrouter: --id may hold letters, digits, '-' and '_' only\n");
+            return 2;
+        }
     }
     snprintf(r.instance, sizeof r.instance, "%016" PRIx64,
              kvr_hash_bytes(o->id, strlen(o->id)) ^ kvr_realtime_ns());
@@ -695,7 +695,13 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    if ((rc = make_core(&r)) || (rc = subscribe(&r)))
+    if ((rc = make_core(&r)))
+        return rc;
+    if (replica_init(&r) != KVR_OK) {
+        fprintf(stderr, "kvrouter: out of memory or subjects too long\n");
+        return 2;
+    }
+    if ((rc = subscribe(&r)))
         return rc;
     pthread_t timer;
     pthread_create(&timer, NULL, timer_thread, &r);
@@ -710,6 +716,12 @@ int main(int argc, char **argv)
     pthread_mutex_unlock(&r.mu);
     pthread_join(timer, NULL);
     natsSubscription_Unsubscribe(r.sub_ev);
+    natsSubscription_Unsubscribe(r.sub_gossip);
+    natsSubscription_Unsubscribe(r.sub_pages);
+    natsSubscription_Unsubscribe(r.sub_repair);
+    natsSubscription_Unsubscribe(r.sub_lookup);
+    natsSubscription_Unsubscribe(r.sub_digest);
+    natsSubscription_Unsubscribe(r.sub_sync);
     for (int i = 0; i < 3; i++)
         natsSubscription_Unsubscribe(r.sub_srv[i]);
     struct kvr_router_stats s;
@@ -720,6 +732,12 @@ int main(int argc, char **argv)
     natsSubscription_Destroy(r.sub_gen);
     natsSubscription_Destroy(r.sub_sel);
     natsSubscription_Destroy(r.sub_ev);
+    natsSubscription_Destroy(r.sub_gossip);
+    natsSubscription_Destroy(r.sub_pages);
+    natsSubscription_Destroy(r.sub_repair);
+    natsSubscription_Destroy(r.sub_lookup);
+    natsSubscription_Destroy(r.sub_digest);
+    natsSubscription_Destroy(r.sub_sync);
     for (int i = 0; i < 3; i++)
         natsSubscription_Destroy(r.sub_srv[i]);
     natsConnection_Destroy(r.nc_req);
@@ -731,6 +749,7 @@ int main(int argc, char **argv)
         HASH_DEL(r.pend, p);
         pending_free(p);
     }
+    replica_free(&r);
     kvr_outbox_free(&r.out);
     kvr_buf_free(&r.buf);
     nats_Close();

@@ -922,6 +922,8 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     struct kvr_early_rec early;
     bool had_early = kvr_early_take(&r->early, rec->request_id, &early);
     if (had_early && early.done) { /* its done overtook it: it is over */
+        /* keep the tombstone: the same decision may come again (gossip, then a snapshot) */
+        kvr_early_note(&r->early, rec->request_id, KVR_EARLY_DONE, now);
         r->st.late_decisions++;
         return KVR_ERR_DUPLICATE;
     }

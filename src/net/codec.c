@@ -667,6 +667,7 @@ kvr_status kvr_wire_encode_sync(struct kvr_buf *b, const struct kvr_wire_sync *s
     m.from_seq = s->from_seq;
     m.to_seq = s->to_seq;
     m.epoch = s->epoch;
+    m.token = s->token;
     return pack(b, &m.base);
 }
 
@@ -682,6 +683,7 @@ kvr_status kvr_wire_decode_sync(const void *buf, size_t len, struct kvr_wire_syn
     out->from_seq = m->from_seq;
     out->to_seq = m->to_seq;
     out->epoch = m->epoch;
+    out->token = m->token;
     out->keys = malloc((m->n_keys + 1) * sizeof *out->keys);
     if (!out->router_id || !out->keys || m->n_keys > 1000000 || m->to_seq - m->from_seq > 1000000)
         st = KVR_ERR_MALFORMED;
@@ -772,7 +774,7 @@ kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record 
     return KVR_OK;
 }
 
-kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last)
+kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token)
 {
     Kvrouter__V1__SyncPage m = KVROUTER__V1__SYNC_PAGE__INIT;
     Kvrouter__V1__Decision *d = calloc(p->ndecisions + 1, sizeof *d);
@@ -808,6 +810,7 @@ kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last)
         m.entries = ep;
         m.n_entries = p->nentries;
         m.last = last;
+        m.token = token;
         st = pack(b, &m.base);
     }
     free(d);
@@ -823,12 +826,13 @@ kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last)
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
-                                void *ctx, bool *last)
+                                void *ctx, bool *last, uint64_t *token)
 {
     Kvrouter__V1__SyncPage *m = kvrouter__v1__sync_page__unpack(NULL, len, buf);
     if (!m)
         return KVR_ERR_MALFORMED;
     *last = m->last;
+    *token = m->token;
     for (size_t i = 0; i < m->n_decisions; i++) {
         struct kvr_wire_decision d;
         if (take_decision(m->decisions[i], &d) == KVR_OK) {

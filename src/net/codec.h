@@ -176,6 +176,7 @@ struct kvr_wire_sync {
     uint64_t *keys; /* owned */
     uint32_t nkeys;
     uint64_t from_seq, to_seq, epoch;
+    uint64_t token; /* echoed in the pages */
 };
 void kvr_wire_sync_free(struct kvr_wire_sync *s);
 kvr_status kvr_wire_encode_sync(struct kvr_buf *b, const struct kvr_wire_sync *s);
@@ -195,12 +196,12 @@ kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_re
                                  const char *reply, const char *request_id, const char *origin);
 kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec);
 /* Encode the page into b (last: the final page) and empty it. */
-kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last);
+kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);
 
 /* Decode a SyncPage, calling the callbacks for each decision and entry (borrowed for the call). */
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
-                                void *ctx, bool *last);
+                                void *ctx, bool *last, uint64_t *token);
 
 #endif

@@ -249,7 +249,7 @@ Test(codec, sync_request_round_trip)
 {
     struct kvr_buf b = {0};
     uint64_t keys[2] = {5, 6};
-    struct kvr_wire_sync s = {"r3", false, keys, 2, 10, 20, 7}, t;
+    struct kvr_wire_sync s = {"r3", false, keys, 2, 10, 20, 7, 99}, t;
     cr_assert(eq(int, kvr_wire_encode_sync(&b, &s), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_OK));
     cr_assert(eq(str, t.router_id, "r3"));
@@ -259,6 +259,7 @@ Test(codec, sync_request_round_trip)
     cr_assert(eq(u64, t.from_seq, 10));
     cr_assert(eq(u64, t.to_seq, 20));
     cr_assert(eq(u64, t.epoch, 7));
+    cr_assert(eq(u64, t.token, 99));
     kvr_wire_sync_free(&t);
     s.from_seq = 30; /* a backwards range */
     kvr_wire_encode_sync(&b, &s);
@@ -306,23 +307,27 @@ Test(codec, sync_pages_carry_decisions_and_entries)
         cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
     }
     cr_assert(gt(sz, p.approx, 1000));
-    cr_assert(eq(int, kvr_page_encode(&p, &b, true), KVR_OK));
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 31), KVR_OK));
     cr_assert(eq(sz, p.approx, 0));
     struct page_seen seen = {0};
     bool last = false;
-    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last),
-                 KVR_OK));
+    uint64_t token = 0;
+    cr_assert(eq(
+        int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last, &token),
+        KVR_OK));
     cr_assert(last);
+    cr_assert(eq(u64, token, 31));
     cr_assert(eq(u32, seen.decisions, 300));
     cr_assert(eq(u32, seen.entries, 1000));
     cr_assert(eq(u64, seen.hash_sum, expect));
     cr_assert(eq(u64, seen.ttl_sum, 1000 * 5000000ull));
     cr_assert(eq(str, seen.last_origin, "rz"));
     /* the emptied page encodes to an empty page */
-    cr_assert(eq(int, kvr_page_encode(&p, &b, false), KVR_OK));
+    cr_assert(eq(int, kvr_page_encode(&p, &b, false, 32), KVR_OK));
     memset(&seen, 0, sizeof seen);
-    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last),
-                 KVR_OK));
+    cr_assert(eq(
+        int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last, &token),
+        KVR_OK));
     cr_assert(not(last));
     cr_assert(eq(u32, seen.decisions + seen.entries, 0));
     kvr_page_free(&p);
@@ -346,6 +351,7 @@ Test(codec, replica_garbage_never_crashes)
         if (kvr_wire_decode_sync(buf, n, &s) == KVR_OK)
             kvr_wire_sync_free(&s);
         bool last;
-        kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &last);
+        uint64_t token;
+        kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &last, &token);
     }
 }

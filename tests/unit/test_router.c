@@ -620,9 +620,10 @@ Test(replication, a_done_that_overtakes_its_decision_wins)
     struct kvr_request_record rec = {77, 2, seq, 2, 2 * B, 0, false, 0};
     cr_assert(eq(int, kvr_router_done_at(b, 77, 1), KVR_ERR_UNKNOWN_REQUEST));
     cr_assert(eq(int, kvr_router_import(b, &rec, 2), KVR_ERR_DUPLICATE), "tombstoned");
+    cr_assert(eq(int, kvr_router_import(b, &rec, 3), KVR_ERR_DUPLICATE), "still, a second time");
     struct kvr_router_stats s;
     kvr_router_stats(b, &s);
-    cr_assert(eq(u64, s.late_decisions, 1));
+    cr_assert(eq(u64, s.late_decisions, 2));
     cr_assert(eq(u32, s.inflight, 0));
     /* events that come early are applied when the decision arrives */
     rec.request_id = 78;
