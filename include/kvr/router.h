@@ -318,14 +318,25 @@ kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_
                                    uint64_t now);
 
 /*
- * Anti-entropy from a worker's heartbeat, which lists every request it holds (keys[0..n)):
- * requests booked on it before older_than that it does not hold are dropped (EXPIRED events, the
- * worker never got them or lost them); keys the router does not know are written to unknown (at
- * most max) so the caller can ask its peers. Returns how many were dropped.
+ * Anti-entropy from a worker's heartbeat received at now, which lists every request it holds
+ * (keys[0..n)). A request booked on it more than grace ago that it does not hold is marked; one
+ * still missing at a heartbeat at least grace/2 later is dropped (EXPIRED events with status
+ * KVR_ERR_NOT_DELIVERED: the worker never got it or lost it). Two strikes, so a burst of stale
+ * heartbeats (buffered during a disconnection) drops nothing. Keys the router does not know are
+ * written to unknown (at most max) so the caller can ask its peers. Returns how many were dropped.
  */
 uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
-                              uint32_t n, uint64_t older_than, uint64_t *unknown,
+                              uint32_t n, uint64_t now, uint64_t grace, uint64_t *unknown,
                               uint32_t *nunknown, uint32_t max);
+
+/*
+ * This router could not hear the workers until now (its own connection was down): their silence
+ * says nothing, so every worker's liveness clock restarts at now.
+ */
+void kvr_router_excuse_silence(struct kvr_router *r, uint64_t now);
+
+/* Forget every index entry (before applying a peer's snapshot of the index). */
+void kvr_router_index_clear(struct kvr_router *r);
 
 /* A digest of a replica's state: equal state, equal digest (XORs of per-item hashes). */
 struct kvr_digest {

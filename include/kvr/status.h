@@ -31,7 +31,8 @@
     X(KVR_ERR_WORKER_LOST, 17, "worker lost")                                                      \
     X(KVR_ERR_TIMEOUT, 18, "timed out")                                                            \
     X(KVR_ERR_IO, 19, "i/o error")                                                                 \
-    X(KVR_ERR_SHUTDOWN, 20, "shutting down")
+    X(KVR_ERR_SHUTDOWN, 20, "shutting down")                                                       \
+    X(KVR_ERR_NOT_DELIVERED, 21, "never reached its worker")
 
 #define KVR_STATUS_ENUM(name, value, text) name = value,
 typedef enum kvr_status { KVR_STATUS_LIST(KVR_STATUS_ENUM) } kvr_status;

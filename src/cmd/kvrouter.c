@@ -99,6 +99,64 @@ void flush(struct router *r)
     kvr_outbox_free(&local);
 }
 
+static const struct kvr_wire_limits *limits(const struct router *r)
+{
+    static struct kvr_wire_limits lim;
+    lim.max_prompt_tokens = r->o.max_prompt_tokens;
+    lim.max_output_tokens = r->o.max_output_tokens;
+    return &lim;
+}
+
+#define MAX_PLACEMENTS 2 /* times a request that never reached its worker is placed again */
+
+/* Under mu: remember p to place again once the core call that dropped it has returned. */
+static void place_later(struct router *r, struct pending *p)
+{
+    if (r->nagain == r->capagain) {
+        uint32_t cap = r->capagain ? r->capagain * 2 : 64;
+        uint64_t *a = realloc(r->again, cap * sizeof *a);
+        if (!a) {
+            queue_error(r, p->reply, p->request_id, KVR_ERR_NOMEM);
+            return;
+        }
+        r->again = a;
+        r->capagain = cap;
+    }
+    r->again[r->nagain++] = p->key;
+    p->worker_id = 0;
+}
+
+/* Under mu: place again the requests that never reached their worker (a lost forward, a worker
+ * that died before starting them). */
+static void place_again(struct router *r)
+{
+    for (uint32_t i = 0; i < r->nagain; i++) {
+        struct pending *p = pending_find(r, r->again[i]);
+        struct kvr_wire_request q;
+        if (!p || !p->raw || kvr_wire_decode_generate(p->raw, p->rawlen, limits(r), &q) != KVR_OK)
+            continue;
+        struct kvr_request req = {p->key, q.tokens, q.ntokens, q.max_tokens, q.ov, false};
+        struct kvr_decision d;
+        p->attempts++;
+        r->placed_again++;
+        kvr_status st = kvr_router_route(r->core, &req, kvr_now_ns(), &d);
+        if (st == KVR_OK) {
+            p->worker_id = d.worker_id;
+            queue_forward(r, p, p->raw, p->rawlen, &d);
+            replica_decided(r, p);
+        } else if (st != KVR_ERR_QUEUED) { /* queued: PLACED forwards it */
+            queue_error(r, p->reply, p->request_id, st);
+            HASH_DEL(r->pend, p);
+            pending_free(p);
+        }
+        kvr_log(KVR_LOG_INFO, "request_placed_again",
+                "request=\"%s\" worker=%" PRIu64 " status=\"%s\"", q.request_id,
+                st == KVR_OK ? d.worker_id : 0, kvr_status_str(st));
+        kvr_wire_request_free(&q);
+    }
+    r->nagain = 0;
+}
+
 /* The core's reports (under mu, inside the call that caused them). */
 static void on_core_event(void *ctx, const struct kvr_event *ev)
 {
@@ -106,18 +164,19 @@ static void on_core_event(void *ctx, const struct kvr_event *ev)
     struct pending *p = ev->request_id ? pending_find(r, ev->request_id) : NULL;
     switch (ev->kind) {
     case KVR_EV_PLACED:
-        if (p && p->raw) {
+        if (p && p->raw && !p->worker_id) {
             p->worker_id = ev->worker_id;
             queue_forward(r, p, p->raw, p->rawlen, ev->decision);
-            free(p->raw);
-            p->raw = NULL;
             replica_decided(r, p);
         }
         break;
     case KVR_EV_REJECTED:
     case KVR_EV_FAILED:
     case KVR_EV_EXPIRED:
-        if (p) {
+        if (p && !p->origin && p->raw && p->attempts < MAX_PLACEMENTS &&
+            (ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED)) {
+            place_later(r, p); /* it never started: another worker can take it */
+        } else if (p) {
             if (replica_answers(r, p))
                 queue_error(r, p->reply, p->request_id, ev->status);
             kvr_log(KVR_LOG_WARN, "request_failed",
@@ -141,14 +200,6 @@ static void count(struct router *r, int ep, kvr_status st, uint64_t t0)
         e->errors++;
         snprintf(e->last_error, sizeof e->last_error, "%s", kvr_status_str(st));
     }
-}
-
-static const struct kvr_wire_limits *limits(const struct router *r)
-{
-    static struct kvr_wire_limits lim;
-    lim.max_prompt_tokens = r->o.max_prompt_tokens;
-    lim.max_output_tokens = r->o.max_output_tokens;
-    return &lim;
 }
 
 /* kv.<ns>.generate */
@@ -180,13 +231,14 @@ static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
             struct kvr_request req = {key, q.tokens, q.ntokens, q.max_tokens, q.ov, false};
             struct kvr_decision d;
             st = kvr_router_route(r->core, &req, kvr_now_ns(), &d);
+            if ((st == KVR_OK || st == KVR_ERR_QUEUED) && (p->raw = malloc(len))) {
+                memcpy(p->raw, data, len);
+                p->rawlen = len;
+            }
             if (st == KVR_OK) {
                 p->worker_id = d.worker_id;
                 queue_forward(r, p, data, len, &d);
-            } else if (st == KVR_ERR_QUEUED && (p->raw = malloc(len))) {
-                memcpy(p->raw, data, len);
-                p->rawlen = len;
-            } else if (st == KVR_ERR_QUEUED) {
+            } else if (st == KVR_ERR_QUEUED && !p->raw) {
                 st = KVR_ERR_NOMEM; /* the core holds it: it will be rejected at its deadline */
             }
             if (st == KVR_OK || st == KVR_ERR_QUEUED) {
@@ -318,8 +370,14 @@ static kvr_status apply_event(struct router *r, uint64_t wid, const char *kind, 
         kvr_status st = kvr_wire_decode_tokens(data, len, &t);
         if (st != KVR_OK)
             return st;
-        return t.kind == KVR_WIRE_PREFILL_DONE ? kvr_router_prefill_done(r->core, t.key, now)
-                                               : kvr_router_output_block(r->core, t.key, now);
+        if (t.kind != KVR_WIRE_PREFILL_DONE)
+            return kvr_router_output_block(r->core, t.key, now);
+        struct pending *p = pending_find(r, t.key);
+        if (p && p->raw) { /* it started: it will not be placed again */
+            free(p->raw);
+            p->raw = NULL;
+        }
+        return kvr_router_prefill_done(r->core, t.key, now);
     }
     if (!strcmp(kind, "done")) {
         struct kvr_wire_done d;
@@ -360,6 +418,7 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
             pthread_mutex_lock(&r->mu);
             st = apply_event(r, wid, kind + 1, natsMsg_GetData(msg),
                              (size_t)natsMsg_GetDataLength(msg));
+            place_again(r);
             pthread_mutex_unlock(&r->mu);
         }
     }
@@ -410,11 +469,12 @@ static int srv_stats(struct router *r, char *buf, size_t len)
                           ",\"nodes\":%u,\"active_blocks\":%" PRIu64 ",\"memory_bytes\":%zu"
                           ",\"failed_requests\":%" PRIu64 ",\"unknown_request_events\":%" PRIu64
                           ",\"unknown_worker_events\":%" PRIu64 ",\"bad_events\":%" PRIu64
-                          ",\"workers_joined\":%" PRIu64 ",\"workers_left\":%" PRIu64,
+                          ",\"workers_joined\":%" PRIu64 ",\"workers_left\":%" PRIu64
+                          ",\"placed_again\":%" PRIu64,
                           s.decisions, s.rejected, s.overloaded, s.queued, s.workers, s.inflight,
                           s.queue_len, s.index_entries, s.nodes, s.active_blocks, s.memory_bytes,
                           s.failed_requests, s.unknown_request, s.unknown_worker, r->ev_errors,
-                          s.workers_joined, s.workers_left);
+                          s.workers_joined, s.workers_left, r->placed_again);
         if (i == 0) {
             n += snprintf(buf + n, len - (size_t)n, ",\"replication\":{");
             n += replica_stats_json(r, buf + n, len - (size_t)n);
@@ -458,23 +518,61 @@ static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
 /* --- main --------------------------------------------------------------------------------------
  */
 
+/*
+ * Timer thread: whether the events connection was cut since the last tick. Events published
+ * meanwhile are lost to this router (core NATS), so it catches up from a peer once its
+ * subscriptions have had time to reach the whole cluster again.
+ */
+static bool events_were_cut(struct router *r, natsStatistics *st)
+{
+    uint64_t reconnects = 0;
+    if (!st || natsConnection_GetStats(r->nc_ev, st) != NATS_OK ||
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &reconnects) != NATS_OK)
+        return false;
+    bool cut = reconnects != r->reconnects;
+    r->reconnects = reconnects;
+    return cut;
+}
+
+#define CATCH_UP_DELAY_NS 250000000ull /* interest propagation across a cluster, and a margin */
+
 static void *timer_thread(void *arg)
 {
     struct router *r = arg;
+    natsStatistics *st = NULL;
+    natsStatistics_Create(&st);
+    events_were_cut(r, st);
     for (;;) {
         kvr_sleep_ns((uint64_t)r->o.tick_ms * 1000000ull);
+        bool up = natsConnection_Status(r->nc_ev) == NATS_CONN_STATUS_CONNECTED;
+        bool cut = events_were_cut(r, st);
         pthread_mutex_lock(&r->mu);
         bool stop = r->stopping;
-        if (!stop) {
-            uint64_t now = kvr_now_ns();
+        uint64_t now = kvr_now_ns();
+        if (!stop && !up) {
+            r->blind = true; /* no worker can be heard: judge none of them meanwhile */
+        } else if (!stop) {
+            if (r->blind || cut) {
+                r->blind = false;
+                r->resync_at = now + CATCH_UP_DELAY_NS;
+                kvr_router_excuse_silence(r->core, now);
+            }
+            if (r->resync_at && now >= r->resync_at) {
+                r->resync_at = 0;
+                replica_resync(r);
+            }
             kvr_router_tick(r->core, now);
+            place_again(r);
             replica_tick(r, now);
         }
         pthread_mutex_unlock(&r->mu);
         if (stop)
-            return NULL;
+            break;
         flush(r);
     }
+    natsStatistics_Destroy(st);
+    nats_ReleaseThreadMemory();
+    return NULL;
 }
 
 static int make_core(struct router *r)
@@ -750,6 +848,7 @@ int main(int argc, char **argv)
         pending_free(p);
     }
     replica_free(&r);
+    free(r.again);
     kvr_outbox_free(&r.out);
     kvr_buf_free(&r.buf);
     nats_Close();

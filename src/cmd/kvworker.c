@@ -289,6 +289,10 @@ static void *engine_thread(void *arg)
 
 static void heartbeat(struct worker *w)
 {
+    /* one buffered while disconnected would arrive late and list stale requests: skip it */
+    if (natsConnection_Status(w->nc_out) != NATS_CONN_STATUS_CONNECTED ||
+        natsConnection_Status(w->nc_in) != NATS_CONN_STATUS_CONNECTED)
+        return;
     struct kvr_wire_heartbeat h = {
         .info = {.id = w->o.id, .block_size = w->o.block_size, .capacity_blocks = w->o.num_blocks},
         .interval_ms = w->o.heartbeat_ms};

@@ -100,6 +100,7 @@ void replica_decided(struct router *r, const struct pending *p)
 {
     struct replica *g = &r->rep;
     struct kvr_request_record rec;
+    g->decided++;
     if (!r->o.gossip || kvr_router_export(r->core, p->key, &rec) != KVR_OK)
         return;
     uint64_t seq = ++g->seq;
@@ -140,9 +141,13 @@ static void ask_repair(struct router *r, struct peer *p, uint64_t from, uint64_t
     kvr_log(KVR_LOG_DEBUG, "gossip_gap", "peer=%s from=%" PRIu64 " to=%" PRIu64, p->id, from, to);
 }
 
+static void finish_sync(struct router *r, bool complete);
+
 void replica_tick(struct router *r, uint64_t now)
 {
     struct replica *g = &r->rep;
+    if (g->syncing && g->synced && now > g->sync_deadline)
+        finish_sync(r, false); /* a resync that got no answer: heartbeats and gossip fill in */
     if (!r->o.gossip || now < g->next_hello_ns)
         return;
     g->next_hello_ns = now + hello_ns(r);
@@ -402,6 +407,10 @@ static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     /* while a snapshot is awaited, pages are taken as its (repair pages carry no index entries) */
     uint64_t expect = r->rep.syncing ? r->rep.sync_token : 0;
     struct page_ctx c = {r, kvr_now_ns(), expect != 0};
+    if (expect && r->rep.resync) { /* the peer's index replaces the one with holes in it */
+        kvr_router_index_clear(r->core);
+        r->rep.resync = false;
+    }
     kvr_status st = kvr_wire_decode_page(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                                          page_decision, page_entry, &c, &last, &token);
     if (st != KVR_OK) {
@@ -416,17 +425,47 @@ static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     flush(r);
 }
 
+static bool any_serving_peer(struct router *r)
+{
+    uint64_t now = kvr_now_ns();
+    struct peer *p, *tmp;
+    HASH_ITER(hh, r->rep.peers, p, tmp)
+    {
+        if (p->serving && peer_alive(r, p, now))
+            return true;
+    }
+    return false;
+}
+
+/* Under mu: hold KV events back and ask one synced peer for everything. */
+static void ask_snapshot(struct router *r)
+{
+    struct replica *g = &r->rep;
+    g->syncing = true;
+    g->sync_deadline = kvr_now_ns() + r->o.sync_timeout_ms * 1000000ull;
+    struct kvr_wire_sync q = {.full = true};
+    ask(r, g->subj_sync, &q);
+    g->sync_token = q.token;
+}
+
+void replica_resync(struct router *r)
+{
+    struct replica *g = &r->rep;
+    if (!r->o.gossip || !g->synced || g->syncing || !any_serving_peer(r))
+        return;
+    g->resync = true;
+    g->resyncs++;
+    ask_snapshot(r);
+    kvr_log(KVR_LOG_INFO, "resync", "reason=\"connection back\"");
+}
+
 void replica_sync(struct router *r)
 {
     struct replica *g = &r->rep;
     uint64_t t0 = kvr_now_ns();
     for (int attempt = 0; attempt < SYNC_TRIES; attempt++) {
         pthread_mutex_lock(&r->mu);
-        bool any = false;
-        struct peer *p, *tmp;
-        HASH_ITER(hh, g->peers, p, tmp)
-        any |= p->serving && peer_alive(r, p, kvr_now_ns());
-        if (!any || !r->o.gossip) {
+        if (!r->o.gossip || !any_serving_peer(r)) {
             g->synced = true;
             g->synced_ns = kvr_now_ns();
             pthread_mutex_unlock(&r->mu);
@@ -434,11 +473,7 @@ void replica_sync(struct router *r)
                     r->o.gossip ? "no serving peer" : "gossip off");
             return;
         }
-        g->syncing = true;
-        g->sync_deadline = kvr_now_ns() + r->o.sync_timeout_ms * 1000000ull;
-        struct kvr_wire_sync q = {.full = true};
-        ask(r, g->subj_sync, &q);
-        g->sync_token = q.token;
+        ask_snapshot(r);
         pthread_mutex_unlock(&r->mu);
         flush(r);
         for (;;) {
@@ -499,8 +534,8 @@ void replica_reconcile(struct router *r, uint64_t worker_id, const uint64_t *key
     uint64_t grace = 2ull * (interval_ms ? interval_ms : 1000) * 1000000ull;
     uint64_t unknown[LOOKUP_MAX];
     uint32_t nunknown = 0;
-    uint32_t dropped = kvr_router_reconcile(
-        r->core, worker_id, keys, n, now > grace ? now - grace : 0, unknown, &nunknown, LOOKUP_MAX);
+    uint32_t dropped = kvr_router_reconcile(r->core, worker_id, keys, n, now, grace, unknown,
+                                            &nunknown, LOOKUP_MAX);
     if (dropped)
         kvr_log(KVR_LOG_WARN, "reconciled", "worker=%" PRIu64 " dropped=%u", worker_id, dropped);
     if (nunknown && r->o.gossip) {
@@ -553,7 +588,8 @@ int replica_stats_json(struct router *r, char *buf, size_t len)
     int n = snprintf(
         buf, len,
         "\"epoch\":%" PRIu64 ",\"seq\":%" PRIu64 ",\"synced\":%s,\"sync_ms\":%" PRIu64
-        ",\"peers\":%u,\"peers_alive\":%u,\"gossip_sent\":%" PRIu64 ",\"gossip_bytes\":%" PRIu64
+        ",\"peers\":%u,\"peers_alive\":%u,\"decided\":%" PRIu64 ",\"gossip_sent\":%" PRIu64
+        ",\"gossip_bytes\":%" PRIu64
         ",\"gossip_bytes_per_decision\":%.1f,\"gossip_received\":%" PRIu64
         ",\"gossip_received_bytes\":%" PRIu64 ",\"gossip_bad\":%" PRIu64
         ",\"gossip_stale\":%" PRIu64 ",\"imported\":%" PRIu64 ",\"already_known\":%" PRIu64
@@ -562,13 +598,13 @@ int replica_stats_json(struct router *r, char *buf, size_t len)
         ",\"repaired\":%" PRIu64 ",\"lookups\":%" PRIu64 ",\"reconciled\":%" PRIu64
         ",\"pages_sent\":%" PRIu64 ",\"pages_received\":%" PRIu64 ",\"snapshots_served\":%" PRIu64
         ",\"held_dropped\":%" PRIu64 ",\"resends\":%" PRIu64
-        ",\"gossip_dropped_by_test_knob\":%" PRIu64 ",",
-        g->epoch, g->seq, g->synced ? "true" : "false", g->sync_ms, g->npeers, alive, g->sent,
-        g->sent_bytes, g->sent ? (double)g->sent_bytes / (double)g->sent : 0.0, g->received,
-        g->received_bytes, g->bad, g->stale, g->imported, g->late, s.late_decisions, s.early_events,
-        g->unknown_worker, g->gaps, g->repairs_asked, g->repaired, g->lookups, s.reconciled,
-        g->pages_sent, g->pages_received, g->snapshots_served, g->held_dropped, g->resends,
-        g->dropped_by_knob);
+        ",\"gossip_dropped_by_test_knob\":%" PRIu64 ",\"resyncs\":%" PRIu64 ",",
+        g->epoch, g->seq, g->synced ? "true" : "false", g->sync_ms, g->npeers, alive, g->decided,
+        g->sent, g->sent_bytes, g->sent ? (double)g->sent_bytes / (double)g->sent : 0.0,
+        g->received, g->received_bytes, g->bad, g->stale, g->imported, g->late, s.late_decisions,
+        s.early_events, g->unknown_worker, g->gaps, g->repairs_asked, g->repaired, g->lookups,
+        s.reconciled, g->pages_sent, g->pages_received, g->snapshots_served, g->held_dropped,
+        g->resends, g->dropped_by_knob, g->resyncs);
     if (n < 0 || (size_t)n >= len)
         return n;
     return n + digest_json(r, buf + n, len - (size_t)n);

@@ -48,9 +48,11 @@ struct pending {
     uint64_t key;        /* the fleet-wide id: XXH3 of reply subject and client id */
     char *reply;         /* the client's reply subject; NULL for booked selects */
     char *request_id;    /* the client's id */
-    uint8_t *raw;        /* the client's GenerateRequest, kept while it waits in the queue */
+    uint8_t *raw;        /* the client's GenerateRequest, kept until its first token (to place
+                          * it again if it never reaches its worker); origin only */
     size_t rawlen;       /* */
     uint64_t worker_id;  /* 0 while queued */
+    uint32_t attempts;   /* placements after the first */
     struct peer *origin; /* the router that decided it; NULL: this one */
     UT_hash_handle hh;   /* by key; the router owns the item */
 };
@@ -86,10 +88,13 @@ struct replica {
     bool syncing;            /* a snapshot is being received */
     uint64_t sync_token;     /* the snapshot request's token */
     uint64_t sync_deadline;  /* give up (and go on with what gossip brings) */
+    bool resync;             /* a later snapshot: it replaces the index on its first page */
+    uint64_t resyncs;        /* snapshots asked after a disconnection */
     struct held_event *held; /* KV events held during the snapshot */
     size_t nheld, capheld;   /* */
     uint64_t next_hello_ns;  /* */
     uint64_t tokens;         /* request tokens handed out */
+    uint64_t decided;        /* bookings this router made */
     uint64_t sent, sent_bytes, dropped_by_knob;      /* decisions gossiped */
     uint64_t received, received_bytes, bad, stale;   /* gossip from peers */
     uint64_t imported, late, unknown_worker;         /* decisions applied from peers */
@@ -115,8 +120,14 @@ struct router {
     struct endpoint_stats ep[2]; /* under mu */
     struct replica rep;          /* under mu */
     uint64_t ev_errors;          /* malformed or unknown events, under mu */
+    uint64_t *again;             /* requests to place again (lost on the way), under mu */
+    uint32_t nagain, capagain;   /* */
+    uint64_t placed_again;       /* */
     uint32_t hb_interval_ms;     /* the longest heartbeat interval the workers announce, under mu */
     bool stopping;               /* the timer thread exits */
+    bool blind;                  /* the events connection is down (timer thread only) */
+    uint64_t reconnects;         /* of the events connection, as last seen (timer thread only) */
+    uint64_t resync_at;          /* catch up at this time (0: no need; timer thread only) */
     uint64_t started_real;       /* for $SRV.STATS */
     char instance[64];           /* $SRV id */
     char prefix_worker[256];     /* "<prefix>.<ns>.worker." */
@@ -148,6 +159,8 @@ void replica_reconcile(struct router *r, uint64_t worker_id, const uint64_t *key
                        uint32_t interval_ms, uint64_t now);
 /* Under mu: hold a KV event back while a snapshot is applied; false when not syncing. */
 bool replica_hold_event(struct router *r, uint64_t worker_id, const void *data, size_t len);
+/* Under mu: this router's connection came back: ask a peer for what it missed meanwhile. */
+void replica_resync(struct router *r);
 /* Under mu: periodic work (hellos, sync timeout). */
 void replica_tick(struct router *r, uint64_t now);
 /* Under mu: the replication part of $SRV.STATS (a JSON object's members, no braces). */

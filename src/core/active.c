@@ -149,6 +149,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->prefill = cached < prompt_tokens ? prompt_tokens - cached : 0;
     r->last_ns = now;
     r->booked_ns = now;
+    r->missed_ns = 0;
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;

@@ -24,6 +24,7 @@ struct kvr_active_req {
     uint64_t prefill;       /* prompt tokens still to prefill (0 once prefill is done) */
     uint64_t last_ns;       /* time of its last event */
     uint64_t booked_ns;     /* time it was booked */
+    uint64_t missed_ns;     /* first heartbeat of its worker that did not list it (0: none) */
     uint32_t *nodes;        /* block table nodes it references, owned */
     uint32_t nnodes;        /* */
     uint32_t slot;          /* worker slot */

@@ -768,6 +768,7 @@ struct fail_ctx {
     struct kvr_router *r;
     uint64_t worker_id;
     enum kvr_event_kind kind;
+    kvr_status status; /* what the client is told */
 };
 
 static void on_drop(void *ctx, uint64_t request_id, uint32_t slot)
@@ -780,14 +781,13 @@ static void on_drop(void *ctx, uint64_t request_id, uint32_t slot)
         f->r->st.failed_requests++;
     else
         f->r->st.expired_requests++;
-    emit(f->r, f->kind, request_id, wid,
-         f->kind == KVR_EV_FAILED ? KVR_ERR_WORKER_LOST : KVR_ERR_TIMEOUT, NULL);
+    emit(f->r, f->kind, request_id, wid, f->status, NULL);
 }
 
 static void remove_worker(struct kvr_router *r, uint32_t slot)
 {
     uint64_t id = r->reg.by_slot[slot].id;
-    struct fail_ctx f = {r, id, KVR_EV_FAILED};
+    struct fail_ctx f = {r, id, KVR_EV_FAILED, KVR_ERR_WORKER_LOST};
     kvr_index_clear_worker(&r->ix, slot);
     kvr_active_drop_worker(&r->act, slot, on_drop, &f);
     kvr_registry_remove(&r->reg, slot);
@@ -846,7 +846,7 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
     kvr_index_expire(&r->ix, now);
     kvr_early_expire(&r->early, now);
     if (r->cfg.request_ttl_ns && now >= r->cfg.request_ttl_ns) {
-        struct fail_ctx f = {r, 0, KVR_EV_EXPIRED};
+        struct fail_ctx f = {r, 0, KVR_EV_EXPIRED, KVR_ERR_TIMEOUT};
         kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, on_drop, &f);
     }
     for (uint32_t i = 0; i < r->reg.nlive;) {
@@ -859,6 +859,21 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
             i++;
     }
     drain_queue(r, now);
+}
+
+void kvr_router_excuse_silence(struct kvr_router *r, uint64_t now)
+{
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        struct kvr_worker *w = &r->reg.by_slot[r->reg.order[i]];
+        if (w->last_seen < now)
+            w->last_seen = now;
+    }
+}
+
+void kvr_router_index_clear(struct kvr_router *r)
+{
+    for (uint32_t i = 0; i < r->reg.nlive; i++)
+        kvr_index_clear_worker(&r->ix, r->reg.order[i]);
 }
 
 uint32_t kvr_router_queue_len(const struct kvr_router *r)
@@ -1069,7 +1084,7 @@ static bool holds(const uint64_t *sorted, uint32_t n, uint64_t key)
 }
 
 uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
-                              uint32_t n, uint64_t older_than, uint64_t *unknown,
+                              uint32_t n, uint64_t now, uint64_t grace, uint64_t *unknown,
                               uint32_t *nunknown, uint32_t max)
 {
     *nunknown = 0;
@@ -1087,12 +1102,16 @@ uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const ui
     uint32_t cap = r->act.w[slot].nreqs, nvictims = 0;
     uint64_t *victims = cap ? malloc((size_t)cap * sizeof *victims) : NULL;
     for (uint32_t h = r->act.w[slot].reqs.head; victims && h != KVR_NIL;) {
-        const struct kvr_active_req *q = kvr_pool_get(&r->act.reqs, h);
+        struct kvr_active_req *q = kvr_pool_get(&r->act.reqs, h);
         h = q->wl.next;
-        if (q->booked_ns < older_than && !holds(sorted, n, q->id))
+        if (holds(sorted, n, q->id) || q->booked_ns + grace >= now)
+            q->missed_ns = 0;
+        else if (!q->missed_ns)
+            q->missed_ns = now; /* first strike */
+        else if (now - q->missed_ns >= grace / 2)
             victims[nvictims++] = q->id;
     }
-    struct fail_ctx f = {r, worker_id, KVR_EV_EXPIRED};
+    struct fail_ctx f = {r, worker_id, KVR_EV_EXPIRED, KVR_ERR_NOT_DELIVERED};
     for (uint32_t i = 0; i < nvictims; i++)
         dropped += kvr_active_drop(&r->act, victims[i], on_drop, &f) == KVR_OK;
     r->st.reconciled += dropped;

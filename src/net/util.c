@@ -130,6 +130,8 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
         s = natsOptions_SetServers(o, servers, nservers);
+    if (s == NATS_OK) /* the first URL is the preferred node: operators spread processes */
+        s = natsOptions_SetNoRandomize(o, true);
     if (s == NATS_OK)
         s = natsOptions_SetName(o, name);
     if (s == NATS_OK)

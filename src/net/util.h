@@ -43,8 +43,9 @@ bool kvr_subject(char *buf, size_t len, const char *prefix, const char *ns, cons
 /* --- connections ----------------------------------------------------------------------------- */
 
 /*
- * Connect to urls (comma-separated) as name: SendAsap, reconnect forever every 250 ms (with
- * jitter), retry the first connect until it succeeds, and log disconnects and reconnects.
+ * Connect to urls (comma-separated, tried in order: the first is the preferred node) as name:
+ * SendAsap, reconnect forever every 250 ms (with jitter), retry the first connect until it
+ * succeeds, and log disconnects and reconnects.
  * name is borrowed for the connection's whole life (its callbacks may run after it is destroyed):
  * pass a string that outlives it.
  */

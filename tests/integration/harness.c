@@ -59,43 +59,42 @@ static pid_t spawn_argv(char *const *argv, const char *log)
     return pid;
 }
 
-static bool read_ports(const char *dir, pid_t pid, char *url, size_t ulen, char *mon, size_t mlen)
+static void json_str(const char *buf, const char *key, char *out, size_t len)
+{
+    const char *a = strstr(buf, key);
+    out[0] = 0;
+    if (a) {
+        a += strlen(key);
+        snprintf(out, len, "%.*s", (int)strcspn(a, "\""), a);
+    }
+}
+
+static bool read_ports(struct nats_srv *s)
 {
     char path[512], buf[1024];
-    snprintf(path, sizeof path, "%s/nats-server_%d.ports", dir, (int)pid);
+    snprintf(path, sizeof path, "%s/nats-server_%d.ports", s->dir, (int)s->pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    char *a = strstr(buf, "\"nats\":[\""), *b = strstr(buf, "\"monitoring\":[\"");
-    if (!a || !b)
-        return false;
-    a += 9;
-    b += 15;
-    snprintf(url, ulen, "%.*s", (int)strcspn(a, "\""), a);
-    snprintf(mon, mlen, "%.*s", (int)strcspn(b, "\""), b);
-    return true;
+    json_str(buf, "\"nats\":[\"", s->url, sizeof s->url);
+    json_str(buf, "\"monitoring\":[\"", s->monitor, sizeof s->monitor);
+    json_str(buf, "\"cluster\":[\"", s->cluster, sizeof s->cluster);
+    return s->url[0] && s->monitor[0];
 }
 
-bool h_nats_start(struct nats_srv *s, int port)
+/* Start nats-server with argv (its ports file in s->dir) and wait until it serves. */
+static bool start_server(struct nats_srv *s, char *const *argv)
 {
-    if (!s->dir[0]) {
-        strcpy(s->dir, "/tmp/kvr_it_XXXXXX");
-        if (!mkdtemp(s->dir))
-            return false;
-    }
-    char portarg[16], log[300];
-    snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
+    char log[300];
     snprintf(log, sizeof log, "%s/nats.log", s->dir);
-    char *argv[] = {"nats-server", "-a", "127.0.0.1",        "-p",   portarg,
-                    "-m",          "-1", "--ports_file_dir", s->dir, NULL};
     s->pid = spawn_argv(argv, log);
     if (s->pid <= 0)
         return false;
     for (int i = 0; i < 200; i++) {
-        if (read_ports(s->dir, s->pid, s->url, sizeof s->url, s->monitor, sizeof s->monitor)) {
+        if (read_ports(s)) {
             const char *colon = strrchr(s->url, ':');
             s->port = colon ? atoi(colon + 1) : 0;
             char health[200], body[256];
@@ -104,6 +103,71 @@ bool h_nats_start(struct nats_srv *s, int port)
                 return true;
         }
         h_sleep_ms(25);
+    }
+    return false;
+}
+
+static bool make_dir(struct nats_srv *s)
+{
+    if (s->dir[0])
+        return true;
+    strcpy(s->dir, "/tmp/kvr_it_XXXXXX");
+    return mkdtemp(s->dir) != NULL;
+}
+
+bool h_nats_start(struct nats_srv *s, int port)
+{
+    if (!make_dir(s))
+        return false;
+    char portarg[16];
+    snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
+    char *argv[] = {"nats-server", "-a", "127.0.0.1",        "-p",   portarg,
+                    "-m",          "-1", "--ports_file_dir", s->dir, NULL};
+    return start_server(s, argv);
+}
+
+bool h_nats_start_node(struct nats_srv *s, int port, const char *name, const struct nats_srv *seed)
+{
+    if (!make_dir(s))
+        return false;
+    char portarg[16];
+    snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
+    char *argv[] = {"nats-server",
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    portarg,
+                    "-m",
+                    "-1",
+                    "--ports_file_dir",
+                    s->dir,
+                    "-n",
+                    (char *)name,
+                    "--cluster_name",
+                    "kvr",
+                    "--cluster",
+                    "nats://127.0.0.1:-1",
+                    seed ? "--routes" : NULL,
+                    seed ? (char *)seed->cluster : NULL,
+                    NULL};
+    return start_server(s, argv);
+}
+
+bool h_cluster_wait(const struct nats_srv *nodes, int n, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (h_now_ms() < end) {
+        int ready = 0;
+        for (int i = 0; i < n; i++) {
+            char url[200], body[16384];
+            snprintf(url, sizeof url, "%s/routez", nodes[i].monitor);
+            const char *k =
+                h_http_get(url, body, sizeof body) ? strstr(body, "\"num_routes\":") : NULL;
+            ready += k && atoi(k + 13) >= n - 1;
+        }
+        if (ready == n)
+            return true;
+        h_sleep_ms(50);
     }
     return false;
 }
@@ -197,15 +261,18 @@ static bool start_sub(natsConnection *nc, struct h_req *q, char *inbox, size_t l
 bool h_send(natsConnection *nc, const char *subject, struct h_req *q, const char *id, uint32_t base,
             uint32_t shared, uint32_t n, uint32_t max_tokens)
 {
-    char inbox[128];
-    if (!start_sub(nc, q, inbox, sizeof inbox))
+    if (!start_sub(nc, q, q->inbox, sizeof q->inbox))
         return false;
     uint32_t *t = malloc((n + 1) * sizeof *t);
     for (uint32_t i = 0; i < n; i++) /* the first `shared` tokens are the same for every base */
         t[i] = i < shared ? 7 + i : base * 100003u + i;
     struct kvr_buf b = {0};
     bool ok = kvr_wire_encode_generate(&b, id, t, n, max_tokens, NULL) == KVR_OK &&
-              natsConnection_PublishRequest(nc, subject, inbox, b.data, (int)b.len) == NATS_OK;
+              natsConnection_PublishRequest(nc, subject, q->inbox, b.data, (int)b.len) == NATS_OK;
+    if (ok && b.len <= sizeof q->data) {
+        memcpy(q->data, b.data, b.len);
+        q->len = (int)b.len;
+    }
     kvr_buf_free(&b);
     free(t);
     return ok;
@@ -213,42 +280,79 @@ bool h_send(natsConnection *nc, const char *subject, struct h_req *q, const char
 
 bool h_send_raw(natsConnection *nc, const char *subject, struct h_req *q, const void *data, int len)
 {
-    char inbox[128];
-    return start_sub(nc, q, inbox, sizeof inbox) &&
-           natsConnection_PublishRequest(nc, subject, inbox, data, len) == NATS_OK;
+    return start_sub(nc, q, q->inbox, sizeof q->inbox) &&
+           natsConnection_PublishRequest(nc, subject, q->inbox, data, len) == NATS_OK;
 }
 
-bool h_collect(struct h_req *q, int timeout_ms)
+/* Read one chunk (waiting at most ms) into q->res; false when none came. */
+static bool read_chunk(struct h_req *q, int64_t ms)
 {
-    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
-    while (!q->res.final) {
-        int64_t left = (int64_t)end - (int64_t)h_now_ms();
-        if (left <= 0)
-            break;
-        natsMsg *m = NULL;
-        if (natsSubscription_NextMsg(&m, q->sub, left) != NATS_OK)
-            break;
-        struct kvr_wire_response r;
-        if (kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r) ==
-            KVR_OK) {
+    natsMsg *m = NULL;
+    if (ms <= 0 || natsSubscription_NextMsg(&m, q->sub, ms) != NATS_OK)
+        return false;
+    struct kvr_wire_response r;
+    if (kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r) ==
+        KVR_OK) {
+        if (q->res.final) {
+            q->extra++;
+        } else {
             q->res.chunks++;
             q->res.tokens += r.ntokens;
             if (r.ntokens && !q->res.first_ms)
                 q->res.first_ms = h_now_ms() - q->t0;
             if (r.worker_id)
                 q->res.worker_id = r.worker_id;
-            if (r.final) {
-                q->res.final = true;
-                q->res.error_code = r.error_code;
-                q->res.total_ms = h_now_ms() - q->t0;
-                const char *v = NULL;
-                q->res.error_header =
-                    natsMsgHeader_Get(m, "Nats-Service-Error-Code", &v) == NATS_OK && v;
-            }
-            kvr_wire_response_free(&r);
         }
-        natsMsg_Destroy(m);
+        if (r.final && !q->res.final) {
+            q->res.final = true;
+            q->res.error_code = r.error_code;
+            q->res.total_ms = h_now_ms() - q->t0;
+            const char *v = NULL;
+            q->res.error_header =
+                natsMsgHeader_Get(m, "Nats-Service-Error-Code", &v) == NATS_OK && v;
+        }
+        kvr_wire_response_free(&r);
     }
+    natsMsg_Destroy(m);
+    return true;
+}
+
+uint64_t h_first_worker(struct h_req *q, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (!q->res.worker_id && !q->res.final && read_chunk(q, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    return q->res.worker_id;
+}
+
+bool h_collect(struct h_req *q, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (!q->res.final && read_chunk(q, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    natsSubscription_Destroy(q->sub);
+    q->sub = NULL;
+    return q->res.final;
+}
+
+bool h_collect_resend(natsConnection *nc, const char *subject, struct h_req *q, int resend_ms,
+                      uint32_t max_resends, int timeout_ms, int linger_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms, last = q->t0;
+    while (!q->res.final && h_now_ms() < end) {
+        uint64_t resend_at = last + (uint64_t)resend_ms;
+        int64_t wait = (int64_t)(resend_at < end ? resend_at : end) - (int64_t)h_now_ms();
+        if (read_chunk(q, wait > 0 ? wait : 1)) {
+            last = h_now_ms();
+        } else if (h_now_ms() >= resend_at && q->resends < max_resends && q->len) {
+            natsConnection_PublishRequest(nc, subject, q->inbox, q->data, q->len);
+            q->resends++;
+            last = h_now_ms();
+        }
+    }
+    uint64_t linger_end = h_now_ms() + (uint64_t)linger_ms;
+    while (q->res.final && read_chunk(q, (int64_t)linger_end - (int64_t)h_now_ms()))
+        ;
     natsSubscription_Destroy(q->sub);
     q->sub = NULL;
     return q->res.final;

@@ -131,28 +131,6 @@ Test(fleet, shared_prefixes_stick_and_load_spreads)
 }
 
 /* Read until the first token (to learn the worker), without waiting for the end. */
-static uint64_t first_worker(struct h_req *q, int timeout_ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
-    while (h_now_ms() < end) {
-        natsMsg *m = NULL;
-        if (natsSubscription_NextMsg(&m, q->sub, 100) != NATS_OK)
-            continue;
-        struct kvr_wire_response r;
-        uint64_t w = 0;
-        if (kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r) ==
-            KVR_OK) {
-            w = r.worker_id;
-            q->res.tokens += r.ntokens;
-            kvr_wire_response_free(&r);
-        }
-        natsMsg_Destroy(m);
-        if (w)
-            return w;
-    }
-    return 0;
-}
-
 Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
 {
     router("r1", NULL);
@@ -167,7 +145,7 @@ Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
         cr_assert(h_send(nc, GEN, &q[i], id, 700 + (uint32_t)i, 0, 512, 3000));
     }
     for (int i = 0; i < 4; i++)
-        wid[i] = first_worker(&q[i], 5000);
+        wid[i] = h_first_worker(&q[i], 5000);
     uint64_t victim = wid[0];
     cr_assert(victim == 1 || victim == 2);
     h_signal(victim == 1 ? w1 : w2, SIGKILL);

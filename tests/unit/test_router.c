@@ -648,7 +648,7 @@ static int expired_seen;
 static void count_expired(void *ctx, const struct kvr_event *e)
 {
     (void)ctx;
-    expired_seen += e->kind == KVR_EV_EXPIRED;
+    expired_seen += e->kind == KVR_EV_EXPIRED && e->status == KVR_ERR_NOT_DELIVERED;
 }
 
 Test(router, heartbeats_reconcile_what_no_worker_holds)
@@ -667,7 +667,11 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
     cr_assert(eq(int, kvr_router_book(r, 4, 1, seq, 1, B, 0, 100), KVR_OK)); /* too young */
     uint64_t held[2] = {2, 555}, unknown[4];
     uint32_t nunknown = 0;
-    cr_assert(eq(u32, kvr_router_reconcile(r, 1, held, 2, 50, unknown, &nunknown, 4), 2));
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, held, 2, 50, 30, unknown, &nunknown, 4), 0),
+              "a first miss only marks");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, held, 2, 55, 30, unknown, &nunknown, 4), 0),
+              "a stale heartbeat right after it changes nothing");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, held, 2, 70, 30, unknown, &nunknown, 4), 2));
     cr_assert(eq(int, expired_seen, 2));
     cr_assert(eq(u32, nunknown, 1));
     cr_assert(eq(u64, unknown[0], 555), "the worker holds one this router never heard of");
