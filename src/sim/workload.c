@@ -50,6 +50,18 @@ static uint32_t token_of(uint64_t seed, uint64_t owner, uint64_t pos)
     return (uint32_t)(kvr_mix64(kvr_mix64(seed ^ owner) + pos) % VOCAB);
 }
 
+/* Insertion sort by arrival, stable: arrivals are nearly sorted, each only a little late. */
+static void sort_arrivals(struct kvr_workload *w)
+{
+    for (uint32_t i = 1; i < w->nreqs; i++) {
+        struct kvr_wl_request x = w->reqs[i];
+        uint32_t j = i;
+        for (; j > 0 && w->reqs[j - 1].arrival_ns > x.arrival_ns; j--)
+            w->reqs[j] = w->reqs[j - 1];
+        w->reqs[j] = x;
+    }
+}
+
 kvr_status kvr_workload_generate(struct kvr_workload *w, const char *name, uint32_t n,
                                  uint64_t seed)
 {
@@ -93,16 +105,20 @@ kvr_status kvr_workload_generate(struct kvr_workload *w, const char *name, uint3
         if (w->kind == KVR_WL_SEED_OSL)
             r->osl = 1 + (uint32_t)kvr_rng_below(&rng, 2 * SEED_OSL);
     }
-    if (w->kind == KVR_WL_BURST) { /* arrivals within a group are jittered: keep them sorted */
-        for (uint32_t i = 1; i < n; i++) {
-            struct kvr_wl_request x = w->reqs[i];
-            uint32_t j = i;
-            for (; j > 0 && w->reqs[j - 1].arrival_ns > x.arrival_ns; j--)
-                w->reqs[j] = w->reqs[j - 1];
-            w->reqs[j] = x;
-        }
-    }
+    if (w->kind == KVR_WL_BURST) /* arrivals within a group are jittered: keep them sorted */
+        sort_arrivals(w);
     return KVR_OK;
+}
+
+void kvr_workload_spread(struct kvr_workload *w, uint64_t spread_ns)
+{
+    if (!spread_ns || !w->nreqs || w->reqs[0].arrival_ns == KVR_CLOSED_LOOP)
+        return;
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, w->seed ^ 0x737072656164ull); /* "spread" */
+    for (uint32_t i = 0; i < w->nreqs; i++)
+        w->reqs[i].arrival_ns += kvr_rng_below(&rng, spread_ns);
+    sort_arrivals(w);
 }
 
 void kvr_workload_free(struct kvr_workload *w)

@@ -58,6 +58,15 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
 
 void kvr_workload_free(struct kvr_workload *w);
 
+/*
+ * Spread open-loop arrivals: each moves later by a uniform draw in [0, spread_ns) from the
+ * workload's seed, and the requests are sorted by arrival again. For traces with coarse timestamps
+ * (the conversation trace's are multiples of about 3 s, so about ten requests share each one):
+ * spread over that step, they arrive in some order within it instead of at the same instant.
+ * Closed-loop workloads are left alone.
+ */
+void kvr_workload_spread(struct kvr_workload *w, uint64_t spread_ns);
+
 /* The prompt of request i: its isl token ids into out (room for isl). */
 void kvr_workload_tokens(const struct kvr_workload *w, uint32_t i, uint32_t *out);
 
