@@ -1,6 +1,7 @@
 /*
- * kvsim run: simulate a workload through the routing core and N engines for each policy and load,
- * and write report.json, report.md and plots into a directory. See `kvsim run --help`.
+ * kvsim run: simulate a workload through the routing core and N engines for each policy and load
+ * (and, with --replicas, each count of router replicas with and without gossip), and write
+ * report.json, report.md and plots into a directory. See `kvsim run --help`.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +20,8 @@ int kvsim_run(int argc, char **argv);
 
 #define MAX_LOADS 32
 
+enum { GOSSIP_ON = 1, GOSSIP_OFF = 2 }; /* --gossip: which settings to run */
+
 struct run_opts {
     const char *workload, *out, *trace, *policies;
     uint32_t workers, requests, concurrency;
@@ -26,7 +29,11 @@ struct run_opts {
     double loads[MAX_LOADS];
     size_t nloads;
     uint64_t seed;
-    double event_delay_ms, heartbeat_ms;
+    double event_delay_ms, heartbeat_ms, gossip_delay_ms;
+    double spread_ms;           /* --arrival-spread-ms */
+    double replicas[MAX_LOADS]; /* --replicas: router counts to compare */
+    size_t nreplicas;           /* 0: one router, no replica table */
+    unsigned gossip;            /* GOSSIP_* */
     bool quiet;
     struct kvr_engine_config engine;
     struct kvr_router_config router;
@@ -34,33 +41,42 @@ struct run_opts {
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: kvsim run --workload NAME [options]\n"
-               "  --workload NAME        seed, seed-isl, seed-osl, burst, conversation, synthetic\n"
-               "  --workers N            engines (default 8)\n"
-               "  --policies a,b,...     policies to compare (default kv,random,round_robin);\n"
-               "                         'all' runs every policy\n"
-               "  --concurrency C        closed-loop clients (seed workloads; default 20)\n"
-               "  --rate-scale X         arrival-rate factor (traces, burst; default 1)\n"
-               "  --sweep v1,v2,...      run each load value (concurrency or rate scale)\n"
-               "  --requests N           requests (generated: how many; traces: the first N)\n"
-               "  --seed S               seeds workloads and routers (default 1)\n"
-               "  --out DIR              where report.json, report.md and plots go (default "
-               "kvsim-out)\n"
-               "  --trace PATH           the trace file (default traces/<workload>_trace.jsonl)\n"
-               "engine:\n"
-               "  --num-blocks N (16384)  --block-size B (64)  --max-batched-tokens N (8192)\n"
-               "  --max-seqs N (256)  --watermark F (0.01)  --speedup F (1)\n"
-               "router:\n"
-               "  --kv-cost time|blocks   kv prices a worker by predicted TTFT (default) or by\n"
-               "                          ROUTING.md's blocks formula\n"
-               "  --overlap-weight F (1)  --cache-weight F (4)  --share-weight F (16)\n"
-               "  --temperature F (0)\n"
-               "  --busy-threshold F (0.95; 0 off)\n"
-               "  --approximate           no KV events: the index learns from decisions (TTL)\n"
-               "simulation:\n"
-               "  --event-delay-ms F      engine -> router delay (default 1)\n"
-               "  --heartbeat-ms F        load reports and prediction samples (default 100)\n"
-               "  --quiet                 no progress lines\n");
+    fprintf(f,
+            "usage: kvsim run --workload NAME [options]\n"
+            "  --workload NAME        seed, seed-isl, seed-osl, burst, conversation, synthetic\n"
+            "  --workers N            engines (default 8)\n"
+            "  --policies a,b,...     policies to compare (default kv,random,round_robin);\n"
+            "                         'all' runs every policy\n"
+            "  --concurrency C        closed-loop clients (seed workloads; default 20)\n"
+            "  --rate-scale X         arrival-rate factor (traces, burst; default 1)\n"
+            "  --sweep v1,v2,...      run each load value (concurrency or rate scale)\n"
+            "  --requests N           requests (generated: how many; traces: the first N)\n"
+            "  --seed S               seeds workloads and routers (default 1)\n"
+            "  --out DIR              where report.json, report.md and plots go (default "
+            "kvsim-out)\n"
+            "  --trace PATH           the trace file (default traces/<workload>_trace.jsonl)\n"
+            "engine:\n"
+            "  --num-blocks N (16384)  --block-size B (64)  --max-batched-tokens N (8192)\n"
+            "  --max-seqs N (256)  --watermark F (0.01)  --speedup F (1)\n"
+            "router:\n"
+            "  --kv-cost time|blocks   kv prices a worker by predicted TTFT (default) or by\n"
+            "                          ROUTING.md's blocks formula\n"
+            "  --overlap-weight F (1)  --cache-weight F (4)  --share-weight F (16)\n"
+            "  --temperature F (0)\n"
+            "  --busy-threshold F (0.95; 0 off)\n"
+            "  --approximate           no KV events: the index learns from decisions (TTL)\n"
+            "simulation:\n"
+            "  --event-delay-ms F      engine -> router delay (default 1)\n"
+            "  --heartbeat-ms F        load reports and prediction samples (default 100)\n"
+            "  --arrival-spread-ms F   open loop: each arrival moves later by a uniform draw in\n"
+            "                          [0, F) ms of trace time (coarse timestamps; default 0)\n"
+            "  --quiet                 no progress lines\n"
+            "router replicas:\n"
+            "  --replicas N1,N2,...    share the requests among N routers (a queue group), for\n"
+            "                          each N; report.md gets a table against one router\n"
+            "  --gossip on|off|both    replicas import each other's decisions (default on);\n"
+            "                          both runs each N > 1 twice\n"
+            "  --gossip-delay-ms F     booking -> import by the other replicas (default 1)\n");
 }
 
 static int bad(const char *opt, const char *why)
@@ -106,6 +122,30 @@ static bool to_list(const char *s, double *out, size_t *n)
         s += len + (s[len] == ',');
     }
     return *n > 0;
+}
+
+/* --replicas: whole numbers of routers, 1 to KVR_SIM_MAX_REPLICAS. */
+static bool to_replicas(const char *s, double *out, size_t *n)
+{
+    if (!to_list(s, out, n))
+        return false;
+    for (size_t i = 0; i < *n; i++)
+        if (out[i] != (double)(uint32_t)out[i] || out[i] > KVR_SIM_MAX_REPLICAS)
+            return false;
+    return true;
+}
+
+static bool to_gossip(const char *s, unsigned *out)
+{
+    static const char *names[] = {"on", "off", "both"};
+    static const unsigned modes[] = {GOSSIP_ON, GOSSIP_OFF, GOSSIP_ON | GOSSIP_OFF};
+    for (size_t i = 0; s && i < 3; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = modes[i];
+            return true;
+        }
+    }
+    return false;
 }
 
 static int parse(int argc, char **argv, struct run_opts *o)
@@ -171,6 +211,14 @@ static int parse(int argc, char **argv, struct run_opts *o)
             ok = to_double(v, 0, 1e6, &o->event_delay_ms);
         } else if (!strcmp(a, "--heartbeat-ms")) {
             ok = to_double(v, 0.01, 1e6, &o->heartbeat_ms);
+        } else if (!strcmp(a, "--arrival-spread-ms")) {
+            ok = to_double(v, 0, 1e9, &o->spread_ms);
+        } else if (!strcmp(a, "--replicas")) {
+            ok = to_replicas(v, o->replicas, &o->nreplicas);
+        } else if (!strcmp(a, "--gossip")) {
+            ok = to_gossip(v, &o->gossip);
+        } else if (!strcmp(a, "--gossip-delay-ms")) {
+            ok = to_double(v, 0, 1e6, &o->gossip_delay_ms);
         } else {
             return bad(a, "is not an option (see kvsim run --help)");
         }
@@ -208,7 +256,7 @@ static int parse_policies(const char *s, enum kvr_policy *out, size_t *n)
 
 struct progress {
     const char *workload;
-    enum kvr_policy policy;
+    const char *label; /* the policy, and the replicas when compared */
     double load;
     struct timespec last;
 };
@@ -227,7 +275,7 @@ static void on_progress(void *ctx, uint32_t resolved, uint32_t total, uint64_t n
         return;
     clock_gettime(CLOCK_MONOTONIC, &p->last);
     fprintf(stderr, "[kvsim] %s policy=%s load=%g: %u/%u requests, virtual time %.0f s\n",
-            p->workload, kvr_policy_name(p->policy), p->load, resolved, total, now_ns / 1e9);
+            p->workload, p->label, p->load, resolved, total, now_ns / 1e9);
 }
 
 static const char *default_trace(const char *workload, char *buf, size_t len)
@@ -272,6 +320,71 @@ static int load_workload(const struct run_opts *o, struct kvr_workload *w, bool 
     return st == KVR_OK ? 0 : 1;
 }
 
+/* One simulation to run: a load, a policy, and how many routers share the requests. */
+struct run {
+    double load;
+    enum kvr_policy policy;
+    uint32_t replicas;
+    bool gossip;
+};
+
+/*
+ * Every run, loads outermost, then policies, replica counts, gossip on before off; one router
+ * runs once whatever the gossip setting. *out is allocated (NULL when memory is short).
+ */
+static size_t plan(const struct run_opts *o, const enum kvr_policy *policies, size_t npol,
+                   struct run **out)
+{
+    size_t nrep = o->nreplicas ? o->nreplicas : 1, n = 0;
+    *out = malloc(o->nloads * npol * nrep * 2 * sizeof **out);
+    for (size_t l = 0; *out && l < o->nloads; l++) {
+        for (size_t p = 0; p < npol; p++) {
+            for (size_t k = 0; k < nrep; k++) {
+                uint32_t nr = o->nreplicas ? (uint32_t)o->replicas[k] : 1;
+                for (unsigned g = GOSSIP_ON; g <= GOSSIP_OFF; g <<= 1) {
+                    if (!(o->gossip & g))
+                        continue;
+                    (*out)[n++] = (struct run){o->loads[l], policies[p], nr, g == GOSSIP_ON};
+                    if (nr == 1)
+                        break;
+                }
+            }
+        }
+    }
+    return n;
+}
+
+/* Simulate run u into *out and print its line; 0, or 1 on failure. */
+static int run_one(const struct run_opts *o, const struct kvr_workload *w, const struct run *u,
+                   bool closed, const struct kvr_report_meta *meta, struct kvr_sim_config *cfg,
+                   const struct timespec *t0, struct kvr_sim_result *out)
+{
+    char label[128];
+    struct kvr_sim_result id = {.policy = u->policy, .replicas = u->replicas, .gossip = u->gossip};
+    kvr_report_label(meta, &id, false, label, sizeof label);
+    struct progress prog = {o->workload, label, u->load, *t0};
+    cfg->router.policy = u->policy;
+    cfg->rate_scale = closed ? 1.0 : u->load;
+    cfg->concurrency = closed ? (uint32_t)u->load : 0;
+    cfg->replicas = u->replicas;
+    cfg->gossip = u->gossip;
+    cfg->progress = o->quiet ? NULL : on_progress;
+    cfg->progress_ctx = &prog;
+    kvr_status st = kvr_sim_run(w, cfg, out);
+    if (st != KVR_OK) {
+        fprintf(stderr, "kvsim run: %s at load %g: %s\n", label, u->load, kvr_status_str(st));
+        return 1;
+    }
+    const struct kvr_sim_result *r = out;
+    printf("%-18s load=%-6g ttft_ms mean=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.1f  "
+           "hit=%.3f (%.0f%% of ceiling)  tok/s=%.0f  finished=%u rejected=%u\n",
+           label, r->load, r->ttft_ms.mean, r->ttft_ms.p90, r->ttft_ms.p99, r->itl_ms.mean,
+           r->hit_rate, meta->hit_ceiling > 0 ? 100 * r->hit_rate / meta->hit_ceiling : 0.0,
+           r->throughput_tok_s, r->finished, r->rejected);
+    fflush(stdout);
+    return 0;
+}
+
 int kvsim_run(int argc, char **argv)
 {
     struct run_opts o;
@@ -282,6 +395,8 @@ int kvsim_run(int argc, char **argv)
     o.policies = "kv,random,round_robin";
     o.event_delay_ms = 1.0;
     o.heartbeat_ms = 100;
+    o.gossip_delay_ms = 1.0;
+    o.gossip = GOSSIP_ON;
     kvr_engine_config_default(&o.engine);
     kvr_router_config_default(&o.router);
     o.router.block_size = o.engine.block_size;
@@ -300,10 +415,13 @@ int kvsim_run(int argc, char **argv)
     if (load_workload(&o, &w, &is_trace, &doc_ceiling))
         return 1;
     bool closed = w.reqs[0].arrival_ns == KVR_CLOSED_LOOP;
+    kvr_workload_spread(&w, (uint64_t)(o.spread_ms * 1e6));
     if (closed && o.rate_scale)
         fprintf(stderr, "kvsim run: %s is closed-loop: --rate-scale ignored\n", o.workload);
     if (!closed && o.concurrency)
         fprintf(stderr, "kvsim run: %s is open-loop: --concurrency ignored\n", o.workload);
+    if (closed && o.spread_ms > 0)
+        fprintf(stderr, "kvsim run: %s is closed-loop: --arrival-spread-ms ignored\n", o.workload);
     if (!o.nloads) {
         o.loads[0] =
             closed ? (o.concurrency ? o.concurrency : 20) : (o.rate_scale ? o.rate_scale : 1.0);
@@ -314,15 +432,14 @@ int kvsim_run(int argc, char **argv)
         kvr_workload_free(&w);
         return 1;
     }
-    struct kvr_sim_config cfg = {o.workers,
-                                 o.engine,
-                                 o.router,
-                                 (uint64_t)(o.event_delay_ms * 1e6),
-                                 (uint64_t)(o.heartbeat_ms * 1e6),
-                                 1.0,
-                                 20,
-                                 NULL,
-                                 NULL};
+    struct kvr_sim_config cfg;
+    kvr_sim_config_default(&cfg);
+    cfg.workers = o.workers;
+    cfg.engine = o.engine;
+    cfg.router = o.router;
+    cfg.event_delay_ns = (uint64_t)(o.event_delay_ms * 1e6);
+    cfg.heartbeat_ns = (uint64_t)(o.heartbeat_ms * 1e6);
+    cfg.gossip_delay_ns = (uint64_t)(o.gossip_delay_ms * 1e6);
     cfg.router.seed = o.seed;
     struct kvr_report_meta meta = {.source = "kvsim",
                                    .workload = o.workload,
@@ -330,7 +447,9 @@ int kvsim_run(int argc, char **argv)
                                    .seed = o.seed,
                                    .load_kind = closed ? "concurrency" : "rate_scale",
                                    .cfg = &cfg,
-                                   .hit_ceiling_trace = doc_ceiling};
+                                   .hit_ceiling_trace = doc_ceiling,
+                                   .replicas = o.nreplicas > 0,
+                                   .arrival_spread_ms = closed ? 0 : o.spread_ms};
     if (kvr_sim_hit_ceiling(&w, o.engine.block_size, 0, &meta.hit_ceiling) != KVR_OK ||
         kvr_sim_hit_ceiling(&w, o.engine.block_size, (uint64_t)o.workers * o.engine.num_blocks,
                             &meta.hit_ceiling_capacity) != KVR_OK) {
@@ -338,35 +457,16 @@ int kvsim_run(int argc, char **argv)
         kvr_workload_free(&w);
         return 1;
     }
-    struct kvr_sim_result *res = calloc(npol * o.nloads, sizeof *res);
+    struct run *runs = NULL;
+    size_t nruns = plan(&o, policies, npol, &runs);
+    struct kvr_sim_result *res = calloc(nruns ? nruns : 1, sizeof *res);
     size_t nres = 0;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = res ? 0 : 1;
-    for (size_t l = 0; l < o.nloads && rc == 0; l++) {
-        for (size_t p = 0; p < npol && rc == 0; p++) {
-            struct progress prog = {o.workload, policies[p], o.loads[l], t0};
-            cfg.router.policy = policies[p];
-            cfg.rate_scale = closed ? 1.0 : o.loads[l];
-            cfg.concurrency = closed ? (uint32_t)o.loads[l] : 0;
-            cfg.progress = o.quiet ? NULL : on_progress;
-            cfg.progress_ctx = &prog;
-            kvr_status st = kvr_sim_run(&w, &cfg, &res[nres]);
-            if (st != KVR_OK) {
-                fprintf(stderr, "kvsim run: %s at load %g: %s\n", kvr_policy_name(policies[p]),
-                        o.loads[l], kvr_status_str(st));
-                rc = 1;
-                break;
-            }
-            const struct kvr_sim_result *r = &res[nres++];
-            printf("%-18s load=%-6g ttft_ms mean=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.1f  "
-                   "hit=%.3f (%.0f%% of ceiling)  tok/s=%.0f  finished=%u rejected=%u\n",
-                   kvr_policy_name(r->policy), r->load, r->ttft_ms.mean, r->ttft_ms.p90,
-                   r->ttft_ms.p99, r->itl_ms.mean, r->hit_rate,
-                   meta.hit_ceiling > 0 ? 100 * r->hit_rate / meta.hit_ceiling : 0.0,
-                   r->throughput_tok_s, r->finished, r->rejected);
-            fflush(stdout);
-        }
+    rc = res && runs ? 0 : 1;
+    for (size_t i = 0; i < nruns && rc == 0; i++) {
+        rc = run_one(&o, &w, &runs[i], closed, &meta, &cfg, &t0, &res[nres]);
+        nres += rc == 0;
     }
     if (rc == 0) {
         if (kvr_report_write(o.out, &meta, res, nres) != KVR_OK) {
@@ -386,6 +486,7 @@ int kvsim_run(int argc, char **argv)
     for (size_t i = 0; i < nres; i++)
         kvr_sim_result_free(&res[i]);
     free(res);
+    free(runs);
     kvr_workload_free(&w);
     return rc;
 }

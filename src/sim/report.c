@@ -29,6 +29,20 @@ int kvr_mkdir_p(const char *dir)
     return mkdir(path, 0777) && errno != EEXIST ? -1 : 0;
 }
 
+void kvr_report_label(const struct kvr_report_meta *m, const struct kvr_sim_result *r, bool file,
+                      char *buf, size_t len)
+{
+    const char *name = kvr_policy_name(r->policy);
+    if (!m->replicas)
+        snprintf(buf, len, "%s", name);
+    else if (r->replicas <= 1)
+        snprintf(buf, len, file ? "%s_n1" : "%s N=1", name);
+    else if (file)
+        snprintf(buf, len, "%s_n%u_%s", name, r->replicas, r->gossip ? "gossip" : "nogossip");
+    else
+        snprintf(buf, len, "%s N=%u %s", name, r->replicas, r->gossip ? "gossip" : "no-gossip");
+}
+
 static FILE *open_in(const char *dir, const char *name, const char *mode)
 {
     char path[4096];
@@ -66,7 +80,7 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
             "\"imbalance\": %.4f, \"preemptions\": %llu, \"evictions\": %llu, "
             "\"prediction_error\": {\"blocks\": %.2f, \"relative\": %.4f}, "
             "\"makespan_s\": %.3f, \"router_memory_max_bytes\": %llu, "
-            "\"index_entries_max\": %llu, \"router_unknown_events\": %llu}",
+            "\"index_entries_max\": %llu, \"router_unknown_events\": %llu",
             r->hit_rate, m->hit_ceiling, m->hit_ceiling_capacity,
             m->hit_ceiling > 0 ? r->hit_rate / m->hit_ceiling : 0,
             m->hit_ceiling_capacity > 0 ? r->hit_rate / m->hit_ceiling_capacity : 0,
@@ -75,6 +89,18 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
             r->pred_err_blocks, r->pred_err_rel, r->makespan_s,
             (unsigned long long)r->router_memory_max, (unsigned long long)r->index_entries_max,
             (unsigned long long)r->router_unknown);
+    if (m->replicas)
+        fprintf(f,
+                ", \"replicas\": %u, \"gossip\": %s, \"decisions\": %llu, \"gossip_msgs\": %llu, "
+                "\"gossip_bytes\": %llu, \"gossip_bytes_per_decision\": %.1f, "
+                "\"gossip_imports\": %llu, \"early_events\": %llu, \"late_decisions\": %llu, "
+                "\"prediction_error_worst_replica\": %.4f",
+                r->replicas, r->gossip ? "true" : "false", (unsigned long long)r->decisions,
+                (unsigned long long)r->gossip_msgs, (unsigned long long)r->gossip_bytes,
+                r->decisions ? (double)r->gossip_bytes / r->decisions : 0,
+                (unsigned long long)r->gossip_imports, (unsigned long long)r->early_events,
+                (unsigned long long)r->late_decisions, r->pred_err_rel_worst);
+    fprintf(f, "}");
 }
 
 static kvr_status write_json(const char *dir, const struct kvr_report_meta *m,
@@ -102,11 +128,15 @@ static kvr_status write_json(const char *dir, const struct kvr_report_meta *m,
                 c->router.overlap_weight, c->router.temperature,
                 c->router.approximate ? "true" : "false", c->router.busy_threshold);
         fprintf(f, "  \"event_delay_ms\": %.3f,\n", c->event_delay_ns / 1e6);
+        if (m->replicas)
+            fprintf(f, "  \"gossip_delay_ms\": %.3f,\n", c->gossip_delay_ns / 1e6);
     }
     fprintf(f, "  \"hit_ceiling\": %.5f,\n  \"hit_ceiling_capacity\": %.5f,\n", m->hit_ceiling,
             m->hit_ceiling_capacity);
     if (m->hit_ceiling_trace > 0)
         fprintf(f, "  \"hit_ceiling_trace_doc\": %.4f,\n", m->hit_ceiling_trace);
+    if (m->arrival_spread_ms > 0)
+        fprintf(f, "  \"arrival_spread_ms\": %.3f,\n", m->arrival_spread_ms);
     fprintf(f, "  \"results\": [\n");
     for (size_t i = 0; i < n; i++) {
         json_result(f, m, &res[i]);
@@ -167,7 +197,9 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         const struct kvr_sim_result *r = &res[i];
         if (r->load != load)
             continue;
-        fprintf(f, "| %s |", kvr_policy_name(r->policy));
+        char label[128];
+        kvr_report_label(m, r, false, label, sizeof label);
+        fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++)
             fprintf(f, k == 8 ? " %.3f |" : " %.1f |", metrics[k].get(r));
         fprintf(f, " %.3f | %u | %u | %.2f | %llu | %.1f%% |\n",
@@ -195,12 +227,65 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
     for (size_t i = 0; i < n; i++) {
         if (res[i].load != load)
             continue;
-        fprintf(f, "| %s |", kvr_policy_name(res[i].policy));
+        char label[128];
+        kvr_report_label(m, &res[i], false, label, sizeof label);
+        fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++) {
             double v = metrics[k].get(&res[i]);
             fprintf(f, best[k] != 0 ? " %.3f |" : " - |", best[k] != 0 ? v / best[k] : 0);
         }
         fprintf(f, "\n");
+    }
+}
+
+/* The one-router result of r's policy at r's load, or NULL. */
+static const struct kvr_sim_result *single_router(const struct kvr_sim_result *res, size_t n,
+                                                  const struct kvr_sim_result *r)
+{
+    for (size_t i = 0; i < n; i++)
+        if (res[i].replicas <= 1 && res[i].policy == r->policy && res[i].load == r->load)
+            return &res[i];
+    return NULL;
+}
+
+/* v / ref, or "-" when there is no reference (ref = 0). */
+static void md_ratio(FILE *f, double v, double ref)
+{
+    if (ref > 0)
+        fprintf(f, " %.3f |", v / ref);
+    else
+        fprintf(f, " - |");
+}
+
+static void md_replicas(FILE *f, const struct kvr_report_meta *m, const struct kvr_sim_result *res,
+                        size_t n, double load)
+{
+    fprintf(f,
+            "\nRouter replicas: each request reaches one replica, drawn at random (a queue group); "
+            "every replica sees every engine event; with gossip each booking reaches the others "
+            "%.2f ms later. Ratios are to one router with the same policy; the prediction error "
+            "is over every replica's samples, and the worst replica's; bytes are the Gossip "
+            "message's wire size (src/sim/sim.c).\n\n",
+            m->cfg ? m->cfg->gossip_delay_ns / 1e6 : 0.0);
+    fprintf(f, "| policy | N | gossip | hit rate | hit / N=1 | TTFT p50 | TTFT p90 | p90 / N=1 | "
+               "TTFT mean | mean / N=1 | pred. err | worst replica | msgs / decision | "
+               "bytes / decision | early events | late decisions |\n"
+               "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct kvr_sim_result *r = &res[i], *one = single_router(res, n, r);
+        if (r->load != load)
+            continue;
+        double dec = r->decisions ? (double)r->decisions : 1;
+        fprintf(f, "| %s | %u | %s | %.3f |", kvr_policy_name(r->policy), r->replicas,
+                r->replicas > 1 ? (r->gossip ? "on" : "off") : "-", r->hit_rate);
+        md_ratio(f, r->hit_rate, one ? one->hit_rate : 0);
+        fprintf(f, " %.1f | %.1f |", r->ttft_ms.p50, r->ttft_ms.p90);
+        md_ratio(f, r->ttft_ms.p90, one ? one->ttft_ms.p90 : 0);
+        fprintf(f, " %.1f |", r->ttft_ms.mean);
+        md_ratio(f, r->ttft_ms.mean, one ? one->ttft_ms.mean : 0);
+        fprintf(f, " %.1f%% | %.1f%% | %.2f | %.1f | %llu | %llu |\n", 100 * r->pred_err_rel,
+                100 * r->pred_err_rel_worst, r->gossip_msgs / dec, r->gossip_bytes / dec,
+                (unsigned long long)r->early_events, (unsigned long long)r->late_decisions);
     }
 }
 
@@ -220,6 +305,11 @@ static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
                 e->num_blocks, e->block_size, e->max_batched_tokens, e->max_seqs, e->speedup,
                 m->cfg->event_delay_ns / 1e6);
     }
+    if (m->arrival_spread_ms > 0)
+        fprintf(f,
+                "Arrivals spread: each moved later by a uniform draw in [0, %g) ms of trace "
+                "time.\n\n",
+                m->arrival_spread_ms);
     fprintf(f,
             "Prefix-cache hit ceilings: one unbounded cache %.4f; one cache holding all %u "
             "workers' blocks %.4f",
@@ -237,9 +327,15 @@ static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
             continue;
         done[nload++] = res[i].load;
         md_load(f, m, res, n, res[i].load);
+        if (m->replicas)
+            md_replicas(f, m, res, n, res[i].load);
     }
-    fprintf(f, "\nPlots: `ttft_cdf_<load>.png` (TTFT distribution per policy), "
-               "`ttft_p90_vs_load.png`, `hit_vs_load.png`.\n");
+    if (m->replicas)
+        fprintf(f, "\nPlots: `ttft_cdf_<load>.png` (TTFT distribution per policy and replica "
+                   "count), `ttft_p90_vs_replicas.png`, `hit_vs_replicas.png`.\n");
+    else
+        fprintf(f, "\nPlots: `ttft_cdf_<load>.png` (TTFT distribution per policy), "
+                   "`ttft_p90_vs_load.png`, `hit_vs_load.png`.\n");
     return fclose(f) ? KVR_ERR_IO : KVR_OK;
 }
 
@@ -270,6 +366,170 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The TTFT distribution at each load: one line per policy (and replica set-up). */
+static kvr_status plot_cdfs(FILE *gp, const char *dir, const struct kvr_report_meta *m,
+                            const struct kvr_sim_result *res, size_t n, const double *loads,
+                            size_t nl)
+{
+    for (size_t l = 0; l < nl; l++) {
+        fprintf(gp,
+                "set output 'ttft_cdf_%g.png'\nset title '%s, %u workers, %s %g: TTFT "
+                "distribution'\nset xlabel 'TTFT (ms, log scale)'\nset ylabel 'fraction of "
+                "requests'\nset logscale x\nplot",
+                loads[l], m->workload, m->workers, m->load_kind, loads[l]);
+        int lines = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (res[i].load != loads[l] || !res[i].finished)
+                continue;
+            char label[128], name[256];
+            kvr_report_label(m, &res[i], true, label, sizeof label);
+            snprintf(name, sizeof name, "ttft_%g_%s.dat", loads[l], label);
+            FILE *d = open_in(dir, name, "w");
+            if (!d)
+                return KVR_ERR_IO;
+            uint32_t nf = res[i].finished, step = nf > 1000 ? nf / 1000 : 1;
+            for (uint32_t k = 0; k < nf; k += step)
+                fprintf(d, "%.3f %.5f\n",
+                        res[i].ttft_sorted[k] > 0.001 ? res[i].ttft_sorted[k] : 0.001,
+                        (double)(k + 1) / nf);
+            fprintf(d, "%.3f 1\n", res[i].ttft_sorted[nf - 1]);
+            fclose(d);
+            kvr_report_label(m, &res[i], false, label, sizeof label);
+            fprintf(gp, "%s '%s' using 1:2 with lines lt %d title '%s'", lines ? "," : "", name,
+                    m->replicas ? lines + 1 : (int)res[i].policy + 1, label);
+            lines++;
+        }
+        fprintf(gp, lines ? "\n" : " 1/0 notitle\n");
+        fprintf(gp, "unset logscale x\n");
+    }
+    return KVR_OK;
+}
+
+/*
+ * TTFT p90 and hit rate against load or replicas, one line per data block of file (columns: x,
+ * TTFT p90, hit rate); titles[b] and lts[b] name and draw block b.
+ */
+static void plot_lines(FILE *gp, const struct kvr_report_meta *m, const char *file,
+                       const char *xlabel, const char *titles[], const int *lts, int nblocks)
+{
+    const char *what[2][3] = {{"ttft_p90", "TTFT p90 (ms)", "2"},
+                              {"hit", "prefix-cache hit rate", "3"}};
+    const char *against = m->replicas ? "replicas" : "load";
+    for (int k = 0; k < 2; k++) {
+        fprintf(gp,
+                "set output '%s_vs_%s.png'\nset title '%s, %u workers: %s against %s'\nset "
+                "xlabel '%s'\nset ylabel '%s'\n%splot",
+                what[k][0], against, m->workload, m->workers, what[k][1], against, xlabel,
+                what[k][1], k == 0 ? "set logscale y\n" : "unset logscale y\n");
+        for (int b = 0; b < nblocks; b++)
+            fprintf(gp, "%s '%s' index %d using 1:%s with linespoints lt %d title '%s'",
+                    b ? "," : "", file, b, what[k][2], lts[b], titles[b]);
+        fprintf(gp, nblocks ? "\n" : " 1/0 notitle\n");
+    }
+}
+
+/* TTFT p90 and hit rate against load, one line per policy. */
+static kvr_status plot_by_load(FILE *gp, const char *dir, const struct kvr_report_meta *m,
+                               const struct kvr_sim_result *res, size_t n, const double *loads,
+                               size_t nl)
+{
+    FILE *d = open_in(dir, "by_load.dat", "w");
+    if (!d)
+        return KVR_ERR_IO;
+    const char *titles[KVR_POLICY_COUNT];
+    int lts[KVR_POLICY_COUNT], nb = 0;
+    for (int p = 0; p < KVR_POLICY_COUNT; p++) {
+        bool used = false;
+        for (size_t l = 0; l < nl; l++) {
+            for (size_t i = 0; i < n; i++) {
+                if (res[i].policy != (enum kvr_policy)p || res[i].load != loads[l])
+                    continue;
+                if (!used)
+                    fprintf(d, "# %s\n", kvr_policy_name((enum kvr_policy)p));
+                used = true;
+                fprintf(d, "%g %.3f %.5f\n", loads[l], res[i].ttft_ms.p90, res[i].hit_rate);
+            }
+        }
+        if (!used)
+            continue;
+        fprintf(d, "\n\n");
+        titles[nb] = kvr_policy_name((enum kvr_policy)p);
+        lts[nb++] = p + 1;
+    }
+    fclose(d);
+    plot_lines(gp, m, "by_load.dat", m->load_kind, titles, lts, nb);
+    return KVR_OK;
+}
+
+/* Distinct replica counts, ascending; returns how many (at most max). */
+static size_t replicas_of(const struct kvr_sim_result *res, size_t n, uint32_t *out, size_t max)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < k && out[j] < res[i].replicas)
+            j++;
+        if ((j < k && out[j] == res[i].replicas) || k == max)
+            continue;
+        memmove(out + j + 1, out + j, (k - j) * sizeof *out);
+        out[j] = res[i].replicas;
+        k++;
+    }
+    return k;
+}
+
+#define MAX_LINES 32
+
+/*
+ * TTFT p90 and hit rate against the replica count: a line per load, policy and gossip setting,
+ * each starting at the one router.
+ */
+static kvr_status plot_by_replicas(FILE *gp, const char *dir, const struct kvr_report_meta *m,
+                                   const struct kvr_sim_result *res, size_t n, const double *loads,
+                                   size_t nl)
+{
+    uint32_t reps[64];
+    size_t nr = replicas_of(res, n, reps, 64);
+    FILE *d = open_in(dir, "by_replicas.dat", "w");
+    if (!d)
+        return KVR_ERR_IO;
+    char names[MAX_LINES][96];
+    const char *titles[MAX_LINES];
+    int lts[MAX_LINES], nb = 0;
+    for (size_t l = 0; l < nl; l++) {
+        for (int p = 0; p < KVR_POLICY_COUNT; p++) {
+            for (int g = 1; g >= 0 && nb < MAX_LINES; g--) {
+                int rows = 0;
+                for (size_t r = 0; r < nr; r++) {
+                    for (size_t i = 0; i < n; i++) {
+                        const struct kvr_sim_result *x = &res[i];
+                        if (x->policy != (enum kvr_policy)p || x->load != loads[l] ||
+                            x->replicas != reps[r] || (x->replicas > 1 && x->gossip != g))
+                            continue;
+                        fprintf(d, "%u %.3f %.5f\n", x->replicas, x->ttft_ms.p90, x->hit_rate);
+                        rows += x->replicas > 1;
+                        break;
+                    }
+                }
+                if (!rows)
+                    continue;
+                fprintf(d, "\n\n");
+                snprintf(names[nb], sizeof names[nb], "%s, %s %g, %s",
+                         kvr_policy_name((enum kvr_policy)p), m->load_kind, loads[l],
+                         g ? "gossip" : "no gossip");
+                titles[nb] = names[nb];
+                lts[nb] = nb + 1;
+                nb++;
+            }
+        }
+    }
+    fclose(d);
+    fprintf(gp, "set logscale x 2\n");
+    plot_lines(gp, m, "by_replicas.dat", "router replicas", titles, lts, nb);
+    fprintf(gp, "unset logscale x\n");
+    return KVR_OK;
+}
+
 kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
                             const struct kvr_sim_result *res, size_t n)
 {
@@ -287,80 +547,11 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
     for (int p = 0; p < KVR_POLICY_COUNT; p++)
         fprintf(gp, "set linetype %d lc rgb '%s' lw %d dt %d\n", p + 1, colors[p], p ? 2 : 3,
                 p < 5 ? 1 : 2);
-    for (size_t l = 0; l < nl; l++) { /* TTFT distribution per policy at this load */
-        fprintf(gp,
-                "set output 'ttft_cdf_%g.png'\nset title '%s, %u workers, %s %g: TTFT "
-                "distribution'\nset xlabel 'TTFT (ms, log scale)'\nset ylabel 'fraction of "
-                "requests'\nset logscale x\nplot",
-                loads[l], m->workload, m->workers, m->load_kind, loads[l]);
-        bool first = true;
-        for (size_t i = 0; i < n; i++) {
-            if (res[i].load != loads[l] || !res[i].finished)
-                continue;
-            char name[256];
-            snprintf(name, sizeof name, "ttft_%g_%s.dat", loads[l], kvr_policy_name(res[i].policy));
-            FILE *d = open_in(dir, name, "w");
-            if (!d) {
-                fclose(gp);
-                return KVR_ERR_IO;
-            }
-            uint32_t nf = res[i].finished, step = nf > 1000 ? nf / 1000 : 1;
-            for (uint32_t k = 0; k < nf; k += step)
-                fprintf(d, "%.3f %.5f\n",
-                        res[i].ttft_sorted[k] > 0.001 ? res[i].ttft_sorted[k] : 0.001,
-                        (double)(k + 1) / nf);
-            fprintf(d, "%.3f 1\n", res[i].ttft_sorted[nf - 1]);
-            fclose(d);
-            fprintf(gp, "%s '%s' using 1:2 with lines lt %d title '%s'", first ? "" : ",", name,
-                    (int)res[i].policy + 1, kvr_policy_name(res[i].policy));
-            first = false;
-        }
-        fprintf(gp, first ? " 1/0 notitle\n" : "\n");
-        fprintf(gp, "unset logscale x\n");
-    }
-    /* TTFT p90 and hit rate against load, one line per policy */
-    FILE *d = open_in(dir, "by_load.dat", "w");
-    if (!d) {
-        fclose(gp);
-        return KVR_ERR_IO;
-    }
-    bool used[KVR_POLICY_COUNT] = {false};
-    for (int p = 0; p < KVR_POLICY_COUNT; p++) {
-        for (size_t l = 0; l < nl; l++) {
-            for (size_t i = 0; i < n; i++) {
-                if (res[i].policy != (enum kvr_policy)p || res[i].load != loads[l])
-                    continue;
-                if (!used[p])
-                    fprintf(d, "# %s\n", kvr_policy_name((enum kvr_policy)p));
-                used[p] = true;
-                fprintf(d, "%g %.3f %.5f\n", loads[l], res[i].ttft_ms.p90, res[i].hit_rate);
-            }
-        }
-        if (used[p])
-            fprintf(d, "\n\n");
-    }
-    fclose(d);
-    const char *what[2][3] = {{"ttft_p90_vs_load.png", "TTFT p90 (ms)", "2"},
-                              {"hit_vs_load.png", "prefix-cache hit rate", "3"}};
-    for (int k = 0; k < 2; k++) {
-        fprintf(gp,
-                "set output '%s'\nset title '%s, %u workers: %s against load'\nset xlabel "
-                "'%s'\nset ylabel '%s'\n%splot",
-                what[k][0], m->workload, m->workers, what[k][1], m->load_kind, what[k][1],
-                k == 0 ? "set logscale y\n" : "unset logscale y\n");
-        int idx = 0;
-        bool first = true;
-        for (int p = 0; p < KVR_POLICY_COUNT; p++) {
-            if (!used[p])
-                continue;
-            fprintf(gp, "%s 'by_load.dat' index %d using 1:%s with linespoints lt %d title '%s'",
-                    first ? "" : ",", idx++, what[k][2], p + 1,
-                    kvr_policy_name((enum kvr_policy)p));
-            first = false;
-        }
-        fprintf(gp, first ? " 1/0 notitle\n" : "\n");
-    }
-    if (fclose(gp))
+    kvr_status st = plot_cdfs(gp, dir, m, res, n, loads, nl);
+    if (st == KVR_OK)
+        st = m->replicas ? plot_by_replicas(gp, dir, m, res, n, loads, nl)
+                         : plot_by_load(gp, dir, m, res, n, loads, nl);
+    if (fclose(gp) || st != KVR_OK)
         return KVR_ERR_IO;
     char cmd[4200];
     if ((size_t)snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot plots.gp 2>gnuplot.log", dir) >=

@@ -21,7 +21,17 @@ struct kvr_report_meta {
     double hit_ceiling;               /* one unbounded cache */
     double hit_ceiling_capacity;      /* one cache holding every worker's capacity */
     double hit_ceiling_trace;         /* the trace's documented ceiling, 0 when none */
+    double arrival_spread_ms;         /* arrivals spread over this (kvr_workload_spread); 0: none */
+    bool replicas;                    /* the results compare router replicas: each says how many
+                                         and whether they gossiped, and report.md has their table */
 };
+
+/*
+ * What a result is called in tables and plots: its policy, and with replicas also "N=4 gossip" or
+ * "N=4 no-gossip" (one replica: "N=1"). file: the same as a file-name part ("kv_n4_gossip").
+ */
+void kvr_report_label(const struct kvr_report_meta *m, const struct kvr_sim_result *r, bool file,
+                      char *buf, size_t len);
 
 /* Create dir and its missing parents (like mkdir -p); 0 on success. */
 int kvr_mkdir_p(const char *dir);

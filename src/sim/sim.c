@@ -1,7 +1,9 @@
 /*
  * kvr_sim implementation: one event heap ordered by (time, insertion), so events at equal times
  * keep their order and a run is a pure function of its inputs. Engine publications travel to the
- * router as heap events after the configured delay; the client sees tokens at engine time.
+ * routers as heap events after the configured delay, each delivered to every replica in turn; the
+ * client sees tokens at engine time. A replica's bookings are exported once its call returns (the
+ * event callback must not call back into the router) and travel to the others as one heap event.
  */
 #include "sim.h"
 
@@ -10,6 +12,7 @@
 #include <string.h>
 
 #include "kvr/hash.h"
+#include "kvr/rng.h"
 #include "map.h"
 
 enum ev_kind {
@@ -21,6 +24,7 @@ enum ev_kind {
     EV_OUTBLK,    /* worker, arg: request id */
     EV_DONE,      /* worker, arg: request id */
     EV_HEARTBEAT, /* */
+    EV_GOSSIP,    /* worker: the replica that booked, payload: struct gossip_msg */
 };
 
 struct ev {
@@ -44,6 +48,12 @@ struct removed_msg {
     uint64_t ids[];
 };
 
+/* One booking on its way to the other replicas (rec.block_hashes points at hashes). */
+struct gossip_msg {
+    struct kvr_request_record rec;
+    uint64_t hashes[];
+};
+
 /* A request's prompt hashes while it waits in the router's queue. */
 struct pending {
     uint64_t *hashes; /* nblocks local, then nblocks seq */
@@ -59,10 +69,24 @@ struct wctx {
     uint32_t w;
 };
 
+/* One router replica and what the simulation keeps of it. */
+struct replica {
+    struct sim *s;
+    uint32_t i;
+    struct kvr_router *router;
+    uint64_t *booked; /* requests it booked in the current call, to gossip once it returns */
+    uint32_t nbooked, cap_booked;
+    uint64_t sent;                /* gossip messages it sent (their seq) */
+    double pred_abs, pred_actual; /* its prediction error, as the sim's totals */
+};
+
 struct sim {
     const struct kvr_workload *wl;
     const struct kvr_sim_config *cfg;
-    struct kvr_router *router;
+    struct replica *rep;
+    uint32_t nrep;
+    bool gossip;         /* more than one replica, and gossip on */
+    struct kvr_rng pick; /* which replica a request reaches */
     struct kvr_engine **engines;
     struct wctx *wctx;
     bool *busy;
@@ -92,6 +116,7 @@ struct sim {
     double pred_abs, pred_actual;
     uint64_t pred_n;
     uint64_t index_max, memory_max;
+    uint64_t decisions, gossip_msgs, gossip_bytes, gossip_imports;
 };
 
 static void fail(struct sim *s, kvr_status st)
@@ -274,6 +299,101 @@ static bool grow(void **p, uint32_t *cap, uint32_t need, size_t size)
     return true;
 }
 
+/* --- router replicas: each booking gossiped to the others ------------------------------------- */
+
+/*
+ * The wire size of the Gossip message kvrouter publishes for a booking (proto/kvrouter/v1:
+ * Gossip{router_id, epoch, seq, Decision{request_key, worker_id, block_hashes (packed),
+ * prompt_tokens, overlap_blocks, reply, request_id, origin}}), counted as protobuf encodes it:
+ * one-byte tags, varints at their real length, zero fields left out. What the simulation does not
+ * have is given a typical size: 64-bit hashes (request key, epoch) 10 bytes, router ids
+ * ("host-pid") 12 bytes, the client's reply subject ("_INBOX.<22-char nuid>.<n>") 36, its request
+ * id 16. So a decision of n blocks costs about 9.5 n + 125 bytes (the block hashes, random 64-bit
+ * values, take 9 or 10 bytes each).
+ */
+#define WIRE_HASH       10
+#define WIRE_ROUTER_ID  12
+#define WIRE_REPLY      36
+#define WIRE_REQUEST_ID 16
+
+static uint32_t varint_len(uint64_t v)
+{
+    uint32_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* A length-delimited field of len bytes, with its tag and length. */
+static uint32_t delimited(uint32_t len)
+{
+    return 1 + varint_len(len) + len;
+}
+
+/* A varint field, left out when zero. */
+static uint32_t varint_field(uint64_t v)
+{
+    return v ? 1 + varint_len(v) : 0;
+}
+
+static uint32_t gossip_size(const struct kvr_request_record *rec, uint64_t seq)
+{
+    uint32_t hashes = 0;
+    for (uint32_t b = 0; b < rec->nblocks; b++)
+        hashes += varint_len(rec->block_hashes[b]);
+    uint32_t d = 1 + WIRE_HASH + varint_field(rec->worker_id) +
+                 (rec->nblocks ? delimited(hashes) : 0) + varint_field(rec->prompt_tokens) +
+                 varint_field(rec->overlap_blocks) + delimited(WIRE_REPLY) +
+                 delimited(WIRE_REQUEST_ID) + delimited(WIRE_ROUTER_ID);
+    return delimited(WIRE_ROUTER_ID) + 1 + WIRE_HASH + varint_field(seq) + delimited(d);
+}
+
+/* rp booked request id: it goes out as gossip once the call into rp returns (gossip_out). */
+static void booked(struct replica *rp, uint64_t id)
+{
+    struct sim *s = rp->s;
+    s->decisions++;
+    if (!s->gossip)
+        return;
+    if (!grow((void **)&rp->booked, &rp->cap_booked, rp->nbooked + 1, sizeof *rp->booked)) {
+        fail(s, KVR_ERR_NOMEM);
+        return;
+    }
+    rp->booked[rp->nbooked++] = id;
+}
+
+/* Export what rp booked during its last call and send it to the other replicas. */
+static void gossip_out(struct replica *rp)
+{
+    struct sim *s = rp->s;
+    for (uint32_t k = 0; k < rp->nbooked; k++) {
+        struct kvr_request_record rec;
+        if (kvr_router_export(rp->router, rp->booked[k], &rec) != KVR_OK)
+            continue; /* nothing ends inside the call that booked it */
+        struct gossip_msg *m = malloc(sizeof *m + (size_t)rec.nblocks * sizeof *m->hashes);
+        if (!m) {
+            fail(s, KVR_ERR_NOMEM);
+            break;
+        }
+        m->rec = rec;
+        memcpy(m->hashes, rec.block_hashes, (size_t)rec.nblocks * sizeof *m->hashes);
+        m->rec.block_hashes = m->hashes;
+        s->gossip_msgs++;
+        s->gossip_bytes += gossip_size(&m->rec, ++rp->sent);
+        push(s, s->now + s->cfg->gossip_delay_ns, EV_GOSSIP, rp->i, 0, m);
+    }
+    rp->nbooked = 0;
+}
+
+/* Housekeeping on one replica: it may place queued requests. */
+static void tick(struct replica *rp)
+{
+    kvr_router_tick(rp->router, rp->s->now);
+    gossip_out(rp);
+}
+
 static void reject(struct sim *s)
 {
     s->rejected++;
@@ -300,8 +420,10 @@ static void route(struct sim *s, uint32_t i)
     struct kvr_request q = {
         .id = i + 1, .tokens = s->scratch_tok, .ntokens = r->isl, .max_tokens = r->osl};
     struct kvr_decision d;
-    kvr_status st = kvr_router_route(s->router, &q, s->now, &d);
+    struct replica *rp = &s->rep[s->nrep > 1 ? kvr_rng_below(&s->pick, s->nrep) : 0];
+    kvr_status st = kvr_router_route(rp->router, &q, s->now, &d);
     if (st == KVR_OK) {
+        booked(rp, q.id);
         submit(s, i, (uint32_t)(d.worker_id - 1), local, seq, nb);
     } else if (st == KVR_ERR_QUEUED) {
         struct pending *p = &s->pending[i];
@@ -315,6 +437,7 @@ static void route(struct sim *s, uint32_t i)
     } else {
         reject(s);
     }
+    gossip_out(rp); /* also what the route placed from the queue */
 }
 
 static void issue_next(struct sim *s)
@@ -324,16 +447,19 @@ static void issue_next(struct sim *s)
     route(s, s->next_issue++);
 }
 
-/* The router's own reports: queued requests placed or rejected, requests failed. */
+/* A replica's own reports: queued requests placed or rejected, requests failed. */
 static void on_router_event(void *ctx, const struct kvr_event *ev)
 {
-    struct sim *s = ctx;
+    struct replica *rp = ctx;
+    struct sim *s = rp->s;
     if (ev->kind != KVR_EV_PLACED && ev->kind != KVR_EV_REJECTED)
         return;
     uint32_t i = (uint32_t)(ev->request_id - 1);
     struct pending *p = &s->pending[i];
-    if (ev->kind == KVR_EV_PLACED)
+    if (ev->kind == KVR_EV_PLACED) {
+        booked(rp, ev->request_id);
         submit(s, i, (uint32_t)(ev->worker_id - 1), p->hashes, p->hashes + p->nblocks, p->nblocks);
+    }
     free(p->hashes);
     p->hashes = NULL;
     if (ev->kind == KVR_EV_REJECTED)
@@ -350,26 +476,71 @@ static void heartbeat(struct sim *s)
                                        .capacity_blocks = s->cfg->engine.num_blocks,
                                        .waiting = es.waiting,
                                        .kv_usage = es.kv_usage};
-        kvr_router_worker_seen(s->router, &info, s->now);
-        uint64_t predicted;
-        if (kvr_router_worker_load(s->router, w + 1, &predicted, NULL, NULL) == KVR_OK) {
-            s->pred_abs += fabs((double)predicted - (double)es.active_blocks);
-            s->pred_actual += es.active_blocks;
-            s->pred_n++;
+        for (uint32_t k = 0; k < s->nrep; k++) {
+            struct replica *rp = &s->rep[k];
+            kvr_router_worker_seen(rp->router, &info, s->now);
+            uint64_t predicted;
+            if (kvr_router_worker_load(rp->router, w + 1, &predicted, NULL, NULL) == KVR_OK) {
+                double err = fabs((double)predicted - (double)es.active_blocks);
+                s->pred_abs += err;
+                s->pred_actual += es.active_blocks;
+                s->pred_n++;
+                rp->pred_abs += err;
+                rp->pred_actual += es.active_blocks;
+            }
         }
     }
-    struct kvr_router_stats rs;
-    kvr_router_stats(s->router, &rs);
-    if (rs.index_entries > s->index_max)
-        s->index_max = rs.index_entries;
-    if (rs.memory_bytes > s->memory_max)
-        s->memory_max = rs.memory_bytes;
-    kvr_router_tick(s->router, s->now);
+    for (uint32_t k = 0; k < s->nrep; k++) {
+        struct kvr_router_stats rs;
+        kvr_router_stats(s->rep[k].router, &rs);
+        if (rs.index_entries > s->index_max)
+            s->index_max = rs.index_entries;
+        if (rs.memory_bytes > s->memory_max)
+            s->memory_max = rs.memory_bytes;
+    }
+    for (uint32_t k = 0; k < s->nrep; k++)
+        tick(&s->rep[k]);
+}
+
+/* What reaches the routers: an engine's publication, or a peer's booking. */
+static void deliver(struct sim *s, struct replica *rp, const struct ev *e)
+{
+    struct kvr_router *r = rp->router;
+    uint64_t wid = (uint64_t)e->worker + 1;
+    switch ((enum ev_kind)e->kind) {
+    case EV_STORED: {
+        const struct stored_msg *m = e->payload;
+        kvr_router_kv_stored(r, wid, m->has_parent ? &m->parent : NULL, m->blocks, m->n);
+        break;
+    }
+    case EV_REMOVED: {
+        const struct removed_msg *m = e->payload;
+        kvr_router_kv_removed(r, wid, m->ids, m->n);
+        break;
+    }
+    case EV_PREFILL:
+        kvr_router_prefill_done(r, e->arg, s->now);
+        tick(rp);
+        break;
+    case EV_OUTBLK:
+        kvr_router_output_block(r, e->arg, s->now);
+        break;
+    case EV_DONE:
+        kvr_router_done_at(r, e->arg, s->now);
+        tick(rp);
+        break;
+    case EV_GOSSIP: /* the replica that booked it (worker) already has it */
+        if (rp->i != e->worker &&
+            kvr_router_import(r, &((const struct gossip_msg *)e->payload)->rec, s->now) == KVR_OK)
+            s->gossip_imports++;
+        break;
+    default:
+        break;
+    }
 }
 
 static void handle(struct sim *s, struct ev *e)
 {
-    uint64_t wid = (uint64_t)e->worker + 1;
     switch ((enum ev_kind)e->kind) {
     case EV_ARRIVAL:
         route(s, (uint32_t)e->arg);
@@ -379,26 +550,14 @@ static void handle(struct sim *s, struct ev *e)
         s->busy[e->worker] = false;
         kick(s, e->worker);
         break;
-    case EV_STORED: {
-        struct stored_msg *m = e->payload;
-        kvr_router_kv_stored(s->router, wid, m->has_parent ? &m->parent : NULL, m->blocks, m->n);
-        break;
-    }
-    case EV_REMOVED: {
-        struct removed_msg *m = e->payload;
-        kvr_router_kv_removed(s->router, wid, m->ids, m->n);
-        break;
-    }
+    case EV_STORED:
+    case EV_REMOVED:
     case EV_PREFILL:
-        kvr_router_prefill_done(s->router, e->arg, s->now);
-        kvr_router_tick(s->router, s->now);
-        break;
     case EV_OUTBLK:
-        kvr_router_output_block(s->router, e->arg, s->now);
-        break;
     case EV_DONE:
-        kvr_router_done(s->router, e->arg);
-        kvr_router_tick(s->router, s->now);
+    case EV_GOSSIP:
+        for (uint32_t k = 0; k < s->nrep; k++)
+            deliver(s, &s->rep[k], e);
         break;
     case EV_HEARTBEAT:
         heartbeat(s);
@@ -480,11 +639,27 @@ static void collect(struct sim *s, struct kvr_sim_result *out)
     }
     out->pred_err_blocks = s->pred_n ? s->pred_abs / s->pred_n : 0;
     out->pred_err_rel = s->pred_actual > 0 ? s->pred_abs / s->pred_actual : 0;
-    struct kvr_router_stats rs;
-    kvr_router_stats(s->router, &rs);
-    out->router_unknown = rs.unknown_request + rs.unknown_worker + rs.index.unknown_parent;
+    for (uint32_t k = 0; k < s->nrep; k++) {
+        const struct replica *rp = &s->rep[k];
+        struct kvr_router_stats rs;
+        kvr_router_stats(rp->router, &rs);
+        out->router_unknown += rs.unknown_request + rs.unknown_worker + rs.index.unknown_parent;
+        out->early_events += rs.early_events;
+        out->late_decisions += rs.late_decisions;
+        double rel = rp->pred_actual > 0 ? rp->pred_abs / rp->pred_actual : 0;
+        if (rel > out->pred_err_rel_worst)
+            out->pred_err_rel_worst = rel;
+    }
+    if (s->nrep > 1) /* events for a peer's requests are expected there */
+        out->router_unknown -= out->early_events;
     out->index_entries_max = s->index_max;
     out->router_memory_max = s->memory_max;
+    out->replicas = s->nrep;
+    out->gossip = s->gossip;
+    out->decisions = s->decisions;
+    out->gossip_msgs = s->gossip_msgs;
+    out->gossip_bytes = s->gossip_bytes;
+    out->gossip_imports = s->gossip_imports;
 }
 
 static kvr_status setup(struct sim *s, const struct kvr_workload *w,
@@ -495,8 +670,10 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     s->cfg = cfg;
     s->first_arrival = UINT64_MAX;
     uint32_t n = w->nreqs, nw = cfg->workers;
+    s->nrep = cfg->replicas ? cfg->replicas : 1;
+    s->gossip = s->nrep > 1 && cfg->gossip;
     if (!n || !nw || cfg->engine.block_size != cfg->router.block_size || !(cfg->rate_scale > 0) ||
-        !cfg->heartbeat_ns)
+        !cfg->heartbeat_ns || s->nrep > KVR_SIM_MAX_REPLICAS)
         return KVR_ERR_INVALID;
     s->arrival = calloc(n, sizeof *s->arrival);
     s->pending = calloc(n, sizeof *s->pending);
@@ -507,16 +684,24 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     s->wctx = calloc(nw, sizeof *s->wctx);
     s->busy = calloc(nw, sizeof *s->busy);
     s->per_worker = calloc(nw, sizeof *s->per_worker);
+    s->rep = calloc(s->nrep, sizeof *s->rep);
     if (!s->arrival || !s->pending || !s->ttft || !s->e2e || !s->queue || !s->engines || !s->wctx ||
-        !s->busy || !s->per_worker)
+        !s->busy || !s->per_worker || !s->rep)
         return KVR_ERR_NOMEM;
-    struct kvr_router_config rc = cfg->router;
-    rc.on_event = on_router_event;
-    rc.event_ctx = s;
+    kvr_rng_seed(&s->pick, cfg->router.seed ^ 0x7265706c69636173ull); /* "replicas" */
     kvr_status st;
-    s->router = kvr_router_create(&rc, &st);
-    if (!s->router)
-        return st;
+    for (uint32_t k = 0; k < s->nrep; k++) { /* replica 0 is the single router, seed and all */
+        struct replica *rp = &s->rep[k];
+        struct kvr_router_config rc = cfg->router;
+        rc.on_event = on_router_event;
+        rc.event_ctx = rp;
+        rc.seed = k ? kvr_mix64(cfg->router.seed + k) : cfg->router.seed;
+        rp->s = s;
+        rp->i = k;
+        rp->router = kvr_router_create(&rc, &st);
+        if (!rp->router)
+            return st;
+    }
     for (uint32_t i = 0; i < nw; i++) {
         s->wctx[i] = (struct wctx){s, i};
         struct kvr_engine_sink sink = {&s->wctx[i], on_stored, on_removed, on_prefill,
@@ -539,7 +724,11 @@ static void teardown(struct sim *s)
             free(s->pending[i].hashes);
     for (uint32_t i = 0; s->engines && i < s->cfg->workers; i++)
         kvr_engine_destroy(s->engines[i]);
-    kvr_router_destroy(s->router);
+    for (uint32_t k = 0; s->rep && k < s->nrep; k++) {
+        kvr_router_destroy(s->rep[k].router);
+        free(s->rep[k].booked);
+    }
+    free(s->rep);
     free(s->engines);
     free(s->wctx);
     free(s->busy);
@@ -551,6 +740,22 @@ static void teardown(struct sim *s)
     free(s->queue);
     free(s->scratch_tok);
     free(s->scratch_hash);
+}
+
+void kvr_sim_config_default(struct kvr_sim_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->workers = 8;
+    kvr_engine_config_default(&c->engine);
+    kvr_router_config_default(&c->router);
+    c->router.block_size = c->engine.block_size;
+    c->event_delay_ns = 1000000;
+    c->heartbeat_ns = 100000000;
+    c->rate_scale = 1.0;
+    c->concurrency = 20;
+    c->replicas = 1;
+    c->gossip = true;
+    c->gossip_delay_ns = 1000000;
 }
 
 kvr_status kvr_sim_run(const struct kvr_workload *w, const struct kvr_sim_config *cfg,

@@ -8,15 +8,25 @@
  * period; at each heartbeat the router's predicted active blocks are compared with the blocks the
  * engine really holds, so the prediction error is measured. Deterministic for a seed. Pure: no
  * I/O, no clock.
+ *
+ * Router replicas: with replicas > 1 the requests are shared among that many routers, each its own
+ * kvr_router, as a NATS queue group shares them (a seeded random draw per request). Every replica
+ * receives every engine event. With gossip, each booking a replica makes (a route, or a queued
+ * request placed) is exported and imported by every other replica gossip_delay_ns later, as
+ * kvrouter's gossip does; without it a replica knows only its own decisions. One replica is the
+ * single router, whatever the gossip setting.
  */
 #ifndef KVR_SIM_H
 #define KVR_SIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../engine/engine.h"
 #include "kvr/router.h"
 #include "workload.h"
+
+#define KVR_SIM_MAX_REPLICAS 64 /* bound on kvr_sim_config.replicas */
 
 struct kvr_sim_config {
     uint32_t workers;                /* engines */
@@ -27,8 +37,15 @@ struct kvr_sim_config {
     double rate_scale;               /* open loop: arrival rate factor */
     uint32_t concurrency;            /* closed loop: clients */
     void (*progress)(void *ctx, uint32_t resolved, uint32_t total, uint64_t now_ns);
-    void *progress_ctx; /* */
+    void *progress_ctx;       /* */
+    uint32_t replicas;        /* routers sharing the requests; 0 counts as 1 */
+    bool gossip;              /* replicas import each other's decisions */
+    uint64_t gossip_delay_ns; /* a booking -> its import by the other replicas */
 };
+
+/* Fill c with kvsim run's defaults: 8 workers, the engine's and the router's defaults, event delay
+ * 1 ms, heartbeat 100 ms, rate scale 1, 20 clients, one router, gossip on with a 1 ms delay. */
+void kvr_sim_config_default(struct kvr_sim_config *c);
 
 struct kvr_sim_stat {
     double mean, p50, p90, p99, max;
@@ -53,9 +70,20 @@ struct kvr_sim_result {
     uint64_t evictions;           /* cached blocks evicted, across engines */
     double pred_err_blocks;       /* mean |predicted - actual| active blocks per worker sample */
     double pred_err_rel;          /* the same over the mean actual active blocks */
-    uint64_t router_unknown;      /* events the router did not recognise (should stay 0) */
+    uint64_t router_unknown;      /* events the routers did not recognise (should stay 0; with
+                                     replicas, early events are counted apart) */
     uint64_t index_entries_max;   /* largest index seen (at heartbeats) */
     uint64_t router_memory_max;   /* largest router memory seen, bytes */
+    /* router replicas (the gossip counters stay zero with one router) */
+    uint32_t replicas;         /* routers that shared the requests */
+    bool gossip;               /* they imported each other's decisions */
+    uint64_t decisions;        /* bookings (each request once, by the replica that routed it) */
+    uint64_t gossip_msgs;      /* decisions published to the other replicas */
+    uint64_t gossip_bytes;     /* their wire size as kvrouter's Gossip message (sim.c) */
+    uint64_t gossip_imports;   /* decisions a replica imported */
+    uint64_t early_events;     /* events a replica got before (or without) their decision */
+    uint64_t late_decisions;   /* imports refused: the request's done came first */
+    double pred_err_rel_worst; /* pred_err_rel of the replica that predicted worst */
 };
 
 /* Run one simulation. out is filled (free it with kvr_sim_result_free). */

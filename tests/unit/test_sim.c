@@ -126,3 +126,150 @@ Test(sim, trace_tokens_follow_hash_ids)
     free(b);
     kvr_workload_free(&w);
 }
+
+/* --- router replicas ---------------------------------------------------------------------- */
+
+/*
+ * The fixture with its arrivals spread over the trace's 3 s timestamp step (ten requests share
+ * each timestamp otherwise), 8 workers, kv, and n replicas.
+ */
+static void replica_setup(struct kvr_workload *w, struct kvr_sim_config *c, uint32_t n, bool gossip)
+{
+    cr_assert(eq(int, kvr_workload_load_trace(w, "conversation", FIXTURE, 0, 1, NULL), KVR_OK));
+    kvr_workload_spread(w, 3000ull * 1000000);
+    kvr_sim_config_default(c);
+    c->router.queue_max = 1u << 20;
+    c->router.queue_timeout_ns = 3600ull * 1000000000ull;
+    c->replicas = n;
+    c->gossip = gossip;
+}
+
+static struct kvr_sim_result replica_run(uint32_t n, bool gossip, uint64_t delay_ns)
+{
+    struct kvr_workload w;
+    struct kvr_sim_config c;
+    replica_setup(&w, &c, n, gossip);
+    c.gossip_delay_ns = delay_ns;
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK), "%u replicas", n);
+    cr_assert(eq(u32, r.finished, 200), "every request finishes (%u replicas)", n);
+    cr_assert(eq(u32, r.replicas, n ? n : 1));
+    cr_assert(eq(u64, r.decisions, 200), "each request is booked once");
+    cr_assert(eq(u64, r.router_unknown, 0), "no replica saw an event it could not place");
+    kvr_workload_free(&w);
+    return r;
+}
+
+Test(sim, one_replica_is_the_single_router)
+{
+    struct kvr_sim_result zero = replica_run(0, false, 1000000);
+    struct kvr_sim_result one = replica_run(1, true, 1000000);
+    cr_assert(eq(int, memcmp(zero.ttft_sorted, one.ttft_sorted, 200 * sizeof(double)), 0));
+    cr_assert(eq(dbl, zero.pred_err_rel, one.pred_err_rel));
+    cr_assert(not(one.gossip), "one router has nobody to gossip with");
+    cr_assert(eq(u64, one.gossip_msgs + one.gossip_bytes + one.early_events, 0));
+    kvr_sim_result_free(&zero);
+    kvr_sim_result_free(&one);
+}
+
+Test(sim, four_replicas_with_gossip_match_one_router)
+{
+    struct kvr_sim_result one = replica_run(1, true, 1000000);
+    struct kvr_sim_result four = replica_run(4, true, 1000000);
+    cr_assert(four.gossip);
+    cr_assert(ge(dbl, four.hit_rate, 0.95 * one.hit_rate), "hit %f against %f", four.hit_rate,
+              one.hit_rate);
+    cr_assert(le(dbl, four.ttft_ms.p90, 1.1 * one.ttft_ms.p90), "TTFT p90 %f against %f",
+              four.ttft_ms.p90, one.ttft_ms.p90);
+    cr_assert(le(dbl, four.pred_err_rel_worst, one.pred_err_rel + 0.02),
+              "every replica predicts as well as one router: %f against %f",
+              four.pred_err_rel_worst, one.pred_err_rel);
+    cr_assert(eq(u64, four.gossip_msgs, 200), "one message per decision");
+    cr_assert(eq(u64, four.gossip_imports, 3 * 200), "every peer imports each");
+    cr_assert(eq(u64, four.late_decisions, 0));
+    /* about 9.5 bytes per block hash and ~125 bytes of the rest (sim.c) */
+    uint64_t blocks = 0;
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, NULL), KVR_OK));
+    for (uint32_t i = 0; i < w.nreqs; i++)
+        blocks += w.reqs[i].isl / 64;
+    kvr_workload_free(&w);
+    cr_assert(ge(u64, four.gossip_bytes, 9 * blocks + 110 * 200), "bytes %llu for %llu blocks",
+              (unsigned long long)four.gossip_bytes, (unsigned long long)blocks);
+    cr_assert(le(u64, four.gossip_bytes, 10 * blocks + 140 * 200));
+    kvr_sim_result_free(&one);
+    kvr_sim_result_free(&four);
+}
+
+Test(sim, replicas_without_gossip_mispredict_load)
+{
+    struct kvr_sim_result on = replica_run(4, true, 1000000);
+    struct kvr_sim_result off = replica_run(4, false, 1000000);
+    cr_assert(not(off.gossip));
+    cr_assert(eq(u64, off.gossip_msgs + off.gossip_bytes + off.gossip_imports, 0));
+    cr_assert(gt(dbl, off.pred_err_rel, 0.3), "each replica sees a quarter of the load: %f",
+              off.pred_err_rel);
+    cr_assert(gt(dbl, off.pred_err_rel, 4 * on.pred_err_rel), "%f against %f with gossip",
+              off.pred_err_rel, on.pred_err_rel);
+    cr_assert(gt(u64, off.early_events, 0), "events for the other replicas' requests");
+    cr_assert(gt(dbl, off.ttft_ms.p90, on.ttft_ms.p90), "the loss shows in TTFT");
+    kvr_sim_result_free(&on);
+    kvr_sim_result_free(&off);
+}
+
+Test(sim, replica_runs_are_deterministic)
+{
+    struct kvr_sim_result a = replica_run(4, true, 1000000);
+    struct kvr_sim_result b = replica_run(4, true, 1000000);
+    cr_assert(eq(int, memcmp(a.ttft_sorted, b.ttft_sorted, 200 * sizeof(double)), 0));
+    cr_assert(eq(u64, a.gossip_bytes, b.gossip_bytes));
+    cr_assert(eq(dbl, a.pred_err_rel, b.pred_err_rel));
+    cr_assert(eq(dbl, a.pred_err_rel_worst, b.pred_err_rel_worst));
+    kvr_sim_result_free(&a);
+    kvr_sim_result_free(&b);
+}
+
+Test(sim, gossip_slower_than_requests_is_refused_not_kept)
+{
+    /* 30 s of gossip delay: most requests are done before their peers hear of them */
+    struct kvr_sim_result slow = replica_run(2, true, 30000000000ull);
+    struct kvr_sim_result off = replica_run(2, false, 1000000);
+    cr_assert(gt(u64, slow.late_decisions, 100), "the done's tombstone refuses the decision");
+    cr_assert(le(u64, slow.gossip_imports + slow.late_decisions, slow.gossip_msgs),
+              "a decision is imported or refused (or still on its way when the run ends)");
+    cr_assert(lt(dbl, slow.pred_err_rel, off.pred_err_rel + 0.25),
+              "no finished request lingers in a replica: %f against %f without gossip",
+              slow.pred_err_rel, off.pred_err_rel);
+    kvr_sim_result_free(&slow);
+    kvr_sim_result_free(&off);
+}
+
+Test(sim, bad_replica_counts_are_refused)
+{
+    struct kvr_workload w;
+    struct kvr_sim_config c;
+    replica_setup(&w, &c, KVR_SIM_MAX_REPLICAS + 1, true);
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_ERR_INVALID));
+    kvr_workload_free(&w);
+}
+
+Test(sim, spread_keeps_arrivals_sorted_and_within_the_step)
+{
+    struct kvr_workload w, orig;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_workload_load_trace(&orig, "conversation", FIXTURE, 0, 1, NULL), KVR_OK));
+    uint64_t step = 3000ull * 1000000;
+    kvr_workload_spread(&w, step);
+    uint32_t moved = 0;
+    for (uint32_t i = 0; i < w.nreqs; i++) {
+        if (i)
+            cr_assert(le(u64, w.reqs[i - 1].arrival_ns, w.reqs[i].arrival_ns));
+        moved += w.reqs[i].arrival_ns % step != 0;
+    }
+    cr_assert(gt(u32, moved, 150), "arrivals leave their timestamps");
+    cr_assert(ge(u64, w.reqs[0].arrival_ns, orig.reqs[0].arrival_ns));
+    cr_assert(lt(u64, w.reqs[w.nreqs - 1].arrival_ns, orig.reqs[w.nreqs - 1].arrival_ns + step));
+    kvr_workload_free(&w);
+    kvr_workload_free(&orig);
+}
