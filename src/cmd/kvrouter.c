@@ -63,7 +63,7 @@ struct pending *pending_find(struct router *r, uint64_t key)
     return p;
 }
 
-static void pending_drop(struct router *r, struct pending *p)
+void pending_drop(struct router *r, struct pending *p)
 {
     HASH_DEL(r->pend, p);
     pending_free(p);
@@ -177,12 +177,10 @@ static void on_core_event(void *ctx, const struct kvr_event *ev)
             (ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED)) {
             place_later(r, p); /* it never started: another worker can take it */
         } else if (p) {
-            if (replica_answers(r, p))
-                queue_error(r, p->reply, p->request_id, ev->status);
             kvr_log(KVR_LOG_WARN, "request_failed",
                     "request=\"%s\" worker=%" PRIu64 " error=\"%s\"", p->request_id, ev->worker_id,
                     kvr_status_str(ev->status));
-            pending_drop(r, p);
+            replica_failed(r, p, ev->status);
         }
         break;
     case KVR_EV_WORKER_LEFT:
@@ -664,8 +662,6 @@ static int subscribe(struct router *r)
     for (int i = 0; i < 3 && s == NATS_OK; i++)
         s = natsConnection_Subscribe(&r->sub_srv[i], r->nc_req, srv[i], on_srv, r);
     if (s == NATS_OK)
-        s = replica_serve_snapshots(r);
-    if (s == NATS_OK)
         s = natsConnection_Flush(r->nc_req);
     if (s != NATS_OK) {
         kvr_log(KVR_LOG_ERROR, "subscribe_failed", "error=\"%s\"", natsStatus_GetText(s));
@@ -816,7 +812,6 @@ int main(int argc, char **argv)
     natsSubscription_Unsubscribe(r.sub_ev);
     natsSubscription_Unsubscribe(r.sub_gossip);
     natsSubscription_Unsubscribe(r.sub_pages);
-    natsSubscription_Unsubscribe(r.sub_repair);
     natsSubscription_Unsubscribe(r.sub_lookup);
     natsSubscription_Unsubscribe(r.sub_digest);
     natsSubscription_Unsubscribe(r.sub_sync);
@@ -832,7 +827,6 @@ int main(int argc, char **argv)
     natsSubscription_Destroy(r.sub_ev);
     natsSubscription_Destroy(r.sub_gossip);
     natsSubscription_Destroy(r.sub_pages);
-    natsSubscription_Destroy(r.sub_repair);
     natsSubscription_Destroy(r.sub_lookup);
     natsSubscription_Destroy(r.sub_digest);
     natsSubscription_Destroy(r.sub_sync);

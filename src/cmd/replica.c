@@ -5,7 +5,7 @@
  * - gossip: each booking this router makes goes out as one Gossip message on
  *   kv.<ns>.router.gossip with (router id, epoch, seq); peers import it. A hello every second
  *   carries the last seq, so a lost tail is seen too.
- * - repair: a seq gap asks the origin (kv.<ns>.router.repair.<id>) for the decisions it still
+ * - repair: a seq gap asks the origin (kv.<ns>.router.sync.<id>) for the decisions it still
  *   holds in that range; the pages come back to kv.<ns>.router.pages.<id>.
  * - snapshot: a new or restarted router asks one synced peer (kv.<ns>.router.sync, a queue
  *   group) for everything in flight and the index; KV events are held back meanwhile and
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvr/hash.h"
 #include "router.h"
 
 #define RING_SIZE  65536u         /* decisions an origin can still repair */
@@ -67,11 +68,10 @@ kvr_status replica_init(struct router *r)
         return KVR_ERR_NOMEM;
     char suffix[512];
     kvr_subject(g->subj_gossip, sizeof g->subj_gossip, r->o.prefix, r->o.ns, "router.gossip");
-    kvr_subject(g->subj_sync, sizeof g->subj_sync, r->o.prefix, r->o.ns, "router.sync");
     kvr_subject(g->subj_lookup, sizeof g->subj_lookup, r->o.prefix, r->o.ns, "router.lookup");
     kvr_subject(g->subj_digest, sizeof g->subj_digest, r->o.prefix, r->o.ns, "router.digest");
-    snprintf(suffix, sizeof suffix, "router.repair.%s", r->o.id);
-    kvr_subject(g->subj_repair, sizeof g->subj_repair, r->o.prefix, r->o.ns, suffix);
+    snprintf(suffix, sizeof suffix, "router.sync.%s", r->o.id);
+    kvr_subject(g->subj_sync, sizeof g->subj_sync, r->o.prefix, r->o.ns, suffix);
     snprintf(suffix, sizeof suffix, "router.pages.%s", r->o.id);
     if (!kvr_subject(g->subj_pages, sizeof g->subj_pages, r->o.prefix, r->o.ns, suffix))
         return KVR_ERR_INVALID;
@@ -91,6 +91,7 @@ void replica_free(struct router *r)
         free(g->held[i].data);
     free(g->held);
     free(g->ring);
+    free(g->orphans);
     memset(g, 0, sizeof *g);
 }
 
@@ -126,28 +127,36 @@ static void ask(struct router *r, const char *subject, struct kvr_wire_sync *q)
         kvr_outbox_add_request(&r->out, subject, r->rep.subj_pages, r->buf.data, r->buf.len);
 }
 
+/* Under mu: ask peer p directly (kv.<ns>.router.sync.<its id>). */
+static void ask_peer(struct router *r, const struct peer *p, struct kvr_wire_sync *q)
+{
+    char subject[512], suffix[300];
+    snprintf(suffix, sizeof suffix, "router.sync.%s", p->id);
+    if (kvr_subject(subject, sizeof subject, r->o.prefix, r->o.ns, suffix))
+        ask(r, subject, q);
+}
+
 static void ask_repair(struct router *r, struct peer *p, uint64_t from, uint64_t to)
 {
     if (to - from >= REPAIR_MAX)
         from = to - REPAIR_MAX + 1; /* older ones: the heartbeats' anti-entropy */
     r->rep.gaps += to - from + 1;
     r->rep.repairs_asked++;
-    char subject[512], suffix[300];
-    snprintf(suffix, sizeof suffix, "router.repair.%s", p->id);
-    if (!kvr_subject(subject, sizeof subject, r->o.prefix, r->o.ns, suffix))
-        return;
     struct kvr_wire_sync q = {.from_seq = from, .to_seq = to, .epoch = p->epoch};
-    ask(r, subject, &q);
+    ask_peer(r, p, &q);
     kvr_log(KVR_LOG_DEBUG, "gossip_gap", "peer=%s from=%" PRIu64 " to=%" PRIu64, p->id, from, to);
 }
 
 static void finish_sync(struct router *r, bool complete);
+static void settle_orphans(struct router *r, uint64_t now);
 
 void replica_tick(struct router *r, uint64_t now)
 {
     struct replica *g = &r->rep;
     if (g->syncing && g->synced && now > g->sync_deadline)
         finish_sync(r, false); /* a resync that got no answer: heartbeats and gossip fill in */
+    if (g->norphans)
+        settle_orphans(r, now);
     if (!r->o.gossip || now < g->next_hello_ns)
         return;
     g->next_hello_ns = now + hello_ns(r);
@@ -407,7 +416,10 @@ static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     /* while a snapshot is awaited, pages are taken as its (repair pages carry no index entries) */
     uint64_t expect = r->rep.syncing ? r->rep.sync_token : 0;
     struct page_ctx c = {r, kvr_now_ns(), expect != 0};
-    if (expect && r->rep.resync) { /* the peer's index replaces the one with holes in it */
+    if (expect && r->rep.resync &&
+        kvr_wire_decode_page(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), NULL, NULL,
+                             NULL, &last, &token) == KVR_OK &&
+        token == expect) { /* the snapshot's index replaces the one with holes in it */
         kvr_router_index_clear(r->core);
         r->rep.resync = false;
     }
@@ -425,37 +437,44 @@ static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     flush(r);
 }
 
-static bool any_serving_peer(struct router *r)
+/* A live peer that serves (so it has the fleet's state), a different one from call to call. */
+static struct peer *serving_peer(struct router *r)
 {
     uint64_t now = kvr_now_ns();
-    struct peer *p, *tmp;
+    uint32_t n = 0;
+    struct peer *p, *tmp, *pick = NULL;
     HASH_ITER(hh, r->rep.peers, p, tmp)
     {
-        if (p->serving && peer_alive(r, p, now))
-            return true;
+        if (!p->serving || !peer_alive(r, p, now))
+            continue;
+        n++;
+        if (kvr_hash_seq(r->rep.tokens, n) % n == 0)
+            pick = p; /* reservoir sampling */
     }
-    return false;
+    return pick;
 }
 
 /* Under mu: hold KV events back and ask one synced peer for everything. */
-static void ask_snapshot(struct router *r)
+static void ask_snapshot(struct router *r, const struct peer *from)
 {
     struct replica *g = &r->rep;
     g->syncing = true;
     g->sync_deadline = kvr_now_ns() + r->o.sync_timeout_ms * 1000000ull;
     struct kvr_wire_sync q = {.full = true};
-    ask(r, g->subj_sync, &q);
+    ask_peer(r, from, &q);
     g->sync_token = q.token;
+    kvr_log(KVR_LOG_INFO, "snapshot_asked", "peer=%s", from->id);
 }
 
 void replica_resync(struct router *r)
 {
     struct replica *g = &r->rep;
-    if (!r->o.gossip || !g->synced || g->syncing || !any_serving_peer(r))
+    struct peer *from = r->o.gossip && g->synced && !g->syncing ? serving_peer(r) : NULL;
+    if (!from)
         return;
     g->resync = true;
     g->resyncs++;
-    ask_snapshot(r);
+    ask_snapshot(r, from);
     kvr_log(KVR_LOG_INFO, "resync", "reason=\"connection back\"");
 }
 
@@ -465,7 +484,8 @@ void replica_sync(struct router *r)
     uint64_t t0 = kvr_now_ns();
     for (int attempt = 0; attempt < SYNC_TRIES; attempt++) {
         pthread_mutex_lock(&r->mu);
-        if (!r->o.gossip || !any_serving_peer(r)) {
+        struct peer *from = r->o.gossip ? serving_peer(r) : NULL;
+        if (!from) {
             g->synced = true;
             g->synced_ns = kvr_now_ns();
             pthread_mutex_unlock(&r->mu);
@@ -473,7 +493,7 @@ void replica_sync(struct router *r)
                     r->o.gossip ? "no serving peer" : "gossip off");
             return;
         }
-        ask_snapshot(r);
+        ask_snapshot(r, from);
         pthread_mutex_unlock(&r->mu);
         flush(r);
         for (;;) {
@@ -545,13 +565,10 @@ void replica_reconcile(struct router *r, uint64_t worker_id, const uint64_t *key
     }
 }
 
-bool replica_answers(struct router *r, const struct pending *p)
+/* Whether this router answers for requests whose origin is silent: the live one with the smallest
+ * id does. */
+static bool stands_in(struct router *r, uint64_t now)
 {
-    if (!p->origin)
-        return true;
-    uint64_t now = kvr_now_ns();
-    if (peer_alive(r, p->origin, now))
-        return false;
     struct peer *q, *tmp;
     HASH_ITER(hh, r->rep.peers, q, tmp)
     {
@@ -559,6 +576,61 @@ bool replica_answers(struct router *r, const struct pending *p)
             return false;
     }
     return true;
+}
+
+void replica_failed(struct router *r, struct pending *p, kvr_status st)
+{
+    struct replica *g = &r->rep;
+    uint64_t now = kvr_now_ns();
+    if (!p->origin) {
+        queue_error(r, p->reply, p->request_id, st);
+    } else if (!peer_alive(r, p->origin, now) && !p->orphan_at) {
+        /* its origin is silent: maybe gone, maybe cut off for a moment (then it places the
+         * request again itself). Wait, then answer if it is still silent. */
+        if (g->norphans == g->caporphans) {
+            uint32_t cap = g->caporphans ? g->caporphans * 2 : 64;
+            uint64_t *o = realloc(g->orphans, cap * sizeof *o);
+            if (o) {
+                g->orphans = o;
+                g->caporphans = cap;
+            }
+        }
+        if (g->norphans < g->caporphans) {
+            p->orphan_at = now + 4 * hello_ns(r);
+            p->orphan_status = st;
+            g->orphans[g->norphans++] = p->key;
+            return;
+        }
+        if (stands_in(r, now))
+            queue_error(r, p->reply, p->request_id, st);
+    }
+    pending_drop(r, p);
+}
+
+/* Under mu: orphans whose grace period is over. */
+static void settle_orphans(struct router *r, uint64_t now)
+{
+    struct replica *g = &r->rep;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < g->norphans; i++) {
+        struct pending *p = pending_find(r, g->orphans[i]);
+        if (!p || !p->orphan_at)
+            continue;
+        if (now < p->orphan_at) {
+            g->orphans[kept++] = g->orphans[i];
+            continue;
+        }
+        p->orphan_at = 0;
+        struct kvr_request_record rec;
+        if (kvr_router_export(r->core, p->key, &rec) == KVR_OK)
+            continue; /* placed again meanwhile: in flight */
+        if (!peer_alive(r, p->origin, now) && stands_in(r, now)) {
+            queue_error(r, p->reply, p->request_id, p->orphan_status);
+            g->orphans_answered++;
+        }
+        pending_drop(r, p);
+    }
+    g->norphans = kept;
 }
 
 /* --- digest and stats ---------------------------------------------------------------------- */
@@ -578,33 +650,53 @@ static int digest_json(struct router *r, char *buf, size_t len)
 int replica_stats_json(struct router *r, char *buf, size_t len)
 {
     struct replica *g = &r->rep;
-    uint64_t now = kvr_now_ns();
-    uint32_t alive = 0;
+    uint64_t now = kvr_now_ns(), alive = 0;
     struct peer *p, *tmp;
     HASH_ITER(hh, g->peers, p, tmp)
     alive += peer_alive(r, p, now);
     struct kvr_router_stats s;
     kvr_router_stats(r->core, &s);
-    int n = snprintf(
-        buf, len,
-        "\"epoch\":%" PRIu64 ",\"seq\":%" PRIu64 ",\"synced\":%s,\"sync_ms\":%" PRIu64
-        ",\"peers\":%u,\"peers_alive\":%u,\"decided\":%" PRIu64 ",\"gossip_sent\":%" PRIu64
-        ",\"gossip_bytes\":%" PRIu64
-        ",\"gossip_bytes_per_decision\":%.1f,\"gossip_received\":%" PRIu64
-        ",\"gossip_received_bytes\":%" PRIu64 ",\"gossip_bad\":%" PRIu64
-        ",\"gossip_stale\":%" PRIu64 ",\"imported\":%" PRIu64 ",\"already_known\":%" PRIu64
-        ",\"late_decisions\":%" PRIu64 ",\"early_events\":%" PRIu64
-        ",\"import_unknown_worker\":%" PRIu64 ",\"gaps\":%" PRIu64 ",\"repairs_asked\":%" PRIu64
-        ",\"repaired\":%" PRIu64 ",\"lookups\":%" PRIu64 ",\"reconciled\":%" PRIu64
-        ",\"pages_sent\":%" PRIu64 ",\"pages_received\":%" PRIu64 ",\"snapshots_served\":%" PRIu64
-        ",\"held_dropped\":%" PRIu64 ",\"resends\":%" PRIu64
-        ",\"gossip_dropped_by_test_knob\":%" PRIu64 ",\"resyncs\":%" PRIu64 ",",
-        g->epoch, g->seq, g->synced ? "true" : "false", g->sync_ms, g->npeers, alive, g->decided,
-        g->sent, g->sent_bytes, g->sent ? (double)g->sent_bytes / (double)g->sent : 0.0,
-        g->received, g->received_bytes, g->bad, g->stale, g->imported, g->late, s.late_decisions,
-        s.early_events, g->unknown_worker, g->gaps, g->repairs_asked, g->repaired, g->lookups,
-        s.reconciled, g->pages_sent, g->pages_received, g->snapshots_served, g->held_dropped,
-        g->resends, g->dropped_by_knob, g->resyncs);
+    const struct {
+        const char *name;
+        uint64_t value;
+    } counters[] = {
+        {"epoch", g->epoch},
+        {"seq", g->seq},
+        {"sync_ms", g->sync_ms},
+        {"peers", g->npeers},
+        {"peers_alive", alive},
+        {"decided", g->decided},
+        {"gossip_sent", g->sent},
+        {"gossip_bytes", g->sent_bytes},
+        {"gossip_received", g->received},
+        {"gossip_received_bytes", g->received_bytes},
+        {"gossip_bad", g->bad},
+        {"gossip_stale", g->stale},
+        {"imported", g->imported},
+        {"already_known", g->late},
+        {"late_decisions", s.late_decisions},
+        {"early_events", s.early_events},
+        {"import_unknown_worker", g->unknown_worker},
+        {"gaps", g->gaps},
+        {"repairs_asked", g->repairs_asked},
+        {"repaired", g->repaired},
+        {"lookups", g->lookups},
+        {"reconciled", s.reconciled},
+        {"pages_sent", g->pages_sent},
+        {"pages_received", g->pages_received},
+        {"snapshots_served", g->snapshots_served},
+        {"held_dropped", g->held_dropped},
+        {"resends", g->resends},
+        {"resyncs", g->resyncs},
+        {"orphans_answered", g->orphans_answered},
+        {"gossip_dropped_by_test_knob", g->dropped_by_knob},
+    };
+    int n = snprintf(buf, len, "\"synced\":%s,\"gossip_bytes_per_decision\":%.1f,",
+                     g->synced ? "true" : "false",
+                     g->sent ? (double)g->sent_bytes / (double)g->sent : 0.0);
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0] && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "\"%s\":%" PRIu64 ",", counters[i].name,
+                      counters[i].value);
     if (n < 0 || (size_t)n >= len)
         return n;
     return n + digest_json(r, buf + n, len - (size_t)n);
@@ -638,18 +730,10 @@ natsStatus replica_subscribe(struct router *r)
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(r->sub_pages, -1, -1);
     if (s == NATS_OK)
-        s = natsConnection_Subscribe(&r->sub_repair, r->nc_ev, g->subj_repair, on_sync_request, r);
+        s = natsConnection_Subscribe(&r->sub_sync, r->nc_ev, g->subj_sync, on_sync_request, r);
     if (s == NATS_OK)
         s = natsConnection_Subscribe(&r->sub_lookup, r->nc_ev, g->subj_lookup, on_sync_request, r);
     if (s == NATS_OK)
         s = natsConnection_Subscribe(&r->sub_digest, r->nc_req, g->subj_digest, on_digest, r);
     return s;
-}
-
-natsStatus replica_serve_snapshots(struct router *r)
-{
-    if (!r->o.gossip)
-        return NATS_OK;
-    return natsConnection_QueueSubscribe(&r->sub_sync, r->nc_ev, r->rep.subj_sync, "kvrouter-sync",
-                                         on_sync_request, r);
 }

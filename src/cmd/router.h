@@ -45,16 +45,18 @@ struct peer {
 
 /* A request in flight that some router of the fleet decided. */
 struct pending {
-    uint64_t key;        /* the fleet-wide id: XXH3 of reply subject and client id */
-    char *reply;         /* the client's reply subject; NULL for booked selects */
-    char *request_id;    /* the client's id */
-    uint8_t *raw;        /* the client's GenerateRequest, kept until its first token (to place
-                          * it again if it never reaches its worker); origin only */
-    size_t rawlen;       /* */
-    uint64_t worker_id;  /* 0 while queued */
-    uint32_t attempts;   /* placements after the first */
-    struct peer *origin; /* the router that decided it; NULL: this one */
-    UT_hash_handle hh;   /* by key; the router owns the item */
+    uint64_t key;             /* the fleet-wide id: XXH3 of reply subject and client id */
+    char *reply;              /* the client's reply subject; NULL for booked selects */
+    char *request_id;         /* the client's id */
+    uint8_t *raw;             /* the client's GenerateRequest, kept until its first token (to place
+                               * it again if it never reaches its worker); origin only */
+    size_t rawlen;            /* */
+    uint64_t worker_id;       /* 0 while queued */
+    uint32_t attempts;        /* placements after the first */
+    uint64_t orphan_at;       /* failed while its origin was silent: answer at this time (0: no) */
+    kvr_status orphan_status; /* */
+    struct peer *origin;      /* the router that decided it; NULL: this one */
+    UT_hash_handle hh;        /* by key; the router owns the item */
 };
 
 struct endpoint_stats {
@@ -100,18 +102,20 @@ struct replica {
     uint64_t imported, late, unknown_worker;         /* decisions applied from peers */
     uint64_t gaps, repairs_asked, repaired, lookups; /* recovery */
     uint64_t pages_sent, pages_received, snapshots_served, held_dropped;
-    uint64_t resends;   /* generate requests for a key already in flight: absorbed */
-    uint64_t synced_ns; /* when the snapshot was applied (0: never) */
-    uint64_t sync_ms;   /* how long it took from the request */
-    char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_repair[256], subj_pages[256],
-        subj_digest[256];
+    uint64_t resends;              /* generate requests for a key already in flight: absorbed */
+    uint64_t *orphans;             /* keys of failed requests whose origin is silent */
+    uint32_t norphans, caporphans; /* */
+    uint64_t orphans_answered;     /* */
+    uint64_t synced_ns;            /* when the snapshot was applied (0: never) */
+    uint64_t sync_ms;              /* how long it took from the request */
+    char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
 };
 
 struct router {
     struct opts o;
     natsConnection *nc_req, *nc_ev;
     natsSubscription *sub_gen, *sub_sel, *sub_ev, *sub_srv[3];
-    natsSubscription *sub_gossip, *sub_pages, *sub_repair, *sub_lookup, *sub_digest, *sub_sync;
+    natsSubscription *sub_gossip, *sub_pages, *sub_lookup, *sub_digest, *sub_sync;
     pthread_mutex_t mu;
     struct kvr_router *core;     /* under mu */
     struct pending *pend;        /* under mu */
@@ -138,6 +142,7 @@ struct router {
 /* kvrouter.c */
 struct pending *pending_find(struct router *r, uint64_t key);
 void pending_free(struct pending *p);
+void pending_drop(struct router *r, struct pending *p);
 void queue_error(struct router *r, const char *reply, const char *request_id, kvr_status st);
 kvr_status apply_kv_event(struct router *r, uint64_t worker_id, const void *data, size_t len);
 void flush(struct router *r);
@@ -147,13 +152,16 @@ kvr_status replica_init(struct router *r);
 natsStatus replica_subscribe(struct router *r);
 /* At start, after the warm-up: ask a peer for a snapshot and wait (bounded) until it is applied. */
 void replica_sync(struct router *r);
-natsStatus replica_serve_snapshots(struct router *r); /* join the snapshot queue group */
 void replica_free(struct router *r);
 
 /* Under mu: gossip the booking of key (this router decided it). */
 void replica_decided(struct router *r, const struct pending *p);
-/* Under mu: whether this router sends the client its error for p. */
-bool replica_answers(struct router *r, const struct pending *p);
+/*
+ * Under mu: p failed (its worker died, or it never reached it). Its origin tells the client; when
+ * the origin is silent, the live router with the smallest id does, after a grace period in which
+ * the origin may come back and place it again. p is dropped (or kept for that grace period).
+ */
+void replica_failed(struct router *r, struct pending *p, kvr_status st);
 /* Under mu: a worker heartbeat listing the requests it holds (anti-entropy). */
 void replica_reconcile(struct router *r, uint64_t worker_id, const uint64_t *keys, uint32_t n,
                        uint32_t interval_ms, uint64_t now);

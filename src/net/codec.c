@@ -835,7 +835,7 @@ kvr_status kvr_wire_decode_page(const void *buf, size_t len,
     *token = m->token;
     for (size_t i = 0; i < m->n_decisions; i++) {
         struct kvr_wire_decision d;
-        if (take_decision(m->decisions[i], &d) == KVR_OK) {
+        if (on_decision && take_decision(m->decisions[i], &d) == KVR_OK) {
             on_decision(ctx, &d);
             kvr_wire_decision_free(&d);
         }
@@ -844,7 +844,7 @@ kvr_status kvr_wire_decode_page(const void *buf, size_t len,
         const Kvrouter__V1__IndexEntry *x = m->entries[i];
         struct kvr_index_record r = {x->worker_id, x->seq, x->has_engine, x->engine_id,
                                      x->ttl_left_ms * 1000000ull};
-        if (x->worker_id)
+        if (x->worker_id && on_entry)
             on_entry(ctx, &r);
     }
     kvrouter__v1__sync_page__free_unpacked(m, NULL);

@@ -198,7 +198,10 @@ kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record 
 /* Encode the page into b (last: the final page) and empty it. */
 kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);
 
-/* Decode a SyncPage, calling the callbacks for each decision and entry (borrowed for the call). */
+/*
+ * Decode a SyncPage: *last and *token first, then the callbacks for each decision and entry
+ * (borrowed for the call; a NULL callback skips them).
+ */
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
