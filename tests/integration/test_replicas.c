@@ -397,3 +397,54 @@ Test(replicas, a_server_node_restart_is_survived)
     cr_assert(until_agree(3, 15000, 50, a) >= 0, "the routers disagree after the restart");
     free(l.q);
 }
+
+Test(replicas, bad_replication_messages_are_counted_and_dropped)
+{
+    router_on("r1", 0, NULL, NULL);
+    worker_on("1", 0, "20");
+    until_serving(1, 15000);
+    const char junk[] = "\xff\xff\xff not protobuf";
+    natsConnection_Publish(nc, "kv.default.router.gossip", junk, sizeof junk);
+    natsConnection_PublishRequest(nc, "kv.default.router.sync.r1", "_INBOX.nobody", junk,
+                                  sizeof junk);
+    natsConnection_PublishRequest(nc, "kv.default.router.lookup", "_INBOX.nobody", junk,
+                                  sizeof junk);
+    natsConnection_Publish(nc, "kv.default.router.pages.r1", junk, sizeof junk);
+    /* well-formed, but about a worker nobody knows, from a peer nobody knows */
+    struct kvr_buf b = {0};
+    uint64_t h[2] = {1, 2};
+    struct kvr_request_record rec = {4242, 99, h, 2, 128, 0, false, 0};
+    cr_assert(eq(
+        int,
+        kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id", "stranger"),
+        KVR_OK));
+    natsConnection_Publish(nc, "kv.default.router.gossip", b.data, (int)b.len);
+    /* a full snapshot asked by a stranger is served (to its reply subject) */
+    struct kvr_wire_sync q = {.router_id = "stranger", .full = true, .token = 7};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    natsMsg *page = NULL;
+    cr_assert(
+        eq(int,
+           natsConnection_Request(&page, nc, "kv.default.router.sync.r1", b.data, (int)b.len, 5000),
+           NATS_OK),
+        "a snapshot page came back");
+    bool last = false;
+    uint64_t token = 0;
+    cr_assert(eq(int,
+                 kvr_wire_decode_page(natsMsg_GetData(page), (size_t)natsMsg_GetDataLength(page),
+                                      NULL, NULL, NULL, &last, &token),
+                 KVR_OK));
+    cr_assert(last);
+    cr_assert(eq(u64, token, 7));
+    natsMsg_Destroy(page);
+    kvr_buf_free(&b);
+    h_sleep_ms(300);
+    struct answer a[MAX_ANSWER];
+    cr_assert(eq(int, ask_digests(a, MAX_ANSWER, 300), 1));
+    cr_assert(ge(u64, stat_of(&a[0], "gossip_bad"), 4), "%s", a[0].json);
+    cr_assert(eq(u64, stat_of(&a[0], "import_unknown_worker"), 1));
+    cr_assert(eq(u64, stat_of(&a[0], "requests"), 0), "nothing booked on an unknown worker");
+    struct h_req r;
+    cr_assert(h_send(nc, GEN, &r, "still-serving", 77, 0, 64, 2));
+    cr_assert(h_collect(&r, 5000) && r.res.error_code == 0, "the router still serves");
+}
