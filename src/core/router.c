@@ -1094,9 +1094,10 @@ uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const ui
         free(sorted);
         return 0;
     }
-    if (n)
+    if (n) {
         memcpy(sorted, keys, (size_t)n * sizeof *sorted);
-    qsort(sorted, n, sizeof *sorted, cmp_u64);
+        qsort(sorted, n, sizeof *sorted, cmp_u64);
+    }
     uint32_t slot = kvr_registry_slot(&r->reg, w), dropped = 0;
     /* collect first: dropping while walking the worker's list would unlink under our feet */
     uint32_t cap = r->act.w[slot].nreqs, nvictims = 0;

@@ -675,6 +675,8 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
     cr_assert(eq(int, expired_seen, 2));
     cr_assert(eq(u32, nunknown, 1));
     cr_assert(eq(u64, unknown[0], 555), "the worker holds one this router never heard of");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 2, NULL, 0, 70, 30, unknown, &nunknown, 4), 0),
+              "an empty heartbeat of a worker without requests");
     struct kvr_router_stats s;
     kvr_router_stats(r, &s);
     cr_assert(eq(u32, s.inflight, 2), "2 held or too young to judge remain");
