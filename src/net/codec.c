@@ -721,7 +721,8 @@ static kvr_status arena_put(struct kvr_buf *a, const void *data, size_t len, siz
     kvr_status st = kvr_buf_reserve(a, at + len + 1);
     if (st != KVR_OK)
         return st;
-    memcpy(a->data + at, data, len);
+    if (len)
+        memcpy(a->data + at, data, len);
     a->data[at + len] = 0;
     a->len = at + len + 1;
     *off = at;
