@@ -548,7 +548,8 @@ static void *timer_thread(void *arg)
         bool stop = r->stopping;
         uint64_t now = kvr_now_ns();
         if (!stop && !up) {
-            r->blind = true; /* no worker can be heard: judge none of them meanwhile */
+            r->blind = true;      /* no worker can be heard: judge none of them meanwhile */
+            replica_tick(r, now); /* but say hello: its requests are still in good hands */
         } else if (!stop) {
             if (r->blind || cut) {
                 r->blind = false;

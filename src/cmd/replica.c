@@ -596,7 +596,7 @@ void replica_failed(struct router *r, struct pending *p, kvr_status st)
             }
         }
         if (g->norphans < g->caporphans) {
-            p->orphan_at = now + 4 * hello_ns(r);
+            p->orphan_at = now + 8 * hello_ns(r);
             p->orphan_status = st;
             g->orphans[g->norphans++] = p->key;
             return;

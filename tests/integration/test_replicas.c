@@ -72,6 +72,29 @@ static pid_t worker_on(const char *id, int n, const char *speedup)
     return h_spawn("kvworker", args);
 }
 
+/* Routers r1..r3, one on each node (r1 with flag value when flag is not NULL); pids into pid. */
+static void three_routers(pid_t pid[3], const char *flag, const char *value)
+{
+    static const char *const ids[3] = {"r1", "r2", "r3"};
+    for (int i = 0; i < 3; i++) {
+        pid_t p = router_on(ids[i], i, i == 0 ? flag : NULL, i == 0 ? value : NULL);
+        if (pid)
+            pid[i] = p;
+    }
+}
+
+/* Workers 1..n, worker w on node w % NODES; pids into pid (when not NULL). */
+static void workers(int n, const char *speedup, pid_t *pid)
+{
+    for (int w = 1; w <= n; w++) {
+        char id[8];
+        snprintf(id, sizeof id, "%d", w);
+        pid_t p = worker_on(id, w % NODES, speedup);
+        if (pid)
+            pid[w - 1] = p;
+    }
+}
+
 /* What one router says of its state (kv.default.router.digest). */
 struct answer {
     char id[64];
@@ -189,14 +212,8 @@ static void collect_all(struct load *l, int resend_ms)
 
 Test(replicas, three_routers_under_load_end_with_equal_digests)
 {
-    router_on("r1", 0, NULL, NULL);
-    router_on("r2", 1, NULL, NULL);
-    router_on("r3", 2, NULL, NULL);
-    for (int w = 1; w <= 4; w++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", w);
-        worker_on(id, w % NODES, "20");
-    }
+    three_routers(NULL, NULL, NULL);
+    workers(4, "20", NULL);
     until_serving(3, 15000);
     struct load l = {calloc(120, sizeof(struct h_req)), 120, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 120, "agree");
@@ -229,20 +246,15 @@ Test(replicas, three_routers_under_load_end_with_equal_digests)
 
 Test(replicas, a_router_killed_under_load_loses_no_request)
 {
-    router_on("r1", 0, NULL, NULL);
-    pid_t r2 = router_on("r2", 1, NULL, NULL);
-    router_on("r3", 2, NULL, NULL);
-    for (int w = 1; w <= 4; w++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", w);
-        worker_on(id, w % NODES, "10");
-    }
+    pid_t r[3];
+    three_routers(r, NULL, NULL);
+    workers(4, "10", NULL);
     until_serving(3, 15000);
     struct load l = {calloc(150, sizeof(struct h_req)), 150, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 50, "kill");
     h_sleep_ms(100);
     send_batch(&l, 50, 100, "kill");
-    h_signal(r2, SIGKILL); /* with requests in its hands */
+    h_signal(r[1], SIGKILL); /* with requests in its hands */
     send_batch(&l, 100, 150, "kill");
     collect_all(&l, 1500);
     fprintf(stderr, "kill -9: %d ok, %d explicit errors, %d lost, %d resends, %d duplicated\n",
@@ -256,16 +268,8 @@ Test(replicas, a_router_killed_under_load_loses_no_request)
 
 Test(replicas, a_router_started_under_load_converges)
 {
-    for (int i = 0; i < 3; i++) {
-        char id[8];
-        snprintf(id, sizeof id, "r%d", i + 1);
-        router_on(id, i, NULL, NULL);
-    }
-    for (int w = 1; w <= 4; w++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", w);
-        worker_on(id, w % NODES, "10");
-    }
+    three_routers(NULL, NULL, NULL);
+    workers(4, "10", NULL);
     until_serving(3, 15000);
     char url[2048];
     urls(0, url, sizeof url);
@@ -293,14 +297,8 @@ Test(replicas, a_router_started_under_load_converges)
 
 Test(replicas, dropped_gossip_is_repaired)
 {
-    router_on("r1", 0, "--test-drop-gossip", "4"); /* every 4th decision of r1 is never sent */
-    router_on("r2", 1, NULL, NULL);
-    router_on("r3", 2, NULL, NULL);
-    for (int w = 1; w <= 3; w++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", w);
-        worker_on(id, w % NODES, "20");
-    }
+    three_routers(NULL, "--test-drop-gossip", "4"); /* every 4th decision of r1 is never sent */
+    workers(3, "20", NULL);
     until_serving(3, 15000);
     struct load l = {calloc(90, sizeof(struct h_req)), 90, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 90, "drop");
@@ -328,15 +326,9 @@ Test(replicas, dropped_gossip_is_repaired)
 
 Test(replicas, a_killed_worker_is_dropped_by_every_replica)
 {
-    router_on("r1", 0, NULL, NULL);
-    router_on("r2", 1, NULL, NULL);
-    router_on("r3", 2, NULL, NULL);
+    three_routers(NULL, NULL, NULL);
     pid_t w[3];
-    for (int i = 0; i < 3; i++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", i + 1);
-        w[i] = worker_on(id, i, "1");
-    }
+    workers(3, "1", w);
     until_serving(3, 15000);
     struct h_req q[9];
     uint64_t wid[9];
@@ -371,14 +363,8 @@ Test(replicas, a_killed_worker_is_dropped_by_every_replica)
 
 Test(replicas, a_server_node_restart_is_survived)
 {
-    router_on("r1", 0, NULL, NULL);
-    router_on("r2", 1, NULL, NULL); /* on the node that restarts: it moves to another and back */
-    router_on("r3", 2, NULL, NULL);
-    for (int w = 1; w <= 3; w++) {
-        char id[8];
-        snprintf(id, sizeof id, "%d", w);
-        worker_on(id, w % NODES, "20");
-    }
+    three_routers(NULL, NULL, NULL); /* r2 is on the node that restarts: it moves to another */
+    workers(3, "20", NULL);
     until_serving(3, 15000);
     struct load l = {calloc(120, sizeof(struct h_req)), 120, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 40, "restart");
