@@ -35,7 +35,7 @@ struct opts {
     char workload[KVR_OPT_STR_MAX], policies[KVR_OPT_STR_MAX], out[KVR_OPT_STR_MAX];
     char trace[KVR_OPT_STR_MAX], mode[KVR_OPT_STR_MAX], log_level[KVR_OPT_STR_MAX];
     uint32_t requests, concurrency, block_size, workers, num_blocks, max_tokens, hop_window;
-    uint64_t seed, timeout_ms, worker_id, hop_seconds, digest_wait_ms;
+    uint64_t seed, timeout_ms, worker_id, hop_seconds, digest_wait_ms, resend_ms;
     double rate_scale;
 };
 
@@ -45,7 +45,9 @@ struct breq {
     uint32_t cached;                  /* prompt tokens the worker had cached */
     uint64_t worker;                  /* who served it */
     uint32_t error;                   /* kvr_status of a failure */
-    bool sent, done;
+    uint64_t t_resent;                /* last resend, ns */
+    uint32_t resends;                 /* */
+    bool sent, heard, done;           /* heard: some chunk came */
 };
 
 struct bench {
@@ -68,22 +70,53 @@ struct bench {
     struct kvr_buf buf; /* (publishing thread) */
 };
 
-static void send_request(struct bench *b, uint32_t i)
+/* Request i's bytes into buf (tok: prompt scratch) and its reply subject into reply. */
+static bool encode_request(struct bench *b, uint32_t i, uint32_t *tok, struct kvr_buf *buf,
+                           char *reply, size_t len)
 {
     const struct kvr_wl_request *w = &b->wl.reqs[i];
-    char id[64], reply[192];
+    char id[64];
     snprintf(id, sizeof id, "b%" PRIu64 "-%u", b->run, i);
-    snprintf(reply, sizeof reply, "%s.%u", b->inbox, i);
-    kvr_workload_tokens(&b->wl, i, b->tok);
+    snprintf(reply, len, "%s.%u", b->inbox, i);
+    kvr_workload_tokens(&b->wl, i, tok);
     struct kvr_overrides ov = {KVR_OV_POLICY, b->policy, 0, 0};
     uint32_t osl = b->o.max_tokens ? b->o.max_tokens : w->osl;
-    if (kvr_wire_encode_generate(&b->buf, id, b->tok, w->isl, osl, &ov) != KVR_OK)
+    return kvr_wire_encode_generate(buf, id, tok, w->isl, osl, &ov) == KVR_OK;
+}
+
+static void send_request(struct bench *b, uint32_t i)
+{
+    char reply[192];
+    if (!encode_request(b, i, b->tok, &b->buf, reply, sizeof reply))
         return;
     pthread_mutex_lock(&b->mu);
     b->reqs[i].t_send = kvr_now_ns();
     b->reqs[i].sent = true;
     pthread_mutex_unlock(&b->mu);
     natsConnection_PublishRequest(b->nc_pub, b->subj_gen, reply, b->buf.data, (int)b->buf.len);
+}
+
+/*
+ * Under mu, from the waiting thread: what a client of a router fleet does when nothing came back
+ * for --resend-ms (its router may have died with the request): send it again, same reply subject
+ * and id; a router that has it in flight absorbs the resend. At most 3 times.
+ */
+static void resend_silent(struct bench *b, uint32_t *tok, struct kvr_buf *buf)
+{
+    uint64_t now = kvr_now_ns(), after = b->o.resend_ms * 1000000ull;
+    for (uint32_t i = 0; after && i < b->n; i++) {
+        struct breq *q = &b->reqs[i];
+        uint64_t last = q->t_resent ? q->t_resent : q->t_send;
+        if (!q->sent || q->heard || q->done || q->resends >= 3 || now - last < after)
+            continue;
+        char reply[192];
+        q->t_resent = now;
+        q->resends++;
+        pthread_mutex_unlock(&b->mu);
+        if (encode_request(b, i, tok, buf, reply, sizeof reply))
+            natsConnection_PublishRequest(b->nc_pub, b->subj_gen, reply, buf->data, (int)buf->len);
+        pthread_mutex_lock(&b->mu);
+    }
 }
 
 /* Responses for "<inbox>.<i>". */
@@ -103,6 +136,7 @@ static void on_chunk(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
     pthread_mutex_lock(&b->mu);
     if (st == KVR_OK && i < b->n && b->reqs[i].sent && !b->reqs[i].done) {
         struct breq *q = &b->reqs[i];
+        q->heard = true;
         if (r.ntokens) {
             if (!q->t_first) {
                 q->t_first = now;
@@ -188,8 +222,15 @@ static int run_policy(struct bench *b, enum kvr_policy policy, double load,
         }
     }
     uint64_t deadline = kvr_now_ns() + b->o.timeout_ms * 1000000ull;
+    uint32_t maxisl = 1;
+    for (uint32_t i = 0; i < b->n; i++)
+        maxisl = b->wl.reqs[i].isl > maxisl ? b->wl.reqs[i].isl : maxisl;
+    uint32_t *tok = malloc((size_t)maxisl * sizeof *tok);
+    struct kvr_buf rbuf = {0};
     pthread_mutex_lock(&b->mu);
     while (b->ndone < b->n && kvr_now_ns() < deadline) {
+        if (tok)
+            resend_silent(b, tok, &rbuf);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100000000;
@@ -199,6 +240,14 @@ static int run_policy(struct bench *b, enum kvr_policy policy, double load,
         }
         pthread_cond_timedwait(&b->cv, &b->mu, &ts);
     }
+    free(tok);
+    kvr_buf_free(&rbuf);
+    uint32_t resent = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        resent += b->reqs[i].resends;
+    if (resent)
+        kvr_log(KVR_LOG_WARN, "resent", "requests=%u (nothing came back for %" PRIu64 " ms)",
+                resent, b->o.resend_ms);
     /* collect */
     double *ttft = calloc(b->n + 1, sizeof *ttft), *e2e = calloc(b->n + 1, sizeof *e2e);
     size_t nf = 0;
@@ -591,6 +640,7 @@ int main(int argc, char **argv)
     o->hop_window = 256;
     o->hop_seconds = 3;
     o->digest_wait_ms = 300;
+    o->resend_ms = 2000;
     const struct kvr_opt table[] = {
         {"nats", "KVR_NATS", KVR_OPT_STR, o->nats, "NATS server URLs, comma-separated"},
         {"namespace", "KVR_NAMESPACE", KVR_OPT_STR, o->ns, "subject namespace"},
@@ -613,6 +663,8 @@ int main(int argc, char **argv)
         {"num-blocks", NULL, KVR_OPT_U32, &o->num_blocks, "blocks per worker, likewise"},
         {"block-size", NULL, KVR_OPT_U32, &o->block_size, "block size, likewise"},
         {"timeout-ms", NULL, KVR_OPT_U64, &o->timeout_ms, "give up on a run after this long"},
+        {"resend-ms", NULL, KVR_OPT_U64, &o->resend_ms,
+         "send a request again when nothing came back for this long (0: never)"},
         {"worker-id", NULL, KVR_OPT_U64, &o->worker_id, "hop: the worker to call directly"},
         {"hop-window", NULL, KVR_OPT_U32, &o->hop_window, "hop: requests in flight for max rate"},
         {"hop-seconds", NULL, KVR_OPT_U64, &o->hop_seconds, "hop: how long the max-rate phase"},
