@@ -56,6 +56,19 @@ struct kvr_event {
 
 typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
 
+/*
+ * The default timing model: the simulated engine's (ROUTING.md's polynomial fit), which the
+ * router's time cost assumes unless configured otherwise. One definition, for both.
+ */
+#define KVR_MODEL_PREFILL_MS                                                                       \
+    {                                                                                              \
+        16.50142, 1.518344e-2, 4.209989e-7                                                         \
+    }
+#define KVR_MODEL_DECODE_MS                                                                        \
+    {                                                                                              \
+        5.74, 54.01, -25.74                                                                        \
+    }
+
 /* How the kv policy prices a worker (see docs/architecture.md). */
 enum kvr_cost_model {
     KVR_COST_BLOCKS = 0, /* ROUTING.md section 4: overlap_weight * prefill / B + decode blocks */

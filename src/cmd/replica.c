@@ -386,7 +386,6 @@ static void page_entry(void *ctx, const struct kvr_index_record *e)
 static void finish_sync(struct router *r, bool complete)
 {
     struct replica *g = &r->rep;
-    uint64_t now = kvr_now_ns();
     size_t held = g->nheld;
     for (size_t i = 0; i < g->nheld; i++) {
         kvr_status st = apply_kv_event(r, g->held[i].worker_id, g->held[i].data, g->held[i].len);
@@ -395,10 +394,8 @@ static void finish_sync(struct router *r, bool complete)
     }
     g->nheld = 0;
     g->syncing = false;
-    if (complete) {
+    if (complete)
         g->synced = true;
-        g->synced_ns = now;
-    }
     struct kvr_router_stats s;
     kvr_router_stats(r->core, &s);
     kvr_log(complete ? KVR_LOG_INFO : KVR_LOG_WARN, complete ? "synced" : "sync_incomplete",
@@ -487,7 +484,6 @@ void replica_sync(struct router *r)
         struct peer *from = r->o.gossip ? serving_peer(r) : NULL;
         if (!from) {
             g->synced = true;
-            g->synced_ns = kvr_now_ns();
             pthread_mutex_unlock(&r->mu);
             kvr_log(KVR_LOG_INFO, "sync_skipped", "reason=\"%s\"",
                     r->o.gossip ? "no serving peer" : "gossip off");

@@ -106,7 +106,6 @@ struct replica {
     uint64_t *orphans;             /* keys of failed requests whose origin is silent */
     uint32_t norphans, caporphans; /* */
     uint64_t orphans_answered;     /* */
-    uint64_t synced_ns;            /* when the snapshot was applied (0: never) */
     uint64_t sync_ms;              /* how long it took from the request */
     char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
 };

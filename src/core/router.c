@@ -85,12 +85,9 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->cost_model = KVR_COST_TIME;
     c->cache_weight = 4.0;
     c->share_weight = 16.0;
-    c->prefill_ms[0] = 16.50142;
-    c->prefill_ms[1] = 1.518344e-2;
-    c->prefill_ms[2] = 4.209989e-7;
-    c->decode_ms[0] = 5.74;
-    c->decode_ms[1] = 54.01;
-    c->decode_ms[2] = -25.74;
+    static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
+    memcpy(c->prefill_ms, prefill, sizeof prefill);
+    memcpy(c->decode_ms, decode, sizeof decode);
     c->batch_tokens = 8192;
     c->seed = 1;
     c->index_ttl_ns = 120ull * 1000000000ull;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "map.h"
 
 #define NS_PER_MS 1000000.0
@@ -82,27 +83,14 @@ void kvr_engine_config_default(struct kvr_engine_config *c)
     c->max_batched_tokens = 8192;
     c->max_seqs = 256;
     c->speedup = 1.0;
-    c->prefill_ms[0] = 16.50142;
-    c->prefill_ms[1] = 1.518344e-2;
-    c->prefill_ms[2] = 4.209989e-7;
-    c->decode_ms[0] = 5.74;
-    c->decode_ms[1] = 54.01;
-    c->decode_ms[2] = -25.74;
+    static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
+    memcpy(c->prefill_ms, prefill, sizeof prefill);
+    memcpy(c->decode_ms, decode, sizeof decode);
 }
 
 static bool grow(void **p, uint32_t *cap, uint32_t need, size_t size)
 {
-    if (need <= *cap)
-        return true;
-    uint32_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *np = realloc(*p, (size_t)n * size);
-    if (!np)
-        return false;
-    *p = np;
-    *cap = n;
-    return true;
+    return kvr_grow(p, cap, need, size, 16);
 }
 
 struct kvr_engine *kvr_engine_create(const struct kvr_engine_config *cfg,

@@ -13,6 +13,7 @@
 
 #include "kvr/hash.h"
 #include "kvr/rng.h"
+#include "grow.h"
 #include "map.h"
 
 enum ev_kind {
@@ -286,17 +287,7 @@ static void submit(struct sim *s, uint32_t i, uint32_t w, const uint64_t *local,
 
 static bool grow(void **p, uint32_t *cap, uint32_t need, size_t size)
 {
-    if (need <= *cap)
-        return true;
-    uint32_t n = *cap ? *cap : 1024;
-    while (n < need)
-        n *= 2;
-    void *np = realloc(*p, (size_t)n * size);
-    if (!np)
-        return false;
-    *p = np;
-    *cap = n;
-    return true;
+    return kvr_grow(p, cap, need, size, 1024);
 }
 
 /* --- router replicas: each booking gossiped to the others ------------------------------------- */
