@@ -26,6 +26,7 @@
 #include "codec.h"
 #include "kvr/hash.h"
 #include "outbox.h"
+#include "opts.h"
 #include "util.h"
 
 struct opts {
@@ -423,22 +424,31 @@ int main(int argc, char **argv)
     o->drain_timeout_ms = 60000;
     o->speedup = 1.0;
     const struct kvr_opt table[] = {
-        {"nats", "KVR_NATS", KVR_OPT_STR, o->nats, "NATS server URLs, comma-separated"},
-        {"namespace", "KVR_NAMESPACE", KVR_OPT_STR, o->ns, "subject namespace"},
-        {"prefix", "KVR_PREFIX", KVR_OPT_STR, o->prefix, "subject prefix"},
-        {"id", "KVR_WORKER_ID", KVR_OPT_U64, &o->id, "worker id (non-zero; default: random)"},
-        {"block-size", "KVR_BLOCK_SIZE", KVR_OPT_U32, &o->block_size, "tokens per KV block"},
-        {"num-blocks", "KVR_NUM_BLOCKS", KVR_OPT_U32, &o->num_blocks, "KV pool size, blocks"},
-        {"max-batched-tokens", NULL, KVR_OPT_U32, &o->max_batched_tokens, "tokens per step"},
-        {"max-seqs", NULL, KVR_OPT_U32, &o->max_seqs, "sequences per step"},
-        {"speedup", "KVR_SPEEDUP", KVR_OPT_DOUBLE, &o->speedup, "engine time is divided by this"},
-        {"null", "KVR_NULL", KVR_OPT_BOOL, &o->null_mode, "answer every request at once"},
-        {"heartbeat-ms", NULL, KVR_OPT_U32, &o->heartbeat_ms, "heartbeat period"},
-        {"max-prompt-tokens", NULL, KVR_OPT_U32, &o->max_prompt_tokens, "longer prompts refused"},
-        {"max-output-tokens", NULL, KVR_OPT_U32, &o->max_output_tokens,
-         "larger max_tokens refused"},
-        {"drain-timeout-ms", NULL, KVR_OPT_U32, &o->drain_timeout_ms, "on SIGTERM, wait this long"},
-        {"log-level", "KVR_LOG_LEVEL", KVR_OPT_STR, o->log_level, "debug, info, warn or error"},
+        {"nats", "KVR_NATS", KVR_OPT_STR, o->nats, "NATS server URLs, comma-separated", 0, 0, NULL},
+        {"namespace", "KVR_NAMESPACE", KVR_OPT_STR, o->ns, "subject namespace", 0, 0, NULL},
+        {"prefix", "KVR_PREFIX", KVR_OPT_STR, o->prefix, "subject prefix", 0, 0, NULL},
+        {"id", "KVR_WORKER_ID", KVR_OPT_U64, &o->id, "worker id (non-zero; default: random)", 0, 0,
+         NULL},
+        {"block-size", "KVR_BLOCK_SIZE", KVR_OPT_U32, &o->block_size, "tokens per KV block", 0, 0,
+         NULL},
+        {"num-blocks", "KVR_NUM_BLOCKS", KVR_OPT_U32, &o->num_blocks, "KV pool size, blocks", 0, 0,
+         NULL},
+        {"max-batched-tokens", NULL, KVR_OPT_U32, &o->max_batched_tokens, "tokens per step", 0, 0,
+         NULL},
+        {"max-seqs", NULL, KVR_OPT_U32, &o->max_seqs, "sequences per step", 0, 0, NULL},
+        {"speedup", "KVR_SPEEDUP", KVR_OPT_DOUBLE, &o->speedup, "engine time is divided by this", 0,
+         0, NULL},
+        {"null", "KVR_NULL", KVR_OPT_BOOL, &o->null_mode, "answer every request at once", 0, 0,
+         NULL},
+        {"heartbeat-ms", NULL, KVR_OPT_U32, &o->heartbeat_ms, "heartbeat period", 0, 0, NULL},
+        {"max-prompt-tokens", NULL, KVR_OPT_U32, &o->max_prompt_tokens, "longer prompts refused", 0,
+         0, NULL},
+        {"max-output-tokens", NULL, KVR_OPT_U32, &o->max_output_tokens, "larger max_tokens refused",
+         0, 0, NULL},
+        {"drain-timeout-ms", NULL, KVR_OPT_U32, &o->drain_timeout_ms, "on SIGTERM, wait this long",
+         0, 0, NULL},
+        {"log-level", "KVR_LOG_LEVEL", KVR_OPT_STR, o->log_level, "debug, info, warn or error", 0,
+         0, NULL},
     };
     int rc = kvr_opts_parse(table, sizeof table / sizeof table[0], argc, argv, "kvworker",
                             "A simulated LLM inference worker on NATS.");

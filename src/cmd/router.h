@@ -16,6 +16,7 @@
 #include "codec.h"
 #include "kvr/router.h"
 #include "outbox.h"
+#include "opts.h"
 #include "util.h"
 
 struct opts {

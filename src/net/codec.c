@@ -13,27 +13,6 @@
 #include "kvr/policy.h"
 #include "kvrouter.pb-c.h" /* generated from proto/kvrouter/v1/kvrouter.proto */
 
-kvr_status kvr_buf_reserve(struct kvr_buf *b, size_t cap)
-{
-    if (cap <= b->cap)
-        return KVR_OK;
-    size_t n = b->cap ? b->cap : 256;
-    while (n < cap)
-        n *= 2;
-    uint8_t *d = realloc(b->data, n);
-    if (!d)
-        return KVR_ERR_NOMEM;
-    b->data = d;
-    b->cap = n;
-    return KVR_OK;
-}
-
-void kvr_buf_free(struct kvr_buf *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
 static char *dup_str(const char *s, size_t max)
 {
     size_t n = s ? strlen(s) : 0;

@@ -12,19 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "kvr/router.h"
 #include "kvr/status.h"
 
 #define KVR_REQUEST_ID_MAX 256 /* bytes of a client request id */
-
-/* A growable byte buffer; zero-initialise, reuse, kvr_buf_free at the end. */
-struct kvr_buf {
-    uint8_t *data; /* owned */
-    size_t len;    /* bytes in use */
-    size_t cap;    /* bytes allocated */
-};
-kvr_status kvr_buf_reserve(struct kvr_buf *b, size_t cap);
-void kvr_buf_free(struct kvr_buf *b);
 
 struct kvr_wire_limits {
     uint32_t max_prompt_tokens; /* longer prompts: KVR_ERR_PROMPT_TOO_LONG */

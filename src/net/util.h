@@ -1,8 +1,7 @@
 /*
- * What the three daemons share: leveled key=value logs, the clock, the subject names, NATS
- * connections set up the way NATS-NOTES.md says (SendAsap, reconnect forever, named), replies
- * with the NATS service error headers, and a declarative option table that reads defaults, a
- * config file, the environment and flags, and prints --help. Thread-safe unless noted.
+ * The NATS glue the three NATS programs share: subject names, connections set up the way
+ * NATS-NOTES.md says (SendAsap, reconnect forever, named), publishing with the NATS service error
+ * headers, and the one conversion of natsStatus into kvr_status. Thread-safe.
  */
 #ifndef KVR_UTIL_H
 #define KVR_UTIL_H
@@ -13,27 +12,16 @@
 
 #include <nats/nats.h>
 
+#include "clock.h"
 #include "kvr/status.h"
+#include "log.h"
 
-/* --- logs ------------------------------------------------------------------------------------ */
-
-enum kvr_log_level { KVR_LOG_DEBUG, KVR_LOG_INFO, KVR_LOG_WARN, KVR_LOG_ERROR };
-
-/* Program name and threshold; call once before threads start. */
-void kvr_log_init(const char *program, enum kvr_log_level level);
-bool kvr_log_parse_level(const char *s, enum kvr_log_level *out);
-
-/* One line: ts=... level=... prog=... msg=<msg> <kv>, where kv is printf-formatted key=value pairs.
+/*
+ * The one place a natsStatus becomes a kvr_status (nothing above the NATS glue sees natsStatus):
+ * out of memory, timeouts, bad arguments and oversized payloads keep their meaning; every other
+ * failure of the connection is KVR_ERR_IO.
  */
-void kvr_log(enum kvr_log_level level, const char *msg, const char *kv_fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* --- time ------------------------------------------------------------------------------------ */
-
-uint64_t kvr_now_ns(void);                                     /* monotonic */
-void kvr_sleep_ns(uint64_t ns);                                /* */
-void kvr_rfc3339(char *buf, size_t len, uint64_t realtime_ns); /* for $SRV.STATS */
-uint64_t kvr_realtime_ns(void);
+kvr_status kvr_nats_status(natsStatus s);
 
 /* --- subjects -------------------------------------------------------------------------------- */
 
@@ -57,27 +45,5 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
  */
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,
                        kvr_status err);
-
-/* --- options --------------------------------------------------------------------------------- */
-
-enum kvr_opt_type { KVR_OPT_STR, KVR_OPT_U32, KVR_OPT_U64, KVR_OPT_DOUBLE, KVR_OPT_BOOL };
-
-struct kvr_opt {
-    const char *name;       /* --name, config-file key "name" */
-    const char *env;        /* environment variable, or NULL */
-    enum kvr_opt_type type; /* */
-    void *ptr;              /* where the value goes: char[256] for STR */
-    const char *help;       /* one line */
-};
-
-#define KVR_OPT_STR_MAX 256
-
-/*
- * Apply, in order: the config file (--config PATH or $KVR_CONFIG: "name = value" lines, '#'
- * comments), the environment, then the command line. Returns 0 to go on, 1 after printing --help,
- * 2 on an error (already reported on stderr).
- */
-int kvr_opts_parse(const struct kvr_opt *opts, size_t n, int argc, char **argv, const char *program,
-                   const char *summary);
 
 #endif

@@ -1,0 +1,43 @@
+/*
+ * The clock.
+ */
+#define _DEFAULT_SOURCE
+#include "clock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <time.h>
+
+static uint64_t read_clock(clockid_t id)
+{
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (uint64_t)t.tv_sec * KVR_NS_PER_S + (uint64_t)t.tv_nsec;
+}
+
+uint64_t kvr_now_ns(void)
+{
+    return read_clock(CLOCK_MONOTONIC);
+}
+
+uint64_t kvr_realtime_ns(void)
+{
+    return read_clock(CLOCK_REALTIME);
+}
+
+void kvr_sleep_ns(uint64_t ns)
+{
+    struct timespec t = {(time_t)(ns / KVR_NS_PER_S), (long)(ns % KVR_NS_PER_S)};
+    while (nanosleep(&t, &t) && errno == EINTR)
+        ;
+}
+
+void kvr_rfc3339(char *buf, size_t len, uint64_t ns)
+{
+    time_t s = (time_t)(ns / KVR_NS_PER_S);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    char day[32];
+    strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, len, "%s.%09lluZ", day, (unsigned long long)(ns % KVR_NS_PER_S));
+}

@@ -1,0 +1,307 @@
+/*
+ * kvr_opts implementation.
+ */
+#define _DEFAULT_SOURCE
+#include "opts.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool in_range(const struct kvr_opt *o, double x)
+{
+    return (o->min == 0 && o->max == 0) || (x >= o->min && x <= o->max);
+}
+
+static bool parse_u64(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || errno || *v == '-' || *v == '+' || *v == ' ')
+        return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_double(const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !isfinite(x))
+        return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_bool(const char *v, bool *out)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no",
+                                                                                "off"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(v, yes[i]) || !strcmp(v, no[i])) {
+            *out = !strcmp(v, yes[i]);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A duration in unit ns per written unit; non-negative, decimals allowed. */
+static bool set_duration(const struct kvr_opt *o, const char *v, double unit)
+{
+    double x;
+    if (!parse_double(v, &x) || x < 0 || !in_range(o, x) || x * unit > (double)UINT64_MAX / 2)
+        return false;
+    *(uint64_t *)o->ptr = (uint64_t)llround(x * unit);
+    return true;
+}
+
+static bool set_enum(const struct kvr_opt *o, const char *v)
+{
+    for (int i = 0; o->choices && o->choices[i]; i++) {
+        if (!strcmp(v, o->choices[i])) {
+            *(int *)o->ptr = i;
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool set_opt(const struct kvr_opt *o, const char *v)
+{
+    uint64_t u;
+    double d;
+    switch (o->type) {
+    case KVR_OPT_STR:
+        if (strlen(v) >= KVR_OPT_STR_MAX)
+            return false;
+        strcpy((char *)o->ptr, v);
+        return true;
+    case KVR_OPT_U32:
+        if (!parse_u64(v, &u) || u > UINT32_MAX || !in_range(o, (double)u))
+            return false;
+        *(uint32_t *)o->ptr = (uint32_t)u;
+        return true;
+    case KVR_OPT_U64:
+        if (!parse_u64(v, &u) || !in_range(o, (double)u))
+            return false;
+        *(uint64_t *)o->ptr = u;
+        return true;
+    case KVR_OPT_DOUBLE:
+        if (!parse_double(v, &d) || !in_range(o, d))
+            return false;
+        *(double *)o->ptr = d;
+        return true;
+    case KVR_OPT_BOOL:
+        return parse_bool(v, (bool *)o->ptr);
+    case KVR_OPT_MS:
+        return set_duration(o, v, 1e6);
+    case KVR_OPT_SEC:
+        return set_duration(o, v, 1e9);
+    case KVR_OPT_ENUM:
+        return set_enum(o, v);
+    }
+    return false;
+}
+
+static void format_duration(uint64_t ns, uint64_t unit, char *buf, size_t len)
+{
+    if (ns % unit == 0)
+        snprintf(buf, len, "%" PRIu64, ns / unit);
+    else
+        snprintf(buf, len, "%.6g", (double)ns / (double)unit);
+}
+
+void kvr_opt_format(const struct kvr_opt *o, char *buf, size_t len)
+{
+    switch (o->type) {
+    case KVR_OPT_STR:
+        snprintf(buf, len, "%s", (const char *)o->ptr);
+        break;
+    case KVR_OPT_U32:
+        snprintf(buf, len, "%" PRIu32, *(const uint32_t *)o->ptr);
+        break;
+    case KVR_OPT_U64:
+        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)o->ptr);
+        break;
+    case KVR_OPT_DOUBLE:
+        snprintf(buf, len, "%.6g", *(const double *)o->ptr);
+        break;
+    case KVR_OPT_BOOL:
+        snprintf(buf, len, "%s", *(const bool *)o->ptr ? "true" : "false");
+        break;
+    case KVR_OPT_MS:
+        format_duration(*(const uint64_t *)o->ptr, 1000000ull, buf, len);
+        break;
+    case KVR_OPT_SEC:
+        format_duration(*(const uint64_t *)o->ptr, 1000000000ull, buf, len);
+        break;
+    case KVR_OPT_ENUM:
+        snprintf(buf, len, "%s", o->choices[*(const int *)o->ptr]);
+        break;
+    }
+}
+
+static const struct kvr_opt *find_opt(const struct kvr_opt *opts, size_t n, const char *name,
+                                      size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(opts[i].name) == len && !strncmp(opts[i].name, name, len))
+            return &opts[i];
+    return NULL;
+}
+
+static void type_hint(const struct kvr_opt *o, char *buf, size_t len)
+{
+    static const char *const hints[] = {"TEXT", "N", "N", "X", "", "MS", "S", ""};
+    size_t at = (size_t)snprintf(buf, len, "%s", hints[o->type]);
+    for (int i = 0; o->type == KVR_OPT_ENUM && o->choices[i] && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "|" : "", o->choices[i]);
+}
+
+static void print_help(const struct kvr_opt *opts, size_t n, const char *program,
+                       const char *summary)
+{
+    printf("usage: %s [options]\n%s\n\noptions (also as 'name = value' lines in a config file, "
+           "or in the environment;\na flag beats the environment, which beats the file):\n",
+           program, summary);
+    printf("  %-32s a config file (env KVR_CONFIG)\n", "--config PATH");
+    for (size_t i = 0; i < n; i++) {
+        char left[256], hint[200], value[KVR_OPT_STR_MAX + 32];
+        type_hint(&opts[i], hint, sizeof hint);
+        snprintf(left, sizeof left, "--%s%s%s", opts[i].name, *hint ? " " : "", hint);
+        kvr_opt_format(&opts[i], value, sizeof value);
+        printf("  %-32s %s (default %s%s%s)\n", left, opts[i].help, *value ? value : "none",
+               opts[i].env ? "; env " : "", opts[i].env ? opts[i].env : "");
+    }
+    printf("  %-32s print the settings in force as a config file, and exit\n", "--print-config");
+    printf("  %-32s this text\n", "--help");
+}
+
+void kvr_opts_print(const struct kvr_opt *opts, size_t n, FILE *f)
+{
+    for (size_t i = 0; i < n; i++) {
+        char value[KVR_OPT_STR_MAX + 32];
+        kvr_opt_format(&opts[i], value, sizeof value);
+        fprintf(f, "%s = %s\n", opts[i].name, value);
+    }
+}
+
+/* One config-file line (comments and blanks already stripped); false on an error. */
+static bool config_line(const struct kvr_opt *opts, size_t n, char *p, const char **why)
+{
+    char *eq = strchr(p, '=');
+    if (!eq) {
+        *why = "not 'name = value'";
+        return false;
+    }
+    size_t klen = strcspn(p, " \t=");
+    char *v = eq + 1 + strspn(eq + 1, " \t");
+    size_t vl = strlen(v);
+    while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+        v[--vl] = 0;
+    const struct kvr_opt *o = find_opt(opts, n, p, klen);
+    *why = !o ? "not an option (see --help)" : "bad value";
+    return o && set_opt(o, v);
+}
+
+static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot read config file %s: %s\n", path, strerror(errno));
+        return KVR_OPTS_BAD;
+    }
+    char line[1024];
+    int lineno = 0;
+    enum kvr_opts_result rc = KVR_OPTS_GO;
+    while (rc == KVR_OPTS_GO && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *p = line + strspn(line, " \t");
+        p[strcspn(p, "#\r\n")] = 0;
+        const char *why = NULL;
+        if (*p && !config_line(opts, n, p, &why)) {
+            fprintf(stderr, "%s:%d: %s\n", path, lineno, why);
+            rc = KVR_OPTS_BAD;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* The command line's flags; *i is advanced past a flag's separate value. */
+static enum kvr_opts_result apply_flag(const struct kvr_opt *opts, size_t n, int argc, char **argv,
+                                       int *i, const char *program)
+{
+    const char *a = argv[*i];
+    if (strncmp(a, "--", 2)) {
+        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", program, a);
+        return KVR_OPTS_BAD;
+    }
+    const char *name = a + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    const struct kvr_opt *o = find_opt(opts, n, name, len);
+    if (!o) {
+        fprintf(stderr, "%s: unknown option '%s' (see --help)\n", program, a);
+        return KVR_OPTS_BAD;
+    }
+    const char *v = eq ? eq + 1 : NULL;
+    if (!v && o->type == KVR_OPT_BOOL)
+        v = "true";
+    else if (!v && *i + 1 < argc)
+        v = argv[++*i];
+    if (!v || !set_opt(o, v)) {
+        char hint[200];
+        type_hint(o, hint, sizeof hint);
+        fprintf(stderr, "%s: --%s %s%s\n", program, o->name,
+                v ? "has a bad value: " : "needs a value", v ? v : "");
+        if (*hint)
+            fprintf(stderr, "%s: --%s takes %s\n", program, o->name, hint);
+        return KVR_OPTS_BAD;
+    }
+    return KVR_OPTS_GO;
+}
+
+enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *opts, size_t n, int argc, char **argv,
+                                    const char *program, const char *summary)
+{
+    const char *config = getenv("KVR_CONFIG");
+    bool print = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_help(opts, n, program, summary);
+            return KVR_OPTS_EXIT;
+        }
+        print |= !strcmp(argv[i], "--print-config");
+        if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            config = argv[++i];
+    }
+    if (config && *config && read_config(opts, n, config) != KVR_OPTS_GO)
+        return KVR_OPTS_BAD;
+    for (size_t i = 0; i < n; i++) {
+        const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
+        if (v && !set_opt(&opts[i], v)) {
+            fprintf(stderr, "%s: bad value in %s: %s\n", program, opts[i].env, v);
+            return KVR_OPTS_BAD;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            i++;
+            continue;
+        }
+        if (!strcmp(argv[i], "--print-config"))
+            continue;
+        if (apply_flag(opts, n, argc, argv, &i, program) != KVR_OPTS_GO)
+            return KVR_OPTS_BAD;
+    }
+    if (print) {
+        kvr_opts_print(opts, n, stdout);
+        return KVR_OPTS_EXIT;
+    }
+    return KVR_OPTS_GO;
+}
