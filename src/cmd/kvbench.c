@@ -174,9 +174,9 @@ static int cmp_double(const void *x, const void *y)
     return (a > c) - (a < c);
 }
 
-static struct kvr_sim_stat stat_of(double *v, size_t n)
+static struct kvr_stat stat_of(double *v, size_t n)
 {
-    struct kvr_sim_stat s = {0, 0, 0, 0, 0};
+    struct kvr_stat s = {0, 0, 0, 0, 0};
     if (!n)
         return s;
     qsort(v, n, sizeof *v, cmp_double);

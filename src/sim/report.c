@@ -51,7 +51,7 @@ static FILE *open_in(const char *dir, const char *name, const char *mode)
     return fopen(path, mode);
 }
 
-static void json_stat(FILE *f, const char *name, const struct kvr_sim_stat *s, bool full)
+static void json_stat(FILE *f, const char *name, const struct kvr_stat *s, bool full)
 {
     if (full)
         fprintf(f,

@@ -559,9 +559,9 @@ static void handle(struct sim *s, struct ev *e)
     free(e->payload);
 }
 
-static struct kvr_sim_stat stat_of(double *v, uint32_t n)
+static struct kvr_stat stat_of(double *v, uint32_t n)
 {
-    struct kvr_sim_stat st = {0, 0, 0, 0, 0};
+    struct kvr_stat st = {0, 0, 0, 0, 0};
     if (!n)
         return st;
     double sum = 0;

@@ -24,6 +24,7 @@
 
 #include "../engine/engine.h"
 #include "kvr/router.h"
+#include "stats.h"
 #include "workload.h"
 
 #define KVR_SIM_MAX_REPLICAS 64 /* bound on kvr_sim_config.replicas */
@@ -47,20 +48,16 @@ struct kvr_sim_config {
  * 1 ms, heartbeat 100 ms, rate scale 1, 20 clients, one router, gossip on with a 1 ms delay. */
 void kvr_sim_config_default(struct kvr_sim_config *c);
 
-struct kvr_sim_stat {
-    double mean, p50, p90, p99, max;
-};
-
 struct kvr_sim_result {
     enum kvr_policy policy;
     double load;                  /* the rate scale or the concurrency */
     uint32_t requests;            /* issued */
     uint32_t finished;            /* completed */
     uint32_t rejected;            /* refused by the router */
-    struct kvr_sim_stat ttft_ms;  /* arrival at the router -> first token */
-    struct kvr_sim_stat itl_ms;   /* every inter-token gap */
-    struct kvr_sim_stat e2e_ms;   /* arrival -> last token */
-    struct kvr_sim_stat queue_ms; /* arrival -> first scheduled by the engine */
+    struct kvr_stat ttft_ms;  /* arrival at the router -> first token */
+    struct kvr_stat itl_ms;   /* every inter-token gap */
+    struct kvr_stat e2e_ms;   /* arrival -> last token */
+    struct kvr_stat queue_ms; /* arrival -> first scheduled by the engine */
     double *ttft_sorted;          /* finished TTFTs, ascending (for distributions), owned */
     double hit_rate;              /* cached prompt tokens / prompt tokens, at the engines */
     double throughput_tok_s;      /* output tokens / makespan */
