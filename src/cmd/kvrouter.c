@@ -95,7 +95,10 @@ void flush(struct router *r)
     pthread_mutex_lock(&r->mu);
     kvr_outbox_swap(&local, &r->out);
     pthread_mutex_unlock(&r->mu);
-    kvr_outbox_flush(&local, r->nc_req);
+    {
+        struct kvr_sink sink = kvr_nats_sink(r->nc_req);
+        kvr_outbox_flush(&local, &sink);
+    }
     kvr_outbox_free(&local);
 }
 

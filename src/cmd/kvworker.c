@@ -252,7 +252,10 @@ static void flush_outbox(struct worker *w)
     pthread_mutex_lock(&w->mu);
     kvr_outbox_swap(&local, &w->out);
     pthread_mutex_unlock(&w->mu);
-    kvr_outbox_flush(&local, w->nc_out);
+    {
+        struct kvr_sink sink = kvr_nats_sink(w->nc_out);
+        kvr_outbox_flush(&local, &sink);
+    }
     kvr_outbox_free(&local);
 }
 

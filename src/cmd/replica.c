@@ -351,9 +351,12 @@ static void on_sync_request(natsConnection *nc, natsSubscription *sub, natsMsg *
     }
     pthread_mutex_unlock(&r->mu);
     if (q.full && st == KVR_OK)
-        kvr_log(KVR_LOG_INFO, "snapshot_served", "to=%s requests=%u pages=%zu", q.router_id,
+        kvr_log(KVR_LOG_INFO, "snapshot_served", "to=%s requests=%u pages=%u", q.router_id,
                 pg.records, pg.out.n);
-    kvr_outbox_flush(&pg.out, r->nc_req);
+    {
+        struct kvr_sink sink = kvr_nats_sink(r->nc_req);
+        kvr_outbox_flush(&pg.out, &sink);
+    }
     kvr_outbox_free(&pg.out);
     kvr_page_free(&pg.page);
     kvr_buf_free(&pg.buf);

@@ -133,3 +133,17 @@ kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data
     }
     return kvr_nats_status(s);
 }
+
+static kvr_status publish_outmsg(void *ctx, const struct kvr_outmsg *m)
+{
+    natsConnection *nc = ctx;
+    if (m->reply)
+        return kvr_nats_status(
+            natsConnection_PublishRequest(nc, m->subject, m->reply, m->data, (int)m->len));
+    return kvr_publish(nc, m->subject, m->data, m->len, m->err);
+}
+
+struct kvr_sink kvr_nats_sink(natsConnection *nc)
+{
+    return (struct kvr_sink){publish_outmsg, nc};
+}

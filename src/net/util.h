@@ -15,6 +15,7 @@
 #include "clock.h"
 #include "kvr/status.h"
 #include "log.h"
+#include "outbox.h"
 
 /*
  * The one place a natsStatus becomes a kvr_status (nothing above the NATS glue sees natsStatus):
@@ -45,5 +46,8 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
  */
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,
                        kvr_status err);
+
+/* The sink that publishes on nc (with the service error headers where m->err is set). */
+struct kvr_sink kvr_nats_sink(natsConnection *nc);
 
 #endif

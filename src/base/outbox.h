@@ -2,6 +2,8 @@
  * kvr_outbox: messages prepared while a lock is held and published after it is released, in the
  * order they were added, so state changes stay atomic without holding a lock across I/O. Each
  * outbox belongs to one thread at a time (fill it under the state lock, swap it out, publish).
+ * Publishing goes through a kvr_sink: NATS in the daemons (src/net), a recorder in unit tests and
+ * fuzz targets, so the state machines above it never see the transport.
  */
 #ifndef KVR_OUTBOX_H
 #define KVR_OUTBOX_H
@@ -9,34 +11,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <nats/nats.h>
-
 #include "kvr/status.h"
 
 struct kvr_outmsg {
-    char *subject; /* owned */
-    char *reply;   /* owned; NULL when none */
-    uint8_t *data; /* owned */
-    size_t len;
+    char *subject;  /* owned */
+    char *reply;    /* owned; NULL when none */
+    uint8_t *data;  /* owned */
+    size_t len;     /* */
     kvr_status err; /* published with the service error headers when not KVR_OK */
+};
+
+/* Where messages go: publish m (borrowed for the call); KVR_OK or why not. */
+struct kvr_sink {
+    kvr_status (*publish)(void *ctx, const struct kvr_outmsg *m);
+    void *ctx;
 };
 
 struct kvr_outbox {
     struct kvr_outmsg *v; /* owned */
-    size_t n, cap;
-    uint64_t dropped; /* messages lost to allocation failures */
+    uint32_t n, cap;      /* */
+    uint64_t dropped;     /* messages lost to allocation failures (never silently) */
 };
 
-/* Queue a copy of subject and data. */
+/* Queue a copy of subject and data (a NULL or empty subject adds nothing). */
 void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
                     kvr_status err);
 
-/* The same, published with a reply subject (a forwarded request). */
+/* The same, published with a reply subject (a forwarded request, a question). */
 void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const char *reply,
                             const void *data, size_t len);
 
-/* Publish everything on nc, in order, and empty the outbox; returns how many failed. */
-size_t kvr_outbox_flush(struct kvr_outbox *o, natsConnection *nc);
+/* Publish everything through sink, in order, and empty the outbox; returns how many failed. */
+uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink);
 
 /* Exchange contents (to publish outside a lock). */
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);
