@@ -7,8 +7,9 @@ packages=(
   gcc libc6-dev pkg-config meson ninja-build
   libnats-dev nats-server
   libprotobuf-c-dev protobuf-c-compiler
-  libxxhash-dev uthash-dev libcriterion-dev
+  libxxhash-dev uthash-dev libcriterion-dev libjansson-dev
   valgrind clang-format gnuplot-nox curl procps
+  clang libclang-rt-dev # scripts/test.sh's fuzz stage: clang and its libFuzzer/ASan runtimes
 )
 
 missing=()

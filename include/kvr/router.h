@@ -173,6 +173,9 @@ struct kvr_decision {
     const struct kvr_candidate *candidates; /* ... their full view; NULL unless the request
                                                 asked to explain or the policy is a baseline */
     bool booked;                            /* the request is now in flight on the worker */
+    bool queued; /* every worker is busy: the request waits; its outcome comes later as a PLACED
+                    or REJECTED event; nothing else in the decision is set (an outcome, not an
+                    error: kvr_router_route returns KVR_OK) */
 };
 
 /* What a worker announces (on join and in every heartbeat). */
@@ -230,9 +233,9 @@ void kvr_router_destroy(struct kvr_router *r);
 
 /*
  * Decide and book: choose a worker for req and book it in the active-block map (and, in
- * approximate mode, the index). On KVR_OK, *out describes the decision. KVR_ERR_QUEUED means
- * every worker is busy and the request waits; its outcome arrives later as a PLACED or REJECTED
- * event. Any other status refuses the request (nothing is booked).
+ * approximate mode, the index). On KVR_OK, *out describes the decision, or out->queued says
+ * every worker is busy and the request waits (its outcome arrives later as a PLACED or REJECTED
+ * event). Any other status refuses the request (nothing is booked).
  */
 kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
                             struct kvr_decision *out);

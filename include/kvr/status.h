@@ -4,7 +4,8 @@
  * Every action returns a kvr_status; KVR_OK is zero, everything else is an error with a fixed
  * text. Codes and texts come from one list (KVR_STATUS_LIST), so they cannot drift apart. The
  * numeric values are part of the wire protocol (they travel as error codes to clients), so new
- * codes are only ever appended. Thread-safe: pure functions on constant data.
+ * codes are only ever appended. 14 is retired: it was "queued", an outcome (struct
+ * kvr_decision.queued), never an error on the wire. Thread-safe: pure functions on constant data.
  */
 #ifndef KVR_STATUS_H
 #define KVR_STATUS_H
@@ -25,7 +26,6 @@
     X(KVR_ERR_UNKNOWN_PARENT, 11, "unknown parent block")                                          \
     X(KVR_ERR_BLOCK_SIZE, 12, "block size mismatch")                                               \
     X(KVR_ERR_FULL, 13, "capacity limit reached")                                                  \
-    X(KVR_ERR_QUEUED, 14, "queued: every worker is busy")                                          \
     X(KVR_ERR_MALFORMED, 15, "malformed message")                                                  \
     X(KVR_ERR_TOO_LARGE, 16, "message too large")                                                  \
     X(KVR_ERR_WORKER_LOST, 17, "worker lost")                                                      \

@@ -595,7 +595,7 @@ static kvr_status enqueue(struct kvr_router *r, const struct prompt *p, uint64_t
     r->qtail = q;
     r->qlen++;
     r->st.queued++;
-    return KVR_ERR_QUEUED;
+    return KVR_OK;
 }
 
 static kvr_status check_request(struct kvr_router *r, const struct kvr_request *req)
@@ -662,12 +662,18 @@ kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req,
         st = KVR_ERR_OVERLOADED;
     else
         st = decide(r, &p, now, true, out);
-    if (st == KVR_ERR_OVERLOADED && r->cfg.queue_max)
+    if (st == KVR_ERR_OVERLOADED && r->cfg.queue_max) {
         st = enqueue(r, &p, now);
-    if (st == KVR_ERR_QUEUED)
-        return st;
+        if (st == KVR_OK) {
+            memset(out, 0, sizeof *out);
+            out->request_id = req->id;
+            out->queued = true;
+            return KVR_OK;
+        }
+    }
     if (st != KVR_OK)
         return refuse(r, st);
+    out->queued = false;
     r->st.decisions++;
     return KVR_OK;
 }

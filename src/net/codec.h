@@ -1,9 +1,29 @@
 /*
- * The wire codec: protobuf (proto/kvrouter/v1/kvrouter.proto) to plain C and back. This is the
- * only file that includes the generated *.pb-c.h; everything else speaks the structs below.
- * Decoders validate what they decode (sizes, ids, policy names) and report a kvr_status: a
- * malformed or oversized message is an error value, never a crash. Encoders write into a
- * growable kvr_buf. Pure and thread-safe (no shared state).
+ * The wire codec: protobuf (proto/kvrouter/v1/kvrouter.proto) to plain C and back. Only the codec's
+ * own files (codec.c, codec_fleet.c) include the generated *.pb-c.h; everything else speaks the
+ * structs below. Encoders write into a growable kvr_buf. Pure and thread-safe: no shared state
+ * (the allocation-failure injection for tests is per thread).
+ *
+ * One error discipline for every decoder. A decoder returns exactly one of:
+ *   KVR_OK             decoded; out holds what the message said, validated.
+ *   KVR_ERR_MALFORMED  not a valid message of that type: protobuf-c cannot parse it, or the part
+ *                      that says what it is is missing (a KvEvent's event, a Gossip's body, the
+ *                      request inside a WorkerGenerate or SelectRequest).
+ *   KVR_ERR_TOO_LARGE  over one of the caps below: the message's bytes (checked before protobuf-c
+ *                      sees them), a string's length (request id, router id, reply subject, error
+ *                      text) or a repeated field's count (blocks, ids, hashes, keys, records).
+ *   KVR_ERR_INVALID    well-formed and within the caps, but a value out of range: a zero id or
+ *                      key, a cached prefix longer than the prompt, a backwards or too-long seq
+ *                      range, an unknown enum value, max_tokens of 0 or over the limit.
+ *   KVR_ERR_NOMEM      an allocation failed, protobuf-c's own (it unpacks through an allocator
+ *                      that records the failure) or the decoder's copies: the message may be fine.
+ * The request decoders (generate, worker generate, select) also return KVR_ERR_EMPTY_PROMPT,
+ * KVR_ERR_PROMPT_TOO_LONG (more tokens than lim->max_prompt_tokens, within the byte cap) and
+ * KVR_ERR_UNKNOWN_POLICY, which clients see as error codes. Checks run in that order: bytes,
+ * framing, counts and lengths, values, then copies; so no field from the wire becomes a loop bound
+ * or an allocation size before it is checked. On an error a decoder frees what it copied and
+ * leaves the out-struct zeroed, apart from what the request decoders keep to name the error (see
+ * kvr_wire_decode_generate); freeing it anyway is harmless.
  */
 #ifndef KVR_CODEC_H
 #define KVR_CODEC_H
@@ -16,12 +36,78 @@
 #include "kvr/router.h"
 #include "kvr/status.h"
 
-#define KVR_REQUEST_ID_MAX 256 /* bytes of a client request id */
+/* --- caps: what a legitimate message can need; more is KVR_ERR_TOO_LARGE ------------------- */
+
+/* Strings, in bytes (NUL excluded). */
+#define KVR_REQUEST_ID_MAX 256 /* a client request id */
+/* A router id (Gossip, SyncRequest, a Decision's origin, WorkerGenerate): options hold 255. */
+#define KVR_ROUTER_ID_MAX 256
+/* A client's reply subject in a Decision: an inbox (_INBOX.<22 chars>.<n>) or any subject. */
+#define KVR_REPLY_MAX 1024
+/* A GenerateResponse's error text: a kvr_status text (all under 64 bytes). */
+#define KVR_ERROR_TEXT_MAX 1024
+
+/*
+ * Repeated fields, in items: they become loop bounds and allocation sizes. The block counts allow
+ * one prompt's worth: the default 1M-token prompt limit in the default 64-token blocks is 16384
+ * blocks; 65536 allows 16-token blocks.
+ */
+#define KVR_WIRE_STORED_BLOCKS_MAX   65536u /* blocks in a Stored event: one run of a sequence */
+#define KVR_WIRE_DECISION_BLOCKS_MAX 65536u /* block hashes in a Decision: one per prompt block */
+/* Ids in a Removed event: one engine step's evictions, at most the capacity (16384 by default). */
+#define KVR_WIRE_REMOVED_IDS_MAX 65536u
+/* Request keys in a Heartbeat: the requests one worker holds (it runs max_seqs, 256 by default,
+ * and queues the rest); 65536 keys are 640 KB, under NATS's default 1 MB payload. */
+#define KVR_WIRE_INFLIGHT_MAX 65536u
+/* Keys in a SyncRequest: a lookup asks for keys a heartbeat listed. */
+#define KVR_WIRE_SYNC_KEYS_MAX KVR_WIRE_INFLIGHT_MAX
+/* Seqs in a repair range (to_seq - from_seq); more, or a backwards range: KVR_ERR_INVALID. */
+#define KVR_WIRE_SYNC_RANGE_MAX 1000000u
+/* Decisions, and separately entries, in a SyncPage: a page is cut at ~256 KB, under 7000. */
+#define KVR_WIRE_PAGE_ITEMS_MAX 65536u
+/* Candidates in a SelectResponse: the router's default max_workers. */
+#define KVR_WIRE_CANDIDATES_MAX 65536u
+/* Tokens in one GenerateResponse chunk (workers send one): the default max_output_tokens. */
+#define KVR_WIRE_RESPONSE_TOKENS_MAX 65536u
+
+/*
+ * Message bytes, checked before protobuf-c sees the message. A varint takes up to 5 bytes for a
+ * uint32 and 10 for a uint64 (repeated scalars packed, as proto3 writes them). KVR_WIRE_SLACK is
+ * every message's fixed allowance: its ids and strings at their caps, its scalars and length
+ * prefixes (under 2 KB in the largest, a Gossip decision), and room for fields a newer version
+ * adds.
+ */
+#define KVR_WIRE_SLACK 4096u
+/* A TokensEvent or DoneEvent: three scalars, at most 33 bytes. */
+#define KVR_WIRE_SMALL_EVENT_MAX 1024u
+/* A KvEvent: a Stored block is at most 24 bytes (tag, length, two uint64 fields). */
+#define KVR_WIRE_KV_MAX (KVR_WIRE_STORED_BLOCKS_MAX * 24u + KVR_WIRE_SLACK)
+/* A Heartbeat: its inflight keys, packed uint64s. */
+#define KVR_WIRE_HEARTBEAT_MAX (KVR_WIRE_INFLIGHT_MAX * 10u + KVR_WIRE_SLACK)
+/* A GenerateResponse: its tokens and its error text. */
+#define KVR_WIRE_RESPONSE_MAX                                                                      \
+    (KVR_WIRE_RESPONSE_TOKENS_MAX * 5u + KVR_ERROR_TEXT_MAX + KVR_WIRE_SLACK)
+/* A SelectResponse: a Candidate is at most 58 bytes. */
+#define KVR_WIRE_SELECT_RESPONSE_MAX (KVR_WIRE_CANDIDATES_MAX * 64u + KVR_WIRE_SLACK)
+/* A Gossip: one Decision's block hashes, packed uint64s. */
+#define KVR_WIRE_GOSSIP_MAX (KVR_WIRE_DECISION_BLOCKS_MAX * 10u + KVR_WIRE_SLACK)
+/* A SyncRequest: its keys, packed uint64s. */
+#define KVR_WIRE_SYNC_MAX (KVR_WIRE_SYNC_KEYS_MAX * 10u + KVR_WIRE_SLACK)
+/* A SyncPage: built at ~256 KB (kvr_page), plus one decision that may overflow it (a Gossip's
+ * worth, 640 KB at most); 8 MiB is generous headroom. */
+#define KVR_WIRE_PAGE_MAX (8u << 20)
 
 struct kvr_wire_limits {
     uint32_t max_prompt_tokens; /* longer prompts: KVR_ERR_PROMPT_TOO_LONG */
     uint32_t max_output_tokens; /* larger max_tokens: KVR_ERR_INVALID */
 };
+
+/*
+ * The byte cap of a GenerateRequest, WorkerGenerate or SelectRequest under lim: 5 bytes (a uint32
+ * varint at most) per token for lim->max_prompt_tokens tokens, plus KVR_WIRE_SLACK for the ids,
+ * max_tokens, the overrides and the wrapper's own fields. Saturates at SIZE_MAX.
+ */
+size_t kvr_wire_request_cap(const struct kvr_wire_limits *lim);
 
 /* A generation request as decoded. Everything is owned; free with kvr_wire_request_free. */
 struct kvr_wire_request {
@@ -35,12 +121,18 @@ void kvr_wire_request_free(struct kvr_wire_request *r);
 
 /*
  * Decode a GenerateRequest. On an error that leaves the request readable (empty or long prompt,
- * unknown policy, bad limits), out->request_id is still set so the error can name it; the caller
- * frees out in every case.
+ * unknown policy, bad limits, a WorkerGenerate's zero key), out->request_id is still set so the
+ * error can name it, and the rest of out is zeroed; the caller frees out in every case. Over
+ * kvr_wire_request_cap(lim) bytes or a request id over KVR_REQUEST_ID_MAX: KVR_ERR_TOO_LARGE (with
+ * no request id).
  */
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
                                     struct kvr_wire_request *out);
-/* A WorkerGenerate: the request plus the router's key and expected overlap. */
+/*
+ * A WorkerGenerate: the request plus the router's key and expected overlap (*key and *overlap are
+ * set whenever the message parses, else 0). A zero key: KVR_ERR_INVALID; a router id over
+ * KVR_ROUTER_ID_MAX: KVR_ERR_TOO_LARGE.
+ */
 kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
                                            const struct kvr_wire_limits *lim,
                                            struct kvr_wire_request *out, uint64_t *key,
@@ -58,6 +150,8 @@ struct kvr_wire_response {
     uint64_t worker_id;     /* */
     uint32_t cached_tokens; /* */
 };
+/* A request id over KVR_REQUEST_ID_MAX, an error text over KVR_ERROR_TEXT_MAX or more than
+ * KVR_WIRE_RESPONSE_TOKENS_MAX tokens: KVR_ERR_TOO_LARGE. */
 kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire_response *out);
 void kvr_wire_response_free(struct kvr_wire_response *r);
 
@@ -74,6 +168,8 @@ struct kvr_wire_kv {
     uint64_t *ids; /* owned, nids (Removed) */
     uint32_t nids;
 };
+/* More than KVR_WIRE_STORED_BLOCKS_MAX blocks or KVR_WIRE_REMOVED_IDS_MAX ids: KVR_ERR_TOO_LARGE
+ * (counted on the wire, before protobuf-c allocates them); no event: KVR_ERR_MALFORMED. */
 kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *out);
 void kvr_wire_kv_free(struct kvr_wire_kv *e);
 
@@ -83,6 +179,7 @@ struct kvr_wire_tokens {
     uint64_t key;
     enum kvr_wire_tokens_kind kind;
 };
+/* An unknown kind: KVR_ERR_INVALID. */
 kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_tokens *out);
 
 struct kvr_wire_done {
@@ -99,6 +196,8 @@ struct kvr_wire_heartbeat {
     uint32_t interval_ms;
     bool draining;
 };
+/* A zero worker id or block size: KVR_ERR_INVALID; more than KVR_WIRE_INFLIGHT_MAX keys:
+ * KVR_ERR_TOO_LARGE. A kv_usage outside [0, 1] reads as 0. */
 kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wire_heartbeat *out);
 void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h);
 
@@ -116,6 +215,8 @@ kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request
                                           bool book);
 kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_decision *d,
                                            uint64_t key, kvr_status error);
+/* The out-params are set only on KVR_OK; more than KVR_WIRE_CANDIDATES_MAX candidates (counted on
+ * the wire): KVR_ERR_TOO_LARGE. */
 kvr_status kvr_wire_decode_select_response(const void *buf, size_t len, uint64_t *worker_id,
                                            uint32_t *overlap, uint32_t *ncandidates,
                                            uint32_t *error_code, uint64_t *key);
@@ -160,6 +261,12 @@ kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router
                                            const char *origin);
 kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                         uint64_t seq, bool serving);
+/*
+ * A router id that is empty (KVR_ERR_INVALID) or over KVR_ROUTER_ID_MAX (KVR_ERR_TOO_LARGE); a
+ * decision naming no request or worker, or a cached prefix longer than its blocks
+ * (KVR_ERR_INVALID), over KVR_WIRE_DECISION_BLOCKS_MAX hashes or with a reply, request id or
+ * origin over its cap (KVR_ERR_TOO_LARGE); no body: KVR_ERR_MALFORMED.
+ */
 kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_gossip *out);
 
 struct kvr_wire_sync {
@@ -172,6 +279,8 @@ struct kvr_wire_sync {
 };
 void kvr_wire_sync_free(struct kvr_wire_sync *s);
 kvr_status kvr_wire_encode_sync(struct kvr_buf *b, const struct kvr_wire_sync *s);
+/* A router id over KVR_ROUTER_ID_MAX or more than KVR_WIRE_SYNC_KEYS_MAX keys: KVR_ERR_TOO_LARGE;
+ * to_seq - from_seq over KVR_WIRE_SYNC_RANGE_MAX (a backwards range included): KVR_ERR_INVALID. */
 kvr_status kvr_wire_decode_sync(const void *buf, size_t len, struct kvr_wire_sync *out);
 
 /* Builds SyncPage messages of bounded size. */
@@ -184,6 +293,7 @@ struct kvr_page {
 };
 void kvr_page_init(struct kvr_page *p);
 void kvr_page_free(struct kvr_page *p);
+/* Add a record (copied): KVR_ERR_NOMEM, or KVR_ERR_FULL past 2^31 records of a kind. */
 kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
                                  const char *reply, const char *request_id, const char *origin);
 kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec);
@@ -191,12 +301,25 @@ kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record 
 kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);
 
 /*
- * Decode a SyncPage: *last and *token first, then the callbacks for each decision and entry
- * (borrowed for the call; a NULL callback skips them).
+ * Decode a SyncPage: every record is checked first (decisions as in a Gossip; an entry naming no
+ * worker, or whose TTL overflows in nanoseconds, is KVR_ERR_INVALID; more than
+ * KVR_WIRE_PAGE_ITEMS_MAX decisions or entries is KVR_ERR_TOO_LARGE, counted on the wire). Only
+ * when the whole page is good are *last and *token set and the callbacks called, for each
+ * decision and entry (borrowed for the call; a NULL callback skips them); on an error no callback
+ * runs, *last is false and *token 0. The callbacks see views into the unpacked page: the decoder
+ * allocates nothing while it calls them, so it cannot fail half-way through a page.
  */
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
                                 void *ctx, bool *last, uint64_t *token);
+
+/*
+ * Testing: make the decoders' n-th allocation from now on this thread fail (0: the next one), once;
+ * -1 disarms. Counts protobuf-c's allocations and the decoders' own copies. Returns the countdown
+ * it replaces: -1 if the armed failure happened (or none was armed), else the allocations that
+ * were still to go.
+ */
+long kvr_wire_fail_alloc(long n);
 
 #endif

@@ -29,12 +29,6 @@ kvr_status kvr_nats_status(natsStatus s)
     }
 }
 
-bool kvr_subject(char *buf, size_t len, const char *prefix, const char *ns, const char *suffix)
-{
-    int n = snprintf(buf, len, "%s.%s.%s", prefix, ns, suffix);
-    return n > 0 && (size_t)n < len;
-}
-
 static void on_disconnected(natsConnection *nc, void *closure)
 {
     if (natsConnection_IsClosed(nc))
@@ -146,4 +140,9 @@ static kvr_status publish_outmsg(void *ctx, const struct kvr_outmsg *m)
 struct kvr_sink kvr_nats_sink(natsConnection *nc)
 {
     return (struct kvr_sink){publish_outmsg, nc};
+}
+
+void kvr_net_shutdown(void)
+{
+    nats_Close();
 }

@@ -16,6 +16,7 @@
 #include "kvr/status.h"
 #include "log.h"
 #include "outbox.h"
+#include "subject.h"
 
 /*
  * The one place a natsStatus becomes a kvr_status (nothing above the NATS glue sees natsStatus):
@@ -23,11 +24,6 @@
  * failure of the connection is KVR_ERR_IO.
  */
 kvr_status kvr_nats_status(natsStatus s);
-
-/* --- subjects -------------------------------------------------------------------------------- */
-
-/* "<prefix>.<ns>.<suffix>" into buf; false if it does not fit. */
-bool kvr_subject(char *buf, size_t len, const char *prefix, const char *ns, const char *suffix);
 
 /* --- connections ----------------------------------------------------------------------------- */
 
@@ -46,6 +42,9 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
  */
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,
                        kvr_status err);
+
+/* At exit, after every connection is destroyed: release the NATS library (nats_Close). */
+void kvr_net_shutdown(void);
 
 /* The sink that publishes on nc (with the service error headers where m->err is set). */
 struct kvr_sink kvr_nats_sink(natsConnection *nc);

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "kvr/policy.h"
+#include "stats.h"
 
 int kvr_mkdir_p(const char *dir)
 {
@@ -289,6 +290,20 @@ static void md_replicas(FILE *f, const struct kvr_report_meta *m, const struct k
     }
 }
 
+/* Distinct loads in order of first appearance; returns how many (at most max). */
+static size_t loads_of(const struct kvr_sim_result *res, size_t n, double *out, size_t max)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < k; j++)
+            seen |= out[j] == res[i].load;
+        if (!seen && k < max)
+            out[k++] = res[i].load;
+    }
+    return k;
+}
+
 static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
                            const struct kvr_sim_result *res, size_t n)
 {
@@ -317,19 +332,18 @@ static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
     if (m->hit_ceiling_trace > 0)
         fprintf(f, "; documented for the trace %.3f", m->hit_ceiling_trace);
     fprintf(f, ".\n");
-    double done[64];
-    size_t nload = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool seen = false;
-        for (size_t k = 0; k < nload; k++)
-            seen |= done[k] == res[i].load;
-        if (seen || nload == 64)
-            continue;
-        done[nload++] = res[i].load;
-        md_load(f, m, res, n, res[i].load);
-        if (m->replicas)
-            md_replicas(f, m, res, n, res[i].load);
+    double *loads = malloc((n ? n : 1) * sizeof *loads);
+    if (!loads) {
+        fclose(f);
+        return KVR_ERR_NOMEM;
     }
+    size_t nload = loads_of(res, n, loads, n);
+    for (size_t k = 0; k < nload; k++) {
+        md_load(f, m, res, n, loads[k]);
+        if (m->replicas)
+            md_replicas(f, m, res, n, loads[k]);
+    }
+    free(loads);
     if (m->replicas)
         fprintf(f, "\nPlots: `ttft_cdf_<load>.png` (TTFT distribution per policy and replica "
                    "count), `ttft_p90_vs_replicas.png`, `hit_vs_replicas.png`.\n");
@@ -344,26 +358,6 @@ kvr_status kvr_report_write(const char *dir, const struct kvr_report_meta *m,
 {
     kvr_status st = write_json(dir, m, res, n);
     return st == KVR_OK ? write_md(dir, m, res, n) : st;
-}
-
-/* Distinct loads in order of first appearance; returns how many (at most max). */
-static size_t loads_of(const struct kvr_sim_result *res, size_t n, double *out, size_t max)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < k; j++)
-            seen |= out[j] == res[i].load;
-        if (!seen && k < max)
-            out[k++] = res[i].load;
-    }
-    return k;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* The TTFT distribution at each load: one line per policy (and replica set-up). */
@@ -478,7 +472,24 @@ static size_t replicas_of(const struct kvr_sim_result *res, size_t n, uint32_t *
     return k;
 }
 
-#define MAX_LINES 32
+/* The data rows of one line of the replica plots (one per replica count); rows with N > 1. */
+static int replica_rows(FILE *d, const struct kvr_sim_result *res, size_t n, const uint32_t *reps,
+                        size_t nr, enum kvr_policy p, double load, bool gossip)
+{
+    int rows = 0;
+    for (size_t r = 0; r < nr; r++) {
+        for (size_t i = 0; i < n; i++) {
+            const struct kvr_sim_result *x = &res[i];
+            if (x->policy != p || x->load != load || x->replicas != reps[r] ||
+                (x->replicas > 1 && x->gossip != gossip))
+                continue;
+            fprintf(d, "%u %.3f %.5f\n", x->replicas, x->ttft_ms.p90, x->hit_rate);
+            rows += x->replicas > 1;
+            break;
+        }
+    }
+    return rows;
+}
 
 /*
  * TTFT p90 and hit rate against the replica count: a line per load, policy and gossip setting,
@@ -488,30 +499,17 @@ static kvr_status plot_by_replicas(FILE *gp, const char *dir, const struct kvr_r
                                    const struct kvr_sim_result *res, size_t n, const double *loads,
                                    size_t nl)
 {
-    uint32_t reps[64];
-    size_t nr = replicas_of(res, n, reps, 64);
-    FILE *d = open_in(dir, "by_replicas.dat", "w");
-    if (!d)
-        return KVR_ERR_IO;
-    char names[MAX_LINES][96];
-    const char *titles[MAX_LINES];
-    int lts[MAX_LINES], nb = 0;
-    for (size_t l = 0; l < nl; l++) {
+    size_t most = nl * KVR_POLICY_COUNT * 2 + 1; /* lines at most */
+    uint32_t *reps = malloc((n ? n : 1) * sizeof *reps);
+    char(*names)[96] = malloc(most * sizeof *names);
+    const char **titles = malloc(most * sizeof *titles);
+    int *lts = malloc(most * sizeof *lts), nb = 0;
+    FILE *d = reps && names && titles && lts ? open_in(dir, "by_replicas.dat", "w") : NULL;
+    size_t nr = d ? replicas_of(res, n, reps, n) : 0;
+    for (size_t l = 0; d && l < nl; l++) {
         for (int p = 0; p < KVR_POLICY_COUNT; p++) {
-            for (int g = 1; g >= 0 && nb < MAX_LINES; g--) {
-                int rows = 0;
-                for (size_t r = 0; r < nr; r++) {
-                    for (size_t i = 0; i < n; i++) {
-                        const struct kvr_sim_result *x = &res[i];
-                        if (x->policy != (enum kvr_policy)p || x->load != loads[l] ||
-                            x->replicas != reps[r] || (x->replicas > 1 && x->gossip != g))
-                            continue;
-                        fprintf(d, "%u %.3f %.5f\n", x->replicas, x->ttft_ms.p90, x->hit_rate);
-                        rows += x->replicas > 1;
-                        break;
-                    }
-                }
-                if (!rows)
+            for (int g = 1; g >= 0; g--) {
+                if (!replica_rows(d, res, n, reps, nr, (enum kvr_policy)p, loads[l], g))
                     continue;
                 fprintf(d, "\n\n");
                 snprintf(names[nb], sizeof names[nb], "%s, %s %g, %s",
@@ -523,22 +521,33 @@ static kvr_status plot_by_replicas(FILE *gp, const char *dir, const struct kvr_r
             }
         }
     }
-    fclose(d);
-    fprintf(gp, "set logscale x 2\n");
-    plot_lines(gp, m, "by_replicas.dat", "router replicas", titles, lts, nb);
-    fprintf(gp, "unset logscale x\n");
-    return KVR_OK;
+    kvr_status st = d ? KVR_OK : KVR_ERR_IO;
+    if (d) {
+        fclose(d);
+        fprintf(gp, "set logscale x 2\n");
+        plot_lines(gp, m, "by_replicas.dat", "router replicas", titles, lts, nb);
+        fprintf(gp, "unset logscale x\n");
+    }
+    free(reps);
+    free(names);
+    free(titles);
+    free(lts);
+    return st;
 }
 
 kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
                             const struct kvr_sim_result *res, size_t n)
 {
-    double loads[64];
-    size_t nl = loads_of(res, n, loads, 64);
-    qsort(loads, nl, sizeof *loads, cmp_double);
+    double *loads = malloc((n ? n : 1) * sizeof *loads);
+    if (!loads)
+        return KVR_ERR_NOMEM;
+    size_t nl = loads_of(res, n, loads, n);
+    kvr_sort_doubles(loads, nl);
     FILE *gp = open_in(dir, "plots.gp", "w");
-    if (!gp)
+    if (!gp) {
+        free(loads);
         return KVR_ERR_IO;
+    }
     fprintf(gp, "set terminal pngcairo size 1000,640 noenhanced\nset grid\nset key bottom right\n");
     /* one fixed style per policy, the same in every plot; kv drawn thick and black */
     static const char *colors[KVR_POLICY_COUNT] = {"#000000", "#e69f00", "#56b4e9",
@@ -551,6 +560,7 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
     if (st == KVR_OK)
         st = m->replicas ? plot_by_replicas(gp, dir, m, res, n, loads, nl)
                          : plot_by_load(gp, dir, m, res, n, loads, nl);
+    free(loads);
     if (fclose(gp) || st != KVR_OK)
         return KVR_ERR_IO;
     char cmd[4200];

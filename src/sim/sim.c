@@ -413,10 +413,10 @@ static void route(struct sim *s, uint32_t i)
     struct kvr_decision d;
     struct replica *rp = &s->rep[s->nrep > 1 ? kvr_rng_below(&s->pick, s->nrep) : 0];
     kvr_status st = kvr_router_route(rp->router, &q, s->now, &d);
-    if (st == KVR_OK) {
+    if (st == KVR_OK && !d.queued) {
         booked(rp, q.id);
         submit(s, i, (uint32_t)(d.worker_id - 1), local, seq, nb);
-    } else if (st == KVR_ERR_QUEUED) {
+    } else if (st == KVR_OK) {
         struct pending *p = &s->pending[i];
         p->hashes = malloc((2 * (size_t)nb + 1) * sizeof *p->hashes);
         if (!p->hashes) {

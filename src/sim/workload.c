@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "kvr/rng.h"
 
 #define VOCAB           128000u
@@ -166,7 +167,7 @@ static bool json_uint(const char *line, const char *key, uint64_t *out)
 }
 
 /* Append the ints of "hash_ids": [...] to the pool; returns how many, or -1. */
-static long json_ids(const char *line, uint32_t **pool, uint64_t *npool, uint64_t *cap)
+static long json_ids(const char *line, uint32_t **pool, uint64_t *npool, uint32_t *cap)
 {
     const char *p = strstr(line, "\"hash_ids\"");
     if (!p || !(p = strchr(p, '[')))
@@ -183,14 +184,8 @@ static long json_ids(const char *line, uint32_t **pool, uint64_t *npool, uint64_
         unsigned long long v = strtoull(p, &end, 10);
         if (end == p || errno || v > UINT32_MAX || *p == '-')
             return -1;
-        if (*npool == *cap) {
-            uint64_t c = *cap ? *cap * 2 : 1 << 16;
-            uint32_t *np = realloc(*pool, c * sizeof *np);
-            if (!np)
-                return -1;
-            *pool = np;
-            *cap = c;
-        }
+        if (*npool >= UINT32_MAX || !KVR_GROW(*pool, *cap, (uint32_t)*npool + 1, 1u << 16))
+            return -1;
         (*pool)[(*npool)++] = (uint32_t)v;
         n++;
         p = end;
@@ -214,8 +209,8 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
     if (!f)
         return KVR_ERR_IO;
     kvr_status st = KVR_OK;
-    uint32_t cap = 0;
-    uint64_t idcap = 0, lineno = 0;
+    uint32_t cap = 0, idcap = 0;
+    uint64_t lineno = 0;
     char *line = NULL;
     size_t linecap = 0;
     while ((!n || w->nreqs < n) && getline(&line, &linecap, f) > 0) {
@@ -235,14 +230,9 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
                 *bad_line = lineno;
             break;
         }
-        if (w->nreqs == cap) {
-            cap = cap ? cap * 2 : 1024;
-            struct kvr_wl_request *r = realloc(w->reqs, (size_t)cap * sizeof *r);
-            if (!r) {
-                st = KVR_ERR_NOMEM;
-                break;
-            }
-            w->reqs = r;
+        if (w->nreqs == UINT32_MAX || !KVR_GROW(w->reqs, cap, w->nreqs + 1, 1024)) {
+            st = KVR_ERR_NOMEM;
+            break;
         }
         struct kvr_wl_request *r = &w->reqs[w->nreqs++];
         r->arrival_ns = ts * 1000000ull;

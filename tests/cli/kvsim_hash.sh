@@ -3,6 +3,8 @@
 set -u
 kvsim=$1
 fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 out=$("$kvsim" hash --block-size 4 --tokens 1,2,3,4,5,6,7,8,9) || fail "exit status $?"
 [ "$(echo "$out" | wc -l)" -eq 2 ] || fail "expected 2 full blocks, got: $out"
@@ -24,6 +26,14 @@ read -r _ la _ <<<"$alone"
 # a file (and stdin) with white space gives the same lines
 printf '1, 2, 3, 4,\n5, 6, 7, 8, 9\n' | "$kvsim" hash --block-size 4 --tokens-file - | diff - <(echo "$out") \
   || fail "--tokens-file - differs from --tokens"
+
+# a long list (longer than an option table's text) on the command line, either spelling
+long=$(seq 0 999 | paste -sd, -)
+"$kvsim" hash --block-size 16 --tokens "$long" >"$tmp/long" || fail "a 1,000-token --tokens failed"
+[ "$(wc -l <"$tmp/long")" -eq 62 ] || fail "expected 62 blocks of 16 in 1,000 tokens"
+echo "$long" | "$kvsim" hash --block-size 16 --tokens-file - | diff - "$tmp/long" >/dev/null \
+  || fail "a long --tokens differs from --tokens-file"
+"$kvsim" hash --block-size 16 "--tokens=$long" | diff - "$tmp/long" >/dev/null || fail "--tokens=LIST"
 
 # fewer tokens than a block: no line, success
 [ -z "$("$kvsim" hash --block-size 4 --tokens 1,2,3)" ] || fail "a partial block was hashed"

@@ -1,4 +1,8 @@
-/* The wire codec: round trips, the forwarding wrapper, and refusal of bad input. */
+/*
+ * The wire codec: round trips, the forwarding wrapper, and the error discipline of codec.h: every
+ * decoder's byte cap, malformed input, over-long strings, over-many items, values out of range and
+ * allocation failure, each with its exact status.
+ */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <stdio.h>
@@ -9,6 +13,208 @@
 #include "kvr/rng.h"
 
 static const struct kvr_wire_limits lim = {1000, 500};
+
+/* --- helpers: hand-written protobuf, and every decoder behind one signature ------------------ */
+
+static void put(struct kvr_buf *b, const void *data, size_t n)
+{
+    cr_assert(eq(int, kvr_buf_reserve(b, b->len + n), KVR_OK));
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+}
+
+static void put_varint(struct kvr_buf *b, uint64_t v)
+{
+    for (;; v >>= 7) {
+        uint8_t c = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        put(b, &c, 1);
+        if (v <= 0x7f)
+            break;
+    }
+}
+
+/* A length-delimited field (a string, bytes or a submessage). */
+static void put_len(struct kvr_buf *b, uint32_t field, const void *data, size_t n)
+{
+    put_varint(b, (uint64_t)field << 3 | 2);
+    put_varint(b, n);
+    put(b, data, n);
+}
+
+/* A string of n copies of c (NUL-terminated, free it). */
+static char *repeat(char c, size_t n)
+{
+    char *s = malloc(n + 1);
+    cr_assert(s != NULL);
+    memset(s, c, n);
+    s[n] = 0;
+    return s;
+}
+
+static kvr_status dec_generate(const void *buf, size_t len)
+{
+    struct kvr_wire_request r;
+    kvr_status st = kvr_wire_decode_generate(buf, len, &lim, &r);
+    kvr_wire_request_free(&r);
+    return st;
+}
+
+static kvr_status dec_worker_generate(const void *buf, size_t len)
+{
+    struct kvr_wire_request r;
+    uint64_t key;
+    uint32_t overlap;
+    kvr_status st = kvr_wire_decode_worker_generate(buf, len, &lim, &r, &key, &overlap);
+    kvr_wire_request_free(&r);
+    return st;
+}
+
+static kvr_status dec_select(const void *buf, size_t len)
+{
+    struct kvr_wire_request r;
+    bool book;
+    kvr_status st = kvr_wire_decode_select(buf, len, &lim, &r, &book);
+    kvr_wire_request_free(&r);
+    return st;
+}
+
+static kvr_status dec_response(const void *buf, size_t len)
+{
+    struct kvr_wire_response r;
+    kvr_status st = kvr_wire_decode_response(buf, len, &r);
+    if (st == KVR_OK)
+        kvr_wire_response_free(&r);
+    else
+        cr_assert(r.request_id == NULL && r.error == NULL, "cleaned up on an error");
+    return st;
+}
+
+static kvr_status dec_select_response(const void *buf, size_t len)
+{
+    uint64_t wid, key;
+    uint32_t overlap, n, err;
+    return kvr_wire_decode_select_response(buf, len, &wid, &overlap, &n, &err, &key);
+}
+
+static kvr_status dec_kv(const void *buf, size_t len)
+{
+    struct kvr_wire_kv e;
+    kvr_status st = kvr_wire_decode_kv(buf, len, &e);
+    if (st == KVR_OK)
+        kvr_wire_kv_free(&e);
+    else
+        cr_assert(e.blocks == NULL && e.ids == NULL && e.nblocks + e.nids == 0, "cleaned up");
+    return st;
+}
+
+static kvr_status dec_tokens(const void *buf, size_t len)
+{
+    struct kvr_wire_tokens t;
+    return kvr_wire_decode_tokens(buf, len, &t);
+}
+
+static kvr_status dec_done(const void *buf, size_t len)
+{
+    struct kvr_wire_done d;
+    return kvr_wire_decode_done(buf, len, &d);
+}
+
+static kvr_status dec_heartbeat(const void *buf, size_t len)
+{
+    struct kvr_wire_heartbeat h;
+    kvr_status st = kvr_wire_decode_heartbeat(buf, len, &h);
+    if (st == KVR_OK)
+        kvr_wire_heartbeat_free(&h);
+    else
+        cr_assert(h.inflight == NULL && h.ninflight == 0, "cleaned up on an error");
+    return st;
+}
+
+static kvr_status dec_gossip(const void *buf, size_t len)
+{
+    struct kvr_wire_gossip g;
+    kvr_status st = kvr_wire_decode_gossip(buf, len, &g);
+    if (st == KVR_OK)
+        kvr_wire_gossip_free(&g);
+    else
+        cr_assert(g.router_id == NULL && g.d.reply == NULL && g.d.request_id == NULL &&
+                      g.d.origin == NULL && g.d.rec.block_hashes == NULL,
+                  "cleaned up on an error");
+    return st;
+}
+
+static kvr_status dec_sync(const void *buf, size_t len)
+{
+    struct kvr_wire_sync s;
+    kvr_status st = kvr_wire_decode_sync(buf, len, &s);
+    if (st == KVR_OK)
+        kvr_wire_sync_free(&s);
+    else
+        cr_assert(s.router_id == NULL && s.keys == NULL && s.nkeys == 0, "cleaned up on an error");
+    return st;
+}
+
+static uint32_t page_calls; /* callbacks dec_page saw */
+
+static void count_decision(void *ctx, const struct kvr_wire_decision *d)
+{
+    (void)ctx;
+    (void)d;
+    page_calls++;
+}
+
+static void count_entry(void *ctx, const struct kvr_index_record *e)
+{
+    (void)ctx;
+    (void)e;
+    page_calls++;
+}
+
+/* A page decode; on an error no callback may have run, and *last and *token are reset. */
+static kvr_status dec_page(const void *buf, size_t len)
+{
+    bool last = true;
+    uint64_t token = 7;
+    page_calls = 0;
+    kvr_status st =
+        kvr_wire_decode_page(buf, len, count_decision, count_entry, NULL, &last, &token);
+    if (st != KVR_OK) {
+        cr_assert(eq(u32, page_calls, 0), "no callback before the whole page is checked");
+        cr_assert(not(last));
+        cr_assert(eq(u64, token, 0));
+    }
+    return st;
+}
+
+struct decoder {
+    const char *name;
+    kvr_status (*fn)(const void *buf, size_t len);
+    size_t cap; /* its byte cap */
+};
+
+static const struct decoder *decoders(size_t *n)
+{
+    static struct decoder d[] = {
+        {"generate", dec_generate, 0},
+        {"worker_generate", dec_worker_generate, 0},
+        {"select", dec_select, 0},
+        {"response", dec_response, KVR_WIRE_RESPONSE_MAX},
+        {"select_response", dec_select_response, KVR_WIRE_SELECT_RESPONSE_MAX},
+        {"kv", dec_kv, KVR_WIRE_KV_MAX},
+        {"tokens", dec_tokens, KVR_WIRE_SMALL_EVENT_MAX},
+        {"done", dec_done, KVR_WIRE_SMALL_EVENT_MAX},
+        {"heartbeat", dec_heartbeat, KVR_WIRE_HEARTBEAT_MAX},
+        {"gossip", dec_gossip, KVR_WIRE_GOSSIP_MAX},
+        {"sync", dec_sync, KVR_WIRE_SYNC_MAX},
+        {"page", dec_page, KVR_WIRE_PAGE_MAX},
+    };
+    for (int i = 0; i < 3; i++)
+        d[i].cap = kvr_wire_request_cap(&lim);
+    *n = sizeof d / sizeof d[0];
+    return d;
+}
+
+/* --- round trips and the request decoders -------------------------------------------------- */
 
 Test(codec, generate_round_trip_with_overrides)
 {
@@ -75,12 +281,19 @@ Test(codec, bad_requests_are_named_errors)
     cr_assert(eq(int, kvr_wire_encode_generate(&b, "out", t, 2, 501, NULL), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_INVALID));
     kvr_wire_request_free(&r);
-    char id[KVR_REQUEST_ID_MAX + 2];
-    memset(id, 'x', sizeof id - 1);
-    id[sizeof id - 1] = 0;
+    /* a request id at its cap is fine; one byte more is over it */
+    char *id = repeat('x', KVR_REQUEST_ID_MAX);
     cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, 2, 5, NULL), KVR_OK));
-    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_INVALID));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_OK));
+    cr_assert(eq(sz, strlen(r.request_id), KVR_REQUEST_ID_MAX));
     kvr_wire_request_free(&r);
+    free(id);
+    id = repeat('x', KVR_REQUEST_ID_MAX + 1);
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, 2, 5, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(ptr, r.request_id, NULL));
+    kvr_wire_request_free(&r);
+    free(id);
     /* an unknown policy name, written by hand: Overrides{policy = "nope"} in field 4 */
     cr_assert(eq(int, kvr_wire_encode_generate(&b, "p", t, 2, 5, NULL), KVR_OK));
     uint8_t extra[] = {0x22, 0x06, 0x0a, 0x04, 'n', 'o', 'p', 'e'};
@@ -124,6 +337,11 @@ Test(codec, garbage_never_crashes)
         struct kvr_wire_response rs;
         if (kvr_wire_decode_response(buf, n, &rs) == KVR_OK)
             kvr_wire_response_free(&rs);
+        size_t nd;
+        const struct decoder *d = decoders(&nd);
+        for (size_t i = 0; k % 4 == 0 && i < nd; i++)
+            cr_assert(ne(int, d[i].fn(buf, n), KVR_ERR_NOMEM), "%s: garbage is not NOMEM",
+                      d[i].name);
     }
     cr_assert(
         eq(int, kvr_wire_decode_kv("\\xff\\xff", 2, &(struct kvr_wire_kv){0}), KVR_ERR_MALFORMED));
@@ -232,16 +450,22 @@ Test(codec, gossip_round_trip)
     cr_assert(eq(u64, g.seq, 8));
     kvr_wire_gossip_free(&g);
 
-    /* a decision naming no worker, a cached prefix longer than the prompt, no sender: refused */
+    /* a decision naming no worker or no request, a cached prefix longer than the prompt, no
+     * sender: well-formed, values out of range */
     rec.worker_id = 0;
     kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1");
-    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
+    cr_assert(eq(ptr, g.router_id, NULL), "freed and zeroed on an error");
     rec.worker_id = 5;
+    rec.request_id = 0;
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1");
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
+    rec.request_id = 77;
     rec.overlap_blocks = 4;
     kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1");
-    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     kvr_wire_encode_gossip_hello(&b, "", 3, 8, true);
-    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     kvr_buf_free(&b);
 }
 
@@ -263,7 +487,16 @@ Test(codec, sync_request_round_trip)
     kvr_wire_sync_free(&t);
     s.from_seq = 30; /* a backwards range */
     kvr_wire_encode_sync(&b, &s);
-    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_ERR_INVALID));
+    cr_assert(eq(ptr, t.router_id, NULL), "freed and zeroed on an error");
+    s.from_seq = 10; /* the longest repair range, and one more */
+    s.to_seq = 10 + KVR_WIRE_SYNC_RANGE_MAX;
+    kvr_wire_encode_sync(&b, &s);
+    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_OK));
+    kvr_wire_sync_free(&t);
+    s.to_seq++;
+    kvr_wire_encode_sync(&b, &s);
+    cr_assert(eq(int, kvr_wire_decode_sync(b.data, b.len, &t), KVR_ERR_INVALID));
     kvr_buf_free(&b);
 }
 
@@ -354,4 +587,408 @@ Test(codec, replica_garbage_never_crashes)
         uint64_t token;
         kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &last, &token);
     }
+}
+
+/* --- the error discipline ------------------------------------------------------------------ */
+
+Test(codec, every_decoder_caps_its_bytes_before_protobuf_sees_them)
+{
+    size_t n;
+    const struct decoder *d = decoders(&n);
+    size_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = d[i].cap > most ? d[i].cap : most;
+    uint8_t *buf = malloc(most + 1);
+    cr_assert(buf != NULL);
+    memset(buf, 0xff, most + 1); /* no valid message: a decoder that unpacked it would say so */
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(eq(int, d[i].fn(buf, d[i].cap + 1), KVR_ERR_TOO_LARGE), "%s", d[i].name);
+        cr_assert(eq(int, d[i].fn(buf, d[i].cap), KVR_ERR_MALFORMED), "%s: at its cap", d[i].name);
+    }
+    free(buf);
+    /* the request cap follows the limits: 5 bytes a token plus the fixed allowance */
+    cr_assert(eq(sz, kvr_wire_request_cap(&lim), 1000 * 5 + KVR_WIRE_SLACK));
+    struct kvr_wire_limits huge = {UINT32_MAX, 1};
+    cr_assert(
+        eq(u64, (uint64_t)kvr_wire_request_cap(&huge), (uint64_t)UINT32_MAX * 5 + KVR_WIRE_SLACK));
+}
+
+Test(codec, a_prompt_over_the_byte_cap_is_too_large_under_it_too_long)
+{
+    struct kvr_buf b = {0};
+    struct kvr_wire_request r;
+    uint32_t *t = malloc(2000 * sizeof *t);
+    for (int i = 0; i < 2000; i++)
+        t[i] = 4000000000u; /* 5 bytes each: 10 KB, over 1000 * 5 + 4096 */
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "big", t, 2000, 10, NULL), KVR_OK));
+    cr_assert(gt(sz, b.len, kvr_wire_request_cap(&lim)));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_TOO_LARGE));
+    kvr_wire_request_free(&r);
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "long", t, 1001, 10, NULL), KVR_OK));
+    cr_assert(le(sz, b.len, kvr_wire_request_cap(&lim)));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_PROMPT_TOO_LONG));
+    cr_assert(eq(str, r.request_id, "long"));
+    kvr_wire_request_free(&r);
+    /* the longest prompt of the largest tokens fits its own cap, forwarded too */
+    struct kvr_buf fwd = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "max", t, 1000, 10, NULL), KVR_OK));
+    char *rid = repeat('r', KVR_ROUTER_ID_MAX);
+    cr_assert(
+        eq(int, kvr_wire_encode_worker_generate(&fwd, b.data, b.len, UINT64_MAX, 7, rid), KVR_OK));
+    cr_assert(eq(int, dec_worker_generate(fwd.data, fwd.len), KVR_OK));
+    free(rid);
+    free(t);
+    kvr_buf_free(&fwd);
+    kvr_buf_free(&b);
+}
+
+Test(codec, every_decoder_refuses_malformed_bytes)
+{
+    static const struct {
+        const char *what;
+        const uint8_t *bytes;
+        size_t len;
+    } bad[] = {
+        {"an unterminated varint", (const uint8_t *)"\xff\xff", 2},
+        {"a length past the end",
+         (const uint8_t *)"\x0a\x05"
+                          "ab",
+         4},
+        {"a group (not proto3)", (const uint8_t *)"\x0b\x0c", 2},
+        {"a 64-bit field cut short", (const uint8_t *)"\x09\x01\x02", 3},
+    };
+    size_t n;
+    const struct decoder *d = decoders(&n);
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
+        for (size_t i = 0; i < n; i++)
+            cr_assert(eq(int, d[i].fn(bad[k].bytes, bad[k].len), KVR_ERR_MALFORMED), "%s: %s",
+                      d[i].name, bad[k].what);
+    /* a count on the wire stops at broken framing inside a submessage too */
+    cr_assert(eq(int, dec_kv("\x1a\x02\x1a\x05", 4), KVR_ERR_MALFORMED));
+}
+
+Test(codec, a_message_without_what_says_what_it_is_is_malformed)
+{
+    /* KvEvent{worker_id 7} without an event; Gossip{router_id "r1"} without a body;
+     * WorkerGenerate{request_key 42} and SelectRequest{book} without a request */
+    cr_assert(eq(int, dec_kv("\x08\x07", 2), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, dec_gossip("\x0a\x02r1", 4), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, dec_worker_generate("\x10\x2a", 2), KVR_ERR_MALFORMED));
+    cr_assert(eq(int, dec_select("\x10\x01", 2), KVR_ERR_MALFORMED));
+    /* an empty buffer is an empty message: not a request, but a valid (all-zero) done event */
+    cr_assert(eq(int, dec_generate("", 0), KVR_ERR_EMPTY_PROMPT));
+    cr_assert(eq(int, dec_done("", 0), KVR_OK));
+}
+
+Test(codec, over_long_strings_are_too_large)
+{
+    struct kvr_buf b = {0}, req = {0};
+    char *id = repeat('i', KVR_REQUEST_ID_MAX + 1), *rid = repeat('r', KVR_ROUTER_ID_MAX + 1);
+    char *reply = repeat('s', KVR_REPLY_MAX + 1), *text = repeat('e', KVR_ERROR_TEXT_MAX + 1);
+    /* a response's request id, and its error text (appended: a later field wins) */
+    cr_assert(eq(int, kvr_wire_encode_response(&b, id, NULL, 0, true, KVR_OK, 1, 0), KVR_OK));
+    cr_assert(eq(int, dec_response(b.data, b.len), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(int, kvr_wire_encode_response(&b, "x", NULL, 0, true, KVR_OK, 1, 0), KVR_OK));
+    put_len(&b, 6, text, KVR_ERROR_TEXT_MAX);
+    cr_assert(eq(int, dec_response(b.data, b.len), KVR_OK), "at its cap");
+    put_len(&b, 6, text, KVR_ERROR_TEXT_MAX + 1);
+    cr_assert(eq(int, dec_response(b.data, b.len), KVR_ERR_TOO_LARGE));
+    /* the router id of a forward, of a gossip, of a sync request */
+    uint32_t t[2] = {1, 2};
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "q", t, 2, 5, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 9, 0, rid), KVR_OK));
+    cr_assert(eq(int, dec_worker_generate(b.data, b.len), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, rid, 1, 1, true), KVR_OK));
+    cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_ERR_TOO_LARGE));
+    rid[KVR_ROUTER_ID_MAX] = 0;
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, rid, 1, 1, true), KVR_OK));
+    cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_OK), "at its cap");
+    rid[KVR_ROUTER_ID_MAX] = 'r';
+    struct kvr_wire_sync s = {.router_id = rid};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &s), KVR_OK));
+    cr_assert(eq(int, dec_sync(b.data, b.len), KVR_ERR_TOO_LARGE));
+    /* a decision's reply, request id and origin, in a gossip and in a page */
+    uint64_t h[1] = {11};
+    struct kvr_request_record rec = {77, 5, h, 1, 64, 1, false, 0};
+    const char *strs[3][3] = {{reply, "q", "r1"}, {"_INBOX.a", id, "r1"}, {"_INBOX.a", "q", rid}};
+    struct kvr_page p;
+    kvr_page_init(&p);
+    for (int k = 0; k < 3; k++) {
+        cr_assert(eq(int,
+                     kvr_wire_encode_gossip_decision(&b, "r1", 1, 1, &rec, strs[k][0], strs[k][1],
+                                                     strs[k][2]),
+                     KVR_OK));
+        cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "ok", "ok", "ok"), KVR_OK));
+        cr_assert(
+            eq(int, kvr_page_add_decision(&p, &rec, strs[k][0], strs[k][1], strs[k][2]), KVR_OK));
+        cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
+        cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
+    }
+    kvr_page_free(&p);
+    free(id);
+    free(rid);
+    free(reply);
+    free(text);
+    kvr_buf_free(&req);
+    kvr_buf_free(&b);
+}
+
+/* Encode n items of a repeated field into b with encoder k. */
+static void encode_items(struct kvr_buf *b, int k, uint32_t n)
+{
+    uint64_t *ids = calloc(n, sizeof *ids);
+    struct kvr_kv_block *blocks = calloc(n, sizeof *blocks);
+    uint32_t *toks = calloc(n, sizeof *toks);
+    cr_assert(ids && blocks && toks);
+    for (uint32_t i = 0; i < n; i++) {
+        ids[i] = i + 1;
+        blocks[i] = (struct kvr_kv_block){i + 1, i + 2};
+    }
+    struct kvr_wire_heartbeat hb = {{.id = 7, .block_size = 64}, ids, n, 1000, false};
+    struct kvr_wire_sync s = {"r1", false, ids, n, 0, 0, 1, 2};
+    struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0};
+    b->len = 0;
+    switch (k) {
+    case 0:
+        cr_assert(eq(int, kvr_wire_encode_stored(b, 7, 1, NULL, blocks, n), KVR_OK));
+        break;
+    case 1:
+        cr_assert(eq(int, kvr_wire_encode_removed(b, 7, 1, ids, n), KVR_OK));
+        break;
+    case 2:
+        cr_assert(eq(int, kvr_wire_encode_heartbeat(b, &hb), KVR_OK));
+        break;
+    case 3:
+        cr_assert(eq(int, kvr_wire_encode_response(b, "x", toks, n, false, KVR_OK, 7, 0), KVR_OK));
+        break;
+    case 4: /* a SelectResponse of n empty candidates, by hand */
+        for (uint32_t i = 0; i < n; i++)
+            put_len(b, 4, "", 0);
+        break;
+    case 5:
+        cr_assert(
+            eq(int, kvr_wire_encode_gossip_decision(b, "r1", 1, 1, &rec, "", "q", "r1"), KVR_OK));
+        break;
+    case 6:
+        cr_assert(eq(int, kvr_wire_encode_sync(b, &s), KVR_OK));
+        break;
+    }
+    free(ids);
+    free(blocks);
+    free(toks);
+}
+
+Test(codec, over_many_items_are_too_large)
+{
+    static const struct {
+        const char *what;
+        kvr_status (*fn)(const void *buf, size_t len);
+        uint32_t max;
+    } items[] = {
+        {"stored blocks", dec_kv, KVR_WIRE_STORED_BLOCKS_MAX},
+        {"removed ids", dec_kv, KVR_WIRE_REMOVED_IDS_MAX},
+        {"heartbeat keys", dec_heartbeat, KVR_WIRE_INFLIGHT_MAX},
+        {"response tokens", dec_response, KVR_WIRE_RESPONSE_TOKENS_MAX},
+        {"candidates", dec_select_response, KVR_WIRE_CANDIDATES_MAX},
+        {"decision hashes", dec_gossip, KVR_WIRE_DECISION_BLOCKS_MAX},
+        {"sync keys", dec_sync, KVR_WIRE_SYNC_KEYS_MAX},
+    };
+    struct kvr_buf b = {0};
+    for (int k = 0; k < (int)(sizeof items / sizeof items[0]); k++) {
+        encode_items(&b, k, items[k].max);
+        cr_assert(eq(int, items[k].fn(b.data, b.len), KVR_OK), "%s at the cap", items[k].what);
+        encode_items(&b, k, items[k].max + 1);
+        cr_assert(eq(int, items[k].fn(b.data, b.len), KVR_ERR_TOO_LARGE), "%s", items[k].what);
+    }
+    /* a page of too many decisions, and of too many entries */
+    struct kvr_page p;
+    kvr_page_init(&p);
+    uint64_t h[1] = {11};
+    for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++) {
+        struct kvr_request_record rec = {i + 1, 5, h, 1, 64, 0, false, 0};
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", ""), KVR_OK));
+    }
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE));
+    for (uint32_t i = 0; i < KVR_WIRE_PAGE_ITEMS_MAX; i++) {
+        struct kvr_index_record e = {5, i, true, i, 0};
+        cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
+    }
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_OK), "entries at the cap");
+    cr_assert(eq(u32, page_calls, KVR_WIRE_PAGE_ITEMS_MAX));
+    for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++) {
+        struct kvr_index_record e = {5, i, true, i, 0};
+        cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
+    }
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE));
+    kvr_page_free(&p);
+    kvr_buf_free(&b);
+}
+
+Test(codec, values_out_of_range_are_invalid)
+{
+    struct kvr_buf b = {0}, req = {0};
+    uint32_t t[2] = {1, 2};
+    /* a forward without a request key */
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "q", t, 2, 5, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 0, 0, "r1"), KVR_OK));
+    cr_assert(eq(int, dec_worker_generate(b.data, b.len), KVR_ERR_INVALID));
+    struct kvr_wire_request r;
+    uint64_t key = 1;
+    uint32_t overlap = 1;
+    cr_assert(eq(int, kvr_wire_decode_worker_generate(b.data, b.len, &lim, &r, &key, &overlap),
+                 KVR_ERR_INVALID));
+    cr_assert(eq(str, r.request_id, "q"), "the id names the error");
+    cr_assert(r.tokens == NULL && r.ntokens == 0 && r.max_tokens == 0, "the rest is zeroed");
+    cr_assert(eq(u64, key, 0));
+    kvr_wire_request_free(&r);
+    /* TokensEvent{kind 5}: not a kind */
+    cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x05", 6), KVR_ERR_INVALID));
+    cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x01", 6), KVR_OK));
+    /* a heartbeat without a block size */
+    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    cr_assert(eq(int, dec_heartbeat(b.data, b.len), KVR_ERR_INVALID));
+    /* pages with one bad record are refused whole: a decision naming no worker, an entry naming
+     * no worker, an entry whose TTL overflows in nanoseconds */
+    uint64_t hs[2] = {1, 2};
+    struct kvr_request_record good = {77, 5, hs, 2, 128, 1, false, 0}, bad = good;
+    bad.worker_id = 0;
+    struct kvr_index_record e = {5, 1, true, 9, 0}, noworker = {0, 1, true, 9, 0};
+    struct kvr_page p;
+    kvr_page_init(&p);
+    kvr_page_add_decision(&p, &good, "", "q", "r1");
+    kvr_page_add_decision(&p, &bad, "", "q", "r1");
+    kvr_page_add_entry(&p, &e);
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_INVALID));
+    kvr_page_add_decision(&p, &good, "", "q", "r1");
+    kvr_page_add_entry(&p, &e);
+    kvr_page_add_entry(&p, &noworker);
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_INVALID));
+    kvr_page_add_entry(&p, &e);
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
+    struct kvr_buf x = {0};
+    put_varint(&x, 0x08); /* IndexEntry{worker_id 5, ttl_left_ms UINT64_MAX} */
+    put_varint(&x, 5);
+    put_varint(&x, 0x28);
+    put_varint(&x, UINT64_MAX);
+    put_len(&b, 2, x.data, x.len);
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_INVALID));
+    b.len -= x.len + 2;
+    cr_assert(eq(int, dec_page(b.data, b.len), KVR_OK));
+    cr_assert(eq(u32, page_calls, 1));
+    kvr_page_free(&p);
+    kvr_buf_free(&x);
+    kvr_buf_free(&req);
+    kvr_buf_free(&b);
+}
+
+Test(codec, select_response_round_trip)
+{
+    struct kvr_buf b = {0};
+    uint64_t wids[3] = {4, 5, 6};
+    double costs[3] = {1.5, 0.5, 2.5};
+    struct kvr_decision d = {.worker_id = 5,
+                             .policy = KVR_POLICY_KV,
+                             .overlap_blocks = 3,
+                             .cost = 0.5,
+                             .ncandidates = 3,
+                             .worker_ids = wids,
+                             .costs = costs};
+    cr_assert(eq(int, kvr_wire_encode_select_response(&b, &d, 99, KVR_OK), KVR_OK));
+    uint64_t wid = 0, key = 0;
+    uint32_t overlap = 0, n = 0, err = 1;
+    cr_assert(eq(int,
+                 kvr_wire_decode_select_response(b.data, b.len, &wid, &overlap, &n, &err, &key),
+                 KVR_OK));
+    cr_assert(eq(u64, wid, 5));
+    cr_assert(eq(u32, overlap, 3));
+    cr_assert(eq(u32, n, 3));
+    cr_assert(eq(u32, err, 0));
+    cr_assert(eq(u64, key, 99));
+    cr_assert(eq(int, kvr_wire_encode_select_response(&b, NULL, 0, KVR_ERR_NO_WORKERS), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_decode_select_response(b.data, b.len, &wid, &overlap, &n, &err, &key),
+                 KVR_OK));
+    cr_assert(eq(u32, err, KVR_ERR_NO_WORKERS));
+    cr_assert(eq(u32, n, 0));
+    kvr_buf_free(&b);
+}
+
+/*
+ * Fail each allocation a decoder makes in turn (protobuf-c's and the decoder's own): each time the
+ * status is KVR_ERR_NOMEM, never KVR_ERR_MALFORMED, and nothing leaks (valgrind); once the failure
+ * comes after the last allocation, the decode succeeds.
+ */
+static void fail_each_allocation(const char *name, kvr_status (*fn)(const void *, size_t),
+                                 const struct kvr_buf *b)
+{
+    long k = 0;
+    for (;; k++) {
+        cr_assert(lt(long, k, 100000), "%s: never succeeded", name);
+        kvr_wire_fail_alloc(k);
+        kvr_status st = fn(b->data, b->len);
+        long left = kvr_wire_fail_alloc(-1);
+        if (left >= 0) { /* the failure never came: every allocation succeeded */
+            cr_assert(eq(int, st, KVR_OK), "%s", name);
+            break;
+        }
+        cr_assert(eq(int, st, KVR_ERR_NOMEM), "%s: allocation %ld failed", name, k);
+    }
+    cr_assert(gt(long, k, 1), "%s: allocates (protobuf-c and a copy)", name);
+}
+
+Test(codec, allocation_failure_is_nomem_never_malformed)
+{
+    struct kvr_buf b = {0}, req = {0};
+    uint32_t t[3] = {1, 2, 3};
+    struct kvr_overrides ov = {KVR_OV_POLICY, KVR_POLICY_CHWBL, 0, 0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "req", t, 3, 5, &ov), KVR_OK));
+    fail_each_allocation("generate", dec_generate, &req);
+    kvr_wire_encode_worker_generate(&b, req.data, req.len, 42, 1, "r1");
+    fail_each_allocation("worker_generate", dec_worker_generate, &b);
+    kvr_wire_encode_select_request(&b, req.data, req.len, true);
+    fail_each_allocation("select", dec_select, &b);
+    kvr_wire_encode_response(&b, "req", t, 3, true, KVR_ERR_WORKER_LOST, 7, 0);
+    fail_each_allocation("response", dec_response, &b);
+    uint64_t wids[2] = {4, 5};
+    double costs[2] = {1, 2};
+    struct kvr_decision d = {.worker_id = 5, .ncandidates = 2, .worker_ids = wids, .costs = costs};
+    kvr_wire_encode_select_response(&b, &d, 9, KVR_OK);
+    fail_each_allocation("select_response", dec_select_response, &b);
+    encode_items(&b, 0, 3);
+    fail_each_allocation("stored", dec_kv, &b);
+    encode_items(&b, 1, 3);
+    fail_each_allocation("removed", dec_kv, &b);
+    encode_items(&b, 2, 3);
+    fail_each_allocation("heartbeat", dec_heartbeat, &b);
+    encode_items(&b, 5, 3);
+    fail_each_allocation("gossip", dec_gossip, &b);
+    encode_items(&b, 6, 3);
+    fail_each_allocation("sync", dec_sync, &b);
+    struct kvr_page p;
+    kvr_page_init(&p);
+    uint64_t h[2] = {1, 2};
+    struct kvr_request_record rec = {77, 5, h, 2, 128, 1, false, 0};
+    struct kvr_index_record e = {5, 1, true, 9, 0};
+    kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1");
+    kvr_page_add_entry(&p, &e);
+    kvr_page_encode(&p, &b, true, 3);
+    fail_each_allocation("page", dec_page, &b);
+    kvr_page_free(&p);
+    /* the small events allocate once, in protobuf-c */
+    kvr_wire_encode_done(&b, 7, 9, 0);
+    kvr_wire_fail_alloc(0);
+    cr_assert(eq(int, dec_done(b.data, b.len), KVR_ERR_NOMEM));
+    kvr_wire_encode_tokens(&b, 7, 9, KVR_WIRE_OUTPUT_BLOCK);
+    kvr_wire_fail_alloc(0);
+    cr_assert(eq(int, dec_tokens(b.data, b.len), KVR_ERR_NOMEM));
+    cr_assert(eq(long, kvr_wire_fail_alloc(-1), -1));
+    kvr_buf_free(&req);
+    kvr_buf_free(&b);
 }

@@ -1,91 +1,72 @@
 /*
- * kvsim explain: a generated shared-prefix workload (ROUTING.md's seed set-up: a few long shared
- * prefixes, each prompt one of them plus unique tokens) routed through the decision pipeline in
- * virtual time, with a closed loop of clients. Workers are minimal stand-ins: after a request's
- * prefill they publish its blocks as Stored KV events (so the router's index learns what they
- * cache) and prefill done, then an output block every B tokens, then done. Prints the first
- * decisions with every candidate's overlap, predicted load and cost, then a summary per policy.
+ * kvsim explain. Workers are minimal stand-ins: after a request's prefill they publish its blocks
+ * as Stored KV events (so the router's index learns what they cache) and prefill done, then an
+ * output block every B tokens, then done. The events wait in one KVR_HEAP_DEFINE heap ordered by
+ * (virtual time, push order), so every run of the same options prints the same lines. Options
+ * come from one kvr_opts table; --policies is a list checked after it.
  */
+#include "cli_explain.h"
+
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "heap.h"
 #include "kvr/hash.h"
 #include "kvr/policy.h"
 #include "kvr/rng.h"
 #include "kvr/router.h"
+#include "opts.h"
 
-int kvsim_explain(int argc, char **argv);
-
-struct opts {
-    uint32_t workers, requests, block_size, prefixes, prefix_tokens, unique_tokens, out_tokens;
-    uint32_t concurrency, verbose;
-    uint64_t seed;
-    enum kvr_policy policies[KVR_POLICY_COUNT];
-    int npolicies;
+struct explain_config {
+    uint32_t workers;                         /* stand-in workers */
+    uint32_t requests;                        /* requests per policy */
+    uint32_t block_size;                      /* tokens per KV block */
+    uint32_t prefixes;                        /* shared prefixes the prompts draw from */
+    uint32_t prefix_tokens;                   /* tokens of each prefix */
+    uint32_t unique_tokens;                   /* tokens after it, unique to each prompt */
+    uint32_t out_tokens;                      /* output tokens per request */
+    uint32_t concurrency;                     /* closed-loop clients */
+    uint32_t verbose;                         /* decisions explained (the first N) */
+    uint64_t seed;                            /* prompts and routers */
+    char policies[KVR_OPT_STR_MAX];           /* comma-separated, each run in turn */
+    enum kvr_policy policy[KVR_POLICY_COUNT]; /* ... parsed */
+    int npolicies;                            /* */
 };
+
+static void explain_config_default(struct explain_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->workers = 8;
+    c->requests = 200;
+    c->block_size = 64;
+    c->prefixes = 10;
+    c->prefix_tokens = 3500;
+    c->unique_tokens = 3500;
+    c->out_tokens = 100;
+    c->concurrency = 20;
+    c->verbose = 6;
+    c->seed = 1;
+    snprintf(c->policies, sizeof c->policies, "kv,round_robin");
+}
 
 enum ev_kind { EV_PREFILL, EV_BLOCK, EV_DONE };
 
 struct ev {
     uint64_t t;   /* virtual ns */
-    uint64_t seq; /* insertion order, for ties */
+    uint64_t seq; /* push order, for ties */
     uint32_t req;
     enum ev_kind kind;
 };
 
-struct heap {
-    struct ev *v;
-    size_t n, cap;
-    uint64_t next_seq;
-};
-
-static int ev_less(const struct ev *a, const struct ev *b)
+static bool ev_less(const struct ev *a, const struct ev *b)
 {
     return a->t < b->t || (a->t == b->t && a->seq < b->seq);
 }
 
-static int heap_push(struct heap *h, uint64_t t, uint32_t req, enum ev_kind kind)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        struct ev *v = realloc(h->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    h->v[i] = (struct ev){t, h->next_seq++, req, kind};
-    while (i && ev_less(&h->v[i], &h->v[(i - 1) / 2])) {
-        struct ev tmp = h->v[i];
-        h->v[i] = h->v[(i - 1) / 2];
-        h->v[(i - 1) / 2] = tmp;
-        i = (i - 1) / 2;
-    }
-    return 0;
-}
-
-static struct ev heap_pop(struct heap *h)
-{
-    struct ev top = h->v[0];
-    h->v[0] = h->v[--h->n];
-    for (size_t i = 0;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < h->n && ev_less(&h->v[l], &h->v[m]))
-            m = l;
-        if (r < h->n && ev_less(&h->v[r], &h->v[m]))
-            m = r;
-        if (m == i)
-            break;
-        struct ev tmp = h->v[i];
-        h->v[i] = h->v[m];
-        h->v[m] = tmp;
-        i = m;
-    }
-    return top;
-}
+KVR_HEAP_DEFINE(ev_heap, struct ev, ev_less)
 
 struct req {
     uint32_t *tokens;
@@ -97,20 +78,26 @@ struct req {
 };
 
 struct run {
-    const struct opts *o;
+    const struct explain_config *o;
     struct kvr_router *r;
     struct req *reqs;
-    struct heap heap;
+    struct ev_heap heap;
+    uint64_t next_seq; /* events pushed, for ties */
     uint32_t issued, finished;
     uint64_t cached_tokens, prompt_tokens;
     uint32_t *per_worker;
-    uint64_t *engine_next; /* per worker: next engine block id */
 };
+
+static int push(struct run *run, uint64_t t, uint32_t req, enum ev_kind kind)
+{
+    return ev_heap_push(&run->heap, (struct ev){t, run->next_seq++, req, kind}) ? 0 : -1;
+}
 
 #define PREFILL_NS_PER_TOKEN 20000ull   /* 20 us per uncached prompt token */
 #define DECODE_NS_PER_TOKEN  8000000ull /* 8 ms per output token */
 
-static void make_prompts(const struct opts *o, struct req *reqs)
+/* Every request's prompt: one of the shared prefixes, then unique tokens; -1 if memory is short. */
+static int make_prompts(const struct explain_config *o, struct req *reqs)
 {
     struct kvr_rng rng;
     kvr_rng_seed(&rng, o->seed);
@@ -119,6 +106,8 @@ static void make_prompts(const struct opts *o, struct req *reqs)
         q->prefix = (uint32_t)kvr_rng_below(&rng, o->prefixes);
         q->ntokens = o->prefix_tokens + o->unique_tokens;
         q->tokens = malloc((size_t)q->ntokens * sizeof *q->tokens);
+        if (!q->tokens)
+            return -1;
         struct kvr_rng pr;
         kvr_rng_seed(&pr, 0x5eed0000ull + q->prefix);
         for (uint32_t t = 0; t < o->prefix_tokens; t++)
@@ -126,6 +115,7 @@ static void make_prompts(const struct opts *o, struct req *reqs)
         for (uint32_t t = o->prefix_tokens; t < q->ntokens; t++)
             q->tokens[t] = (uint32_t)kvr_rng_below(&rng, 32000);
     }
+    return 0;
 }
 
 /* One line saying why the chosen worker won, from the candidates' figures. */
@@ -182,7 +172,7 @@ static void print_decision(const struct run *run, uint32_t i, const struct kvr_d
 
 static int issue(struct run *run, uint64_t now)
 {
-    const struct opts *o = run->o;
+    const struct explain_config *o = run->o;
     uint32_t i = run->issued++;
     struct req *q = &run->reqs[i];
     struct kvr_request rq = {.id = i + 1,
@@ -205,13 +195,13 @@ static int issue(struct run *run, uint64_t now)
     run->cached_tokens += cached;
     run->prompt_tokens += q->ntokens;
     uint64_t prefill = (q->ntokens - cached) * PREFILL_NS_PER_TOKEN;
-    return heap_push(&run->heap, now + prefill, i, EV_PREFILL);
+    return push(run, now + prefill, i, EV_PREFILL);
 }
 
 /* The worker finished request i's prefill: it now caches the prompt's blocks. */
 static void publish_stored(struct run *run, uint32_t i)
 {
-    const struct opts *o = run->o;
+    const struct explain_config *o = run->o;
     const struct req *q = &run->reqs[i];
     uint32_t nb = q->ntokens / o->block_size;
     uint64_t *hashes = malloc(2 * ((size_t)nb + 1) * sizeof *hashes);
@@ -231,19 +221,19 @@ static void publish_stored(struct run *run, uint32_t i)
 
 static int simulate(struct run *run)
 {
-    const struct opts *o = run->o;
+    const struct explain_config *o = run->o;
     for (uint32_t c = 0; c < o->concurrency && run->issued < o->requests; c++)
         if (issue(run, 0))
             return -1;
     while (run->heap.n) {
-        struct ev e = heap_pop(&run->heap);
+        struct ev e = ev_heap_pop(&run->heap);
         struct req *q = &run->reqs[e.req];
         uint64_t id = e.req + 1;
         switch (e.kind) {
         case EV_PREFILL:
             publish_stored(run, e.req);
             kvr_router_prefill_done(run->r, id, e.t);
-            if (heap_push(&run->heap, e.t + DECODE_NS_PER_TOKEN, e.req, EV_BLOCK))
+            if (push(run, e.t + DECODE_NS_PER_TOKEN, e.req, EV_BLOCK))
                 return -1;
             break;
         case EV_BLOCK:
@@ -251,9 +241,9 @@ static int simulate(struct run *run)
             if ((q->ntokens + q->out_done) % o->block_size == 1)
                 kvr_router_output_block(run->r, id, e.t);
             if (q->out_done < o->out_tokens) {
-                if (heap_push(&run->heap, e.t + DECODE_NS_PER_TOKEN, e.req, EV_BLOCK))
+                if (push(run, e.t + DECODE_NS_PER_TOKEN, e.req, EV_BLOCK))
                     return -1;
-            } else if (heap_push(&run->heap, e.t, e.req, EV_DONE)) {
+            } else if (push(run, e.t, e.req, EV_DONE)) {
                 return -1;
             }
             break;
@@ -268,7 +258,7 @@ static int simulate(struct run *run)
     return 0;
 }
 
-static int run_policy(const struct opts *o, enum kvr_policy policy, struct req *reqs)
+static int run_policy(const struct explain_config *o, enum kvr_policy policy, struct req *reqs)
 {
     struct kvr_router_config cfg;
     kvr_router_config_default(&cfg);
@@ -279,6 +269,8 @@ static int run_policy(const struct opts *o, enum kvr_policy policy, struct req *
     struct run run = {.o = o, .reqs = reqs};
     run.r = kvr_router_create(&cfg, &st);
     run.per_worker = calloc(o->workers, sizeof *run.per_worker);
+    if (run.r && !run.per_worker)
+        st = KVR_ERR_NOMEM;
     if (!run.r || !run.per_worker) {
         fprintf(stderr, "kvsim explain: %s\n", kvr_status_str(st));
         free(run.per_worker);
@@ -316,111 +308,85 @@ static int run_policy(const struct opts *o, enum kvr_policy policy, struct req *
         printf(" %u", run.per_worker[w]);
     printf("\n\n");
     free(run.per_worker);
-    free(run.heap.v);
+    ev_heap_free(&run.heap);
     kvr_router_destroy(run.r);
     return rc;
 }
 
-static int parse_opt(const char *name, const char *val, uint64_t max, uint64_t *out)
+static int parse_policies(struct explain_config *c)
 {
-    char *end;
-    unsigned long long v = val ? strtoull(val, &end, 10) : 0;
-    if (!val || !*val || *end || *val == '-' || v > max) {
-        fprintf(stderr, "kvsim explain: %s needs an integer up to %" PRIu64 "\n", name, max);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_policies(const char *s, struct opts *o)
-{
-    o->npolicies = 0;
-    while (*s) {
+    c->npolicies = 0;
+    for (const char *s = c->policies; *s;) {
         size_t len = strcspn(s, ",");
         enum kvr_policy p;
-        if (kvr_policy_parse(s, len, &p) || o->npolicies == KVR_POLICY_COUNT) {
+        if (kvr_policy_parse(s, len, &p) || c->npolicies == KVR_POLICY_COUNT) {
             fprintf(stderr, "kvsim explain: unknown policy '%.*s'\n", (int)len, s);
             return -1;
         }
-        o->policies[o->npolicies++] = p;
+        c->policy[c->npolicies++] = p;
         s += len + (s[len] == ',');
     }
-    return o->npolicies ? 0 : -1;
+    return c->npolicies ? 0 : -1;
 }
 
-int kvsim_explain(int argc, char **argv)
-{
-    struct opts o = {.workers = 8,
-                     .requests = 200,
-                     .block_size = 64,
-                     .prefixes = 10,
-                     .prefix_tokens = 3500,
-                     .unique_tokens = 3500,
-                     .out_tokens = 100,
-                     .concurrency = 20,
-                     .verbose = 6,
-                     .seed = 1,
-                     .policies = {KVR_POLICY_KV, KVR_POLICY_ROUND_ROBIN},
-                     .npolicies = 2};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t x;
-        uint32_t *dst = NULL;
-        uint64_t max = 1u << 20;
-        if (!strcmp(a, "--policy") || !strcmp(a, "--policies")) {
-            if (!v || parse_policies(v, &o))
-                return 2;
-            i++;
-            continue;
-        }
-        if (!strcmp(a, "--seed")) {
-            if (parse_opt(a, v, UINT64_MAX, &o.seed))
-                return 2;
-            i++;
-            continue;
-        }
-        if (!strcmp(a, "--workers"))
-            dst = &o.workers, max = 4096;
-        else if (!strcmp(a, "--requests"))
-            dst = &o.requests;
-        else if (!strcmp(a, "--block-size"))
-            dst = &o.block_size, max = 4096;
-        else if (!strcmp(a, "--prefixes"))
-            dst = &o.prefixes;
-        else if (!strcmp(a, "--prefix-tokens"))
-            dst = &o.prefix_tokens, max = 1u << 18;
-        else if (!strcmp(a, "--unique-tokens"))
-            dst = &o.unique_tokens, max = 1u << 18;
-        else if (!strcmp(a, "--output-tokens"))
-            dst = &o.out_tokens, max = 1u << 16;
-        else if (!strcmp(a, "--concurrency"))
-            dst = &o.concurrency;
-        else if (!strcmp(a, "--verbose"))
-            dst = &o.verbose;
-        else {
-            fprintf(stderr, "kvsim explain: unknown argument '%s'\n", a);
-            return 2;
-        }
-        if (parse_opt(a, v, max, &x))
-            return 2;
-        *dst = (uint32_t)x;
-        i++;
+/* A whole-number option of the table: its name, field, accepted range and help. */
+#define U32(opt, field, lo, hi, text)                                                              \
+    {                                                                                              \
+        .name = opt, .type = KVR_OPT_U32, .ptr = &c->field, .help = text, .min = lo, .max = hi     \
     }
-    if (!o.workers || !o.block_size || !o.prefixes || !o.concurrency || !o.out_tokens ||
-        o.prefix_tokens + o.unique_tokens == 0) {
-        fprintf(stderr, "kvsim explain: workers, block size, prefixes, concurrency, output "
-                        "tokens and prompt length must be positive\n");
+
+static enum kvr_opts_result parse_options(struct explain_config *c, int argc, char **argv)
+{
+    const struct kvr_opt table[] = {
+        U32("workers", workers, 1, 4096, "stand-in workers (1 to 4096)"),
+        U32("requests", requests, 0, 1u << 20, "requests per policy (up to 2^20)"),
+        U32("block-size", block_size, 1, 4096, "tokens per KV block (1 to 4096)"),
+        U32("prefixes", prefixes, 1, 1u << 20, "shared prefixes the prompts draw from"),
+        U32("prefix-tokens", prefix_tokens, 0, 1u << 18, "tokens of each shared prefix"),
+        U32("unique-tokens", unique_tokens, 0, 1u << 18, "unique tokens after the prefix"),
+        U32("output-tokens", out_tokens, 1, 1u << 16, "output tokens per request (1 to 2^16)"),
+        U32("concurrency", concurrency, 1, 1u << 20, "closed-loop clients"),
+        U32("verbose", verbose, 0, 1u << 20, "explain the first N decisions"),
+        {.name = "seed", .type = KVR_OPT_U64, .ptr = &c->seed, .help = "seeds prompts and routers"},
+        {.name = "policies",
+         .type = KVR_OPT_STR,
+         .ptr = c->policies,
+         .help = "policies to run, comma-separated"},
+        {.name = "policy",
+         .type = KVR_OPT_STR,
+         .ptr = c->policies,
+         .help = "the same as --policies"},
+    };
+    return kvr_opts_parse(table, sizeof table / sizeof table[0], argc, argv, "kvsim explain",
+                          "Route a generated shared-prefix workload through the decision pipeline "
+                          "and print\neach decision and the candidates' costs behind it.");
+}
+
+#undef U32
+
+int kvr_cli_explain_main(int argc, char **argv)
+{
+    struct explain_config c;
+    explain_config_default(&c);
+    enum kvr_opts_result r = parse_options(&c, argc, argv);
+    if (r != KVR_OPTS_GO)
+        return r == KVR_OPTS_EXIT ? 0 : 2;
+    if (parse_policies(&c))
+        return 2;
+    if (c.prefix_tokens + c.unique_tokens == 0) {
+        fprintf(stderr, "kvsim explain: the prompt length (--prefix-tokens + --unique-tokens) "
+                        "must be positive\n");
         return 2;
     }
-    struct req *reqs = calloc(o.requests ? o.requests : 1, sizeof *reqs);
+    struct req *reqs = calloc(c.requests ? c.requests : 1, sizeof *reqs);
     if (!reqs)
         return 1;
-    make_prompts(&o, reqs);
-    int rc = 0;
-    for (int p = 0; p < o.npolicies && rc == 0; p++)
-        rc = run_policy(&o, o.policies[p], reqs);
-    for (uint32_t i = 0; i < o.requests; i++)
+    int rc = make_prompts(&c, reqs);
+    if (rc)
+        fprintf(stderr, "kvsim explain: out of memory\n");
+    for (int p = 0; p < c.npolicies && rc == 0; p++)
+        rc = run_policy(&c, c.policy[p], reqs);
+    for (uint32_t i = 0; i < c.requests; i++)
         free(reqs[i].tokens);
     free(reqs);
     return rc ? 1 : 0;

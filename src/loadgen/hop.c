@@ -1,0 +1,154 @@
+/*
+ * kvbench --mode hop. Latencies are kept as doubles in microseconds and summarised with the
+ * project's one quantile (stats.h).
+ */
+#include "hop.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "codec.h"
+#include "fleet.h"
+#include "stats.h"
+
+#define HOP_TOKENS 1024 /* prompt length */
+#define HOP_WARMUP 50   /* rounds not counted */
+
+struct hop {
+    const struct kvr_bench_config *cfg;
+    struct kvr_client *client;
+    uint64_t worker;                  /* called directly */
+    char subj_worker[256];            /* its generate subject */
+    uint32_t n;                       /* counted round trips of each kind */
+    uint32_t tok[HOP_TOKENS];         /* the prompt; tok[0] changes every request */
+    struct kvr_buf req, direct;       /* encoded requests */
+    double *routed, *straight;        /* round trips, us */
+    size_t nrouted, nstraight;        /* */
+    uint32_t sent, completed, errors; /* the max-rate phase */
+    uint64_t rate_ns;                 /* ... its length */
+};
+
+/* The worker to call: --worker-id, else the first heartbeat heard; 0 if none. */
+static uint64_t pick_worker(const struct hop *h)
+{
+    if (h->cfg->worker_id)
+        return h->cfg->worker_id;
+    struct kvr_fleet f;
+    kvr_fleet_init(&f);
+    uint64_t id = 0;
+    if (kvr_fleet_discover(&f, h->client->nc_sub, h->cfg->prefix, h->cfg->ns, 2500 * KVR_NS_PER_MS))
+        id = f.ids[0];
+    kvr_fleet_free(&f);
+    return id;
+}
+
+/* Send request i to subject and wait for its final chunk: its round trip in us, 0 on failure. */
+static double one_hop(struct hop *h, uint32_t i, const char *subject, const struct kvr_buf *b)
+{
+    kvr_client_publish(h->client, i, subject, b->data, b->len);
+    uint64_t dt = kvr_client_wait_one(h->client, i, kvr_now_ns() + 5 * KVR_NS_PER_S);
+    return (double)dt / 1000.0;
+}
+
+/* Routed and direct round trips, alternating. */
+static void latencies(struct hop *h)
+{
+    for (uint32_t i = 0; i < h->n + HOP_WARMUP; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "hop-%u", i);
+        h->tok[0] = i; /* a new prompt each time */
+        kvr_wire_encode_generate(&h->req, id, h->tok, HOP_TOKENS, 1, NULL);
+        double a = one_hop(h, 2 * (i % h->n), h->client->subj_gen, &h->req);
+        kvr_wire_encode_worker_generate(&h->direct, h->req.data, h->req.len,
+                                        0x8000000000000000ull | i, 0, "kvbench");
+        double d = one_hop(h, 2 * (i % h->n) + 1, h->subj_worker, &h->direct);
+        if (i >= HOP_WARMUP) {
+            if (a > 0)
+                h->routed[h->nrouted++] = a;
+            if (d > 0)
+                h->straight[h->nstraight++] = d;
+        }
+    }
+}
+
+/* The highest routed rate: keep the window of requests in flight for --hop-seconds. */
+static void max_rate(struct hop *h, uint32_t total)
+{
+    struct kvr_client *c = h->client;
+    uint32_t window = h->cfg->hop_window, first = 2 * h->n;
+    kvr_client_begin(c, total, false, NULL, NULL, 0);
+    uint64_t t0 = kvr_now_ns(), end = t0 + h->rate_ns;
+    uint32_t sent = first;
+    while (kvr_now_ns() < end && sent < total) {
+        if (sent - first - kvr_client_done(c) >= window) {
+            kvr_sleep_ns(50000);
+            continue;
+        }
+        char id[64];
+        snprintf(id, sizeof id, "rate-%" PRIu64 "-%u", t0, sent);
+        h->tok[0] = sent;
+        kvr_wire_encode_generate(&h->req, id, h->tok, HOP_TOKENS, 1, NULL);
+        kvr_client_publish(c, sent, c->subj_gen, h->req.data, h->req.len);
+        sent++;
+    }
+    kvr_sleep_ns(500 * KVR_NS_PER_MS);
+    pthread_mutex_lock(&c->mu);
+    h->completed = c->ndone;
+    for (uint32_t i = first; i < sent; i++)
+        h->errors += c->reqs[i].done && c->reqs[i].error;
+    pthread_mutex_unlock(&c->mu);
+    h->sent = sent - first;
+}
+
+static void print_result(struct hop *h)
+{
+    kvr_sort_doubles(h->routed, h->nrouted);
+    kvr_sort_doubles(h->straight, h->nstraight);
+    double rp50 = kvr_quantile_sorted(h->routed, h->nrouted, 0.5);
+    double dp50 = kvr_quantile_sorted(h->straight, h->nstraight, 0.5);
+    double rp99 = kvr_quantile_sorted(h->routed, h->nrouted, 0.99);
+    double dp99 = kvr_quantile_sorted(h->straight, h->nstraight, 0.99);
+    double secs = (double)h->rate_ns / 1e9;
+    printf("hop: %zu routed and %zu direct round trips of a 1,024-token prompt (worker %" PRIu64
+           "), then %u routed requests in %.1f s with %u in flight (%u errors)\n",
+           h->nrouted, h->nstraight, h->worker, h->sent, secs, h->cfg->hop_window, h->errors);
+    printf("routed_p50_us=%.0f direct_p50_us=%.0f routed_p99_us=%.0f direct_p99_us=%.0f "
+           "ratio_p50=%.3f routed_max_rps=%.0f\n",
+           rp50, dp50, rp99, dp99, dp50 > 0 ? rp50 / dp50 : 0,
+           secs > 0 ? (double)(h->completed - h->errors) / secs : 0);
+}
+
+int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
+{
+    struct hop h = {.cfg = cfg, .client = client, .rate_ns = cfg->hop_ns};
+    h.n = cfg->requests ? cfg->requests : 2000;
+    h.worker = pick_worker(&h);
+    if (!h.worker) {
+        fprintf(stderr, "kvbench: no worker heartbeat seen (start kvworker --null)\n");
+        return 1;
+    }
+    uint64_t secs = (cfg->hop_ns + KVR_NS_PER_S - 1) / KVR_NS_PER_S;
+    uint64_t total = 2ull * h.n + 100000 * (secs ? secs : 1) + 1;
+    for (uint32_t t = 0; t < HOP_TOKENS; t++)
+        h.tok[t] = (t * 2654435761u) % 32000;
+    char tail[64];
+    snprintf(tail, sizeof tail, "worker.%" PRIu64 ".generate", h.worker);
+    kvr_subject(h.subj_worker, sizeof h.subj_worker, cfg->prefix, cfg->ns, tail);
+    h.routed = calloc(h.n, sizeof *h.routed);
+    h.straight = calloc(h.n, sizeof *h.straight);
+    int rc = 1;
+    if (total <= UINT32_MAX && h.routed && h.straight &&
+        kvr_client_begin(client, (uint32_t)total, false, NULL, NULL, 0) == KVR_OK) {
+        latencies(&h);
+        max_rate(&h, (uint32_t)total);
+        print_result(&h);
+        rc = h.nrouted && h.nstraight ? 0 : 1;
+    }
+    kvr_client_end(client);
+    free(h.routed);
+    free(h.straight);
+    kvr_buf_free(&h.req);
+    kvr_buf_free(&h.direct);
+    return rc;
+}

@@ -1,0 +1,284 @@
+/*
+ * kvbench --mode load. Each run draws fresh prompts (the seed moves on by run), so no run finds a
+ * cache an earlier one warmed. The encoder's state (the run, its policy, the seed, the prompt
+ * scratch) changes only between kvr_client_end and kvr_client_begin, when nothing can encode.
+ */
+#include "replay.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sim/report.h"
+#include "../sim/workload.h"
+#include "codec.h"
+#include "fleet.h"
+#include "stats.h"
+
+struct replay {
+    const struct kvr_bench_config *cfg;
+    struct kvr_client *client;
+    struct kvr_workload wl;                   /* its seed is the run's */
+    bool closed;                              /* closed loop: each completion sends the next */
+    uint64_t outs;                            /* output tokens of a run: about the gaps to expect */
+    uint32_t *tok;                            /* prompt scratch of the encoder */
+    uint64_t run;                             /* distinguishes request ids across runs */
+    enum kvr_policy policy;                   /* this run's override */
+    uint32_t workers, num_blocks, block_size; /* the hit-rate reference's fleet */
+};
+
+/* The client's encoder: request i of this run, with the policy override. */
+static bool encode(void *ctx, uint32_t i, struct kvr_buf *out)
+{
+    struct replay *rp = ctx;
+    const struct kvr_wl_request *w = &rp->wl.reqs[i];
+    char id[64];
+    snprintf(id, sizeof id, "b%" PRIu64 "-%u", rp->run, i);
+    kvr_workload_tokens(&rp->wl, i, rp->tok);
+    struct kvr_overrides ov = {KVR_OV_POLICY, rp->policy, 0, 0};
+    uint32_t osl = rp->cfg->max_tokens ? rp->cfg->max_tokens : w->osl;
+    return kvr_wire_encode_generate(out, id, rp->tok, w->isl, osl, &ov) == KVR_OK;
+}
+
+/* The workload and the prompt scratch; 0, 1 (memory) or 2 (the workload). */
+static int load_workload(struct replay *rp)
+{
+    const struct kvr_bench_config *cfg = rp->cfg;
+    bool is_trace = false;
+    kvr_workload_known(cfg->workload, &is_trace);
+    uint64_t bad = 0;
+    kvr_status st = is_trace
+                        ? kvr_workload_load_trace(&rp->wl, cfg->workload, cfg->trace, cfg->requests,
+                                                  cfg->seed, &bad)
+                        : kvr_workload_generate(&rp->wl, cfg->workload, cfg->requests, cfg->seed);
+    if (st != KVR_OK) {
+        fprintf(stderr, "kvbench: workload %s: %s\n", cfg->workload, kvr_status_str(st));
+        return 2;
+    }
+    rp->closed = rp->wl.reqs[0].arrival_ns == KVR_CLOSED_LOOP;
+    uint32_t maxisl = 1;
+    for (uint32_t i = 0; i < rp->wl.nreqs; i++) {
+        maxisl = rp->wl.reqs[i].isl > maxisl ? rp->wl.reqs[i].isl : maxisl;
+        rp->outs += cfg->max_tokens ? cfg->max_tokens : rp->wl.reqs[i].osl;
+    }
+    rp->tok = malloc((size_t)maxisl * sizeof *rp->tok);
+    return rp->tok ? 0 : 1;
+}
+
+/* Without --workers: the fleet from its heartbeats, for the hit-rate reference. */
+static void discover(struct replay *rp)
+{
+    if (rp->workers)
+        return;
+    struct kvr_fleet f;
+    kvr_fleet_init(&f);
+    if (kvr_fleet_discover(&f, rp->client->nc_sub, rp->cfg->prefix, rp->cfg->ns,
+                           2500 * KVR_NS_PER_MS) &&
+        f.block_size) {
+        rp->workers = f.n;
+        rp->num_blocks = (uint32_t)f.capacity;
+        rp->block_size = f.block_size;
+    }
+    kvr_fleet_free(&f);
+}
+
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Max over mean of requests per worker, over the n workers ids[] of served requests (sorted). */
+static double imbalance(uint64_t *ids, size_t n)
+{
+    if (!n)
+        return 0;
+    qsort(ids, n, sizeof *ids, cmp_u64);
+    size_t distinct = 0, run = 0, most = 0;
+    for (size_t i = 0; i < n; i++) {
+        run = i && ids[i] == ids[i - 1] ? run + 1 : 1;
+        distinct += run == 1;
+        most = run > most ? run : most;
+    }
+    return (double)most / ((double)n / (double)distinct);
+}
+
+/* Under the client's mu: the run's records into res (ttft, e2e, ids: room for every request). */
+static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uint64_t *ids,
+                  struct kvr_sim_result *res)
+{
+    const struct kvr_client *c = rp->client;
+    size_t nf = 0, nids = 0;
+    uint64_t cached = 0, isl = 0, toks = 0, last = t0;
+    for (uint32_t i = 0; i < c->n; i++) {
+        const struct kvr_client_req *q = &c->reqs[i];
+        if (!q->done || q->error || !q->t_first) {
+            res->rejected++;
+            continue;
+        }
+        ttft[nf] = (double)(q->t_first - q->t_send) / 1e6;
+        e2e[nf] = (double)(q->t_last - q->t_send) / 1e6;
+        nf++;
+        cached += q->cached;
+        isl += rp->wl.reqs[i].isl;
+        toks += q->ntok;
+        last = q->t_last > last ? q->t_last : last;
+        if (q->worker)
+            ids[nids++] = q->worker;
+    }
+    res->requests = c->n;
+    res->finished = (uint32_t)nf;
+    res->ttft_ms = kvr_stat_of(ttft, nf);
+    res->e2e_ms = kvr_stat_of(e2e, nf);
+    res->itl_ms = kvr_stat_of(c->gaps, c->ngaps);
+    res->hit_rate = isl ? (double)cached / (double)isl : 0;
+    res->makespan_s = (double)(last - t0) / 1e9;
+    res->throughput_tok_s = res->makespan_s > 0 ? (double)toks / res->makespan_s : 0;
+    res->imbalance = imbalance(ids, nids);
+    if (c->gaps_dropped)
+        kvr_log(KVR_LOG_WARN, "gaps_dropped", "gaps=%" PRIu64 " (out of memory)", c->gaps_dropped);
+}
+
+/* What the run measured, into res; 0, or 1 when memory is short. */
+static int collect(struct replay *rp, enum kvr_policy policy, double load, uint64_t t0,
+                   struct kvr_sim_result *res)
+{
+    size_t n = (size_t)rp->wl.nreqs + 1;
+    double *ttft = calloc(n, sizeof *ttft), *e2e = calloc(n, sizeof *e2e);
+    uint64_t *ids = calloc(n, sizeof *ids);
+    memset(res, 0, sizeof *res);
+    res->policy = policy;
+    res->load = load;
+    if (ttft && e2e && ids) {
+        pthread_mutex_lock(&rp->client->mu);
+        tally(rp, t0, ttft, e2e, ids, res);
+        pthread_mutex_unlock(&rp->client->mu);
+        res->ttft_sorted = ttft; /* owned by res now */
+    }
+    free(e2e);
+    free(ids);
+    if (!res->ttft_sorted) {
+        free(ttft);
+        return 1;
+    }
+    return 0;
+}
+
+/* One run of the workload with one policy at load; fills res. 0 or 1. */
+static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
+                      struct kvr_sim_result *res)
+{
+    const struct kvr_bench_config *cfg = rp->cfg;
+    struct kvr_client *c = rp->client;
+    rp->policy = policy;
+    rp->run++;
+    rp->wl.seed = cfg->seed + 7919 * (rp->run - 1);
+    if (kvr_client_begin(c, rp->wl.nreqs, rp->closed, encode, rp, rp->outs + 16) != KVR_OK)
+        return 1;
+    uint64_t t0 = kvr_now_ns();
+    if (rp->closed) {
+        kvr_client_start_closed(c, (uint32_t)load);
+    } else {
+        for (uint32_t i = 0; i < rp->wl.nreqs; i++) {
+            uint64_t at = t0 + (uint64_t)((double)rp->wl.reqs[i].arrival_ns / load);
+            uint64_t now = kvr_now_ns();
+            if (at > now)
+                kvr_sleep_ns(at - now);
+            kvr_client_send(c, i);
+        }
+    }
+    uint32_t resent = kvr_client_wait_all(c, kvr_now_ns() + cfg->timeout_ns, cfg->resend_ns);
+    if (resent)
+        kvr_log(KVR_LOG_WARN, "resent", "requests=%u (nothing came back for %" PRIu64 " ms)",
+                resent, (uint64_t)(cfg->resend_ns / KVR_NS_PER_MS));
+    int rc = collect(rp, policy, load, t0, res);
+    kvr_client_end(c);
+    return rc;
+}
+
+static void print_row(const struct kvr_sim_result *r)
+{
+    printf("%-18s load=%-6g ttft_ms mean=%.1f p50=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.2f "
+           "p99=%.2f  e2e_ms mean=%.0f  hit=%.3f  tok/s=%.0f  finished=%u failed=%u\n",
+           kvr_policy_name(r->policy), r->load, r->ttft_ms.mean, r->ttft_ms.p50, r->ttft_ms.p90,
+           r->ttft_ms.p99, r->itl_ms.mean, r->itl_ms.p99, r->e2e_ms.mean, r->hit_rate,
+           r->throughput_tok_s, r->finished, r->rejected);
+    fflush(stdout);
+}
+
+static void print_ratio(const struct kvr_sim_result *res)
+{
+    printf("ratio %s/%s: ttft mean %.3f p90 %.3f, hit %.3f vs %.3f\n",
+           kvr_policy_name(res[0].policy), kvr_policy_name(res[1].policy),
+           res[1].ttft_ms.mean > 0 ? res[0].ttft_ms.mean / res[1].ttft_ms.mean : 0,
+           res[1].ttft_ms.p90 > 0 ? res[0].ttft_ms.p90 / res[1].ttft_ms.p90 : 0, res[0].hit_rate,
+           res[1].hit_rate);
+}
+
+/* report.json, report.md and plots into --out, when given. */
+static void write_report(const struct replay *rp, const struct kvr_sim_result *res, size_t n)
+{
+    const struct kvr_bench_config *cfg = rp->cfg;
+    if (!cfg->out[0])
+        return;
+    struct kvr_report_meta meta = {.source = "kvbench",
+                                   .workload = cfg->workload,
+                                   .workers = rp->workers,
+                                   .seed = cfg->seed,
+                                   .load_kind = rp->closed ? "concurrency" : "rate_scale"};
+    kvr_sim_hit_ceiling(&rp->wl, rp->block_size, 0, &meta.hit_ceiling);
+    if (rp->workers)
+        kvr_sim_hit_ceiling(&rp->wl, rp->block_size, (uint64_t)rp->workers * rp->num_blocks,
+                            &meta.hit_ceiling_capacity);
+    kvr_mkdir_p(cfg->out);
+    if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK)
+        fprintf(stderr, "kvbench: cannot write %s/report.json\n", cfg->out);
+    else if (kvr_report_plots(cfg->out, &meta, res, n) != KVR_OK)
+        fprintf(stderr, "kvbench: plots not drawn (is gnuplot installed?)\n");
+    else
+        printf("wrote %s/report.json, %s/report.md and plots\n", cfg->out, cfg->out);
+}
+
+/* One run per policy, their lines and the report; 1 if a run failed or finished nothing. */
+static int run_policies(struct replay *rp)
+{
+    const struct kvr_bench_config *cfg = rp->cfg;
+    size_t np = cfg->npolicies;
+    double load = rp->closed ? cfg->concurrency : cfg->rate_scale;
+    struct kvr_sim_result *res = calloc(np ? np : 1, sizeof *res);
+    int rc = res ? 0 : 1;
+    for (size_t p = 0; p < np && rc == 0; p++) {
+        rc = run_policy(rp, cfg->policy[p], load, &res[p]);
+        if (rc == 0)
+            print_row(&res[p]);
+    }
+    if (rc == 0) {
+        if (np >= 2)
+            print_ratio(res);
+        write_report(rp, res, np);
+    }
+    for (size_t p = 0; res && p < np; p++) {
+        rc |= res[p].finished == 0;
+        kvr_sim_result_free(&res[p]);
+    }
+    free(res);
+    return rc;
+}
+
+int kvr_replay_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
+{
+    struct replay rp = {.cfg = cfg,
+                        .client = client,
+                        .workers = cfg->workers,
+                        .num_blocks = cfg->num_blocks,
+                        .block_size = cfg->block_size};
+    int rc = load_workload(&rp);
+    if (rc == 0) {
+        discover(&rp);
+        rc = run_policies(&rp);
+    }
+    kvr_workload_free(&rp.wl);
+    free(rp.tok);
+    return rc;
+}

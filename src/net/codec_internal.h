@@ -1,0 +1,53 @@
+/*
+ * What the codec's own files (codec.c, codec_fleet.c) share and nothing else includes: the
+ * allocator protobuf-c unpacks with, which records a failed allocation so that a decoder can tell
+ * out-of-memory from malformed input; the allocation helpers every decoder copies with (all of
+ * them honour kvr_wire_fail_alloc); a wire-level count of repeated fields, so a decoder can refuse
+ * over-many items before protobuf-c allocates them; and the pack helper of the encoders. Pure and
+ * thread-safe, like the codec.
+ */
+#ifndef KVR_CODEC_INTERNAL_H
+#define KVR_CODEC_INTERNAL_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "kvr/status.h"
+
+/* One per unpack: pass &pc to *_unpack and to *_free_unpacked. */
+struct kvr_codec_alloc {
+    ProtobufCAllocator pc; /* allocates through kvr_codec_array, frees with free() */
+    bool failed;           /* an allocation failed */
+};
+void kvr_codec_alloc_init(struct kvr_codec_alloc *a);
+
+/* After *_unpack returned NULL: KVR_ERR_NOMEM if an allocation failed, else KVR_ERR_MALFORMED. */
+kvr_status kvr_codec_unpack_failed(const struct kvr_codec_alloc *a);
+
+/* n items of size bytes (at least one byte, so NULL always means failure); NULL when the product
+ * overflows or malloc fails. Free with free(). */
+void *kvr_codec_array(size_t n, size_t size);
+
+/* *out = an owned copy of s (NULL reads as ""): KVR_ERR_TOO_LARGE if s is over max bytes (*out
+ * NULL), KVR_ERR_NOMEM if the copy fails. */
+kvr_status kvr_codec_dup(const char *s, size_t max, char **out);
+
+/* s, or "" for NULL (protobuf-c gives an absent string its empty string, but be sure). Not to be
+ * written to. */
+char *kvr_codec_str(char *s);
+
+/*
+ * *n = how many times field `field` occurs at the top level of the message in buf (sub 0), or how
+ * many times field `sub` occurs inside the top-level occurrences of `field` (a repeated field of a
+ * submessage, which protobuf merges across occurrences). KVR_ERR_MALFORMED if the framing is
+ * broken (a truncated varint or length, a group, which proto3 does not have).
+ */
+kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t sub, size_t *n);
+
+/* Pack m into b (replacing its contents). */
+kvr_status kvr_codec_pack(struct kvr_buf *b, const ProtobufCMessage *m);
+
+#endif

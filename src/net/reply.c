@@ -1,0 +1,68 @@
+/*
+ * kvr_reply implementation.
+ */
+#include "reply.h"
+
+#include <inttypes.h>
+
+#include "codec.h"
+#include "log.h"
+
+void kvr_reply_init(struct kvr_reply *r, const char *endpoint, uint64_t worker_id)
+{
+    *r = (struct kvr_reply){.endpoint = endpoint, .worker_id = worker_id};
+}
+
+void kvr_reply_free(struct kvr_reply *r)
+{
+    kvr_buf_free(&r->buf);
+}
+
+void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns)
+{
+    r->requests++;
+    r->processing_ns += elapsed_ns;
+}
+
+static void count_error(struct kvr_reply *r, kvr_status st, bool dropped, const char *request_id)
+{
+    r->errors++;
+    r->dropped += dropped;
+    r->by_code[(unsigned)st < KVR_REPLY_CODES ? (unsigned)st : KVR_ERR_INVALID]++;
+    r->last = st;
+    if (kvr_log_enabled(KVR_LOG_INFO)) {
+        char id[128];
+        kvr_log(dropped ? KVR_LOG_WARN : KVR_LOG_INFO,
+                dropped ? "request_dropped" : "request_refused",
+                "endpoint=%s request=\"%s\" error=\"%s\" code=%d%s", r->endpoint,
+                kvr_log_safe(id, sizeof id, request_id ? request_id : ""), kvr_status_str(st),
+                (int)st, dropped ? " reason=\"no reply subject\"" : "");
+    }
+}
+
+void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                     const char *request_id, kvr_status st)
+{
+    bool can = reply && *reply;
+    count_error(r, st, !can, request_id);
+    if (!can)
+        return;
+    if (kvr_wire_encode_response(&r->buf, request_id, NULL, 0, true, st, r->worker_id, 0) == KVR_OK)
+        kvr_outbox_add(out, reply, r->buf.data, r->buf.len, st);
+    else
+        r->dropped++; /* out of memory: the client will resend */
+}
+
+void kvr_reply_select(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                      const struct kvr_decision *d, uint64_t key, kvr_status st)
+{
+    bool can = reply && *reply;
+    if (st != KVR_OK)
+        count_error(r, st, !can, NULL);
+    if (!can)
+        return;
+    if (kvr_wire_encode_select_response(&r->buf, st == KVR_OK ? d : NULL, key, st) == KVR_OK)
+        kvr_outbox_add(out, reply, r->buf.data, r->buf.len, st);
+    else
+        r->dropped++;
+}

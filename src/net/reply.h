@@ -1,0 +1,54 @@
+/*
+ * kvr_reply: the only way an error reaches a client, for the router and the worker alike. One
+ * kvr_reply per endpoint (generate, select, a worker's generate) encodes the answer (the final
+ * GenerateResponse chunk with error_code, or a SelectResponse), queues it with the NATS service
+ * error headers (Nats-Service-Error, Nats-Service-Error-Code), counts the error by code for
+ * $SRV.STATS and logs it (the client's request id made safe for a log line). A request that
+ * names no reply subject cannot be answered: it is counted and logged as dropped.
+ * Not thread-safe: the owner's lock covers it (the daemons' state mutex).
+ */
+#ifndef KVR_REPLY_H
+#define KVR_REPLY_H
+
+#include <stdint.h>
+
+#include "buf.h"
+#include "kvr/router.h"
+#include "kvr/status.h"
+#include "outbox.h"
+
+/* KVR_REPLY_CODES: one more than the largest status value (codes are appended in order). */
+#define KVR_REPLY_SLOT(name, value, text) KVR_REPLY_SLOT_##name = value,
+enum kvr_reply_slots { KVR_STATUS_LIST(KVR_REPLY_SLOT) KVR_REPLY_CODES };
+#undef KVR_REPLY_SLOT
+
+struct kvr_reply {
+    const char *endpoint;              /* "generate", "select": logs and stats (borrowed) */
+    uint64_t worker_id;                /* set in the chunks a worker sends; 0 for a router */
+    uint64_t requests;                 /* answered or refused through this endpoint */
+    uint64_t errors;                   /* every error, answered or dropped */
+    uint64_t dropped;                  /* errors nobody could be told of (no reply subject) */
+    uint64_t by_code[KVR_REPLY_CODES]; /* errors by kvr_status */
+    uint64_t processing_ns;            /* time spent deciding, for $SRV.STATS */
+    kvr_status last;                   /* the last error */
+    struct kvr_buf buf;                /* encoding scratch (owned) */
+};
+
+void kvr_reply_init(struct kvr_reply *r, const char *endpoint, uint64_t worker_id);
+void kvr_reply_free(struct kvr_reply *r);
+
+/* Count one request handled in elapsed_ns (errors are counted by the calls below). */
+void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns);
+
+/*
+ * Client request_id (may be NULL) at subject reply failed with st (not KVR_OK): queue its final
+ * chunk into out, count, log. reply NULL or empty: counted as dropped (why says why).
+ */
+void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                     const char *request_id, kvr_status st);
+
+/* A select's answer: the decision (st KVR_OK, d set) or the error, into out; errors counted. */
+void kvr_reply_select(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                      const struct kvr_decision *d, uint64_t key, kvr_status st);
+
+#endif

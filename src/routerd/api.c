@@ -1,0 +1,100 @@
+/*
+ * The router's operator API.
+ */
+#define _DEFAULT_SOURCE
+#include "api.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "fleet.h"
+#include "subject.h"
+
+void kvr_api_init(struct kvr_service *s, struct kvr_rd *rd)
+{
+    char subject[256];
+    kvr_service_init(s, KVR_RD_SERVICE_NAME, KVR_RD_SERVICE_VERSION,
+                     "KV-cache-aware LLM request router", "router_id", rd->cfg->id);
+    kvr_subject(subject, sizeof subject, rd->cfg->prefix, rd->cfg->ns, "generate");
+    kvr_service_add(s, "generate", subject, "kvrouter", &rd->generate);
+    kvr_subject(subject, sizeof subject, rd->cfg->prefix, rd->cfg->ns, "select");
+    kvr_service_add(s, "select", subject, "kvrouter", &rd->select);
+}
+
+/* Under mu: the core's figures and the daemon's own counters. */
+static json_t *core_data(struct kvr_rd *rd)
+{
+    struct kvr_router_stats s;
+    kvr_router_stats(rd->core, &s);
+    json_t *o = json_object();
+    const struct {
+        const char *name;
+        uint64_t value;
+    } v[] = {
+        {"decisions", s.decisions},
+        {"rejected", s.rejected},
+        {"overloaded", s.overloaded},
+        {"queued", s.queued},
+        {"workers", s.workers},
+        {"inflight", s.inflight},
+        {"queue_len", s.queue_len},
+        {"index_entries", s.index_entries},
+        {"nodes", s.nodes},
+        {"active_blocks", s.active_blocks},
+        {"memory_bytes", s.memory_bytes},
+        {"failed_requests", s.failed_requests},
+        {"unknown_request_events", s.unknown_request},
+        {"unknown_worker_events", s.unknown_worker},
+        {"bad_events", rd->ev_errors},
+        {"workers_joined", s.workers_joined},
+        {"workers_left", s.workers_left},
+        {"placed_again", rd->placed_again},
+        {"pending", rd->pend.n},
+        {"pending_full", rd->pend.full},
+        {"outbox_dropped", rd->out.dropped},
+        {"core_events_lost", rd->deferred_lost},
+    };
+    for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
+        kvr_json_u64(o, v[i].name, v[i].value);
+    json_t *rep = json_object();
+    if (o && rep) {
+        kvr_fleet_stats(rd, rep);
+        json_object_set_new(o, "replication", rep);
+    } else {
+        json_decref(rep);
+    }
+    return o;
+}
+
+static void publish_text(struct kvr_rd *rd, const char *reply, char *text)
+{
+    if (text && reply && *reply) {
+        struct kvr_outmsg m = {(char *)reply, NULL, (uint8_t *)text, strlen(text), KVR_OK};
+        rd->sink.publish(rd->sink.ctx, &m);
+    }
+    free(text);
+}
+
+void kvr_api_on_srv(struct kvr_rd *rd, const struct kvr_service *s, const char *subject,
+                    const char *reply)
+{
+    pthread_mutex_lock(&rd->mu);
+    bool stats = !strncmp(subject, "$SRV.STATS", 10);
+    char *text = kvr_service_answer(s, subject, stats ? core_data(rd) : NULL);
+    pthread_mutex_unlock(&rd->mu);
+    publish_text(rd, reply, text);
+}
+
+void kvr_api_on_digest(struct kvr_rd *rd, const char *reply)
+{
+    json_t *o = json_object();
+    pthread_mutex_lock(&rd->mu);
+    if (o) {
+        json_object_set_new(o, "router_id", json_string(rd->cfg->id));
+        kvr_fleet_stats(rd, o);
+    }
+    pthread_mutex_unlock(&rd->mu);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    publish_text(rd, reply, text);
+}

@@ -1,0 +1,170 @@
+/*
+ * The router daemon's settings.
+ */
+#define _DEFAULT_SOURCE
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "kvr/policy.h"
+#include "log.h"
+
+#define POLICY_NAME(e, name, desc) name,
+static const char *const policy_names[] = {KVR_POLICY_LIST(POLICY_NAME) NULL};
+#undef POLICY_NAME
+static const char *const cost_names[] = {"blocks", "time", NULL}; /* enum kvr_cost_model */
+
+void kvr_rd_config_default(struct kvr_rd_config *c)
+{
+    memset(c, 0, sizeof *c);
+    strcpy(c->nats, "nats://127.0.0.1:4222");
+    strcpy(c->ns, "default");
+    strcpy(c->prefix, "kv");
+    c->log_level = KVR_LOG_INFO;
+    kvr_router_config_default(&c->core);
+    c->core.seed = 0; /* a daemon draws its seed from the clock; a simulation is reproducible */
+    /* a worker that announces no heartbeat interval is dropped after this much silence (one that
+     * does: after 3.2 of its intervals); the simulator never drops a worker */
+    c->core.worker_timeout_ns = 3200 * KVR_NS_PER_MS;
+    c->max_output_tokens = 1u << 16;
+    c->tick_ns = 20 * KVR_NS_PER_MS;
+    c->warmup_ns = 2 * KVR_NS_PER_S;
+    c->hello_ns = 1 * KVR_NS_PER_S;
+    c->sync_timeout_ns = 1 * KVR_NS_PER_S;
+    c->drain_timeout_ns = c->core.queue_timeout_ns + KVR_NS_PER_S;
+    c->gossip = true;
+}
+
+#define STR(n, e, p, h)                                                                            \
+    {                                                                                              \
+        .name = n, .env = e, .type = KVR_OPT_STR, .ptr = p, .help = h                              \
+    }
+#define NUM(n, t, p, lo, hi, h)                                                                    \
+    {                                                                                              \
+        .name = n, .type = t, .ptr = p, .help = h, .min = lo, .max = hi                            \
+    }
+
+size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
+{
+    struct kvr_router_config *k = &c->core;
+    const struct kvr_opt t[] = {
+        STR("nats", "KVR_NATS", c->nats, "NATS server URLs, comma-separated"),
+        STR("namespace", "KVR_NAMESPACE", c->ns, "subject namespace"),
+        STR("prefix", "KVR_PREFIX", c->prefix, "subject prefix"),
+        STR("id", "KVR_ROUTER_ID", c->id, "router id (default: host-pid)"),
+        {.name = "block-size",
+         .env = "KVR_BLOCK_SIZE",
+         .type = KVR_OPT_U32,
+         .ptr = &k->block_size,
+         .help = "tokens per KV block",
+         .min = 1,
+         .max = 65536},
+        {.name = "policy",
+         .env = "KVR_POLICY",
+         .type = KVR_OPT_ENUM,
+         .ptr = &k->policy,
+         .help = "default policy",
+         .choices = policy_names},
+        {.name = "kv-cost",
+         .type = KVR_OPT_ENUM,
+         .ptr = &k->cost_model,
+         .help = "how kv prices a worker",
+         .choices = cost_names},
+        NUM("overlap-weight", KVR_OPT_DOUBLE, &k->overlap_weight, 0, 1e6, "kv: weight of reuse"),
+        NUM("cache-weight", KVR_OPT_DOUBLE, &k->cache_weight, 0, 1e6,
+            "kv time model: recompute charge"),
+        NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6,
+            "kv: 0 = cheapest, > 0 samples"),
+        NUM("busy-threshold", KVR_OPT_DOUBLE, &k->busy_threshold, 0, 1e6,
+            "skip workers above this fraction of their KV capacity (0: off)"),
+        {.name = "approximate",
+         .env = "KVR_APPROXIMATE",
+         .type = KVR_OPT_BOOL,
+         .ptr = &k->approximate,
+         .help = "workers publish no KV events: learn from decisions"},
+        NUM("max-prompt-tokens", KVR_OPT_U32, &k->max_prompt_tokens, 1, 1 << 24,
+            "longer prompts refused"),
+        NUM("max-output-tokens", KVR_OPT_U32, &c->max_output_tokens, 1, 1 << 24,
+            "larger max_tokens refused"),
+        NUM("queue-max", KVR_OPT_U32, &k->queue_max, 0, 1 << 24,
+            "requests that may wait for a worker"),
+        NUM("queue-timeout-ms", KVR_OPT_MS, &k->queue_timeout_ns, 0, 3.6e6,
+            "then they get 'overloaded'"),
+        NUM("worker-timeout-ms", KVR_OPT_MS, &k->worker_timeout_ns, 0, 3.6e6,
+            "a silent worker that announced no interval is removed after this"),
+        NUM("request-ttl-s", KVR_OPT_SEC, &k->request_ttl_ns, 1, 864000,
+            "stale in-flight requests dropped"),
+        NUM("seed", KVR_OPT_U64, &k->seed, 0, 0, "seeds random choices (0: from the clock)"),
+        NUM("tick-ms", KVR_OPT_MS, &c->tick_ns, 1, 60000, "housekeeping period"),
+        NUM("warmup-ms", KVR_OPT_MS, &c->warmup_ns, 0, 3.6e6,
+            "at start, listen this long (at most) for workers before taking requests"),
+        {.name = "gossip",
+         .env = "KVR_GOSSIP",
+         .type = KVR_OPT_BOOL,
+         .ptr = &c->gossip,
+         .help = "share decisions with the other routers (--gossip=false: on its own)"},
+        NUM("hello-ms", KVR_OPT_MS, &c->hello_ns, 1, 3.6e6, "period of the hello to the peers"),
+        NUM("sync-timeout-ms", KVR_OPT_MS, &c->sync_timeout_ns, 1, 3.6e6,
+            "at start, wait this long (twice at most) for a peer's snapshot"),
+        NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
+            "on SIGTERM, settle queued requests for at most this long"),
+        NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,
+            "tests only: do not send every Nth decision (0: send all)"),
+        {.name = "log-level",
+         .env = "KVR_LOG_LEVEL",
+         .type = KVR_OPT_ENUM,
+         .ptr = &c->log_level,
+         .help = "least severe level logged",
+         .choices = kvr_log_level_names},
+    };
+    size_t n = sizeof t / sizeof t[0];
+    _Static_assert(sizeof t / sizeof t[0] <= KVR_RD_OPTIONS, "KVR_RD_OPTIONS too small");
+    memcpy(out, t, sizeof t);
+    return n;
+}
+
+static bool id_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '-' || ch == '_';
+}
+
+/* A subject token from the config: non-empty, no wildcard, dot or space. */
+static bool token_ok(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (*s == '*' || *s == '>' || *s == '.' || *s == ' ' || (unsigned char)*s < 0x21)
+            return false;
+    return true;
+}
+
+kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
+{
+    if (!c->id[0]) {
+        char host[64] = "host";
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = 0;
+        snprintf(c->id, KVR_RD_ID_MAX, "%.40s-%d", host, (int)getpid());
+        for (char *p = c->id; *p; p++)
+            *p = id_char(*p) ? *p : '_';
+    }
+    const char *bad = NULL;
+    if (strlen(c->id) >= KVR_RD_ID_MAX)
+        bad = "--id is longer than 63 bytes";
+    for (const char *p = c->id; !bad && *p; p++)
+        if (!id_char(*p))
+            bad = "--id may hold letters, digits, '-' and '_' only";
+    if (!bad &&
+        (!token_ok(c->ns) || !token_ok(c->prefix) || strlen(c->ns) > 64 || strlen(c->prefix) > 64))
+        bad = "--namespace and --prefix must be one subject token each (64 bytes at most)";
+    if (bad) {
+        snprintf(why, len, "%s", bad);
+        return KVR_ERR_INVALID;
+    }
+    return KVR_OK;
+}

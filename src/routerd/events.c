@@ -1,0 +1,170 @@
+/*
+ * Worker events.
+ */
+#define _DEFAULT_SOURCE
+#include "events.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fleet.h"
+#include "log.h"
+#include "place.h"
+
+kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
+{
+    struct kvr_wire_kv e;
+    kvr_status st = kvr_wire_decode_kv(data, len, &e);
+    if (st != KVR_OK)
+        return st;
+    if (e.worker_id && e.worker_id != wid)
+        st = KVR_ERR_INVALID; /* a worker speaks for itself only */
+    else if (e.kind == KVR_WIRE_STORED)
+        st = kvr_router_kv_stored(rd->core, wid, e.has_parent ? &e.parent : NULL, e.blocks,
+                                  e.nblocks);
+    else if (e.kind == KVR_WIRE_REMOVED)
+        st = kvr_router_kv_removed(rd->core, wid, e.ids, e.nids);
+    else
+        st = kvr_router_kv_cleared(rd->core, wid);
+    kvr_wire_kv_free(&e);
+    return st;
+}
+
+static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wire_heartbeat *h,
+                     kvr_status st, bool known)
+{
+    if (st == KVR_OK && !known)
+        kvr_log(KVR_LOG_INFO, "worker_joined",
+                "worker=%" PRIu64 " block_size=%u capacity_blocks=%" PRIu64, wid,
+                h->info.block_size, h->info.capacity_blocks);
+    else if (st == KVR_ERR_BLOCK_SIZE && !known)
+        kvr_log(KVR_LOG_ERROR, "worker_refused",
+                "worker=%" PRIu64 " block_size=%u router_block_size=%u", wid, h->info.block_size,
+                rd->cfg->core.block_size);
+}
+
+static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                            uint64_t now)
+{
+    struct kvr_wire_heartbeat h;
+    kvr_status st = kvr_wire_decode_heartbeat(data, len, &h);
+    if (st != KVR_OK)
+        return st;
+    if (h.info.id != wid) {
+        kvr_wire_heartbeat_free(&h);
+        return KVR_ERR_INVALID;
+    }
+    h.info.timeout_ns = h.interval_ms ? (uint64_t)h.interval_ms * 3200000ull : 0;
+    h.info.draining = h.draining;
+    bool known = kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_OK;
+    st = kvr_router_worker_seen(rd->core, &h.info, now);
+    if (st == KVR_OK) {
+        if (h.interval_ms > rd->hb_interval_ms)
+            rd->hb_interval_ms = h.interval_ms;
+        kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
+    }
+    log_join(rd, wid, &h, st, known);
+    kvr_wire_heartbeat_free(&h);
+    return st;
+}
+
+static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                         uint64_t now)
+{
+    struct kvr_wire_tokens t;
+    kvr_status st = kvr_wire_decode_tokens(data, len, &t);
+    if (st != KVR_OK)
+        return st;
+    if (t.worker_id && t.worker_id != wid)
+        return KVR_ERR_INVALID;
+    if (t.kind != KVR_WIRE_PREFILL_DONE)
+        return kvr_router_output_block(rd->core, t.key, now);
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, t.key);
+    if (p) /* it started: it will not be placed again */
+        kvr_pending_started(p);
+    return kvr_router_prefill_done(rd->core, t.key, now);
+}
+
+static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len, uint64_t now)
+{
+    struct kvr_wire_done d;
+    kvr_status st = kvr_wire_decode_done(data, len, &d);
+    if (st != KVR_OK)
+        return st;
+    if (d.worker_id && d.worker_id != wid)
+        return KVR_ERR_INVALID;
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, d.key);
+    if (p)
+        kvr_pending_drop(&rd->pend, p);
+    st = kvr_router_done_at(rd->core, d.key, now);
+    if (kvr_router_queue_len(rd->core))
+        kvr_router_tick(rd->core, now); /* freed load may place waiting requests */
+    return st;
+}
+
+/* Under mu: one worker event. */
+static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const void *data,
+                        size_t len)
+{
+    uint64_t now = kvr_now_ns();
+    if (!strcmp(kind, "hb"))
+        return heartbeat(rd, wid, data, len, now);
+    if (!strcmp(kind, "kv"))
+        return kvr_rd_hold(rd, wid, data, len) ? KVR_OK : kvr_events_apply_kv(rd, wid, data, len);
+    if (!strcmp(kind, "tokens"))
+        return tokens(rd, wid, data, len, now);
+    if (!strcmp(kind, "done"))
+        return done(rd, wid, data, len, now);
+    return KVR_ERR_MALFORMED;
+}
+
+bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind)
+{
+    const char *dot = strrchr(subject, '.');
+    if (!dot || dot == subject)
+        return false;
+    const char *start = dot;
+    while (start > subject && start[-1] != '.')
+        start--;
+    size_t n = (size_t)(dot - start);
+    char digits[24];
+    if (n == 0 || n >= sizeof digits || start[0] == '0')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (start[i] < '0' || start[i] > '9')
+            return false;
+    memcpy(digits, start, n);
+    digits[n] = 0;
+    char *end;
+    unsigned long long id = strtoull(digits, &end, 10);
+    if (*end || id == 0 || id == ULLONG_MAX)
+        return false;
+    *worker_id = id;
+    *kind = dot + 1;
+    return true;
+}
+
+void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *data, size_t len)
+{
+    uint64_t wid = 0;
+    const char *kind = NULL;
+    kvr_status st = KVR_ERR_MALFORMED;
+    bool counted = false;
+    pthread_mutex_lock(&rd->mu);
+    if (kvr_events_parse_subject(subject, &wid, &kind)) {
+        st = apply(rd, wid, kind, data, len);
+        kvr_place_settle(rd);
+    }
+    counted = st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID || st == KVR_ERR_TOO_LARGE;
+    rd->ev_errors += counted;
+    pthread_mutex_unlock(&rd->mu);
+    if (counted) {
+        char safe[160];
+        kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\"",
+                kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(st));
+    }
+    kvr_rd_flush(rd);
+}

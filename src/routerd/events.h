@@ -1,0 +1,24 @@
+/*
+ * Worker events: every worker's KV events, prefill done, output blocks, done and heartbeats,
+ * through one subscription on kv.<ns>.ev.> (so one worker's events arrive in order). The worker
+ * id and the event kind come from the subject (kv.<ns>.ev.<id>.<kind>); a subject, payload or
+ * worker id that does not check out is counted (ev_errors) and dropped. Under the state mutex.
+ */
+#ifndef KVR_RD_EVENTS_H
+#define KVR_RD_EVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "state.h"
+
+/* A message on kv.<ns>.ev.> (takes mu; publishes). */
+void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *data, size_t len);
+
+/* Under mu: apply a KV event of worker_id (now, or replayed after a snapshot). */
+kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);
+
+/* The worker id in kv.<ns>.ev.<id>.<kind> and a pointer to <kind>; false if malformed. */
+bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind);
+
+#endif

@@ -1,0 +1,410 @@
+/*
+ * Replication: peers, gossip, imports, anti-entropy, who answers a failed request.
+ */
+#define _DEFAULT_SOURCE
+#include "fleet.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "kvr/hash.h"
+#include "log.h"
+#include "service.h"
+#include "subject.h"
+
+#define REPAIR_MAX 4096u /* seqs asked at once */
+#define LOOKUP_MAX 256u  /* keys asked at once */
+
+static uint64_t hello_ns(const struct kvr_rd *rd)
+{
+    return rd->cfg->hello_ns;
+}
+
+bool kvr_fleet_peer_alive(const struct kvr_rd *rd, const struct kvr_peer *p, uint64_t now)
+{
+    return p && p->heard_ns && now - p->heard_ns < hello_ns(rd) * 7 / 2;
+}
+
+static struct kvr_peer *peer_get(struct kvr_rd *rd, const char *id)
+{
+    struct kvr_fleet *g = rd->fleet;
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(g->peers, id, p);
+    if (p || g->npeers >= KVR_FLEET_MAX_PEERS || strlen(id) >= sizeof p->id)
+        return p;
+    p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    strcpy(p->id, id);
+    HASH_ADD_STR(g->peers, id, p);
+    g->npeers++;
+    return p;
+}
+
+static bool subject_of(const struct kvr_rd *rd, char *buf, size_t len, const char *what,
+                       const char *id)
+{
+    char suffix[512];
+    snprintf(suffix, sizeof suffix, "router.%s%s%s", what, id ? "." : "", id ? id : "");
+    return kvr_subject(buf, len, rd->cfg->prefix, rd->cfg->ns, suffix);
+}
+
+kvr_status kvr_fleet_create(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = calloc(1, sizeof *g);
+    if (!g || !(g->ring = calloc(KVR_FLEET_RING, sizeof *g->ring))) {
+        free(g);
+        return KVR_ERR_NOMEM;
+    }
+    rd->fleet = g;
+    g->epoch = kvr_realtime_ns();
+    const char *id = rd->cfg->id;
+    bool ok = subject_of(rd, g->subj_gossip, sizeof g->subj_gossip, "gossip", NULL) &&
+              subject_of(rd, g->subj_lookup, sizeof g->subj_lookup, "lookup", NULL) &&
+              subject_of(rd, g->subj_digest, sizeof g->subj_digest, "digest", NULL) &&
+              subject_of(rd, g->subj_sync, sizeof g->subj_sync, "sync", id) &&
+              subject_of(rd, g->subj_pages, sizeof g->subj_pages, "pages", id);
+    return ok ? KVR_OK : KVR_ERR_INVALID;
+}
+
+void kvr_fleet_destroy(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = rd->fleet;
+    if (!g)
+        return;
+    struct kvr_peer *p, *tmp;
+    HASH_ITER(hh, g->peers, p, tmp)
+    {
+        HASH_DEL(g->peers, p);
+        free(p);
+    }
+    free(g->ring);
+    free(g);
+    rd->fleet = NULL;
+}
+
+struct kvr_peer *kvr_fleet_serving_peer(struct kvr_rd *rd, uint64_t now)
+{
+    uint32_t n = 0;
+    struct kvr_peer *p, *tmp, *pick = NULL;
+    HASH_ITER(hh, rd->fleet->peers, p, tmp)
+    {
+        if (!p->serving || !kvr_fleet_peer_alive(rd, p, now))
+            continue;
+        n++;
+        if (kvr_hash_seq(rd->fleet->tokens, n) % n == 0)
+            pick = p; /* reservoir sampling */
+    }
+    return pick;
+}
+
+void kvr_fleet_ask(struct kvr_rd *rd, const char *subject, struct kvr_wire_sync *q)
+{
+    q->router_id = (char *)rd->cfg->id;
+    q->token = ++rd->fleet->tokens;
+    if (kvr_wire_encode_sync(&rd->buf, q) == KVR_OK)
+        kvr_outbox_add_request(&rd->out, subject, rd->fleet->subj_pages, rd->buf.data, rd->buf.len);
+    q->router_id = NULL;
+}
+
+void kvr_fleet_ask_peer(struct kvr_rd *rd, const struct kvr_peer *p, struct kvr_wire_sync *q)
+{
+    char subject[512];
+    if (subject_of(rd, subject, sizeof subject, "sync", p->id))
+        kvr_fleet_ask(rd, subject, q);
+}
+
+/* --- sending ------------------------------------------------------------------------------- */
+
+void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p)
+{
+    struct kvr_fleet *g = rd->fleet;
+    struct kvr_request_record rec;
+    g->decided++;
+    if (!rd->cfg->gossip || kvr_router_export(rd->core, p->key, &rec) != KVR_OK)
+        return;
+    uint64_t seq = ++g->seq;
+    g->ring[seq % KVR_FLEET_RING] = (struct kvr_fleet_ring_slot){seq, p->key};
+    if (rd->cfg->test_drop_gossip && seq % rd->cfg->test_drop_gossip == 0) {
+        g->dropped_by_knob++;
+        return;
+    }
+    if (kvr_wire_encode_gossip_decision(&rd->buf, rd->cfg->id, g->epoch, seq, &rec, p->reply,
+                                        p->request_id, rd->cfg->id) != KVR_OK)
+        return;
+    kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
+    g->sent++;
+    g->sent_bytes += rd->buf.len;
+}
+
+static void ask_repair(struct kvr_rd *rd, struct kvr_peer *p, uint64_t from, uint64_t to)
+{
+    if (to - from >= REPAIR_MAX)
+        from = to - REPAIR_MAX + 1; /* older ones: the heartbeats' anti-entropy */
+    rd->fleet->gaps += to - from + 1;
+    rd->fleet->repairs_asked++;
+    struct kvr_wire_sync q = {.from_seq = from, .to_seq = to, .epoch = p->epoch};
+    kvr_fleet_ask_peer(rd, p, &q);
+    kvr_log(KVR_LOG_DEBUG, "gossip_gap", "peer=%s from=%" PRIu64 " to=%" PRIu64, p->id, from, to);
+}
+
+struct orphan_ctx {
+    struct kvr_rd *rd;
+    uint64_t now;
+};
+
+static void settle_orphan(void *ctx, struct kvr_pending *p);
+
+void kvr_fleet_tick(struct kvr_rd *rd, uint64_t now)
+{
+    struct kvr_fleet *g = rd->fleet;
+    if (rd->pend.norphans) {
+        struct orphan_ctx c = {rd, now};
+        kvr_pending_due_orphans(&rd->pend, now, settle_orphan, &c);
+    }
+    if (!rd->cfg->gossip || now < g->next_hello_ns)
+        return;
+    g->next_hello_ns = now + hello_ns(rd);
+    if (kvr_wire_encode_gossip_hello(&rd->buf, rd->cfg->id, g->epoch, g->seq, rd->serving) ==
+        KVR_OK)
+        kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
+}
+
+/* --- receiving decisions ------------------------------------------------------------------- */
+
+void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,
+                      bool repair)
+{
+    struct kvr_fleet *g = rd->fleet;
+    kvr_status st = kvr_router_import(rd->core, &d->rec, now);
+    if (st == KVR_ERR_UNKNOWN_WORKER)
+        g->unknown_worker++;
+    else if (st == KVR_ERR_DUPLICATE)
+        g->late++; /* already known, or its done came first */
+    if (st != KVR_OK)
+        return;
+    g->imported++;
+    g->repaired += repair;
+    struct kvr_pending *p = NULL;
+    st = kvr_pending_add(&rd->pend, d->rec.request_id, d->reply[0] ? d->reply : NULL, d->request_id,
+                         NULL, 0, &p);
+    if (st == KVR_ERR_DUPLICATE)
+        return;
+    if (st != KVR_OK) {
+        g->lost++; /* booked, but this router could not answer its client for the origin */
+        return;
+    }
+    p->worker_id = d->rec.worker_id;
+    /* a decision of this router's earlier incarnation is answered by this one */
+    p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
+}
+
+/* A gossip message from a peer (not this router). */
+static void apply_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m, size_t len)
+{
+    struct kvr_fleet *g = rd->fleet;
+    uint64_t now = kvr_now_ns();
+    struct kvr_peer *p = peer_get(rd, m->router_id);
+    if (!p) {
+        g->bad++;
+        return;
+    }
+    g->received++;
+    g->received_bytes += len;
+    if (m->epoch < p->epoch) {
+        g->stale++; /* from an earlier incarnation, overtaken by its restart */
+        return;
+    }
+    bool hello = m->kind == KVR_WIRE_GOSSIP_HELLO;
+    if (m->epoch > p->epoch) {
+        /* new, or restarted: what it decided before is in snapshots and heartbeats */
+        kvr_log(KVR_LOG_INFO, p->epoch ? "peer_restarted" : "peer_joined", "peer=%s", p->id);
+        p->epoch = m->epoch;
+        p->next_seq = hello ? m->seq + 1 : m->seq;
+    } else if (!kvr_fleet_peer_alive(rd, p, now)) {
+        kvr_log(KVR_LOG_INFO, "peer_back", "peer=%s", p->id);
+    }
+    p->heard_ns = now;
+    if (hello) {
+        p->serving = m->serving;
+        if (m->seq >= p->next_seq) { /* the tail of its decisions never came */
+            ask_repair(rd, p, p->next_seq, m->seq);
+            p->next_seq = m->seq + 1;
+        }
+        return;
+    }
+    if (m->seq > p->next_seq)
+        ask_repair(rd, p, p->next_seq, m->seq - 1);
+    if (m->seq >= p->next_seq)
+        p->next_seq = m->seq + 1;
+    kvr_fleet_import(rd, &m->d, now, false);
+}
+
+/* A gossip message with this router's id: its own echo, or another router using the same id. */
+static void own_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m)
+{
+    if (m->epoch == rd->fleet->epoch)
+        return;
+    rd->fleet->bad++;
+    kvr_log(KVR_LOG_WARN, "router_id_clash", "id=%s (another router uses this id)", rd->cfg->id);
+}
+
+void kvr_fleet_on_gossip(struct kvr_rd *rd, const void *data, size_t len)
+{
+    struct kvr_wire_gossip m;
+    kvr_status st = kvr_wire_decode_gossip(data, len, &m);
+    pthread_mutex_lock(&rd->mu);
+    if (st != KVR_OK)
+        rd->fleet->bad++;
+    else if (!strcmp(m.router_id, rd->cfg->id))
+        own_gossip(rd, &m);
+    else
+        apply_gossip(rd, &m, len);
+    pthread_mutex_unlock(&rd->mu);
+    if (st != KVR_OK)
+        kvr_log(KVR_LOG_WARN, "gossip_dropped", "bytes=%zu error=\"%s\"", len, kvr_status_str(st));
+    else
+        kvr_wire_gossip_free(&m);
+    kvr_rd_flush(rd);
+}
+
+/* --- anti-entropy and answering clients ---------------------------------------------------- */
+
+void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *keys, uint32_t n,
+                         uint32_t interval_ms, uint64_t now)
+{
+    if (!rd->fleet->synced)
+        return; /* without the snapshot it would drop nothing but ask for everything */
+    uint64_t grace = 2ull * (interval_ms ? interval_ms : 1000) * KVR_NS_PER_MS;
+    uint64_t unknown[LOOKUP_MAX];
+    uint32_t nunknown = 0;
+    uint32_t dropped = kvr_router_reconcile(rd->core, worker_id, keys, n, now, grace, unknown,
+                                            &nunknown, LOOKUP_MAX);
+    if (dropped)
+        kvr_log(KVR_LOG_WARN, "reconciled", "worker=%" PRIu64 " dropped=%u", worker_id, dropped);
+    if (nunknown && rd->cfg->gossip) {
+        struct kvr_wire_sync q = {.keys = unknown, .nkeys = nunknown};
+        kvr_fleet_ask(rd, rd->fleet->subj_lookup, &q);
+        rd->fleet->lookups++;
+    }
+}
+
+/* Whether this router answers for requests whose origin is silent: the live one with the
+ * smallest id does. */
+static bool stands_in(const struct kvr_rd *rd, uint64_t now)
+{
+    struct kvr_peer *q, *tmp;
+    HASH_ITER(hh, rd->fleet->peers, q, tmp)
+    {
+        if (kvr_fleet_peer_alive(rd, q, now) && strcmp(q->id, rd->cfg->id) < 0)
+            return false;
+    }
+    return true;
+}
+
+void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
+{
+    uint64_t now = kvr_now_ns();
+    if (!p->origin) {
+        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+    } else if (!kvr_fleet_peer_alive(rd, p->origin, now) && !p->orphan_at) {
+        /* its origin is silent: maybe gone, maybe cut off for a moment (then it places the
+         * request again itself). Wait, then answer if it is still silent. */
+        if (kvr_pending_orphan(&rd->pend, p, now + 8 * hello_ns(rd), st) == KVR_OK)
+            return;
+        if (stands_in(rd, now))
+            kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+    }
+    kvr_pending_drop(&rd->pend, p);
+}
+
+/* An orphan whose grace period is over. */
+static void settle_orphan(void *ctx, struct kvr_pending *p)
+{
+    struct orphan_ctx *c = ctx;
+    struct kvr_rd *rd = c->rd;
+    struct kvr_request_record rec;
+    if (kvr_router_export(rd->core, p->key, &rec) == KVR_OK)
+        return; /* placed again meanwhile: in flight */
+    if (!kvr_fleet_peer_alive(rd, p->origin, c->now) && stands_in(rd, c->now)) {
+        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, p->orphan_status);
+        rd->fleet->orphans_answered++;
+    }
+    kvr_pending_drop(&rd->pend, p);
+}
+
+/* --- stats ---------------------------------------------------------------------------------- */
+
+static void digest(struct kvr_rd *rd, json_t *obj)
+{
+    struct kvr_digest d;
+    char hex[4][17];
+    kvr_router_digest(rd->core, &d);
+    snprintf(hex[0], sizeof hex[0], "%016" PRIx64, d.combined);
+    snprintf(hex[1], sizeof hex[1], "%016" PRIx64, d.workers);
+    snprintf(hex[2], sizeof hex[2], "%016" PRIx64, d.requests);
+    snprintf(hex[3], sizeof hex[3], "%016" PRIx64, d.index);
+    json_object_set_new(obj, "digest", json_string(hex[0]));
+    json_object_set_new(obj, "digest_workers", json_string(hex[1]));
+    json_object_set_new(obj, "digest_requests", json_string(hex[2]));
+    json_object_set_new(obj, "digest_index", json_string(hex[3]));
+    kvr_json_u64(obj, "workers", d.nworkers);
+    kvr_json_u64(obj, "requests", d.nrequests);
+    kvr_json_u64(obj, "index_entries", d.nentries);
+}
+
+void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
+{
+    struct kvr_fleet *g = rd->fleet;
+    uint64_t now = kvr_now_ns(), alive = 0;
+    struct kvr_peer *p, *tmp;
+    HASH_ITER(hh, g->peers, p, tmp)
+    alive += kvr_fleet_peer_alive(rd, p, now);
+    struct kvr_router_stats s;
+    kvr_router_stats(rd->core, &s);
+    const struct {
+        const char *name;
+        uint64_t value;
+    } counters[] = {
+        {"epoch", g->epoch},
+        {"seq", g->seq},
+        {"sync_ms", g->sync_ms},
+        {"peers", g->npeers},
+        {"peers_alive", alive},
+        {"decided", g->decided},
+        {"gossip_sent", g->sent},
+        {"gossip_bytes", g->sent_bytes},
+        {"gossip_received", g->received},
+        {"gossip_received_bytes", g->received_bytes},
+        {"gossip_bad", g->bad},
+        {"gossip_stale", g->stale},
+        {"imported", g->imported},
+        {"imported_unanswerable", g->lost},
+        {"already_known", g->late},
+        {"late_decisions", s.late_decisions},
+        {"early_events", s.early_events},
+        {"import_unknown_worker", g->unknown_worker},
+        {"gaps", g->gaps},
+        {"repairs_asked", g->repairs_asked},
+        {"repaired", g->repaired},
+        {"lookups", g->lookups},
+        {"reconciled", s.reconciled},
+        {"pages_sent", g->pages_sent},
+        {"pages_received", g->pages_received},
+        {"snapshots_served", g->snapshots_served},
+        {"held_dropped", rd->held_dropped},
+        {"resends", g->resends},
+        {"resyncs", g->resyncs},
+        {"orphans_answered", g->orphans_answered},
+        {"gossip_dropped_by_test_knob", g->dropped_by_knob},
+    };
+    json_object_set_new(obj, "synced", json_boolean(g->synced));
+    json_object_set_new(obj, "gossip_bytes_per_decision",
+                        json_real(g->sent ? (double)g->sent_bytes / (double)g->sent : 0.0));
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        kvr_json_u64(obj, counters[i].name, counters[i].value);
+    digest(rd, obj);
+}

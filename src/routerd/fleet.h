@@ -1,0 +1,106 @@
+/*
+ * Replication among the routers of a fleet, its bookkeeping half (docs/architecture.md, "A fleet
+ * of routers"): the peers, gossip (each booking this router makes goes out as one Gossip message
+ * with (router id, epoch, seq); a hello every hello period carries the last seq), importing
+ * peers' decisions, seq gaps asked to be repaired, anti-entropy from worker heartbeats, and who
+ * answers a client whose request failed (its origin; when the origin is silent, the live router
+ * with the smallest id, after a grace period). Snapshots and repairs travel in sync.c.
+ *
+ * Invariants: at most KVR_FLEET_MAX_PEERS peers, kept for the process's life (pending requests
+ * point at them); a peer's epoch only grows; seqs this router sent are kept in a ring of
+ * KVR_FLEET_RING for repairs. Everything here runs under the state mutex.
+ */
+#ifndef KVR_RD_FLEET_H
+#define KVR_RD_FLEET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <uthash.h>
+
+#include "codec.h"
+#include "state.h"
+
+#define KVR_FLEET_RING      65536u /* decisions an origin can still repair */
+#define KVR_FLEET_MAX_PEERS 1024u  /* routers remembered */
+
+/* Another router of the fleet, as its gossip shows it. */
+struct kvr_peer {
+    char id[KVR_RD_ID_MAX]; /* */
+    uint64_t epoch;         /* its incarnation (start time); a larger one is a restart */
+    uint64_t next_seq;      /* the next decision seq expected from it */
+    uint64_t heard_ns;      /* its last message; silent for 3.5 hellos = gone */
+    bool serving;           /* it takes requests */
+    UT_hash_handle hh;      /* by id */
+};
+
+struct kvr_fleet_ring_slot {
+    uint64_t seq, key;
+};
+
+struct kvr_fleet {
+    uint64_t epoch;                   /* this incarnation */
+    uint64_t seq;                     /* the last decision seq sent */
+    struct kvr_fleet_ring_slot *ring; /* seq -> request key of the last decisions */
+    struct kvr_peer *peers;           /* by id */
+    uint32_t npeers;                  /* */
+    uint64_t next_hello_ns;           /* */
+    uint64_t tokens;                  /* question tokens handed out */
+    bool synced;                      /* the snapshot is applied (or nobody could be asked) */
+    bool syncing;                     /* a snapshot is awaited */
+    bool resync;                      /* a later snapshot: it replaces the index on arrival */
+    uint64_t sync_token;              /* the awaited snapshot's token */
+    uint64_t sync_deadline;           /* give up then (gossip and heartbeats fill in) */
+    uint64_t sync_ms;                 /* how long the start-up snapshot took */
+    char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
+    /* counters */
+    uint64_t decided, sent, sent_bytes, dropped_by_knob;   /* decisions gossiped */
+    uint64_t received, received_bytes, bad, stale;         /* gossip from peers */
+    uint64_t imported, late, unknown_worker, lost;         /* decisions applied from peers */
+    uint64_t gaps, repairs_asked, repaired, lookups;       /* recovery */
+    uint64_t pages_sent, pages_received, snapshots_served; /* */
+    uint64_t resends, resyncs, orphans_answered;           /* */
+};
+
+/* Create rd->fleet (subjects from rd->cfg). */
+kvr_status kvr_fleet_create(struct kvr_rd *rd);
+void kvr_fleet_destroy(struct kvr_rd *rd);
+
+bool kvr_fleet_peer_alive(const struct kvr_rd *rd, const struct kvr_peer *p, uint64_t now);
+/* A live peer that serves (so it has the fleet's state), a different one from call to call. */
+struct kvr_peer *kvr_fleet_serving_peer(struct kvr_rd *rd, uint64_t now);
+
+/* Ask subject a question q (a SyncRequest) to be answered on this router's pages subject. */
+void kvr_fleet_ask(struct kvr_rd *rd, const char *subject, struct kvr_wire_sync *q);
+/* The same, of peer p directly (kv.<ns>.router.sync.<its id>). */
+void kvr_fleet_ask_peer(struct kvr_rd *rd, const struct kvr_peer *p, struct kvr_wire_sync *q);
+
+/* This router booked p: gossip it. */
+void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p);
+
+/* A peer's decision d (gossip, snapshot, repair): book it and keep who answers for it. */
+void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,
+                      bool repair);
+
+/*
+ * p failed (its worker died, or it never reached it) with st. Its origin tells the client; when
+ * the origin is silent, the live router with the smallest id does, after a grace period in which
+ * the origin may come back and place it again. p is dropped (or kept for that grace period).
+ */
+void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st);
+
+/* A worker heartbeat listing the requests it holds (anti-entropy). */
+void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *keys, uint32_t n,
+                         uint32_t interval_ms, uint64_t now);
+
+/* Periodic work: hellos, orphans whose grace is over. */
+void kvr_fleet_tick(struct kvr_rd *rd, uint64_t now);
+
+/* A message on the gossip subject (takes mu; publishes). */
+void kvr_fleet_on_gossip(struct kvr_rd *rd, const void *data, size_t len);
+
+/* The replication counters and the state digest, as members of obj. */
+void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj);
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * The router daemon's NATS link.
+ */
+#define _DEFAULT_SOURCE
+#include "link.h"
+
+#include <string.h>
+
+#include "api.h"
+#include "clock.h"
+#include "events.h"
+#include "fleet.h"
+#include "intake.h"
+#include "log.h"
+#include "sync.h"
+#include "timer.h"
+#include "util.h"
+
+#define DATA(msg) natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
+
+static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_intake_generate(l->rd, natsMsg_GetReply(msg), DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_intake_select(l->rd, natsMsg_GetReply(msg), DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_events_on_message(l->rd, natsMsg_GetSubject(msg), DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_fleet_on_gossip(l->rd, DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_sync_on_page(l->rd, DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_sync(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_sync_on_request(l->rd, natsMsg_GetReply(msg), DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_digest(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_api_on_digest(l->rd, natsMsg_GetReply(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_api_on_srv(l->rd, &l->svc, natsMsg_GetSubject(msg), natsMsg_GetReply(msg));
+    natsMsg_Destroy(msg);
+}
+
+kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
+{
+    memset(l, 0, sizeof *l);
+    l->rd = rd;
+    kvr_api_init(&l->svc, rd);
+    snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
+    snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
+    kvr_status st = kvr_connect(rd->cfg->nats, l->name_req, &l->nc_req);
+    if (st == KVR_OK)
+        st = kvr_connect(rd->cfg->nats, l->name_ev, &l->nc_ev);
+    if (st == KVR_OK)
+        rd->sink = kvr_nats_sink(l->nc_req);
+    return st;
+}
+
+/* Subscribe (queue group when queue is not NULL) with no pending limits. */
+static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const char *subject,
+                            const char *queue, natsMsgHandler cb, struct kvr_link *l)
+{
+    natsStatus s = queue ? natsConnection_QueueSubscribe(sub, nc, subject, queue, cb, l)
+                         : natsConnection_Subscribe(sub, nc, subject, cb, l);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+    return s;
+}
+
+static kvr_status failed(natsStatus s, const char *what)
+{
+    if (s != NATS_OK)
+        kvr_log(KVR_LOG_ERROR, "subscribe_failed", "what=%s error=\"%s\"", what,
+                natsStatus_GetText(s));
+    return kvr_nats_status(s);
+}
+
+kvr_status kvr_link_listen(struct kvr_link *l)
+{
+    const struct kvr_rd_config *c = l->rd->cfg;
+    const struct kvr_fleet *g = l->rd->fleet;
+    char subj[256];
+    kvr_subject(subj, sizeof subj, c->prefix, c->ns, "ev.>");
+    natsStatus s = subscribe(&l->sub_ev, l->nc_ev, subj, NULL, on_event, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip, NULL, on_gossip, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_pages, l->nc_ev, g->subj_pages, NULL, on_page, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_sync, l->nc_ev, g->subj_sync, NULL, on_sync, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_lookup, l->nc_ev, g->subj_lookup, NULL, on_sync, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_digest, l->nc_req, g->subj_digest, NULL, on_digest, l);
+    if (s == NATS_OK)
+        s = natsConnection_Flush(l->nc_ev);
+    if (s == NATS_OK)
+        s = natsConnection_Flush(l->nc_req);
+    return failed(s, "events");
+}
+
+kvr_status kvr_link_serve(struct kvr_link *l)
+{
+    natsStatus s =
+        subscribe(&l->sub_gen, l->nc_req, l->svc.ep[0].subject, "kvrouter", on_generate, l);
+    if (s == NATS_OK)
+        s = subscribe(&l->sub_sel, l->nc_req, l->svc.ep[1].subject, "kvrouter", on_select, l);
+    char srv[3][256];
+    kvr_service_subjects(&l->svc, srv);
+    for (int i = 0; i < 3 && s == NATS_OK; i++)
+        s = subscribe(&l->sub_srv[i], l->nc_req, srv[i], NULL, on_srv, l);
+    if (s == NATS_OK)
+        s = natsConnection_Flush(l->nc_req);
+    if (s == NATS_OK) {
+        pthread_mutex_lock(&l->rd->mu);
+        l->rd->serving = true;
+        pthread_mutex_unlock(&l->rd->mu);
+    }
+    return failed(s, "requests");
+}
+
+/* Timer thread: whether the events connection was cut since the last look. */
+static bool events_were_cut(struct kvr_link *l)
+{
+    uint64_t reconnects = 0;
+    if (!l->stats || natsConnection_GetStats(l->nc_ev, l->stats) != NATS_OK ||
+        natsStatistics_GetCounts(l->stats, NULL, NULL, NULL, NULL, &reconnects) != NATS_OK)
+        return false;
+    bool cut = reconnects != l->reconnects;
+    l->reconnects = reconnects;
+    return cut;
+}
+
+static void *timer_thread(void *arg)
+{
+    struct kvr_link *l = arg;
+    events_were_cut(l);
+    for (;;) {
+        kvr_sleep_ns(l->rd->cfg->tick_ns);
+        pthread_mutex_lock(&l->rd->mu);
+        bool stop = l->stopping;
+        pthread_mutex_unlock(&l->rd->mu);
+        if (stop)
+            break;
+        bool up = natsConnection_Status(l->nc_ev) == NATS_CONN_STATUS_CONNECTED;
+        kvr_timer_tick(l->rd, kvr_now_ns(), up, events_were_cut(l));
+    }
+    nats_ReleaseThreadMemory();
+    return NULL;
+}
+
+kvr_status kvr_link_start_timer(struct kvr_link *l)
+{
+    if (natsStatistics_Create(&l->stats) != NATS_OK)
+        return KVR_ERR_NOMEM;
+    if (pthread_create(&l->timer, NULL, timer_thread, l))
+        return KVR_ERR_NOMEM;
+    l->timer_running = true;
+    return KVR_OK;
+}
+
+void kvr_link_stop_timer(struct kvr_link *l)
+{
+    if (!l->timer_running)
+        return;
+    pthread_mutex_lock(&l->rd->mu);
+    l->stopping = true;
+    pthread_mutex_unlock(&l->rd->mu);
+    pthread_join(l->timer, NULL);
+    l->timer_running = false;
+}
+
+void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms)
+{
+    natsSubscription *subs[] = {l->sub_gen, l->sub_sel};
+    for (int i = 0; i < 2; i++)
+        if (subs[i])
+            natsSubscription_Drain(subs[i]);
+    for (int i = 0; i < 2; i++)
+        if (subs[i])
+            natsSubscription_WaitForDrainCompletion(subs[i], timeout_ms);
+}
+
+void kvr_link_close(struct kvr_link *l)
+{
+    if (l->nc_req)
+        natsConnection_FlushTimeout(l->nc_req, 2000);
+    natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages, l->sub_sync,
+                                l->sub_lookup, l->sub_digest, l->sub_gen,   l->sub_sel,
+                                l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        if (subs[i]) {
+            natsSubscription_Unsubscribe(subs[i]);
+            natsSubscription_Destroy(subs[i]);
+        }
+    }
+    natsConnection_Destroy(l->nc_req);
+    natsConnection_Destroy(l->nc_ev);
+    natsStatistics_Destroy(l->stats);
+    memset(l, 0, sizeof *l);
+}

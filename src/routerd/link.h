@@ -1,0 +1,47 @@
+/*
+ * The router daemon's NATS link: its two connections (requests and forwards on one, the event
+ * stream on the other: NATS-NOTES.md), every subscription from subscribe to destroy, the delivery
+ * callbacks that turn a natsMsg into a call of a handler module (intake, events, fleet, sync,
+ * api), the sink that publishes the outbox, and the timer thread. The only part of the router
+ * daemon that includes <nats.h>; natsStatus becomes kvr_status here (kvr_nats_status).
+ */
+#ifndef KVR_RD_LINK_H
+#define KVR_RD_LINK_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include <nats/nats.h>
+
+#include "service.h"
+#include "state.h"
+
+struct kvr_link {
+    struct kvr_rd *rd;              /* borrowed */
+    struct kvr_service svc;         /* the $SRV description */
+    natsConnection *nc_req, *nc_ev; /* */
+    natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
+    natsSubscription *sub_gen, *sub_sel, *sub_srv[3];
+    natsStatistics *stats;            /* timer thread only */
+    uint64_t reconnects;              /* of the events connection, as last seen (timer thread) */
+    pthread_t timer;                  /* */
+    bool timer_running;               /* */
+    volatile bool stopping;           /* under rd->mu */
+    char name_req[300], name_ev[300]; /* connection names (they outlive the connections) */
+};
+
+/* Connect both connections (retrying until the server answers); rd->sink becomes nc_req's. */
+kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd);
+/* Subscribe to the event stream and the replication subjects (before the warm-up). */
+kvr_status kvr_link_listen(struct kvr_link *l);
+/* Join the request queue group and answer $SRV (after the warm-up and the snapshot). */
+kvr_status kvr_link_serve(struct kvr_link *l);
+/* Start and stop the timer thread. */
+kvr_status kvr_link_start_timer(struct kvr_link *l);
+void kvr_link_stop_timer(struct kvr_link *l);
+/* Drain the request subscriptions (the queue group's other members take new requests). */
+void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms);
+/* Flush what is buffered, unsubscribe and close everything. */
+void kvr_link_close(struct kvr_link *l);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * Placing requests on workers.
+ */
+#define _DEFAULT_SOURCE
+#include "place.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "clock.h"
+#include "fleet.h"
+#include "log.h"
+
+void kvr_place_forward(struct kvr_rd *rd, const struct kvr_pending *p, const void *raw, size_t len,
+                       uint64_t worker_id, uint32_t overlap)
+{
+    char subject[600];
+    snprintf(subject, sizeof subject, "%s%" PRIu64 ".generate", rd->subj_worker, worker_id);
+    if (kvr_wire_encode_worker_generate(&rd->buf, raw, len, p->key, overlap, rd->cfg->id) == KVR_OK)
+        kvr_outbox_add_request(&rd->out, subject, p->reply, rd->buf.data, rd->buf.len);
+    else
+        rd->out.dropped++; /* out of memory: anti-entropy places it again, or it expires */
+}
+
+/* Place p again (it never reached its worker). */
+static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
+{
+    struct kvr_wire_request q;
+    kvr_status st = kvr_wire_decode_generate(p->raw, p->rawlen, &rd->lim, &q);
+    if (st != KVR_OK) { /* it decoded once: only memory can fail now */
+        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+        kvr_pending_drop(&rd->pend, p);
+        kvr_wire_request_free(&q);
+        return;
+    }
+    struct kvr_request req = {p->key, q.tokens, q.ntokens, q.max_tokens, q.ov, false};
+    struct kvr_decision d;
+    p->attempts++;
+    rd->placed_again++;
+    st = kvr_router_route(rd->core, &req, kvr_now_ns(), &d);
+    if (st == KVR_OK && !d.queued) {
+        p->worker_id = d.worker_id;
+        kvr_place_forward(rd, p, p->raw, p->rawlen, d.worker_id, d.overlap_blocks);
+        kvr_fleet_decided(rd, p);
+    }
+    char id[128];
+    kvr_log(KVR_LOG_INFO, "request_placed_again", "request=\"%s\" worker=%" PRIu64 " status=\"%s\"",
+            kvr_log_safe(id, sizeof id, p->request_id), st == KVR_OK ? d.worker_id : 0,
+            st == KVR_OK && d.queued ? "queued" : kvr_status_str(st));
+    if (st != KVR_OK) {
+        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+        kvr_pending_drop(&rd->pend, p);
+    }
+    kvr_wire_request_free(&q);
+}
+
+/* A queued request found a worker. */
+static void placed(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_deferred *ev)
+{
+    if (!p || !p->raw || p->worker_id)
+        return;
+    p->worker_id = ev->worker_id;
+    kvr_place_forward(rd, p, p->raw, p->rawlen, ev->worker_id, ev->overlap_blocks);
+    kvr_fleet_decided(rd, p);
+}
+
+/* A request left the core unserved (rejected from the queue, failed, expired). */
+static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_deferred *ev)
+{
+    if (!p)
+        return;
+    bool never_started = ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED;
+    if (!p->origin && p->raw && p->attempts < KVR_PLACE_MAX_AGAIN && never_started &&
+        kvr_pending_place_later(&rd->pend, p) == KVR_OK)
+        return; /* it never started: another worker can take it */
+    char id[128];
+    kvr_log(KVR_LOG_WARN, "request_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
+            kvr_log_safe(id, sizeof id, p->request_id), ev->worker_id, kvr_status_str(ev->status));
+    kvr_fleet_failed(rd, p, ev->status);
+}
+
+static void handle(struct kvr_rd *rd, const struct kvr_rd_deferred *ev)
+{
+    struct kvr_pending *p = ev->request_id ? kvr_pending_find(&rd->pend, ev->request_id) : NULL;
+    switch (ev->kind) {
+    case KVR_EV_PLACED:
+        placed(rd, p, ev);
+        break;
+    case KVR_EV_REJECTED:
+    case KVR_EV_FAILED:
+    case KVR_EV_EXPIRED:
+        ended(rd, p, ev);
+        break;
+    case KVR_EV_WORKER_LEFT:
+        kvr_log(KVR_LOG_WARN, "worker_left", "worker=%" PRIu64, ev->worker_id);
+        break;
+    }
+}
+
+void kvr_place_settle(struct kvr_rd *rd)
+{
+    for (;;) {
+        for (uint32_t i = 0; i < rd->ndeferred; i++) {
+            struct kvr_rd_deferred ev = rd->deferred[i]; /* handling may grow the array */
+            handle(rd, &ev);
+        }
+        rd->ndeferred = 0;
+        const uint64_t *keys;
+        uint32_t n = kvr_pending_take_again(&rd->pend, &keys);
+        for (uint32_t i = 0; i < n; i++) {
+            struct kvr_pending *p = kvr_pending_find(&rd->pend, keys[i]);
+            if (p && p->raw)
+                place_again(rd, p);
+        }
+        if (!rd->ndeferred && !rd->pend.nagain)
+            break;
+    }
+}

@@ -1,0 +1,111 @@
+/*
+ * kvr_routerd: the router daemon's lifecycle.
+ */
+#define _DEFAULT_SOURCE
+#include "routerd.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "fleet.h"
+#include "link.h"
+#include "log.h"
+#include "place.h"
+#include "sync.h"
+
+struct kvr_routerd {
+    struct kvr_rd rd;
+    struct kvr_link link;
+};
+
+static kvr_status no_sink(void *ctx, const struct kvr_outmsg *m)
+{
+    return KVR_ERR_IO; /* before the connection exists nothing can be sent */
+}
+
+struct kvr_routerd *kvr_routerd_create(const struct kvr_rd_config *cfg, kvr_status *st)
+{
+    struct kvr_routerd *d = calloc(1, sizeof *d);
+    *st = d ? kvr_rd_init(&d->rd, cfg, (struct kvr_sink){no_sink, NULL}) : KVR_ERR_NOMEM;
+    if (*st == KVR_OK)
+        *st = kvr_fleet_create(&d->rd);
+    if (*st != KVR_OK && d) {
+        kvr_fleet_destroy(&d->rd);
+        kvr_rd_free(&d->rd);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/*
+ * Learn the fleet before taking requests: a router that knows no worker yet would answer "no
+ * workers" while its peers could serve. Workers and peers announce themselves periodically:
+ * listen one announcement period past the first worker (at most the warm-up).
+ */
+static void warm_up(struct kvr_rd *rd)
+{
+    uint64_t end = kvr_now_ns() + rd->cfg->warmup_ns, seen_at = 0;
+    while (kvr_now_ns() < end) {
+        pthread_mutex_lock(&rd->mu);
+        struct kvr_router_stats st;
+        kvr_router_stats(rd->core, &st);
+        uint64_t hb = (uint64_t)rd->hb_interval_ms * KVR_NS_PER_MS;
+        uint64_t period = hb > rd->cfg->hello_ns ? hb : rd->cfg->hello_ns;
+        pthread_mutex_unlock(&rd->mu);
+        if (st.workers && !seen_at)
+            seen_at = kvr_now_ns();
+        if (seen_at && kvr_now_ns() > seen_at + period * 11 / 10)
+            break;
+        kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    }
+}
+
+kvr_status kvr_routerd_start(struct kvr_routerd *d)
+{
+    kvr_status st = kvr_link_connect(&d->link, &d->rd);
+    if (st == KVR_OK)
+        st = kvr_link_listen(&d->link);
+    if (st != KVR_OK)
+        return st;
+    warm_up(&d->rd);
+    kvr_sync_start(&d->rd);
+    st = kvr_link_serve(&d->link);
+    if (st == KVR_OK)
+        st = kvr_link_start_timer(&d->link);
+    return st;
+}
+
+void kvr_routerd_drain(struct kvr_routerd *d)
+{
+    struct kvr_rd *rd = &d->rd;
+    kvr_link_drain_requests(&d->link, 10000);
+    uint64_t deadline = kvr_now_ns() + rd->cfg->drain_timeout_ns;
+    for (;;) {
+        pthread_mutex_lock(&rd->mu);
+        uint32_t waiting = kvr_router_queue_len(rd->core);
+        pthread_mutex_unlock(&rd->mu);
+        if (!waiting || kvr_now_ns() > deadline)
+            break;
+        kvr_sleep_ns(20 * KVR_NS_PER_MS);
+    }
+    kvr_rd_flush(rd);
+}
+
+void kvr_routerd_destroy(struct kvr_routerd *d)
+{
+    if (!d)
+        return;
+    kvr_link_stop_timer(&d->link);
+    kvr_rd_flush(&d->rd);
+    struct kvr_router_stats s;
+    kvr_router_stats(d->rd.core, &s);
+    kvr_link_close(&d->link);
+    kvr_log(KVR_LOG_INFO, "router_stopped",
+            "decisions=%" PRIu64 " rejected=%" PRIu64 " inflight_left=%u", s.decisions, s.rejected,
+            s.inflight);
+    kvr_fleet_destroy(&d->rd);
+    kvr_rd_free(&d->rd);
+    free(d);
+}

@@ -1,0 +1,93 @@
+/*
+ * The router daemon's shared state.
+ */
+#define _DEFAULT_SOURCE
+#include "state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "grow.h"
+#include "log.h"
+
+/* The core's callback: record, never act (the core must not be re-entered from here). */
+static void on_core_event(void *ctx, const struct kvr_event *ev)
+{
+    struct kvr_rd *rd = ctx;
+    if (!KVR_GROW(rd->deferred, rd->capdeferred, rd->ndeferred + 1, 64)) {
+        rd->deferred_lost++;
+        kvr_log(KVR_LOG_ERROR, "core_event_lost",
+                "kind=%d request=%016llx reason=\"out of memory\"", (int)ev->kind,
+                (unsigned long long)ev->request_id);
+        return;
+    }
+    rd->deferred[rd->ndeferred++] =
+        (struct kvr_rd_deferred){ev->kind, ev->request_id, ev->worker_id, ev->status,
+                                 ev->decision ? ev->decision->overlap_blocks : 0};
+}
+
+kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struct kvr_sink sink)
+{
+    memset(rd, 0, sizeof *rd);
+    rd->cfg = cfg;
+    rd->sink = sink;
+    pthread_mutex_init(&rd->mu, NULL);
+    struct kvr_router_config c = cfg->core;
+    c.seed = c.seed ? c.seed : kvr_realtime_ns();
+    c.on_event = on_core_event;
+    c.event_ctx = rd;
+    kvr_status st;
+    rd->core = kvr_router_create(&c, &st);
+    if (!rd->core)
+        return st;
+    /* every request the core holds, in flight or queued, plus orphans within their grace */
+    kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
+    kvr_reply_init(&rd->generate, "generate", 0);
+    kvr_reply_init(&rd->select, "select", 0);
+    rd->lim = (struct kvr_wire_limits){c.max_prompt_tokens, cfg->max_output_tokens};
+    snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->prefix, cfg->ns);
+    return KVR_OK;
+}
+
+void kvr_rd_free(struct kvr_rd *rd)
+{
+    kvr_router_destroy(rd->core);
+    kvr_pending_clear(&rd->pend);
+    kvr_outbox_free(&rd->out);
+    kvr_buf_free(&rd->buf);
+    kvr_reply_free(&rd->generate);
+    kvr_reply_free(&rd->select);
+    for (uint32_t i = 0; i < rd->nheld; i++)
+        free(rd->held[i].data);
+    free(rd->held);
+    free(rd->deferred);
+    pthread_mutex_destroy(&rd->mu);
+    memset(rd, 0, sizeof *rd);
+}
+
+void kvr_rd_flush(struct kvr_rd *rd)
+{
+    struct kvr_outbox local = {0};
+    pthread_mutex_lock(&rd->mu);
+    kvr_outbox_swap(&local, &rd->out);
+    pthread_mutex_unlock(&rd->mu);
+    kvr_outbox_flush(&local, &rd->sink);
+    kvr_outbox_free(&local);
+}
+
+bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)
+{
+    if (!rd->holding)
+        return false;
+    uint8_t *copy = rd->nheld < KVR_RD_HELD_MAX ? malloc(len ? len : 1) : NULL;
+    if (!copy || !KVR_GROW(rd->held, rd->capheld, rd->nheld + 1, 1024)) {
+        free(copy);
+        rd->held_dropped++; /* applied now instead: at worst a stale entry until evicted */
+        return false;
+    }
+    if (len)
+        memcpy(copy, data, len);
+    rd->held[rd->nheld++] = (struct kvr_rd_held){worker_id, copy, len};
+    return true;
+}

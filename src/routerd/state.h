@@ -1,0 +1,90 @@
+/*
+ * The router daemon's shared state (struct kvr_rd): the routing core, the pending requests, the
+ * outbox and the endpoints' reply counters, all behind one mutex, which every handler takes
+ * around its whole read-decide-book step and releases before publishing (kvr_rd_flush sends the
+ * outbox through the sink: NATS in the daemon, a recorder in unit tests and fuzz targets).
+ *
+ * The core reports outcomes (a queued request placed or rejected, a request failed or expired)
+ * through a callback from inside the call that caused them, and must not be called back from
+ * there. So the callback only records them (kvr_rd.deferred); place.c handles them once the core
+ * call has returned (kvr_place_settle). Nothing calls the core from inside a core callback.
+ *
+ * Threads: nats.c's delivery threads and the timer thread; every field marked "under mu" is read
+ * and written with mu held.
+ */
+#ifndef KVR_RD_STATE_H
+#define KVR_RD_STATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "codec.h"
+#include "config.h"
+#include "kvr/router.h"
+#include "outbox.h"
+#include "pending.h"
+#include "reply.h"
+
+struct kvr_fleet; /* fleet.h: replication */
+
+/* A core event recorded by the callback, handled after the core call (kvr_place_settle). */
+struct kvr_rd_deferred {
+    enum kvr_event_kind kind; /* */
+    uint64_t request_id;      /* */
+    uint64_t worker_id;       /* */
+    kvr_status status;        /* */
+    uint32_t overlap_blocks;  /* PLACED: the decision's cached prefix */
+};
+
+/* A KV event held back while a snapshot is applied (replayed after it, in order). */
+struct kvr_rd_held {
+    uint64_t worker_id;
+    uint8_t *data; /* owned */
+    size_t len;
+};
+
+#define KVR_RD_HELD_MAX                                                                            \
+    (1u << 20) /* KV events held during a snapshot; past it, applied at once                       \
+                */
+
+struct kvr_rd {
+    const struct kvr_rd_config *cfg;  /* must outlive the state */
+    pthread_mutex_t mu;               /* */
+    struct kvr_sink sink;             /* where kvr_rd_flush publishes */
+    struct kvr_router *core;          /* under mu */
+    struct kvr_pending_table pend;    /* under mu */
+    struct kvr_outbox out;            /* under mu */
+    struct kvr_buf buf;               /* encoding scratch, under mu */
+    struct kvr_reply generate;        /* the generate endpoint's answers and counters, under mu */
+    struct kvr_reply select;          /* the select endpoint's, under mu */
+    struct kvr_wire_limits lim;       /* decoding limits (constant after init) */
+    struct kvr_fleet *fleet;          /* replication (fleet.c), under mu */
+    struct kvr_rd_deferred *deferred; /* core events to handle, under mu */
+    uint32_t ndeferred, capdeferred;  /* */
+    uint64_t deferred_lost;           /* core events lost to memory shortage (logged) */
+    struct kvr_rd_held *held;         /* KV events held during a snapshot, under mu */
+    uint32_t nheld, capheld;          /* */
+    bool holding;                     /* a snapshot is being applied: hold KV events */
+    uint64_t held_dropped;            /* KV events applied at once: the hold was full */
+    uint64_t ev_errors;               /* malformed or unknown worker events, under mu */
+    uint64_t placed_again;            /* requests placed again (lost on the way), under mu */
+    uint32_t hb_interval_ms;          /* the longest heartbeat interval announced, under mu */
+    bool serving;                     /* it takes requests (joined the queue group), under mu */
+    bool blind;                       /* the events connection is down (timer thread only) */
+    uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
+    char subj_worker[528];            /* "<prefix>.<ns>.worker." */
+};
+
+/* Set up rd for cfg (borrowed, must outlive it) publishing through sink: the core and tables. */
+kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struct kvr_sink sink);
+void kvr_rd_free(struct kvr_rd *rd);
+
+/* Publish what the outbox holds (takes and releases mu; call without it). */
+void kvr_rd_flush(struct kvr_rd *rd);
+
+/* Under mu: hold a KV event back while a snapshot is applied; false when not holding. */
+bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);
+
+#endif

@@ -1,0 +1,264 @@
+/*
+ * Replication: snapshots, repairs and lookups.
+ */
+#define _DEFAULT_SOURCE
+#include "sync.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "events.h"
+#include "fleet.h"
+#include "log.h"
+
+#define SYNC_PAGE_BYTES (256u * 1024u) /* a page, well under NATS's 1 MB payload */
+#define SYNC_TRIES      2
+
+/* --- serving ------------------------------------------------------------------------------- */
+
+struct pager {
+    struct kvr_rd *rd;
+    struct kvr_page page;
+    struct kvr_buf buf;
+    struct kvr_outbox out; /* published after mu is released */
+    const char *reply;
+    uint64_t token;
+    uint32_t records;
+};
+
+static void pager_flush(struct pager *pg, bool last)
+{
+    if (kvr_page_encode(&pg->page, &pg->buf, last, pg->token) == KVR_OK) {
+        kvr_outbox_add(&pg->out, pg->reply, pg->buf.data, pg->buf.len, KVR_OK);
+        pg->rd->fleet->pages_sent++;
+    }
+}
+
+static void pager_record(void *ctx, const struct kvr_request_record *rec)
+{
+    struct pager *pg = ctx;
+    struct kvr_rd *rd = pg->rd;
+    const struct kvr_pending *p = kvr_pending_find(&rd->pend, rec->request_id);
+    const char *origin = p && p->origin ? p->origin->id : rd->cfg->id;
+    if (kvr_page_add_decision(&pg->page, rec, p ? p->reply : NULL, p ? p->request_id : NULL,
+                              origin) != KVR_OK)
+        return;
+    pg->records++;
+    if (pg->page.approx > SYNC_PAGE_BYTES)
+        pager_flush(pg, false);
+}
+
+static void pager_entry(void *ctx, const struct kvr_index_record *rec)
+{
+    struct pager *pg = ctx;
+    if (kvr_page_add_entry(&pg->page, rec) == KVR_OK && pg->page.approx > SYNC_PAGE_BYTES)
+        pager_flush(pg, false);
+}
+
+static void pager_key(struct pager *pg, uint64_t key)
+{
+    struct kvr_request_record rec;
+    if (kvr_router_export(pg->rd->core, key, &rec) == KVR_OK)
+        pager_record(pg, &rec);
+}
+
+/* Under mu: answer q into pg. */
+static void serve(struct kvr_rd *rd, const struct kvr_wire_sync *q, struct pager *pg)
+{
+    struct kvr_fleet *g = rd->fleet;
+    if (q->full) {
+        kvr_router_export_requests(rd->core, pager_record, pg);
+        kvr_router_export_index(rd->core, pager_entry, pg, kvr_now_ns());
+        pager_flush(pg, true);
+        g->snapshots_served++;
+    } else if (q->nkeys) {
+        for (uint32_t i = 0; i < q->nkeys; i++)
+            pager_key(pg, q->keys[i]);
+        if (pg->records) /* those who know nothing stay silent */
+            pager_flush(pg, true);
+    } else if (q->epoch == g->epoch && q->from_seq <= q->to_seq) {
+        uint64_t from = q->from_seq, to = q->to_seq < g->seq ? q->to_seq : g->seq;
+        if (to >= from && to - from >= KVR_FLEET_RING)
+            from = to - KVR_FLEET_RING + 1; /* older ones are overwritten in the ring anyway */
+        for (uint64_t s = from; s <= to; s++) {
+            const struct kvr_fleet_ring_slot *slot = &g->ring[s % KVR_FLEET_RING];
+            if (slot->seq == s)
+                pager_key(pg, slot->key); /* requests already done are not repaired */
+        }
+        pager_flush(pg, true);
+    }
+}
+
+void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
+{
+    struct kvr_wire_sync q;
+    kvr_status st = kvr_wire_decode_sync(data, len, &q);
+    struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
+    kvr_page_init(&pg.page);
+    pthread_mutex_lock(&rd->mu);
+    if (st != KVR_OK || !reply || !*reply)
+        rd->fleet->bad++;
+    else
+        serve(rd, &q, &pg);
+    pthread_mutex_unlock(&rd->mu);
+    if (st == KVR_OK && q.full)
+        kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u", pg.records, pg.out.n);
+    kvr_outbox_flush(&pg.out, &rd->sink);
+    kvr_outbox_free(&pg.out);
+    kvr_page_free(&pg.page);
+    kvr_buf_free(&pg.buf);
+    if (st == KVR_OK)
+        kvr_wire_sync_free(&q);
+}
+
+/* --- receiving ----------------------------------------------------------------------------- */
+
+struct page_ctx {
+    struct kvr_rd *rd;
+    uint64_t now;
+    bool snapshot; /* the pages of the snapshot this router is waiting for */
+};
+
+static void page_decision(void *ctx, const struct kvr_wire_decision *d)
+{
+    struct page_ctx *c = ctx;
+    kvr_fleet_import(c->rd, d, c->now, !c->snapshot);
+}
+
+static void page_entry(void *ctx, const struct kvr_index_record *e)
+{
+    struct page_ctx *c = ctx;
+    if (c->snapshot)
+        kvr_router_import_index(c->rd->core, e, c->now);
+}
+
+/* Under mu: the snapshot is in (or will not come): replay the held KV events, in order. */
+static void finish(struct kvr_rd *rd, bool complete)
+{
+    struct kvr_fleet *g = rd->fleet;
+    uint32_t held = rd->nheld;
+    rd->holding = false;
+    for (uint32_t i = 0; i < rd->nheld; i++) {
+        kvr_status st =
+            kvr_events_apply_kv(rd, rd->held[i].worker_id, rd->held[i].data, rd->held[i].len);
+        rd->ev_errors += st == KVR_ERR_MALFORMED || st == KVR_ERR_TOO_LARGE;
+        free(rd->held[i].data);
+    }
+    rd->nheld = 0;
+    g->syncing = false;
+    if (complete)
+        g->synced = true;
+    struct kvr_router_stats s;
+    kvr_router_stats(rd->core, &s);
+    kvr_log(complete ? KVR_LOG_INFO : KVR_LOG_WARN, complete ? "synced" : "sync_incomplete",
+            "requests=%u index_entries=%u held_events=%u", s.inflight, s.index_entries, held);
+}
+
+void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
+{
+    bool last = false;
+    uint64_t token = 0;
+    pthread_mutex_lock(&rd->mu);
+    struct kvr_fleet *g = rd->fleet;
+    /* while a snapshot is awaited, pages are taken as its (repair pages carry no index entries) */
+    uint64_t expect = g->syncing ? g->sync_token : 0;
+    struct page_ctx c = {rd, kvr_now_ns(), expect != 0};
+    if (expect && g->resync &&
+        kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) == KVR_OK &&
+        token == expect) { /* the snapshot's index replaces the one with holes in it */
+        kvr_router_index_clear(rd->core);
+        g->resync = false;
+    }
+    kvr_status st = kvr_wire_decode_page(data, len, page_decision, page_entry, &c, &last, &token);
+    if (st != KVR_OK) {
+        g->bad++;
+    } else {
+        g->pages_received++;
+        if (expect && token == expect && last)
+            finish(rd, true);
+    }
+    pthread_mutex_unlock(&rd->mu);
+    kvr_rd_flush(rd);
+}
+
+/* Under mu: hold KV events back and ask peer from for everything. */
+static void ask_snapshot(struct kvr_rd *rd, const struct kvr_peer *from)
+{
+    struct kvr_fleet *g = rd->fleet;
+    g->syncing = true;
+    rd->holding = true;
+    g->sync_deadline = kvr_now_ns() + rd->cfg->sync_timeout_ns;
+    struct kvr_wire_sync q = {.full = true};
+    kvr_fleet_ask_peer(rd, from, &q);
+    g->sync_token = q.token;
+    kvr_log(KVR_LOG_INFO, "snapshot_asked", "peer=%s", from->id);
+}
+
+void kvr_sync_resync(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = rd->fleet;
+    struct kvr_peer *from = rd->cfg->gossip && g->synced && !g->syncing
+                                ? kvr_fleet_serving_peer(rd, kvr_now_ns())
+                                : NULL;
+    if (!from)
+        return;
+    g->resync = true;
+    g->resyncs++;
+    ask_snapshot(rd, from);
+    kvr_log(KVR_LOG_INFO, "resync", "reason=\"connection back\"");
+}
+
+void kvr_sync_tick(struct kvr_rd *rd, uint64_t now)
+{
+    struct kvr_fleet *g = rd->fleet;
+    if (g->syncing && g->synced && now > g->sync_deadline)
+        finish(rd, false);
+}
+
+/* Without mu: wait for the snapshot asked; true once applied, false past its deadline. */
+static bool await_snapshot(struct kvr_rd *rd, bool last_try)
+{
+    struct kvr_fleet *g = rd->fleet;
+    for (;;) {
+        kvr_sleep_ns(2 * KVR_NS_PER_MS);
+        pthread_mutex_lock(&rd->mu);
+        bool done = g->synced, late = kvr_now_ns() > g->sync_deadline;
+        if (!done && late && last_try)
+            finish(rd, false); /* go on: gossip, lookups and heartbeats fill in */
+        pthread_mutex_unlock(&rd->mu);
+        if (done || late)
+            return done;
+    }
+}
+
+void kvr_sync_start(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = rd->fleet;
+    uint64_t t0 = kvr_now_ns();
+    for (int attempt = 0; attempt < SYNC_TRIES; attempt++) {
+        pthread_mutex_lock(&rd->mu);
+        struct kvr_peer *from = rd->cfg->gossip ? kvr_fleet_serving_peer(rd, kvr_now_ns()) : NULL;
+        if (!from) {
+            g->synced = true;
+            pthread_mutex_unlock(&rd->mu);
+            kvr_log(KVR_LOG_INFO, "sync_skipped", "reason=\"%s\"",
+                    rd->cfg->gossip ? "no serving peer" : "gossip off");
+            return;
+        }
+        ask_snapshot(rd, from);
+        pthread_mutex_unlock(&rd->mu);
+        kvr_rd_flush(rd);
+        if (await_snapshot(rd, attempt + 1 == SYNC_TRIES)) {
+            pthread_mutex_lock(&rd->mu);
+            g->sync_ms = (kvr_now_ns() - t0) / KVR_NS_PER_MS;
+            pthread_mutex_unlock(&rd->mu);
+            return;
+        }
+        kvr_log(KVR_LOG_WARN, "sync_timeout", "attempt=%d", attempt + 1);
+    }
+    pthread_mutex_lock(&rd->mu);
+    g->synced = true; /* anti-entropy from here on */
+    pthread_mutex_unlock(&rd->mu);
+}

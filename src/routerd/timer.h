@@ -1,0 +1,22 @@
+/*
+ * The router's housekeeping, every tick (--tick-ms): the core's timeouts and queue, requests to
+ * place again, replication's hellos, orphans and resync timeouts, and catching up after the
+ * events connection was cut (core NATS drops what a router misses meanwhile: once its
+ * subscriptions have had time to reach the whole cluster again, it takes a snapshot from a peer).
+ * Called by the timer thread (link.c) with what it saw of the events connection.
+ */
+#ifndef KVR_RD_TIMER_H
+#define KVR_RD_TIMER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "state.h"
+
+#define KVR_TIMER_CATCH_UP_NS 250000000ull /* interest propagation across a cluster, a margin */
+
+/* One tick at now: events_up (the events connection is connected), events_cut (it reconnected
+ * since the last tick). Takes mu; publishes. */
+void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut);
+
+#endif

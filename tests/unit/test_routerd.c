@@ -1,0 +1,402 @@
+/*
+ * The router daemon's state machines without NATS: intake, pending requests, re-placement,
+ * resend absorption, the queue, orphans and the reply discipline, driven through the handlers
+ * with real protobuf bytes and observed through a recording sink (what would have been published).
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "codec.h"
+#include "events.h"
+#include "fleet.h"
+#include "intake.h"
+#include "state.h"
+#include "timer.h"
+
+/* --- the recording sink ---------------------------------------------------------------------- */
+
+struct sent {
+    char subject[256];
+    char reply[256];
+    uint8_t *data;
+    size_t len;
+    kvr_status err;
+};
+
+static struct sent sent[4096];
+static size_t nsent;
+
+static kvr_status record(void *ctx, const struct kvr_outmsg *m)
+{
+    (void)ctx;
+    cr_assert(lt(sz, nsent, sizeof sent / sizeof sent[0]));
+    struct sent *s = &sent[nsent++];
+    snprintf(s->subject, sizeof s->subject, "%s", m->subject);
+    snprintf(s->reply, sizeof s->reply, "%s", m->reply ? m->reply : "");
+    s->data = malloc(m->len + 1);
+    memcpy(s->data, m->data, m->len);
+    s->len = m->len;
+    s->err = m->err;
+    return KVR_OK;
+}
+
+/* Messages sent to subject since index from; the last one in *last. */
+static int count_to(const char *subject, size_t from, const struct sent **last)
+{
+    int n = 0;
+    for (size_t i = from; i < nsent; i++) {
+        if (!strcmp(sent[i].subject, subject)) {
+            n++;
+            if (last)
+                *last = &sent[i];
+        }
+    }
+    return n;
+}
+
+/* Gossiped decisions (not hellos) since index from. */
+static int decisions_since(size_t from)
+{
+    int n = 0;
+    for (size_t i = from; i < nsent; i++) {
+        struct kvr_wire_gossip g;
+        if (strcmp(sent[i].subject, "kv.default.router.gossip") ||
+            kvr_wire_decode_gossip(sent[i].data, sent[i].len, &g) != KVR_OK)
+            continue;
+        n += g.kind == KVR_WIRE_GOSSIP_DECISION;
+        kvr_wire_gossip_free(&g);
+    }
+    return n;
+}
+
+/* --- the daemon state under test ----------------------------------------------------------- */
+
+static struct kvr_rd_config cfg;
+static struct kvr_rd rd;
+
+static void setup(void)
+{
+    nsent = 0;
+    kvr_rd_config_default(&cfg);
+    strcpy(cfg.id, "r1");
+    cfg.core.seed = 7;
+    cfg.hello_ns = 2 * KVR_NS_PER_MS;
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
+    rd.fleet->synced = true; /* nobody to take a snapshot from */
+    rd.serving = true;
+}
+
+static void teardown(void)
+{
+    kvr_fleet_destroy(&rd);
+    kvr_rd_free(&rd);
+    for (size_t i = 0; i < nsent; i++)
+        free(sent[i].data);
+}
+
+TestSuite(routerd, .init = setup, .fini = teardown, .timeout = 30);
+
+static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
+                      uint32_t interval_ms)
+{
+    struct kvr_wire_heartbeat h = {
+        .info = {.id = wid, .block_size = 64, .capacity_blocks = capacity},
+        .inflight = (uint64_t *)keys,
+        .ninflight = n,
+        .interval_ms = interval_ms};
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+static void worker_done(uint64_t wid, uint64_t key)
+{
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.done", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, 0), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* Send a GenerateRequest of n tokens from base with client id and reply subject. */
+static void generate(const char *reply, const char *id, uint32_t base, uint32_t n)
+{
+    uint32_t *t = malloc(n * sizeof *t);
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = base * 1000 + i;
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, n, 8, NULL), KVR_OK));
+    kvr_intake_generate(&rd, reply, b.data, b.len);
+    kvr_buf_free(&b);
+    free(t);
+}
+
+/* The error code in the final chunk m carries (and that it has the service error header). */
+static uint32_t error_in(const struct sent *m)
+{
+    struct kvr_wire_response r;
+    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
+    cr_assert(r.final, "an error is a final chunk");
+    uint32_t code = r.error_code;
+    cr_assert(eq(u32, (uint32_t)m->err, code), "the service error header carries the code");
+    kvr_wire_response_free(&r);
+    return code;
+}
+
+/* --- tests ----------------------------------------------------------------------------------- */
+
+Test(routerd, a_request_is_forwarded_booked_and_gossiped)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.c1", "req-1", 1, 256);
+    const struct sent *fwd = NULL;
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, &fwd), 1));
+    cr_assert(eq(str, (char *)fwd->reply, "_INBOX.c1"), "the client's reply subject is kept");
+    struct kvr_wire_request q;
+    uint64_t key = 0;
+    uint32_t overlap = 9;
+    struct kvr_wire_limits lim = {1 << 20, 1 << 16};
+    cr_assert(eq(int,
+                 kvr_wire_decode_worker_generate(fwd->data, fwd->len, &lim, &q, &key, &overlap),
+                 KVR_OK));
+    cr_assert(eq(str, q.request_id, "req-1"));
+    cr_assert(eq(u64, key, kvr_pending_key("_INBOX.c1", "req-1")));
+    kvr_wire_request_free(&q);
+    cr_assert(eq(int, decisions_since(0), 1), "one gossip per decision");
+    cr_assert(eq(u32, rd.pend.n, 1));
+    worker_done(1, key);
+    cr_assert(eq(u32, rd.pend.n, 0), "done frees the pending entry");
+}
+
+Test(routerd, a_resend_is_absorbed_not_routed_twice)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.c1", "same", 1, 128);
+    generate("_INBOX.c1", "same", 1, 128);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(u64, rd.fleet->resends, 1));
+    cr_assert(eq(u64, rd.generate.errors, 0), "a resend is no error");
+    generate("_INBOX.c2", "same", 1, 128); /* another client may use the same id */
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 2));
+}
+
+Test(routerd, every_refusal_is_answered_and_counted_by_code)
+{
+    generate("_INBOX.c1", "nobody", 1, 64);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.c1", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_NO_WORKERS));
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.c2", "empty", 1, 0);
+    cr_assert(eq(int, count_to("_INBOX.c2", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_EMPTY_PROMPT));
+    uint8_t junk[32];
+    memset(junk, 0xff, sizeof junk);
+    kvr_intake_generate(&rd, "_INBOX.c3", junk, sizeof junk);
+    cr_assert(eq(int, count_to("_INBOX.c3", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_MALFORMED));
+    size_t before = nsent;
+    generate(NULL, "no-reply", 1, 64); /* nobody to answer: counted, dropped */
+    cr_assert(eq(sz, nsent, before), "nothing is published without a reply subject");
+    cr_assert(eq(u64, rd.generate.errors, 4));
+    cr_assert(eq(u64, rd.generate.dropped, 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_WORKERS], 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_EMPTY_PROMPT], 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_MALFORMED], 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_INVALID], 1));
+    cr_assert(eq(u64, rd.generate.requests, 4));
+}
+
+Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
+{
+    heartbeat(1, 4096, NULL, 0, 1); /* a 1 ms interval: removed after 3.2 ms of silence */
+    generate("_INBOX.c1", "moves", 1, 256);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    heartbeat(2, 4096, NULL, 0, 1000);
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    size_t mark = nsent;
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false); /* worker 1 times out */
+    cr_assert(eq(int, count_to("kv.default.worker.2.generate", mark, NULL), 1),
+              "placed again on the live worker");
+    cr_assert(eq(int, count_to("_INBOX.c1", 0, NULL), 0), "the client hears no error");
+    cr_assert(eq(u64, rd.placed_again, 1));
+    cr_assert(eq(int, decisions_since(mark), 1), "the new decision");
+}
+
+Test(routerd, a_request_that_started_fails_to_its_client_once)
+{
+    heartbeat(1, 4096, NULL, 0, 1);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    generate("_INBOX.c1", "started", 1, 256);
+    const struct sent *fwd = NULL;
+    int on1 = count_to("kv.default.worker.1.generate", 0, &fwd);
+    uint64_t wid = on1 ? 1 : 2;
+    uint64_t key = kvr_pending_key("_INBOX.c1", "started");
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.tokens", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_tokens(&b, wid, key, KVR_WIRE_PREFILL_DONE), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len); /* its first token: it started */
+    kvr_buf_free(&b);
+    if (wid == 2) { /* make worker 2 the one that dies */
+        heartbeat(1, 4096, NULL, 0, 1000);
+        heartbeat(2, 4096, &key, 1, 1);
+    }
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.c1", 0, &m), 1), "exactly one answer");
+    cr_assert(eq(u32, error_in(m), KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, rd.placed_again, 0));
+    cr_assert(eq(u32, rd.pend.n, 0));
+}
+
+Test(routerd, a_queued_request_is_forwarded_when_load_frees)
+{
+    cfg.core.busy_threshold = 0.5;
+    kvr_fleet_destroy(&rd);
+    kvr_rd_free(&rd);
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
+    rd.fleet->synced = true;
+    heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks of 64 tokens: busy above 4 */
+    generate("_INBOX.a", "first", 1, 320);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    generate("_INBOX.b", "second", 2, 320);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1), "it waits");
+    cr_assert(eq(int, count_to("_INBOX.b", 0, NULL), 0), "waiting is no error");
+    cr_assert(eq(u32, rd.pend.n, 2));
+    worker_done(1, kvr_pending_key("_INBOX.a", "first"));
+    const struct sent *fwd = NULL;
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, &fwd), 2), "placed");
+    cr_assert(eq(str, (char *)fwd->reply, "_INBOX.b"));
+    cr_assert(eq(int, decisions_since(0), 2));
+}
+
+/* A peer's decision, as its gossip brings it. */
+static void peer_decision(const char *peer, uint64_t seq, uint64_t key, uint64_t wid,
+                          const char *reply)
+{
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, peer, 5, seq, &rec, reply, "orphan", peer),
+                 KVR_OK));
+    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, an_orphan_is_answered_after_its_grace_by_the_smallest_live_id)
+{
+    strcpy(cfg.id, "a-first"); /* smaller than the peer's id: this router stands in */
+    heartbeat(1, 4096, NULL, 0, 1);
+    peer_decision("z-peer", 1, 4242, 1, "_INBOX.o");
+    cr_assert(eq(u32, rd.pend.n, 1));
+    cr_assert(eq(u64, rd.fleet->imported, 1));
+    kvr_sleep_ns(12 * KVR_NS_PER_MS); /* the peer is silent for 3.5 hellos; worker 1 too */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(int, count_to("_INBOX.o", 0, NULL), 0), "not within the grace period");
+    cr_assert(eq(u32, rd.pend.norphans, 1));
+    kvr_sleep_ns(20 * KVR_NS_PER_MS); /* 8 hellos */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.o", 0, &m), 1), "answered once its grace is over");
+    cr_assert(eq(u32, error_in(m), KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, rd.fleet->orphans_answered, 1));
+    cr_assert(eq(u32, rd.pend.n, 0));
+}
+
+Test(routerd, a_live_origin_answers_its_own_failed_requests)
+{
+    heartbeat(1, 4096, NULL, 0, 1);
+    peer_decision("a-peer", 1, 777, 1, "_INBOX.p");
+    /* the peer is heard (hellos keep it alive); worker 1 dies: the origin answers, not us */
+    struct kvr_buf b = {0};
+    for (int i = 0; i < 3; i++) {
+        kvr_sleep_ns(4 * KVR_NS_PER_MS);
+        cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "a-peer", 5, 1, true), KVR_OK));
+        kvr_fleet_on_gossip(&rd, b.data, b.len);
+        kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    }
+    kvr_buf_free(&b);
+    cr_assert(eq(int, count_to("_INBOX.p", 0, NULL), 0));
+    cr_assert(eq(u32, rd.pend.n, 0), "dropped here: its origin tells the client");
+}
+
+Test(routerd, a_gossip_gap_asks_its_origin_for_a_repair)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    peer_decision("peer", 1, 1001, 1, "_INBOX.x");
+    peer_decision("peer", 4, 1004, 1, "_INBOX.y"); /* 2 and 3 never came */
+    cr_assert(eq(u64, rd.fleet->gaps, 2));
+    const struct sent *ask = NULL;
+    cr_assert(eq(int, count_to("kv.default.router.sync.peer", 0, &ask), 1));
+    struct kvr_wire_sync q;
+    cr_assert(eq(int, kvr_wire_decode_sync(ask->data, ask->len, &q), KVR_OK));
+    cr_assert(eq(u64, q.from_seq, 2));
+    cr_assert(eq(u64, q.to_seq, 3));
+    cr_assert(eq(str, (char *)ask->reply, rd.fleet->subj_pages));
+    kvr_wire_sync_free(&q);
+}
+
+Test(routerd, forged_and_malformed_events_are_counted_and_dropped)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint8_t junk[16];
+    memset(junk, 0xff, sizeof junk);
+    kvr_events_on_message(&rd, "kv.default.ev.1.kv", junk, sizeof junk);
+    kvr_events_on_message(&rd, "kv.default.ev.x.hb", junk, sizeof junk);
+    kvr_events_on_message(&rd, "kv.default.ev.1.nope", junk, sizeof junk);
+    kvr_events_on_message(&rd, "kv.default.ev.01.done", junk, sizeof junk);
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 2, 55, 0), KVR_OK));
+    kvr_events_on_message(&rd, "kv.default.ev.1.done", b.data, b.len); /* names worker 2 */
+    kvr_buf_free(&b);
+    cr_assert(eq(u64, rd.ev_errors, 5));
+    generate("_INBOX.ok", "still", 1, 64);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1), "still serving");
+}
+
+Test(routerd, a_booked_select_is_pending_and_gossiped)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint32_t t[128];
+    for (int i = 0; i < 128; i++)
+        t[i] = (uint32_t)i;
+    struct kvr_buf req = {0}, sel = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "sel", t, 128, 4, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_select_request(&sel, req.data, req.len, true), KVR_OK));
+    kvr_intake_select(&rd, "_INBOX.s", sel.data, sel.len);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 1));
+    uint64_t wid = 0, key = 0;
+    uint32_t overlap, ncand, code = 99;
+    cr_assert(eq(
+        int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
+        KVR_OK));
+    cr_assert(eq(u32, code, 0));
+    cr_assert(eq(u64, wid, 1));
+    cr_assert(eq(u64, key, kvr_pending_key("_INBOX.s", "sel")));
+    cr_assert(eq(u32, rd.pend.n, 1));
+    cr_assert(eq(int, decisions_since(0), 1));
+    kvr_intake_select(&rd, "_INBOX.s", sel.data, sel.len); /* the same booked again */
+    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 2));
+    cr_assert(eq(
+        int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
+        KVR_OK));
+    cr_assert(eq(u32, code, KVR_ERR_DUPLICATE));
+    cr_assert(eq(u64, rd.select.by_code[KVR_ERR_DUPLICATE], 1));
+    kvr_buf_free(&req);
+    kvr_buf_free(&sel);
+}
