@@ -64,6 +64,16 @@ uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink)
     return failed;
 }
 
+void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink)
+{
+    struct kvr_outbox local = {0};
+    pthread_mutex_lock(mu);
+    kvr_outbox_swap(&local, o);
+    pthread_mutex_unlock(mu);
+    kvr_outbox_flush(&local, sink);
+    kvr_outbox_free(&local);
+}
+
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b)
 {
     struct kvr_outbox t = *a;

@@ -8,6 +8,7 @@
 #ifndef KVR_OUTBOX_H
 #define KVR_OUTBOX_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,12 @@ void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const cha
 
 /* Publish everything through sink, in order, and empty the outbox; returns how many failed. */
 uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink);
+
+/*
+ * Take what o holds under mu (o is filled under it), then publish it through sink after mu is
+ * released: the one way the daemons publish their state machines' messages.
+ */
+void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink);
 
 /* Exchange contents (to publish outside a lock). */
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);

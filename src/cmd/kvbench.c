@@ -21,11 +21,11 @@ int main(int argc, char **argv)
     enum kvr_opts_result r = kvr_bench_config_parse(&cfg, argc, argv);
     if (r != KVR_OPTS_GO)
         return r == KVR_OPTS_EXIT ? 0 : 2;
-    kvr_log_init("kvbench", (enum kvr_log_level)cfg.log_level);
+    kvr_log_init("kvbench", (enum kvr_log_level)cfg.net.log_level);
     kvr_status st;
-    struct kvr_client *client = kvr_client_create(cfg.nats, cfg.prefix, cfg.ns, &st);
+    struct kvr_client *client = kvr_client_create(cfg.net.urls, cfg.net.prefix, cfg.net.ns, &st);
     if (!client) {
-        fprintf(stderr, "kvbench: cannot connect to %s: %s\n", cfg.nats, kvr_status_str(st));
+        fprintf(stderr, "kvbench: cannot connect to %s: %s\n", cfg.net.urls, kvr_status_str(st));
         kvr_client_shutdown();
         return 1;
     }

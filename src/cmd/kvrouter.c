@@ -3,31 +3,14 @@
  * SIGTERM or SIGINT, drain, destroy.
  */
 #define _DEFAULT_SOURCE
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "clock.h"
 #include "log.h"
+#include "signals.h"
 #include "util.h"
 #include "routerd.h"
-
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig)
-{
-    got_signal = sig;
-}
-
-static void catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
 
 int main(int argc, char **argv)
 {
@@ -44,8 +27,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvrouter: %s\n", why);
         return 2;
     }
-    kvr_log_init("kvrouter", (enum kvr_log_level)cfg.log_level);
-    catch_signals();
+    kvr_log_init("kvrouter", (enum kvr_log_level)cfg.net.log_level);
+    kvr_signals_catch();
     kvr_status st;
     struct kvr_routerd *d = kvr_routerd_create(&cfg, &st);
     if (!d) {
@@ -54,11 +37,10 @@ int main(int argc, char **argv)
     }
     st = kvr_routerd_start(d);
     if (st == KVR_OK) {
-        kvr_log(KVR_LOG_INFO, "router_started", "id=%s namespace=%s block_size=%u", cfg.id, cfg.ns,
-                cfg.core.block_size);
-        while (!got_signal)
-            kvr_sleep_ns(20 * KVR_NS_PER_MS);
-        kvr_log(KVR_LOG_INFO, "router_draining", "signal=%d", (int)got_signal);
+        kvr_log(KVR_LOG_INFO, "router_started", "id=%s namespace=%s block_size=%u", cfg.id,
+                cfg.net.ns, cfg.core.block_size);
+        int sig = kvr_signals_wait();
+        kvr_log(KVR_LOG_INFO, "router_draining", "signal=%d", sig);
         kvr_routerd_drain(d);
     }
     kvr_routerd_destroy(d);

@@ -4,31 +4,14 @@
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "clock.h"
 #include "link.h"
 #include "log.h"
+#include "signals.h"
 #include "util.h"
-
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig)
-{
-    got_signal = sig;
-}
-
-static void catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
 
 static kvr_status discard(void *ctx, const struct kvr_outmsg *m)
 {
@@ -52,8 +35,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvworker: %s\n", why);
         return 2;
     }
-    kvr_log_init("kvworker", (enum kvr_log_level)cfg.log_level);
-    catch_signals();
+    kvr_log_init("kvworker", (enum kvr_log_level)cfg.net.log_level);
+    kvr_signals_catch();
     kvr_status st = kvr_worker_init(&w, &cfg, (struct kvr_sink){discard, NULL});
     if (st != KVR_OK) {
         fprintf(stderr, "kvworker: %s\n", kvr_status_str(st));
@@ -66,9 +49,8 @@ int main(int argc, char **argv)
                 "id=%" PRIu64 " subject=%s block_size=%u num_blocks=%u speedup=%g null=%d", cfg.id,
                 w.subj_gen, cfg.engine.block_size, cfg.engine.num_blocks, cfg.engine.speedup,
                 cfg.null_mode);
-        while (!got_signal)
-            kvr_sleep_ns(20 * KVR_NS_PER_MS);
-        kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", (int)got_signal);
+        int sig = kvr_signals_wait();
+        kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", sig);
         kvr_wk_link_drain(&link);
     }
     kvr_wk_link_close(&link);

@@ -16,11 +16,8 @@ static const char *const mode_names[] = {
 void kvr_bench_config_default(struct kvr_bench_config *c)
 {
     memset(c, 0, sizeof *c);
-    snprintf(c->nats, sizeof c->nats, "nats://127.0.0.1:4222");
-    snprintf(c->ns, sizeof c->ns, "default");
-    snprintf(c->prefix, sizeof c->prefix, "kv");
+    kvr_nats_config_default(&c->net, KVR_LOG_WARN);
     c->mode = KVR_BENCH_LOAD;
-    c->log_level = KVR_LOG_WARN;
     snprintf(c->workload, sizeof c->workload, "seed");
     snprintf(c->policies, sizeof c->policies, "kv,round_robin");
     c->concurrency = 20;
@@ -51,22 +48,8 @@ static size_t append(struct kvr_opt *t, size_t n, const struct kvr_opt *src, siz
 /* Where to connect, what to do, how to log. */
 static size_t common_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t n)
 {
+    n += kvr_nats_config_options(&c->net, t + n);
     const struct kvr_opt o[] = {
-        {.name = "nats",
-         .env = "KVR_NATS",
-         .type = KVR_OPT_STR,
-         .ptr = c->nats,
-         .help = "NATS server URLs, comma-separated"},
-        {.name = "namespace",
-         .env = "KVR_NAMESPACE",
-         .type = KVR_OPT_STR,
-         .ptr = c->ns,
-         .help = "subject namespace"},
-        {.name = "prefix",
-         .env = "KVR_PREFIX",
-         .type = KVR_OPT_STR,
-         .ptr = c->prefix,
-         .help = "subject prefix"},
         {.name = "mode",
          .type = KVR_OPT_ENUM,
          .ptr = &c->mode,
@@ -114,12 +97,6 @@ static size_t other_options(struct kvr_bench_config *c, struct kvr_opt *t, size_
         OPT("hop-seconds", KVR_OPT_SEC, &c->hop_ns, 0, 3600, "hop: how long the max-rate phase"),
         OPT("digest-wait-ms", KVR_OPT_MS, &c->digest_wait_ns, 0, 0,
             "digest: how long to collect the routers' answers"),
-        {.name = "log-level",
-         .env = "KVR_LOG_LEVEL",
-         .type = KVR_OPT_ENUM,
-         .ptr = &c->log_level,
-         .help = "the least level logged",
-         .choices = kvr_log_level_names},
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
 }

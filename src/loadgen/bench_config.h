@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kvr/policy.h"
+#include "natscfg.h"
 #include "opts.h"
 
 /* --mode */
@@ -20,11 +21,8 @@ enum kvr_bench_mode {
 };
 
 struct kvr_bench_config {
-    char nats[KVR_OPT_STR_MAX];     /* NATS server URLs, comma-separated */
-    char ns[KVR_OPT_STR_MAX];       /* subject namespace */
-    char prefix[KVR_OPT_STR_MAX];   /* subject prefix */
+    struct kvr_nats_config net;     /* where to connect, the subjects, logs */
     int mode;                       /* enum kvr_bench_mode */
-    int log_level;                  /* enum kvr_log_level */
     char workload[KVR_OPT_STR_MAX]; /* a kvr_workload_known name */
     char trace[KVR_OPT_STR_MAX];    /* trace file; "" : traces/<workload>_trace.jsonl */
     char policies[KVR_OPT_STR_MAX]; /* load: one run per policy, comma-separated */

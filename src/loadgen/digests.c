@@ -36,7 +36,7 @@ static natsSubscription *ask(const struct kvr_bench_config *cfg, struct kvr_clie
     char subj[256], inbox[64];
     natsInbox *ib = NULL;
     natsSubscription *sub = NULL;
-    if (!kvr_subject(subj, sizeof subj, cfg->prefix, cfg->ns, "router.digest") ||
+    if (!kvr_subject(subj, sizeof subj, cfg->net.prefix, cfg->net.ns, "router.digest") ||
         natsInbox_Create(&ib) != NATS_OK)
         return NULL;
     snprintf(inbox, sizeof inbox, "%s", ib);

@@ -37,7 +37,8 @@ static uint64_t pick_worker(const struct hop *h)
     struct kvr_fleet f;
     kvr_fleet_init(&f);
     uint64_t id = 0;
-    if (kvr_fleet_discover(&f, h->client->nc_sub, h->cfg->prefix, h->cfg->ns, 2500 * KVR_NS_PER_MS))
+    if (kvr_fleet_discover(&f, h->client->nc_sub, h->cfg->net.prefix, h->cfg->net.ns,
+                           2500 * KVR_NS_PER_MS))
         id = f.ids[0];
     kvr_fleet_free(&f);
     return id;
@@ -134,7 +135,7 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
         h.tok[t] = (t * 2654435761u) % 32000;
     char tail[64];
     snprintf(tail, sizeof tail, "worker.%" PRIu64 ".generate", h.worker);
-    kvr_subject(h.subj_worker, sizeof h.subj_worker, cfg->prefix, cfg->ns, tail);
+    kvr_subject(h.subj_worker, sizeof h.subj_worker, cfg->net.prefix, cfg->net.ns, tail);
     h.routed = calloc(h.n, sizeof *h.routed);
     h.straight = calloc(h.n, sizeof *h.straight);
     int rc = 1;

@@ -73,7 +73,7 @@ static void discover(struct replay *rp)
         return;
     struct kvr_fleet f;
     kvr_fleet_init(&f);
-    if (kvr_fleet_discover(&f, rp->client->nc_sub, rp->cfg->prefix, rp->cfg->ns,
+    if (kvr_fleet_discover(&f, rp->client->nc_sub, rp->cfg->net.prefix, rp->cfg->net.ns,
                            2500 * KVR_NS_PER_MS) &&
         f.block_size) {
         rp->workers = f.n;

@@ -15,9 +15,9 @@ void kvr_api_init(struct kvr_service *s, struct kvr_rd *rd)
     char subject[256];
     kvr_service_init(s, KVR_RD_SERVICE_NAME, KVR_RD_SERVICE_VERSION,
                      "KV-cache-aware LLM request router", "router_id", rd->cfg->id);
-    kvr_subject(subject, sizeof subject, rd->cfg->prefix, rd->cfg->ns, "generate");
+    kvr_subject(subject, sizeof subject, rd->cfg->net.prefix, rd->cfg->net.ns, "generate");
     kvr_service_add(s, "generate", subject, "kvrouter", &rd->generate);
-    kvr_subject(subject, sizeof subject, rd->cfg->prefix, rd->cfg->ns, "select");
+    kvr_subject(subject, sizeof subject, rd->cfg->net.prefix, rd->cfg->net.ns, "select");
     kvr_service_add(s, "select", subject, "kvrouter", &rd->select);
 }
 

@@ -20,10 +20,7 @@ static const char *const cost_names[] = {"blocks", "time", NULL}; /* enum kvr_co
 void kvr_rd_config_default(struct kvr_rd_config *c)
 {
     memset(c, 0, sizeof *c);
-    strcpy(c->nats, "nats://127.0.0.1:4222");
-    strcpy(c->ns, "default");
-    strcpy(c->prefix, "kv");
-    c->log_level = KVR_LOG_INFO;
+    kvr_nats_config_default(&c->net, KVR_LOG_INFO);
     kvr_router_config_default(&c->core);
     c->core.seed = 0; /* a daemon draws its seed from the clock; a simulation is reproducible */
     /* a worker that announces no heartbeat interval is dropped after this much silence (one that
@@ -51,9 +48,6 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
 {
     struct kvr_router_config *k = &c->core;
     const struct kvr_opt t[] = {
-        STR("nats", "KVR_NATS", c->nats, "NATS server URLs, comma-separated"),
-        STR("namespace", "KVR_NAMESPACE", c->ns, "subject namespace"),
-        STR("prefix", "KVR_PREFIX", c->prefix, "subject prefix"),
         STR("id", "KVR_ROUTER_ID", c->id, "router id (default: host-pid)"),
         {.name = "block-size",
          .env = "KVR_BLOCK_SIZE",
@@ -113,34 +107,18 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
             "on SIGTERM, settle queued requests for at most this long"),
         NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,
             "tests only: do not send every Nth decision (0: send all)"),
-        {.name = "log-level",
-         .env = "KVR_LOG_LEVEL",
-         .type = KVR_OPT_ENUM,
-         .ptr = &c->log_level,
-         .help = "least severe level logged",
-         .choices = kvr_log_level_names},
     };
-    size_t n = sizeof t / sizeof t[0];
-    _Static_assert(sizeof t / sizeof t[0] <= KVR_RD_OPTIONS, "KVR_RD_OPTIONS too small");
-    memcpy(out, t, sizeof t);
-    return n;
+    _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] <= KVR_RD_OPTIONS,
+                   "KVR_RD_OPTIONS too small");
+    size_t n = kvr_nats_config_options(&c->net, out);
+    memcpy(out + n, t, sizeof t);
+    return n + sizeof t / sizeof t[0];
 }
 
 static bool id_char(char ch)
 {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
            ch == '-' || ch == '_';
-}
-
-/* A subject token from the config: non-empty, no wildcard, dot or space. */
-static bool token_ok(const char *s)
-{
-    if (!*s)
-        return false;
-    for (; *s; s++)
-        if (*s == '*' || *s == '>' || *s == '.' || *s == ' ' || (unsigned char)*s < 0x21)
-            return false;
-    return true;
 }
 
 kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
@@ -159,12 +137,9 @@ kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
     for (const char *p = c->id; !bad && *p; p++)
         if (!id_char(*p))
             bad = "--id may hold letters, digits, '-' and '_' only";
-    if (!bad &&
-        (!token_ok(c->ns) || !token_ok(c->prefix) || strlen(c->ns) > 64 || strlen(c->prefix) > 64))
-        bad = "--namespace and --prefix must be one subject token each (64 bytes at most)";
     if (bad) {
         snprintf(why, len, "%s", bad);
         return KVR_ERR_INVALID;
     }
-    return KVR_OK;
+    return kvr_nats_config_check(&c->net, why, len);
 }

@@ -12,17 +12,15 @@
 #include <stdint.h>
 
 #include "kvr/router.h"
+#include "natscfg.h"
 #include "opts.h"
 
-#define KVR_RD_ID_MAX                                                                              \
-    64 /* bytes of a router id: letters, digits, '-' and '_' (it names subjects) */
+/* bytes of a router id: letters, digits, '-' and '_' (it names subjects) */
+#define KVR_RD_ID_MAX 64
 
 struct kvr_rd_config {
-    char nats[KVR_OPT_STR_MAX];    /* server URLs, comma-separated, preferred first */
-    char ns[KVR_OPT_STR_MAX];      /* subject namespace: kv.<ns>.* */
-    char prefix[KVR_OPT_STR_MAX];  /* subject prefix ("kv") */
+    struct kvr_nats_config net;    /* where to connect, the subjects' prefix and namespace, logs */
     char id[KVR_OPT_STR_MAX];      /* router id; "" until checked: host-pid */
-    int log_level;                 /* enum kvr_log_level */
     struct kvr_router_config core; /* the routing core (policy, weights, bounds, timeouts) */
     uint32_t max_output_tokens;    /* larger max_tokens refused */
     uint64_t tick_ns;              /* housekeeping period */

@@ -121,6 +121,11 @@ static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const
     return KVR_ERR_MALFORMED;
 }
 
+bool kvr_events_bad(kvr_status st)
+{
+    return st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID || st == KVR_ERR_TOO_LARGE;
+}
+
 bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind)
 {
     const char *dot = strrchr(subject, '.');
@@ -158,7 +163,7 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
         st = apply(rd, wid, kind, data, len);
         kvr_place_settle(rd);
     }
-    counted = st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID || st == KVR_ERR_TOO_LARGE;
+    counted = kvr_events_bad(st);
     rd->ev_errors += counted;
     pthread_mutex_unlock(&rd->mu);
     if (counted) {

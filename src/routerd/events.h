@@ -7,6 +7,7 @@
 #ifndef KVR_RD_EVENTS_H
 #define KVR_RD_EVENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,9 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
 
 /* Under mu: apply a KV event of worker_id (now, or replayed after a snapshot). */
 kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);
+
+/* Whether a worker event's status makes it a bad event (counted in ev_errors and dropped). */
+bool kvr_events_bad(kvr_status st);
 
 /* The worker id in kv.<ns>.ev.<id>.<kind> and a pointer to <kind>; false if malformed. */
 bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind);

@@ -49,7 +49,7 @@ static bool subject_of(const struct kvr_rd *rd, char *buf, size_t len, const cha
 {
     char suffix[512];
     snprintf(suffix, sizeof suffix, "router.%s%s%s", what, id ? "." : "", id ? id : "");
-    return kvr_subject(buf, len, rd->cfg->prefix, rd->cfg->ns, suffix);
+    return kvr_subject(buf, len, rd->cfg->net.prefix, rd->cfg->net.ns, suffix);
 }
 
 kvr_status kvr_fleet_create(struct kvr_rd *rd)

@@ -4,6 +4,8 @@
 #define _DEFAULT_SOURCE
 #include "intake.h"
 
+#include <string.h>
+
 #include "clock.h"
 #include "fleet.h"
 #include "place.h"
@@ -47,6 +49,8 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK && !(reply && *reply))
         st = KVR_ERR_INVALID; /* nobody to answer: counted, dropped */
+    else if (st == KVR_OK && strlen(reply) > KVR_REPLY_MAX)
+        st = KVR_ERR_TOO_LARGE; /* peers could not take it over: refused here */
     if (st == KVR_OK)
         st = route(rd, &q, kvr_pending_key(reply, q.request_id), reply, data, len);
     if (st != KVR_OK)

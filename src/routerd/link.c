@@ -81,9 +81,9 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     kvr_api_init(&l->svc, rd);
     snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
     snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
-    kvr_status st = kvr_connect(rd->cfg->nats, l->name_req, &l->nc_req);
+    kvr_status st = kvr_connect(rd->cfg->net.urls, l->name_req, &l->nc_req);
     if (st == KVR_OK)
-        st = kvr_connect(rd->cfg->nats, l->name_ev, &l->nc_ev);
+        st = kvr_connect(rd->cfg->net.urls, l->name_ev, &l->nc_ev);
     if (st == KVR_OK)
         rd->sink = kvr_nats_sink(l->nc_req);
     return st;
@@ -113,7 +113,7 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     const struct kvr_rd_config *c = l->rd->cfg;
     const struct kvr_fleet *g = l->rd->fleet;
     char subj[256];
-    kvr_subject(subj, sizeof subj, c->prefix, c->ns, "ev.>");
+    kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "ev.>");
     natsStatus s = subscribe(&l->sub_ev, l->nc_ev, subj, NULL, on_event, l);
     if (s == NATS_OK)
         s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip, NULL, on_gossip, l);

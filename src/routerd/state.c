@@ -46,7 +46,8 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
     rd->lim = (struct kvr_wire_limits){c.max_prompt_tokens, cfg->max_output_tokens};
-    snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->prefix, cfg->ns);
+    snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->net.prefix,
+             cfg->net.ns);
     return KVR_OK;
 }
 
@@ -68,12 +69,7 @@ void kvr_rd_free(struct kvr_rd *rd)
 
 void kvr_rd_flush(struct kvr_rd *rd)
 {
-    struct kvr_outbox local = {0};
-    pthread_mutex_lock(&rd->mu);
-    kvr_outbox_swap(&local, &rd->out);
-    pthread_mutex_unlock(&rd->mu);
-    kvr_outbox_flush(&local, &rd->sink);
-    kvr_outbox_free(&local);
+    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink);
 }
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)

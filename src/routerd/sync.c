@@ -143,7 +143,7 @@ static void finish(struct kvr_rd *rd, bool complete)
     for (uint32_t i = 0; i < rd->nheld; i++) {
         kvr_status st =
             kvr_events_apply_kv(rd, rd->held[i].worker_id, rd->held[i].data, rd->held[i].len);
-        rd->ev_errors += st == KVR_ERR_MALFORMED || st == KVR_ERR_TOO_LARGE;
+        rd->ev_errors += kvr_events_bad(st);
         free(rd->held[i].data);
     }
     rd->nheld = 0;

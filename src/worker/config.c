@@ -14,10 +14,7 @@
 void kvr_wk_config_default(struct kvr_wk_config *c)
 {
     memset(c, 0, sizeof *c);
-    strcpy(c->nats, "nats://127.0.0.1:4222");
-    strcpy(c->ns, "default");
-    strcpy(c->prefix, "kv");
-    c->log_level = KVR_LOG_INFO;
+    kvr_nats_config_default(&c->net, KVR_LOG_INFO);
     kvr_engine_config_default(&c->engine);
     c->max_prompt_tokens = 1u << 20;
     c->max_output_tokens = 1u << 16;
@@ -25,10 +22,6 @@ void kvr_wk_config_default(struct kvr_wk_config *c)
     c->drain_timeout_ns = 60 * KVR_NS_PER_S;
 }
 
-#define STR(n, e, p, h)                                                                            \
-    {                                                                                              \
-        .name = n, .env = e, .type = KVR_OPT_STR, .ptr = p, .help = h                              \
-    }
 #define NUM(n, t, p, lo, hi, h)                                                                    \
     {                                                                                              \
         .name = n, .type = t, .ptr = p, .help = h, .min = lo, .max = hi                            \
@@ -38,9 +31,6 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
 {
     struct kvr_engine_config *e = &c->engine;
     const struct kvr_opt t[] = {
-        STR("nats", "KVR_NATS", c->nats, "NATS server URLs, comma-separated"),
-        STR("namespace", "KVR_NAMESPACE", c->ns, "subject namespace"),
-        STR("prefix", "KVR_PREFIX", c->prefix, "subject prefix"),
         {.name = "id",
          .env = "KVR_WORKER_ID",
          .type = KVR_OPT_U64,
@@ -82,16 +72,12 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
             "larger max_tokens refused"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, wait this long for the requests held"),
-        {.name = "log-level",
-         .env = "KVR_LOG_LEVEL",
-         .type = KVR_OPT_ENUM,
-         .ptr = &c->log_level,
-         .help = "least severe level logged",
-         .choices = kvr_log_level_names},
     };
-    _Static_assert(sizeof t / sizeof t[0] <= KVR_WK_OPTIONS, "KVR_WK_OPTIONS too small");
-    memcpy(out, t, sizeof t);
-    return sizeof t / sizeof t[0];
+    _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] <= KVR_WK_OPTIONS,
+                   "KVR_WK_OPTIONS too small");
+    size_t n = kvr_nats_config_options(&c->net, out);
+    memcpy(out + n, t, sizeof t);
+    return n + sizeof t / sizeof t[0];
 }
 
 kvr_status kvr_wk_config_check(struct kvr_wk_config *c, char *why, size_t len)
@@ -102,9 +88,5 @@ kvr_status kvr_wk_config_check(struct kvr_wk_config *c, char *why, size_t len)
         snprintf(why, len, "--id must be below 2^63");
         return KVR_ERR_INVALID;
     }
-    if (!c->ns[0] || !c->prefix[0] || strpbrk(c->ns, ".*> ") || strpbrk(c->prefix, ".*> ")) {
-        snprintf(why, len, "--namespace and --prefix must be one subject token each");
-        return KVR_ERR_INVALID;
-    }
-    return KVR_OK;
+    return kvr_nats_config_check(&c->net, why, len);
 }

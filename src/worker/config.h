@@ -12,13 +12,11 @@
 
 #include "../engine/engine.h"
 #include "kvr/status.h"
+#include "natscfg.h"
 #include "opts.h"
 
 struct kvr_wk_config {
-    char nats[KVR_OPT_STR_MAX];      /* server URLs, comma-separated, preferred first */
-    char ns[KVR_OPT_STR_MAX];        /* subject namespace */
-    char prefix[KVR_OPT_STR_MAX];    /* subject prefix */
-    int log_level;                   /* enum kvr_log_level */
+    struct kvr_nats_config net;      /* where to connect, the subjects, logs */
     uint64_t id;                     /* worker id, non-zero; 0 until checked: random */
     struct kvr_engine_config engine; /* the simulated engine */
     uint32_t max_prompt_tokens;      /* longer prompts refused */

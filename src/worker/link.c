@@ -91,9 +91,9 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     kvr_service_add(&l->svc, "generate", w->subj_gen, NULL, &w->generate);
     snprintf(l->name_in, sizeof l->name_in, "kvworker-%" PRIu64 "-in", w->cfg->id);
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
-    kvr_status st = kvr_connect(w->cfg->nats, l->name_in, &l->nc_in);
+    kvr_status st = kvr_connect(w->cfg->net.urls, l->name_in, &l->nc_in);
     if (st == KVR_OK)
-        st = kvr_connect(w->cfg->nats, l->name_out, &l->nc_out);
+        st = kvr_connect(w->cfg->net.urls, l->name_out, &l->nc_out);
     if (st != KVR_OK)
         return st;
     w->sink = kvr_nats_sink(l->nc_out);

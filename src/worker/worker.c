@@ -103,7 +103,7 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
 
 static bool subjects(struct kvr_worker *w)
 {
-    const char *p = w->cfg->prefix, *ns = w->cfg->ns;
+    const char *p = w->cfg->net.prefix, *ns = w->cfg->net.ns;
     char tail[128];
     bool ok = true;
     static const char *const kinds[] = {"kv", "tokens", "done", "hb"};
@@ -152,12 +152,7 @@ void kvr_worker_free(struct kvr_worker *w)
 
 void kvr_worker_flush(struct kvr_worker *w)
 {
-    struct kvr_outbox local = {0};
-    pthread_mutex_lock(&w->mu);
-    kvr_outbox_swap(&local, &w->out);
-    pthread_mutex_unlock(&w->mu);
-    kvr_outbox_flush(&local, &w->sink);
-    kvr_outbox_free(&local);
+    kvr_outbox_send(&w->out, &w->mu, &w->sink);
 }
 
 /* --- requests ------------------------------------------------------------------------------- */
