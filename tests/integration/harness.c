@@ -5,6 +5,8 @@
 #include "harness.h"
 
 #include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,10 +23,33 @@
 
 #include "codec.h"
 
-#define MAX_CHILDREN 64
+/* --- the processes a test started --------------------------------------------------------- */
 
-static pid_t children[MAX_CHILDREN];
-static int nchildren;
+#define MAX_PROCS    64
+#define TAIL_LINES   15
+#define NATS_STOP_MS 5000
+
+enum proc_state {
+    P_RUNNING, /* started, nobody signalled it */
+    P_TERMED,  /* SIGTERM sent: must exit 0 */
+    P_KILLED,  /* SIGKILL sent on purpose: reaped, never checked */
+    P_DONE,    /* reaped (status known) */
+};
+
+struct proc {
+    pid_t pid;
+    char name[32]; /* kvrouter, kvworker, kvbench, nats-server */
+    int n;         /* 1, 2, ... among the processes of that name */
+    char log[256];
+    char dir[256]; /* a nats-server's ports file directory */
+    bool nats;
+    enum proc_state state;
+    int status; /* when P_DONE: the exit status, or 128 + signal */
+};
+
+static struct proc procs[MAX_PROCS];
+static int nprocs;
+static bool ended; /* h_end ran */
 
 uint64_t h_now_ms(void)
 {
@@ -40,12 +65,49 @@ void h_sleep_ms(int ms)
         ;
 }
 
-static pid_t spawn_argv(char *const *argv, const char *log)
+static struct proc *proc_of(pid_t pid)
 {
+    for (int i = 0; pid > 0 && i < nprocs; i++)
+        if (procs[i].pid == pid)
+            return &procs[i];
+    return NULL;
+}
+
+static int decode_status(int status)
+{
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Reap p if it has exited (no wait); true when it is reaped. */
+static bool try_reap(struct proc *p)
+{
+    int status;
+    if (p->state == P_DONE)
+        return true;
+    if (waitpid(p->pid, &status, WNOHANG) != p->pid)
+        return false;
+    p->status = decode_status(status);
+    p->state = P_DONE;
+    return true;
+}
+
+/* Fork and exec argv[0] (a path, or a name on PATH) with its output in its own log. */
+static pid_t spawn_argv(char *const *argv, const char *name, bool nats)
+{
+    cr_assert(lt(int, nprocs, MAX_PROCS), "more than %d processes in one test", MAX_PROCS);
+    struct proc *p = &procs[nprocs];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->n = 1;
+    for (int i = 0; i < nprocs; i++)
+        p->n += !strcmp(procs[i].name, name);
+    snprintf(p->log, sizeof p->log, "/tmp/kvr_it_%d_%s_%d.log", (int)getpid(), name, p->n);
+    p->nats = nats;
+    fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -54,45 +116,210 @@ static pid_t spawn_argv(char *const *argv, const char *log)
         execvp(argv[0], argv);
         _exit(127);
     }
-    if (pid > 0 && nchildren < MAX_CHILDREN)
-        children[nchildren++] = pid;
+    if (pid > 0) {
+        p->pid = pid;
+        p->state = P_RUNNING;
+        nprocs++;
+    }
     return pid;
 }
 
-static void json_str(const char *buf, const char *key, char *out, size_t len)
+/* The last `lines` lines of p's log into out (len bytes), each indented. */
+static void log_tail(const struct proc *p, int lines, char *out, size_t len)
 {
-    const char *a = strstr(buf, key);
     out[0] = 0;
-    if (a) {
-        a += strlen(key);
-        snprintf(out, len, "%.*s", (int)strcspn(a, "\""), a);
+    FILE *f = fopen(p->log, "r");
+    if (!f) {
+        snprintf(out, len, "    (no log: %s)\n", strerror(errno));
+        return;
     }
+    char buf[8192];
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    long from = size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0;
+    fseek(f, from, SEEK_SET);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (n && buf[n - 1] == '\n')
+        buf[--n] = 0;
+    const char *start = buf;
+    for (size_t i = n, seen = 0; i > 0; i--) {
+        if (buf[i - 1] == '\n' && ++seen == (size_t)lines) {
+            start = buf + i;
+            break;
+        }
+    }
+    if (!n) {
+        snprintf(out, len, "    (empty log)\n");
+        return;
+    }
+    size_t used = 0;
+    while (*start && used + 8 < len) {
+        size_t k = strcspn(start, "\n");
+        int w = snprintf(out + used, len - used, "    %.*s\n", (int)k, start);
+        if (w < 0 || used + (size_t)w >= len)
+            break;
+        used += (size_t)w;
+        start += k + (start[k] == '\n');
+    }
+}
+
+void h_print_tail(pid_t pid, int lines)
+{
+    struct proc *p = proc_of(pid);
+    if (!p)
+        return;
+    char tail[8192];
+    log_tail(p, lines, tail, sizeof tail);
+    fprintf(stderr, "%s #%d (pid %d), %s:\n%s", p->name, p->n, (int)p->pid, p->log, tail);
+}
+
+static void describe_status(int status, char *out, size_t len)
+{
+    if (status < 0)
+        snprintf(out, len, "did not exit within %d ms of SIGTERM (killed)", H_STOP_MS);
+    else if (status >= 128)
+        snprintf(out, len, "killed by signal %d (%s)", status - 128, strsignal(status - 128));
+    else
+        snprintf(out, len, "exited with status %d", status);
+}
+
+/* Append "name #n (pid, log): what; its log tail" to report. */
+static void report_proc(char *report, size_t len, const struct proc *p, const char *what)
+{
+    char tail[4096];
+    log_tail(p, TAIL_LINES, tail, sizeof tail);
+    size_t used = strlen(report);
+    snprintf(report + used, len - used, "%s #%d (pid %d) %s; last lines of %s:\n%s", p->name, p->n,
+             (int)p->pid, what, p->log, tail);
+}
+
+pid_t h_spawn(const char *name, const char *const *args)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/src/%s", KVR_BUILD_ROOT, name);
+    char *argv[64];
+    int n = 0;
+    argv[n++] = path;
+    for (int i = 0; args && args[i]; i++) {
+        cr_assert(lt(int, n, 63), "too many arguments for %s", name);
+        argv[n++] = (char *)args[i];
+    }
+    argv[n] = NULL;
+    return spawn_argv(argv, name, false);
+}
+
+/* args then extra (both NULL-terminated; extra may be NULL) into one list. */
+static pid_t spawn_with(const char *name, const char *const *args, const char *const *extra)
+{
+    const char *all[64];
+    int n = 0;
+    for (int i = 0; args[i]; i++)
+        all[n++] = args[i];
+    for (int i = 0; extra && extra[i]; i++) {
+        cr_assert(lt(int, n, 63), "too many arguments for %s", name);
+        all[n++] = extra[i];
+    }
+    all[n] = NULL;
+    return h_spawn(name, all);
+}
+
+pid_t h_router(const char *urls, const char *id, const char *const *extra)
+{
+    return spawn_with("kvrouter", H_ARGS("--nats", urls, "--id", id, "--log-level", "info"), extra);
+}
+
+pid_t h_worker(const char *urls, const char *id, int speedup, int heartbeat_ms,
+               const char *const *extra)
+{
+    char s[16], hb[16];
+    snprintf(s, sizeof s, "%d", speedup);
+    snprintf(hb, sizeof hb, "%d", heartbeat_ms);
+    return spawn_with("kvworker",
+                      H_ARGS("--nats", urls, "--id", id, "--speedup", s, "--heartbeat-ms", hb,
+                             "--drain-timeout-ms", "2000", "--log-level", "info"),
+                      extra);
+}
+
+void h_signal(pid_t pid, int sig)
+{
+    if (pid <= 0)
+        return;
+    struct proc *p = proc_of(pid);
+    if (p && p->state != P_DONE) {
+        if (sig == SIGKILL)
+            p->state = P_KILLED;
+        else if (sig == SIGTERM && p->state == P_RUNNING)
+            p->state = P_TERMED;
+    }
+    kill(pid, sig);
+}
+
+int h_wait(pid_t pid, int ms)
+{
+    struct proc *p = proc_of(pid);
+    if (p && p->state == P_DONE)
+        return p->status;
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    int status;
+    while (h_now_ms() < end) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            if (p) {
+                p->state = P_DONE;
+                p->status = decode_status(status);
+            }
+            return decode_status(status);
+        }
+        h_sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    if (p) {
+        p->state = P_DONE;
+        p->status = -1;
+    }
+    return -1;
+}
+
+bool h_exited(pid_t pid)
+{
+    struct proc *p = proc_of(pid);
+    return p && try_reap(p);
+}
+
+/* --- NATS servers ------------------------------------------------------------------------- */
+
+/* The first string of the array at key in the ports file's object, into out. */
+static void first_url(json_t *o, const char *key, char *out, size_t len)
+{
+    const char *v = json_string_value(json_array_get(json_object_get(o, key), 0));
+    snprintf(out, len, "%s", v ? v : "");
 }
 
 static bool read_ports(struct nats_srv *s)
 {
-    char path[512], buf[1024];
+    char path[512];
     snprintf(path, sizeof path, "%s/nats-server_%d.ports", s->dir, (int)s->pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    json_t *o = json_load_file(path, 0, NULL);
+    if (!o)
         return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    json_str(buf, "\"nats\":[\"", s->url, sizeof s->url);
-    json_str(buf, "\"monitoring\":[\"", s->monitor, sizeof s->monitor);
-    json_str(buf, "\"cluster\":[\"", s->cluster, sizeof s->cluster);
+    first_url(o, "nats", s->url, sizeof s->url);
+    first_url(o, "monitoring", s->monitor, sizeof s->monitor);
+    first_url(o, "cluster", s->cluster, sizeof s->cluster);
+    json_decref(o);
     return s->url[0] && s->monitor[0];
 }
 
 /* Start nats-server with argv (its ports file in s->dir) and wait until it serves. */
 static bool start_server(struct nats_srv *s, char *const *argv)
 {
-    char log[300];
-    snprintf(log, sizeof log, "%s/nats.log", s->dir);
-    s->pid = spawn_argv(argv, log);
+    s->pid = spawn_argv(argv, "nats-server", true);
     if (s->pid <= 0)
         return false;
+    struct proc *p = proc_of(s->pid);
+    snprintf(p->dir, sizeof p->dir, "%s", s->dir);
     for (int i = 0; i < 200; i++) {
         if (read_ports(s)) {
             const char *colon = strrchr(s->url, ':');
@@ -153,17 +380,27 @@ bool h_nats_start_node(struct nats_srv *s, int port, const char *name, const str
     return start_server(s, argv);
 }
 
+/* The JSON body of an HTTP answer (after the headers), or NULL. */
+static json_t *http_json(const char *url)
+{
+    static char body[65536];
+    if (!h_http_get(url, body, sizeof body))
+        return NULL;
+    const char *b = strstr(body, "\r\n\r\n");
+    return b ? json_loads(b + 4, 0, NULL) : NULL;
+}
+
 bool h_cluster_wait(const struct nats_srv *nodes, int n, int timeout_ms)
 {
     uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
     while (h_now_ms() < end) {
         int ready = 0;
         for (int i = 0; i < n; i++) {
-            char url[200], body[16384];
+            char url[200];
             snprintf(url, sizeof url, "%s/routez", nodes[i].monitor);
-            const char *k =
-                h_http_get(url, body, sizeof body) ? strstr(body, "\"num_routes\":") : NULL;
-            ready += k && atoi(k + 13) >= n - 1;
+            json_t *o = http_json(url);
+            ready += json_integer_value(json_object_get(o, "num_routes")) >= n - 1;
+            json_decref(o);
         }
         if (ready == n)
             return true;
@@ -172,63 +409,195 @@ bool h_cluster_wait(const struct nats_srv *nodes, int n, int timeout_ms)
     return false;
 }
 
+/* nats-server 2.9 exits 1 on SIGTERM (0 on SIGINT); either is a clean stop by itself. */
+static bool nats_stopped_cleanly(int status)
+{
+    return status == 0 || status == 1;
+}
+
+/* SIGTERM p (a nats-server) and wait for it; its status, -1 when it hung (then killed). */
+static int stop_nats(struct proc *p)
+{
+    if (p->state == P_RUNNING || p->state == P_TERMED) {
+        p->state = P_TERMED;
+        kill(p->pid, SIGTERM);
+    }
+    int st = h_wait(p->pid, NATS_STOP_MS);
+    char path[512];
+    snprintf(path, sizeof path, "%s/nats-server_%d.ports", p->dir, (int)p->pid);
+    unlink(path);
+    return st;
+}
+
 void h_nats_stop(struct nats_srv *s)
 {
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        h_wait(s->pid, 5000);
-        char path[512];
-        snprintf(path, sizeof path, "%s/nats-server_%d.ports", s->dir, (int)s->pid);
-        unlink(path);
-        s->pid = 0;
+    struct proc *p = proc_of(s->pid);
+    if (!p)
+        return;
+    int st = stop_nats(p);
+    s->pid = 0;
+    if (!nats_stopped_cleanly(st)) {
+        char what[128], report[8192] = "";
+        describe_status(st, what, sizeof what);
+        report_proc(report, sizeof report, p, what);
+        cr_fatal("nats-server did not stop cleanly on SIGTERM:\n%s", report);
     }
 }
 
-pid_t h_spawn(const char *name, const char *const *args)
+const char *h_urls(const struct nats_srv *nodes, int n, int first)
 {
-    char path[512], log[512];
-    snprintf(path, sizeof path, "%s/src/%s", KVR_BUILD_ROOT, name);
-    snprintf(log, sizeof log, "/tmp/kvr_it_%s_%d.log", name, (int)getpid());
-    char *argv[32];
-    int n = 0;
-    argv[n++] = path;
-    for (int i = 0; args && args[i] && n < 31; i++)
-        argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    return spawn_argv(argv, log);
-}
-
-void h_signal(pid_t pid, int sig)
-{
-    if (pid > 0)
-        kill(pid, sig);
-}
-
-int h_wait(pid_t pid, int ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)ms;
-    int status;
-    while (h_now_ms() < end) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        h_sleep_ms(10);
+    static char ring[16][1024];
+    static int k;
+    char *out = ring[k++ % 16];
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int w = snprintf(out + used, sizeof ring[0] - used, "%s%s", i ? "," : "",
+                         nodes[(first + i) % n].url);
+        cr_assert(w > 0 && used + (size_t)w < sizeof ring[0], "URL list too long");
+        used += (size_t)w;
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
+    return out;
 }
 
-void h_kill_all(void)
+/* --- a test's life ------------------------------------------------------------------------ */
+
+void h_setup(struct nats_srv *nodes, int n, natsConnection **nc)
 {
-    for (int i = 0; i < nchildren; i++) {
-        if (children[i] > 0) {
-            kill(children[i], SIGKILL);
-            waitpid(children[i], NULL, 0);
+    nprocs = 0;
+    ended = false;
+    memset(nodes, 0, (size_t)n * sizeof *nodes);
+    if (n == 1) {
+        cr_assert(h_nats_start(&nodes[0], 0), "nats-server did not start");
+    } else {
+        for (int i = 0; i < n; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "n%d", i + 1);
+            cr_assert(h_nats_start_node(&nodes[i], 0, name, i ? &nodes[0] : NULL),
+                      "node %s did not start", name);
+        }
+        cr_assert(h_cluster_wait(nodes, n, 10000), "the cluster did not form");
+    }
+    *nc = h_connect(nodes[0].url);
+    cr_assert(ne(ptr, *nc, NULL), "no client connection to %s", nodes[0].url);
+}
+
+void h_end(void)
+{
+    static char report[32768];
+    report[0] = 0;
+    ended = true;
+    int failed = 0;
+    /* the daemons first, all at once (they drain in parallel) */
+    for (int i = 0; i < nprocs; i++) {
+        struct proc *p = &procs[i];
+        if (!p->nats && p->state == P_RUNNING) {
+            p->state = P_TERMED;
+            kill(p->pid, SIGTERM);
         }
     }
-    nchildren = 0;
+    uint64_t end = h_now_ms() + H_STOP_MS;
+    for (;;) {
+        bool waiting = false;
+        for (int i = 0; i < nprocs; i++) {
+            struct proc *p = &procs[i];
+            if (p->nats || p->state == P_DONE)
+                continue;
+            if (p->state == P_KILLED) { /* killed on purpose: dies at once */
+                waitpid(p->pid, NULL, 0);
+                p->state = P_DONE;
+                p->status = 128 + SIGKILL;
+                continue;
+            }
+            if (try_reap(p)) {
+                if (p->status != 0) {
+                    char what[128];
+                    describe_status(p->status, what, sizeof what);
+                    report_proc(report, sizeof report, p, what);
+                    failed++;
+                }
+            } else {
+                waiting = true;
+            }
+        }
+        if (!waiting)
+            break;
+        if (h_now_ms() >= end) { /* the ones left hang */
+            for (int i = 0; i < nprocs; i++) {
+                struct proc *p = &procs[i];
+                if (p->nats || p->state == P_DONE)
+                    continue;
+                kill(p->pid, SIGKILL);
+                waitpid(p->pid, NULL, 0);
+                p->state = P_DONE;
+                p->status = -1;
+                char what[128];
+                describe_status(-1, what, sizeof what);
+                report_proc(report, sizeof report, p, what);
+                failed++;
+            }
+            break;
+        }
+        h_sleep_ms(10);
+    }
+    /* then the servers */
+    for (int i = 0; i < nprocs; i++) {
+        struct proc *p = &procs[i];
+        if (!p->nats || p->state == P_DONE)
+            continue;
+        int st = stop_nats(p);
+        if (!nats_stopped_cleanly(st)) {
+            char what[128];
+            describe_status(st, what, sizeof what);
+            report_proc(report, sizeof report, p, what);
+            failed++;
+        }
+    }
+    cr_assert(eq(int, failed, 0), "%d process(es) did not stop cleanly on SIGTERM:\n%s", failed,
+              report);
+    if (!getenv("KVR_IT_KEEP_LOGS"))
+        for (int i = 0; i < nprocs; i++)
+            unlink(procs[i].log);
 }
+
+void h_teardown(natsConnection **nc)
+{
+    natsConnection_Destroy(*nc);
+    *nc = NULL;
+    if (!ended && nprocs)
+        fprintf(stderr, "the test ended before h_end: its processes and their logs:\n");
+    for (int i = 0; i < nprocs; i++) {
+        struct proc *p = &procs[i];
+        if (!ended) {
+            bool died = p->state == P_RUNNING && try_reap(p); /* on its own, during the test */
+            char what[128] = "running";
+            if (died)
+                describe_status(p->status, what, sizeof what);
+            else if (p->state == P_KILLED)
+                snprintf(what, sizeof what, "killed on purpose");
+            else if (p->state == P_DONE)
+                snprintf(what, sizeof what, "ended (status %d)", p->status);
+            fprintf(stderr, "  %s #%d (pid %d, %s): %s\n", p->name, p->n, (int)p->pid, what,
+                    p->log);
+            if (died)
+                h_print_tail(p->pid, TAIL_LINES);
+        }
+        if (p->state != P_DONE) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, NULL, 0);
+            p->state = P_DONE;
+        }
+        if (p->nats) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/nats-server_%d.ports", p->dir, (int)p->pid);
+            unlink(path);
+            rmdir(p->dir);
+        }
+    }
+    nprocs = 0;
+}
+
+/* --- one request -------------------------------------------------------------------------- */
 
 natsConnection *h_connect(const char *url)
 {
@@ -357,6 +726,193 @@ bool h_collect_resend(natsConnection *nc, const char *subject, struct h_req *q, 
     q->sub = NULL;
     return q->res.final;
 }
+
+struct h_result h_ask(natsConnection *nc, const char *subject, const char *id, uint32_t base,
+                      uint32_t shared, uint32_t n, uint32_t max_tokens, int timeout_ms)
+{
+    struct h_req q;
+    cr_assert(h_send(nc, subject, &q, id, base, shared, n, max_tokens), "could not send %s", id);
+    h_collect(&q, timeout_ms);
+    return q.res;
+}
+
+struct h_result h_ask_raw(natsConnection *nc, const char *subject, const void *data, int len,
+                          int timeout_ms)
+{
+    struct h_req q;
+    cr_assert(h_send_raw(nc, subject, &q, data, len), "could not send %d raw bytes", len);
+    h_collect(&q, timeout_ms);
+    return q.res;
+}
+
+/* --- waiting for the fleet ---------------------------------------------------------------- */
+
+void h_until_served(natsConnection *nc, const char *subject, int routers, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    static struct h_digest a[H_MAX_ROUTERS];
+    int synced = 0;
+    for (int i = 0; h_now_ms() < end; i++) {
+        if (routers > 0) {
+            int got = h_digests(nc, a, H_MAX_ROUTERS, 100);
+            synced = 0;
+            for (int k = 0; k < got; k++)
+                synced += a[k].synced;
+            if (got != routers || synced != routers) {
+                h_sleep_ms(100);
+                continue;
+            }
+        }
+        char id[32];
+        snprintf(id, sizeof id, "probe-%d", i);
+        struct h_result r = h_ask(nc, subject, id, 900000 + (uint32_t)i, 0, 64, 1, 2000);
+        if (r.final && r.error_code == 0)
+            return;
+        h_sleep_ms(100);
+    }
+    if (routers > 0)
+        cr_fatal("the fleet never served (%d of %d routers synced)", synced, routers);
+    cr_fatal("the fleet never served a request");
+}
+
+void h_until_router(natsConnection *nc, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (h_now_ms() < end) {
+        natsMsg *m = NULL;
+        if (natsConnection_RequestString(&m, nc, "$SRV.PING.kvrouter", "", 500) == NATS_OK) {
+            natsMsg_Destroy(m);
+            return;
+        }
+        h_sleep_ms(50);
+    }
+    cr_fatal("no router answered $SRV.PING");
+}
+
+/* --- what the routers say ----------------------------------------------------------------- */
+
+json_t *h_json_at(json_t *obj, const char *path)
+{
+    char key[128];
+    while (obj && *path) {
+        size_t k = strcspn(path, ".");
+        snprintf(key, sizeof key, "%.*s", (int)k, path);
+        obj = json_object_get(obj, key);
+        path += k + (path[k] == '.');
+    }
+    return obj;
+}
+
+uint64_t h_json_u64(json_t *obj, const char *path)
+{
+    json_t *v = h_json_at(obj, path);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        char *text = json_dumps(obj, JSON_COMPACT);
+        char shown[2048];
+        snprintf(shown, sizeof shown, "%s", text ? text : "(null)");
+        free(text);
+        cr_fatal("no non-negative integer at \"%s\" in %s", path, shown);
+    }
+    return (uint64_t)json_integer_value(v);
+}
+
+int h_digests(natsConnection *nc, struct h_digest *out, int max, int wait_ms)
+{
+    natsInbox *ib = NULL;
+    natsSubscription *sub = NULL;
+    natsInbox_Create(&ib);
+    int n = 0;
+    if (natsConnection_SubscribeSync(&sub, nc, ib) == NATS_OK &&
+        natsConnection_PublishRequest(nc, "kv.default.router.digest", ib, "", 0) == NATS_OK) {
+        uint64_t end = h_now_ms() + (uint64_t)wait_ms;
+        natsMsg *m = NULL;
+        while (n < max && h_now_ms() < end &&
+               natsSubscription_NextMsg(&m, sub, (int64_t)(end - h_now_ms()) + 1) == NATS_OK) {
+            struct h_digest *a = &out[n++];
+            int len = natsMsg_GetDataLength(m);
+            cr_assert(lt(int, len, (int)sizeof a->json), "a digest answer of %d bytes", len);
+            memcpy(a->json, natsMsg_GetData(m), (size_t)len);
+            a->json[len] = 0;
+            natsMsg_Destroy(m);
+            json_error_t err;
+            json_t *o = json_loads(a->json, 0, &err);
+            cr_assert(o != NULL, "a digest answer is not JSON (%s): %s", err.text, a->json);
+            const char *id = json_string_value(json_object_get(o, "router_id"));
+            const char *d = json_string_value(json_object_get(o, "digest"));
+            json_t *synced = json_object_get(o, "synced");
+            cr_assert(id && d && strlen(d) == 16 && json_is_boolean(synced),
+                      "a digest answer without router_id, digest or synced: %s", a->json);
+            snprintf(a->id, sizeof a->id, "%s", id);
+            snprintf(a->digest, sizeof a->digest, "%s", d);
+            a->synced = json_is_true(synced);
+            json_decref(o);
+        }
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(ib);
+    return n;
+}
+
+uint64_t h_stat(const struct h_digest *a, const char *key)
+{
+    json_t *o = json_loads(a->json, 0, NULL);
+    uint64_t v = h_json_u64(o, key);
+    json_decref(o);
+    return v;
+}
+
+int64_t h_until_agree(natsConnection *nc, int n, int timeout_ms, int every_ms,
+                      struct h_digest *last)
+{
+    uint64_t t0 = h_now_ms();
+    while (h_now_ms() - t0 < (uint64_t)timeout_ms) {
+        int got = h_digests(nc, last, H_MAX_ROUTERS, 150);
+        bool same = got == n;
+        for (int i = 1; i < got && same; i++)
+            same = !strcmp(last[i].digest, last[0].digest);
+        if (same)
+            return (int64_t)(h_now_ms() - t0);
+        h_sleep_ms(every_ms);
+    }
+    int got = h_digests(nc, last, H_MAX_ROUTERS, 150);
+    fprintf(stderr, "%d routers answered, %d expected to agree:\n", got, n);
+    for (int i = 0; i < got; i++)
+        fprintf(stderr, "  %s: %s\n", last[i].id, last[i].json);
+    return -1;
+}
+
+json_t *h_stats(natsConnection *nc, int timeout_ms)
+{
+    natsMsg *m = NULL;
+    cr_assert(eq(int, natsConnection_RequestString(&m, nc, "$SRV.STATS.kvrouter", "", timeout_ms),
+                 NATS_OK),
+              "no router answered $SRV.STATS");
+    json_error_t err;
+    json_t *o = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, &err);
+    cr_assert(o != NULL, "$SRV.STATS answered no JSON (%s): %.*s", err.text,
+              natsMsg_GetDataLength(m), natsMsg_GetData(m));
+    natsMsg_Destroy(m);
+    const char *type = json_string_value(json_object_get(o, "type"));
+    cr_assert(type && !strcmp(type, "io.nats.micro.v1.stats_response"), "type %s",
+              type ? type : "(none)");
+    return o;
+}
+
+json_t *h_endpoint(json_t *stats, const char *name)
+{
+    json_t *eps = json_object_get(stats, "endpoints"), *e;
+    size_t i;
+    json_array_foreach(eps, i, e)
+    {
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && !strcmp(n, name))
+            return e;
+    }
+    cr_fatal("$SRV.STATS has no endpoint %s", name);
+    return NULL;
+}
+
+/* --- small things ------------------------------------------------------------------------- */
 
 bool h_http_get(const char *url, char *buf, size_t len)
 {

@@ -1,8 +1,23 @@
 /*
- * Integration test harness: a real nats-server on 127.0.0.1 (ephemeral ports, or a given one for
- * restarts), the real kvrouter/kvworker binaries as child processes, and a NATS client that sends
- * GenerateRequests and collects the streamed answers. Every process a test starts is killed when
- * the test ends (and dies with it if the test crashes).
+ * Integration test harness: a real nats-server on 127.0.0.1 (one, or a cluster; ephemeral ports,
+ * or a given one for restarts), the real kvrouter/kvworker/kvbench binaries as child processes,
+ * and a NATS client that sends GenerateRequests and collects the streamed answers.
+ *
+ * A test's life:
+ *
+ *     static void setup(void) { h_setup(&srv, 1, &nc); }        (.init)
+ *     static void teardown(void) { h_teardown(&nc); }           (.fini)
+ *     Test(...) { ...; h_end(); }                               (the last line of every test)
+ *
+ * Every process a test starts writes its own log (/tmp/kvr_it_<test pid>_<name>_<n>.log) and is
+ * remembered. h_end checks that they stop cleanly: every daemon not killed on purpose (h_signal
+ * SIGKILL) gets SIGTERM and must exit 0 within H_STOP_MS (routers drain, workers finish or reach
+ * their --drain-timeout-ms), then the nats-servers get SIGTERM and must exit by themselves; a
+ * non-zero status or a hang fails the test with the process's name, pid, status and log tail.
+ * The check runs in the test body because Criterion 2.4 does not report an assertion that fails
+ * in .fini (it prints it and still counts the test as passed). h_teardown (.fini) only cleans up:
+ * it kills whatever is left (after a failed test) and says where each process's log is. The logs
+ * of a test that passed are removed, unless KVR_IT_KEEP_LOGS is set.
  */
 #ifndef KVR_HARNESS_H
 #define KVR_HARNESS_H
@@ -11,7 +26,17 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <jansson.h>
 #include <nats/nats.h>
+
+#define H_GEN         "kv.default.generate"
+#define H_MAX_ROUTERS 16    /* digest answers collected at most */
+#define H_STOP_MS     10000 /* every daemon exits within this after SIGTERM at h_end */
+
+/* A NULL-terminated argument list: H_ARGS("--max-prompt-tokens", "1000"). */
+#define H_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* --- NATS servers ------------------------------------------------------------------------- */
 
 struct nats_srv {
     pid_t pid;
@@ -19,7 +44,7 @@ struct nats_srv {
     char url[128];
     char monitor[128];
     char cluster[128]; /* its cluster listen URL, when clustered */
-    char dir[256];
+    char dir[256];     /* its ports file's directory */
 };
 
 /* Start nats-server (port 0: ephemeral); waits until it accepts clients. false on failure. */
@@ -31,15 +56,53 @@ bool h_nats_start(struct nats_srv *s, int port);
 bool h_nats_start_node(struct nats_srv *s, int port, const char *name, const struct nats_srv *seed);
 /* Wait until every one of the n nodes has n - 1 routes; false on timeout. */
 bool h_cluster_wait(const struct nats_srv *nodes, int n, int timeout_ms);
+/* SIGTERM; asserts that it exits by itself within 5 s (nats-server 2.9 exits 1 on SIGTERM). */
 void h_nats_stop(struct nats_srv *s);
+/*
+ * "url,url,...": the client URLs of nodes[0..n-1], nodes[first]'s first (a process prefers it and
+ * fails over to the others). In a ring of static buffers: valid for the next 15 calls.
+ */
+const char *h_urls(const struct nats_srv *nodes, int n, int first);
 
-/* Start one of our binaries (name: "kvrouter", "kvworker") with extra args (NULL-terminated). */
+/* --- a test's life ------------------------------------------------------------------------ */
+
+/*
+ * .init: start n NATS servers (n == 1: a lone server; n > 1: a cluster n1..nN seeded by nodes[0],
+ * routes formed) and connect *nc to nodes[0]. Asserts.
+ */
+void h_setup(struct nats_srv *nodes, int n, natsConnection **nc);
+/* The last line of every test: stop every process and assert that each stopped cleanly. */
+void h_end(void);
+/* .fini: close *nc, kill whatever is left, point at the logs when h_end was not reached. */
+void h_teardown(natsConnection **nc);
+
+/* --- processes ---------------------------------------------------------------------------- */
+
+/* Start one of our binaries (name: "kvrouter", "kvworker", "kvbench") with args (NULL-terminated).
+ */
 pid_t h_spawn(const char *name, const char *const *args);
+/* kvrouter --nats urls --id id --log-level info, then extra (NULL-terminated, or NULL). */
+pid_t h_router(const char *urls, const char *id, const char *const *extra);
+/*
+ * kvworker --nats urls --id id --speedup speedup --heartbeat-ms heartbeat_ms --drain-timeout-ms
+ * 2000 --log-level info, then extra.
+ */
+pid_t h_worker(const char *urls, const char *id, int speedup, int heartbeat_ms,
+               const char *const *extra);
+/*
+ * Send sig to pid. SIGKILL marks it killed on purpose (never checked); after SIGTERM it must
+ * exit 0 (h_wait, or h_end checks it).
+ */
 void h_signal(pid_t pid, int sig);
-/* Wait for pid to exit within ms; returns its exit status, or -1 on timeout (then it is killed). */
+/* Wait for pid to exit within ms; returns its exit status (128 + signal when a signal killed it),
+ * or -1 on timeout (then it is killed). h_end does not check it again. */
 int h_wait(pid_t pid, int ms);
-/* Kill every process started (called by the fixtures). */
-void h_kill_all(void);
+/* Whether pid has exited (then reaped: h_wait returns its status at once). */
+bool h_exited(pid_t pid);
+/* Print the last lines of pid's log to stderr. */
+void h_print_tail(pid_t pid, int lines);
+
+/* --- one request -------------------------------------------------------------------------- */
 
 /* What a request got back. */
 struct h_result {
@@ -82,11 +145,59 @@ bool h_collect(struct h_req *q, int timeout_ms);
  */
 bool h_collect_resend(natsConnection *nc, const char *subject, struct h_req *q, int resend_ms,
                       uint32_t max_resends, int timeout_ms, int linger_ms);
+/* h_send (asserted), then h_collect: what came back. */
+struct h_result h_ask(natsConnection *nc, const char *subject, const char *id, uint32_t base,
+                      uint32_t shared, uint32_t n, uint32_t max_tokens, int timeout_ms);
+/* h_send_raw (asserted), then h_collect. */
+struct h_result h_ask_raw(natsConnection *nc, const char *subject, const void *data, int len,
+                          int timeout_ms);
+
+/* --- waiting for the fleet ---------------------------------------------------------------- */
+
+/*
+ * Assert that the fleet serves within timeout_ms: probes (64 tokens, 1 out) until one is served.
+ * routers > 0: first until exactly that many routers answer the digest request, all synced (in
+ * the request queue group).
+ */
+void h_until_served(natsConnection *nc, const char *subject, int routers, int timeout_ms);
+/* Assert that a router answers $SRV.PING within timeout_ms. */
+void h_until_router(natsConnection *nc, int timeout_ms);
+
+/* --- what the routers say ----------------------------------------------------------------- */
+
+/* One router's answer to kv.default.router.digest. */
+struct h_digest {
+    char id[64];     /* router_id */
+    char digest[17]; /* 16 hex digits */
+    bool synced;
+    char json[4096]; /* the answer */
+};
+
+/* Ask every router for its digest; the answers that came within wait_ms (at most max). */
+int h_digests(natsConnection *nc, struct h_digest *out, int max, int wait_ms);
+/* A counter of a digest answer (a top-level integer: asserted). */
+uint64_t h_stat(const struct h_digest *a, const char *key);
+/*
+ * Poll every every_ms until exactly n routers answer with one digest; the time it took, or -1
+ * after timeout_ms (the answers printed). last ([H_MAX_ROUTERS]): the last answers.
+ */
+int64_t h_until_agree(natsConnection *nc, int n, int timeout_ms, int every_ms,
+                      struct h_digest *last);
+
+/* One router's $SRV.STATS.kvrouter answer (type checked; asserted), to json_decref. */
+json_t *h_stats(natsConnection *nc, int timeout_ms);
+/* Its endpoint called name (borrowed; asserted). */
+json_t *h_endpoint(json_t *stats, const char *name);
+/* The value at a dotted path ("data.replication.gaps") under obj, or NULL. */
+json_t *h_json_at(json_t *obj, const char *path);
+/* The non-negative integer at path (asserted). */
+uint64_t h_json_u64(json_t *obj, const char *path);
+
+/* --- small things ------------------------------------------------------------------------- */
 
 natsConnection *h_connect(const char *url);
 uint64_t h_now_ms(void);
 void h_sleep_ms(int ms);
-
 /* GET url (monitoring), into buf; false on failure. */
 bool h_http_get(const char *url, char *buf, size_t len);
 

@@ -12,97 +12,53 @@
 #include "codec.h"
 #include "harness.h"
 
-#define GEN "kv.default.generate"
+#define GEN H_GEN
 
 static struct nats_srv srv;
 static natsConnection *nc;
 
 static void setup(void)
 {
-    memset(&srv, 0, sizeof srv);
-    cr_assert(h_nats_start(&srv, 0), "nats-server did not start");
-    nc = h_connect(srv.url);
-    cr_assert(nc != NULL);
+    h_setup(&srv, 1, &nc);
 }
 
 static void teardown(void)
 {
-    natsConnection_Destroy(nc);
-    nc = NULL;
-    h_kill_all();
+    h_teardown(&nc);
 }
 
 TestSuite(fleet, .init = setup, .fini = teardown, .timeout = 60);
 
-static pid_t router(const char *id, const char *extra)
-{
-    const char *args[] = {
-        "--nats", srv.url, "--id", id, "--log-level", "warn", extra ? "--max-prompt-tokens" : NULL,
-        extra,    NULL};
-    return h_spawn("kvrouter", args);
-}
-
-static pid_t worker(const char *id, const char *speedup, const char *hb_ms)
-{
-    const char *args[] = {"--nats",         srv.url, "--id",        id,     "--speedup", speedup,
-                          "--heartbeat-ms", hb_ms,   "--log-level", "warn", NULL};
-    return h_spawn("kvworker", args);
-}
-
-/* Send one request and wait for its answer. */
-static struct h_result ask(const char *id, uint32_t base, uint32_t shared, uint32_t n,
-                           uint32_t max_tokens, int timeout_ms)
-{
-    struct h_req q;
-    cr_assert(h_send(nc, GEN, &q, id, base, shared, n, max_tokens));
-    h_collect(&q, timeout_ms);
-    return q.res;
-}
-
-/* Wait until a request succeeds (the fleet is up). */
-static void until_served(int timeout_ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
-    for (int i = 0; h_now_ms() < end; i++) {
-        char id[32];
-        snprintf(id, sizeof id, "probe-%d", i);
-        struct h_result r = ask(id, 900000 + (uint32_t)i, 0, 64, 1, 2000);
-        if (r.final && r.error_code == 0)
-            return;
-        h_sleep_ms(100);
-    }
-    cr_assert(false, "the fleet never served a request");
-}
-
 Test(fleet, a_request_streams_its_tokens)
 {
-    router("r1", NULL);
-    worker("1", "50", "200");
-    until_served(5000);
-    struct h_result r = ask("stream", 1, 0, 300, 20, 10000);
+    h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
+    struct h_result r = h_ask(nc, GEN, "stream", 1, 0, 300, 20, 10000);
     cr_assert(r.final, "the final chunk arrived");
     cr_assert(eq(u32, r.error_code, 0));
     cr_assert(eq(u32, r.tokens, 20), "one token per requested output token");
     cr_assert(eq(u32, r.chunks, 21), "20 token chunks, then the final one");
     cr_assert(eq(u64, r.worker_id, 1));
     cr_assert(le(u64, r.first_ms, r.total_ms));
+    h_end();
 }
 
 Test(fleet, shared_prefixes_stick_and_load_spreads)
 {
-    router("r1", NULL);
+    h_router(srv.url, "r1", NULL);
     for (int i = 1; i <= 4; i++) {
         char id[8];
         snprintf(id, sizeof id, "%d", i);
-        worker(id, "20", "200");
+        h_worker(srv.url, id, 20, 200, NULL);
     }
-    until_served(5000);
+    h_until_served(nc, GEN, 0, 5000);
     h_sleep_ms(500); /* every worker has announced itself */
     uint64_t first = 0;
     for (int i = 0; i < 6; i++) { /* one after another, sharing a 2,048-token prefix */
         char id[32];
         snprintf(id, sizeof id, "sticky-%d", i);
-        struct h_result r = ask(id, 100 + (uint32_t)i, 2048, 2048 + 64, 4, 10000);
+        struct h_result r = h_ask(nc, GEN, id, 100 + (uint32_t)i, 2048, 2048 + 64, 4, 10000);
         cr_assert(r.final && r.error_code == 0);
         if (i == 0)
             first = r.worker_id;
@@ -128,15 +84,16 @@ Test(fleet, shared_prefixes_stick_and_load_spreads)
             seen[distinct++] = q[i].res.worker_id;
     }
     cr_assert(ge(int, distinct, 3), "8 concurrent requests used %d of 4 workers", distinct);
+    h_end();
 }
 
-/* Read until the first token (to learn the worker), without waiting for the end. */
+/* A worker killed mid-generation: its clients hear "worker lost" within seconds. */
 Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
 {
-    router("r1", NULL);
-    pid_t w1 = worker("1", "1", "500");
-    pid_t w2 = worker("2", "1", "500");
-    until_served(5000);
+    h_router(srv.url, "r1", NULL);
+    pid_t w1 = h_worker(srv.url, "1", 1, 500, NULL);
+    pid_t w2 = h_worker(srv.url, "2", 1, 500, NULL);
+    h_until_served(nc, GEN, 0, 5000);
     struct h_req q[4];
     uint64_t wid[4];
     for (int i = 0; i < 4; i++) { /* long generations: 3,000 tokens at real speed */
@@ -162,9 +119,10 @@ Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
         if (q[i].sub)
             natsSubscription_Destroy(q[i].sub);
     /* the survivor still serves */
-    struct h_result r = ask("after", 42, 0, 64, 2, 10000);
+    struct h_result r = h_ask(nc, GEN, "after", 42, 0, 64, 2, 10000);
     cr_assert(r.final && r.error_code == 0);
     cr_assert(ne(u64, r.worker_id, victim));
+    h_end();
 }
 
 /* GenerateRequest bytes with an Overrides{policy = name} appended (names the encoder won't make).
@@ -188,76 +146,86 @@ static int with_policy(uint8_t *out, const char *name)
     return n + (int)len;
 }
 
-static struct h_result raw(const void *data, int len)
+/* errors_by_code of the generate endpoint (a $SRV.STATS answer): code name -> count. */
+static uint64_t errors_of(json_t *stats, const char *code)
 {
-    struct h_req q;
-    cr_assert(h_send_raw(nc, GEN, &q, data, len));
-    h_collect(&q, 5000);
-    return q.res;
-}
-
-/* Wait until a router answers $SRV.PING. */
-static void until_router(int timeout_ms)
-{
-    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
-    while (h_now_ms() < end) {
-        natsMsg *m = NULL;
-        if (natsConnection_RequestString(&m, nc, "$SRV.PING.kvrouter", "", 500) == NATS_OK) {
-            natsMsg_Destroy(m);
-            return;
-        }
-        h_sleep_ms(50);
-    }
-    cr_assert(false, "no router answered $SRV.PING");
+    json_t *by_code = h_json_at(h_endpoint(stats, "generate"), "errors_by_code");
+    bool is_object = json_is_object(by_code);
+    cr_assert(is_object, "$SRV.STATS has no errors_by_code for generate");
+    return json_object_get(by_code, code) ? h_json_u64(by_code, code) : 0;
 }
 
 Test(fleet, bad_input_gets_errors_and_the_router_keeps_serving)
 {
-    router("r1", "1000");
-    until_router(5000);
-    struct h_result r = ask("no-workers", 1, 0, 64, 2, 5000);
+    h_router(srv.url, "r1", H_ARGS("--max-prompt-tokens", "1000"));
+    h_until_router(nc, 5000);
+    struct h_result r = h_ask(nc, GEN, "no-workers", 1, 0, 64, 2, 5000);
     cr_assert(r.final);
     cr_assert(eq(u32, r.error_code, KVR_ERR_NO_WORKERS), "no workers: an error at once");
-    worker("1", "50", "200");
-    until_served(5000);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
+    /* "no workers" so far: that one, and the probes sent before the worker had joined */
+    json_t *before = h_stats(nc, 2000);
     uint8_t garbage[64];
     memset(garbage, 0xff, sizeof garbage);
-    r = raw(garbage, sizeof garbage);
+    r = h_ask_raw(nc, GEN, garbage, sizeof garbage, 5000);
     cr_assert(r.final && r.error_header);
     cr_assert(eq(u32, r.error_code, KVR_ERR_MALFORMED));
-    r = ask("empty", 2, 0, 0, 2, 5000);
+    r = h_ask(nc, GEN, "empty", 2, 0, 0, 2, 5000);
     cr_assert(eq(u32, r.error_code, KVR_ERR_EMPTY_PROMPT));
-    r = ask("long", 3, 0, 2000, 2, 5000);
+    r = h_ask(nc, GEN, "long", 3, 0, 2000, 2, 5000);
     cr_assert(eq(u32, r.error_code, KVR_ERR_PROMPT_TOO_LONG));
     uint8_t buf[512];
-    r = raw(buf, with_policy(buf, "nope"));
+    r = h_ask_raw(nc, GEN, buf, with_policy(buf, "nope"), 5000);
     cr_assert(eq(u32, r.error_code, KVR_ERR_UNKNOWN_POLICY));
-    r = raw(buf, with_policy(buf, "round_robin"));
+    r = h_ask_raw(nc, GEN, buf, with_policy(buf, "round_robin"), 5000);
     cr_assert(eq(u32, r.error_code, 0), "a known policy override is served");
     natsConnection_Publish(nc, "kv.default.ev.1.kv", garbage, sizeof garbage);
     natsConnection_Publish(nc, "kv.default.ev.x.hb", garbage, sizeof garbage);
     natsConnection_Publish(nc, "kv.default.generate", garbage, 10); /* no reply subject */
-    r = ask("still", 4, 0, 256, 3, 5000);
+    r = h_ask(nc, GEN, "still", 4, 0, 256, 3, 5000);
     cr_assert(r.final && r.error_code == 0, "the router still serves");
-    natsMsg *stats = NULL;
-    cr_assert(eq(int, natsConnection_RequestString(&stats, nc, "$SRV.STATS.kvrouter", "", 2000),
-                 NATS_OK));
-    const char *json = natsMsg_GetData(stats);
-    cr_assert(strstr(json, "\"type\":\"io.nats.micro.v1.stats_response\"") != NULL);
-    const char *bad = strstr(json, "\"bad_events\":");
-    cr_assert(bad && atoi(bad + 13) >= 2, "malformed events were counted: %s", json);
-    const char *errs = strstr(json, "\"num_errors\":");
-    cr_assert(errs && atoi(errs + 13) >= 5, "refused requests were counted");
-    natsMsg_Destroy(stats);
+    json_t *stats = h_stats(nc, 2000);
+    json_t *gen = h_endpoint(stats, "generate");
+    char *text = json_dumps(gen, JSON_COMPACT);
+    cr_assert(ge(u64, h_json_u64(gen, "data.bad_events"), 2), "malformed events were counted: %s",
+              text);
+    cr_assert(ge(u64, h_json_u64(gen, "num_errors"), 5), "refused requests were counted");
+    /* every refusal by its code: the garbage without a reply subject is a dropped malformed one */
+    static const struct {
+        const char *code;
+        uint64_t n;
+    } want[] = {
+        {"KVR_ERR_MALFORMED", 2},
+        {"KVR_ERR_EMPTY_PROMPT", 1},
+        {"KVR_ERR_PROMPT_TOO_LONG", 1},
+        {"KVR_ERR_UNKNOWN_POLICY", 1},
+    };
+    uint64_t no_workers = errors_of(before, "KVR_ERR_NO_WORKERS"), total = no_workers;
+    cr_assert(ge(u64, no_workers, 1));
+    cr_assert(eq(u64, errors_of(stats, "KVR_ERR_NO_WORKERS"), no_workers), "%s", text);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        cr_assert(eq(u64, errors_of(stats, want[i].code), want[i].n), "%s: %s", want[i].code, text);
+        total += want[i].n;
+    }
+    cr_assert(eq(u64, (uint64_t)json_object_size(h_json_at(gen, "errors_by_code")),
+                 sizeof want / sizeof want[0] + 1),
+              "no other codes: %s", text);
+    cr_assert(eq(u64, h_json_u64(gen, "num_errors"), total), "%s", text);
+    cr_assert(eq(u64, h_json_u64(gen, "dropped"), 1), "the one without a reply subject: %s", text);
+    free(text);
+    json_decref(stats);
+    json_decref(before);
+    h_end();
 }
 
 Test(fleet, sigterm_loses_no_request)
 {
-    pid_t r1 = router("r1", NULL);
-    router("r2", NULL);
-    worker("1", "50", "200");
-    worker("2", "50", "200");
-    until_served(5000);
+    pid_t r1 = h_router(srv.url, "r1", NULL);
+    h_router(srv.url, "r2", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_worker(srv.url, "2", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
     enum { N = 120 };
     static struct h_req q[N];
     for (int i = 0; i < N; i++) {
@@ -278,26 +246,28 @@ Test(fleet, sigterm_loses_no_request)
     }
     cr_assert(eq(int, ok, N), "every request was served across the drain");
     cr_assert(eq(int, h_wait(r1, 10000), 0), "the drained router exits 0");
+    h_end();
 }
 
 Test(fleet, a_router_restart_is_survived)
 {
-    pid_t r1 = router("r1", NULL);
-    worker("1", "50", "200");
-    until_served(5000);
+    pid_t r1 = h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
     h_signal(r1, SIGTERM);
     cr_assert(eq(int, h_wait(r1, 10000), 0));
-    router("r1b", NULL);
-    until_served(5000);
-    struct h_result r = ask("after-restart", 9, 0, 256, 5, 5000);
+    h_router(srv.url, "r1b", NULL);
+    h_until_served(nc, GEN, 0, 5000);
+    struct h_result r = h_ask(nc, GEN, "after-restart", 9, 0, 256, 5, 5000);
     cr_assert(r.final && r.error_code == 0);
+    h_end();
 }
 
 Test(fleet, a_nats_server_restart_is_survived)
 {
-    router("r1", NULL);
-    worker("1", "50", "200");
-    until_served(5000);
+    h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
     int port = srv.port;
     natsConnection_Destroy(nc);
     nc = NULL;
@@ -306,7 +276,8 @@ Test(fleet, a_nats_server_restart_is_survived)
     cr_assert(h_nats_start(&srv, port), "nats-server restarted on port %d", port);
     nc = h_connect(srv.url);
     cr_assert(nc != NULL);
-    until_served(10000); /* router and worker reconnected and re-subscribed */
-    struct h_result r = ask("after-nats", 11, 0, 256, 5, 5000);
+    h_until_served(nc, GEN, 0, 10000); /* router and worker reconnected and re-subscribed */
+    struct h_result r = h_ask(nc, GEN, "after-nats", 11, 0, 256, 5, 5000);
     cr_assert(r.final && r.error_code == 0);
+    h_end();
 }
