@@ -165,6 +165,8 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
         return KVR_ERR_SHUTDOWN;
     if (find(w, key))
         return KVR_ERR_DUPLICATE;
+    if (w->nreqs >= KVR_WIRE_INFLIGHT_MAX)
+        return KVR_ERR_OVERLOADED; /* a heartbeat lists every request held: no more than fit */
     uint32_t nb = q->ntokens / w->cfg->engine.block_size;
     uint64_t *h = malloc((2 * (size_t)nb + 1) * sizeof *h);
     struct kvr_wreq *r = calloc(1, sizeof *r);
