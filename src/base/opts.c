@@ -175,8 +175,12 @@ static void print_help(const struct kvr_opt *opts, size_t n, const char *program
         type_hint(&opts[i], hint, sizeof hint);
         snprintf(left, sizeof left, "--%s%s%s", opts[i].name, *hint ? " " : "", hint);
         kvr_opt_format(&opts[i], value, sizeof value);
-        printf("  %-32s %s (default %s%s%s)\n", left, opts[i].help, *value ? value : "none",
-               opts[i].env ? "; env " : "", opts[i].env ? opts[i].env : "");
+        char range[80] = "";
+        if (opts[i].min != 0 || opts[i].max != 0)
+            snprintf(range, sizeof range, "%.6g to %.6g; ", opts[i].min, opts[i].max);
+        printf("  %-32s %s (%sdefault %s%s%s)\n", left, opts[i].help, range,
+               *value ? value : "none", opts[i].env ? "; env " : "",
+               opts[i].env ? opts[i].env : "");
     }
     printf("  %-32s print the settings in force as a config file, and exit\n", "--print-config");
     printf("  %-32s this text\n", "--help");

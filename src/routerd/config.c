@@ -48,7 +48,7 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
 {
     struct kvr_router_config *k = &c->core;
     const struct kvr_opt t[] = {
-        STR("id", "KVR_ROUTER_ID", c->id, "router id (default: host-pid)"),
+        STR("id", "KVR_ROUTER_ID", c->id, "router id (none: host-pid)"),
         {.name = "block-size",
          .env = "KVR_BLOCK_SIZE",
          .type = KVR_OPT_U32,

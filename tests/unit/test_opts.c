@@ -1,0 +1,174 @@
+/*
+ * The option table (src/base/opts): precedence (config file < environment < flag), validation
+ * (ranges, choices, types), durations, --print-config and --help showing the defaults.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <criterion/redirect.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "opts.h"
+
+static const char *const colours[] = {"red", "green", "blue", NULL};
+
+struct settings {
+    char name[KVR_OPT_STR_MAX];
+    uint32_t count;
+    uint64_t wait_ns;
+    double ratio;
+    bool loud;
+    int colour;
+};
+
+static struct settings s;
+static struct kvr_opt table[6];
+static char config_path[64];
+
+static void setup(void)
+{
+    memset(&s, 0, sizeof s);
+    strcpy(s.name, "default-name");
+    s.count = 3;
+    s.wait_ns = 1500000; /* 1.5 ms */
+    s.ratio = 0.5;
+    s.colour = 1;
+    const struct kvr_opt t[6] = {
+        {.name = "name", .env = "KVRT_NAME", .type = KVR_OPT_STR, .ptr = s.name, .help = "a name"},
+        {.name = "count",
+         .env = "KVRT_COUNT",
+         .type = KVR_OPT_U32,
+         .ptr = &s.count,
+         .help = "a count",
+         .min = 1,
+         .max = 10},
+        {.name = "wait-ms", .type = KVR_OPT_MS, .ptr = &s.wait_ns, .help = "a wait"},
+        {.name = "ratio",
+         .type = KVR_OPT_DOUBLE,
+         .ptr = &s.ratio,
+         .help = "a ratio",
+         .min = 0,
+         .max = 1},
+        {.name = "loud", .env = "KVRT_LOUD", .type = KVR_OPT_BOOL, .ptr = &s.loud, .help = "loud"},
+        {.name = "colour",
+         .type = KVR_OPT_ENUM,
+         .ptr = &s.colour,
+         .help = "a colour",
+         .choices = colours},
+    };
+    memcpy(table, t, sizeof t);
+    unsetenv("KVRT_NAME");
+    unsetenv("KVRT_COUNT");
+    unsetenv("KVRT_LOUD");
+    unsetenv("KVR_CONFIG");
+    snprintf(config_path, sizeof config_path, "/tmp/kvr_opts_%d.conf", (int)getpid());
+}
+
+static void teardown(void)
+{
+    unlink(config_path);
+}
+
+TestSuite(opts, .init = setup, .fini = teardown);
+
+static enum kvr_opts_result parse(int argc, char **argv)
+{
+    return kvr_opts_parse(table, 6, argc, argv, "t", "a test");
+}
+
+static void write_config(const char *text)
+{
+    FILE *f = fopen(config_path, "w");
+    cr_assert(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(opts, defaults_stand_when_nothing_is_given)
+{
+    char *argv[] = {"t", NULL};
+    cr_assert(eq(int, parse(1, argv), KVR_OPTS_GO));
+    cr_assert(eq(str, s.name, "default-name"));
+    cr_assert(eq(u32, s.count, 3));
+}
+
+Test(opts, a_flag_beats_the_environment_which_beats_the_file)
+{
+    write_config("# a comment\nname = from-file\ncount = 4\nloud = yes\nratio = 0.25\n");
+    setenv("KVRT_NAME", "from-env", 1);
+    setenv("KVRT_COUNT", "5", 1);
+    char *argv[] = {"t", "--config", config_path, "--count", "6", NULL};
+    cr_assert(eq(int, parse(5, argv), KVR_OPTS_GO));
+    cr_assert(eq(u32, s.count, 6), "the flag wins");
+    cr_assert(eq(str, s.name, "from-env"), "the environment beats the file");
+    cr_assert(s.loud, "the file sets what nothing else does");
+    cr_assert(eq(dbl, s.ratio, 0.25));
+}
+
+Test(opts, the_config_file_may_come_from_the_environment)
+{
+    write_config("count = 7\n");
+    setenv("KVR_CONFIG", config_path, 1);
+    char *argv[] = {"t", NULL};
+    cr_assert(eq(int, parse(1, argv), KVR_OPTS_GO));
+    cr_assert(eq(u32, s.count, 7));
+}
+
+Test(opts, values_out_of_range_or_of_the_wrong_type_are_refused, .init = setup)
+{
+    const char *bad[][2] = {{"--count", "11"},    {"--count", "0"},    {"--count", "-1"},
+                            {"--count", "3x"},    {"--ratio", "1.5"},  {"--ratio", "nan"},
+                            {"--colour", "pink"}, {"--wait-ms", "-2"}, {"--loud=maybe", NULL},
+                            {"--nope", "1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {"t", (char *)bad[i][0], (char *)bad[i][1], NULL};
+        int argc = bad[i][1] ? 3 : 2;
+        cr_assert(eq(int, parse(argc, argv), KVR_OPTS_BAD), "%s %s accepted", bad[i][0],
+                  bad[i][1] ? bad[i][1] : "");
+    }
+    setenv("KVRT_COUNT", "99", 1);
+    char *argv[] = {"t", NULL};
+    cr_assert(eq(int, parse(1, argv), KVR_OPTS_BAD), "a bad environment value is refused");
+    unsetenv("KVRT_COUNT");
+    write_config("count = 2\nbogus = 1\n");
+    char *argv2[] = {"t", "--config", config_path, NULL};
+    cr_assert(eq(int, parse(3, argv2), KVR_OPTS_BAD), "an unknown key in the file is refused");
+}
+
+Test(opts, durations_enums_and_booleans_parse_as_written)
+{
+    char *argv[] = {"t", "--wait-ms", "2.5", "--colour", "blue", "--loud", "--name=x=y", NULL};
+    cr_assert(eq(int, parse(7, argv), KVR_OPTS_GO));
+    cr_assert(eq(u64, s.wait_ns, 2500000));
+    cr_assert(eq(int, s.colour, 2));
+    cr_assert(s.loud, "a bare boolean flag is true");
+    cr_assert(eq(str, s.name, "x=y"));
+}
+
+Test(opts, print_config_shows_the_values_in_force, .init = setup)
+{
+    cr_redirect_stdout();
+    char *argv[] = {"t", "--count", "9", "--print-config", NULL};
+    cr_assert(eq(int, parse(4, argv), KVR_OPTS_EXIT));
+    fflush(stdout);
+    cr_assert_stdout_eq_str("name = default-name\ncount = 9\nwait-ms = 1.5\nratio = 0.5\n"
+                            "loud = false\ncolour = green\n");
+}
+
+Test(opts, help_shows_each_default, .init = setup)
+{
+    cr_redirect_stdout();
+    char *argv[] = {"t", "--help", NULL};
+    cr_assert(eq(int, parse(2, argv), KVR_OPTS_EXIT));
+    fflush(stdout);
+    FILE *out = cr_get_redirected_stdout();
+    char text[4096] = "";
+    size_t n = fread(text, 1, sizeof text - 1, out);
+    text[n] = 0;
+    cr_assert(strstr(text, "--count N") && strstr(text, "(1 to 10; default 3; env KVRT_COUNT)"), "%s", text);
+    cr_assert(strstr(text, "--colour red|green|blue") && strstr(text, "(default green)"), "%s",
+              text);
+    cr_assert(strstr(text, "(default 1.5)") != NULL, "%s", text);
+}
