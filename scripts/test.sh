@@ -1,44 +1,136 @@
 #!/usr/bin/env bash
 # Every test kvrouter has: installs what is missing, builds, then runs
-#   1. the whole suite on a plain build (warnings are errors under CI),
-#   2. the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer,
-#   3. the unit tests under valgrind (leaks and memory errors fail the run),
-#   4. a formatting check of every C file against .clang-format.
+#   plain     the whole suite on a plain build (warnings are errors under CI),
+#   asan      the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in a
+#             debugoptimized build so assertions run,
+#   valgrind  the unit tests under valgrind (leaks and memory errors fail the run),
+#   tsan      the integration suite with kvrouter, kvworker and kvbench under ThreadSanitizer,
+#   fuzz      every libFuzzer target (tests/fuzz) for FUZZ_SECONDS each (default 5), clang,
+#   format    a formatting check of every C file against .clang-format.
+# STAGES="asan tsan" runs only those (in the order above); each stage's time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 
+# Configure DIR with options (applied with meson configure when DIR exists, so a build made before
+# an option changed gets it too) and build it.
+build() {
+  local dir=$1
+  shift
+  if [ -f "$dir/build.ninja" ] && [ $# -gt 0 ]; then
+    meson configure "$dir" "$@" >/dev/null
+  fi
+  bash scripts/build.sh "$dir" "$@"
+}
+
+# Fail if a sanitizer wrote a report into the directory $1 (else remove it).
+check_reports() {
+  if compgen -G "$1/*" >/dev/null; then
+    head -100 "$1"/*
+    echo "sanitizers reported errors (logs in $1)"
+    exit 1
+  fi
+  rm -rf "$1"
+}
+
+stage_plain() {
+  bash scripts/build.sh build
+  meson test -C build --print-errorlogs --num-processes 2
+}
+
+stage_asan() {
+  # Criterion ignores how a test's child process exits, so the sanitizers write their reports to
+  # files and any report fails the run.
+  build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+  local logs rc=0
+  logs=$(mktemp -d)
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan" \
+  UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan" \
+    meson test -C build-asan --print-errorlogs --num-processes 2 || rc=$?
+  check_reports "$logs"
+  return "$rc"
+}
+
+stage_valgrind() {
+  bash scripts/build.sh build
+  meson test -C build --setup=valgrind --suite unit --print-errorlogs --num-processes 2
+}
+
+stage_tsan() {
+  # The daemons are built with -fsanitize=thread in build-tsan. Criterion cannot run under TSan
+  # (its boxfort arena is mapped at random fixed addresses, which TSan's shadow memory occupies),
+  # so the integration tests come from build-tsan-client, a plain build (only the test programs
+  # and their libraries are built there) whose daemons are the TSan ones, copied in for the run
+  # and removed after it. The tests spawn the daemons from their build dir (KVR_BUILD_ROOT).
+  # Reports go to files, as for ASan; tests/tsan.supp, if present, holds suppressions for races
+  # inside libnats alone (not instrumented), one commented entry each.
+  build build-tsan -Db_sanitize=thread -Dtests=false
+  local client=build-tsan-client logs opts targets bins=() rc=0
+  [ -f "$client/build.ninja" ] || meson setup "$client" ${CI:+-Dwerror=true} >/dev/null
+  targets=$(meson introspect --tests "$client" | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin):
+    if any(s.endswith(":integration") for s in t["suite"]):
+        print(os.path.relpath(t["cmd"][0], sys.argv[1]))' "$client")
+  # shellcheck disable=SC2086 # one ninja target per line
+  ninja -C "$client" $targets >/dev/null
+  for b in build-tsan/src/*; do
+    if [ -f "$b" ] && [ -x "$b" ]; then
+      cp "$b" "$client/src/"
+      bins+=("$client/src/$(basename "$b")")
+    fi
+  done
+  logs=$(mktemp -d)
+  opts="log_path=$logs/tsan:second_deadlock_stack=1:history_size=4"
+  [ -f tests/tsan.supp ] && opts+=":suppressions=$PWD/tests/tsan.supp"
+  TSAN_OPTIONS=$opts meson test -C "$client" --suite integration --no-rebuild --print-errorlogs \
+    --num-processes 2 || rc=$?
+  rm -f "${bins[@]}" # the next ninja in build-tsan-client relinks the plain ones
+  check_reports "$logs"
+  return "$rc"
+}
+
+stage_fuzz() {
+  # tests/fuzz/README.md: libFuzzer needs clang; each target runs from seeds the encoders write,
+  # two at a time, and any crash, leak, timeout or out-of-memory fails (reproducers are kept in
+  # build-fuzz/tests/fuzz/work/<target>/).
+  if [ ! -f build-fuzz/build.ninja ]; then
+    CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dtests=false ${CI:+-Dwerror=true} >/dev/null
+  fi
+  ninja -C build-fuzz >/dev/null
+  FUZZ_SECONDS=${FUZZ_SECONDS:-5} meson test -C build-fuzz --suite fuzz --print-errorlogs \
+    --num-processes 2
+}
+
+stage_format() {
+  local files unformatted=()
+  files=$(git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench -name '*.[ch]')
+  for f in $files; do
+    clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || unformatted+=("$f")
+  done
+  if [ ${#unformatted[@]} -gt 0 ]; then
+    echo "not formatted with clang-format: ${unformatted[*]}"
+    exit 1
+  fi
+}
+
+# Each stage's time, printed at the end, also when a stage fails (then it is the last one).
 start=$(date +%s)
-echo "== plain build"
-bash scripts/build.sh build
-meson test -C build --print-errorlogs --num-processes 2
-
-echo "== address + undefined sanitizers"
-# Criterion ignores how a test's child process exits, so the sanitizers write their reports to
-# files and any report fails the run.
-bash scripts/build.sh build-asan -Db_sanitize=address,undefined -Db_lundef=false
-san_logs=$(mktemp -d)
-ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$san_logs/asan" \
-UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$san_logs/ubsan" \
-  meson test -C build-asan --print-errorlogs --num-processes 2
-if compgen -G "$san_logs/*" >/dev/null; then
-  head -100 "$san_logs"/*
-  echo "sanitizers reported errors (logs in $san_logs)"
-  exit 1
-fi
-rm -rf "$san_logs"
-
-echo "== valgrind (unit tests)"
-meson test -C build --setup=valgrind --suite unit --print-errorlogs --num-processes 2
-
-echo "== clang-format"
-bad=$(git ls-files '*.c' '*.h' 2>/dev/null || find src include tests bench -name '*.[ch]')
-unformatted=()
-for f in $bad; do
-  clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || unformatted+=("$f")
+times="" current="" t0=0
+report() {
+  local rc=$?
+  [ -n "$current" ] && times+="time: $current $(($(date +%s) - t0)) s (failed)"$'\n'
+  printf '%s' "$times"
+  [ "$rc" -ne 0 ] || echo "all tests passed in $(($(date +%s) - start)) s"
+  exit "$rc"
+}
+trap report EXIT
+for s in plain asan valgrind tsan fuzz format; do
+  case " ${STAGES:-plain asan valgrind tsan fuzz format} " in *" $s "*) ;; *) continue ;; esac
+  echo "== $s"
+  current=$s t0=$(date +%s)
+  "stage_$s"
+  times+="time: $s $(($(date +%s) - t0)) s"$'\n'
+  current=""
 done
-if [ ${#unformatted[@]} -gt 0 ]; then
-  echo "not formatted with clang-format: ${unformatted[*]}"
-  exit 1
-fi
-echo "all tests passed in $(( $(date +%s) - start )) s"
