@@ -160,6 +160,79 @@ static void replicas(void)
     kvr_buf_free(&b);
 }
 
+/* A framed message for the handler targets: kind, length (u16 le), bytes. */
+static void frame(struct kvr_buf *seq, int kind, const struct kvr_buf *m)
+{
+    size_t at = seq->len, n = m->len > 0xffff ? 0xffff : m->len;
+    check(kvr_buf_reserve(seq, at + (kind >= 0) + 2 + n), "frame");
+    if (kind >= 0)
+        seq->data[at++] = (uint8_t)kind;
+    seq->data[at++] = (uint8_t)(n & 0xff);
+    seq->data[at++] = (uint8_t)(n >> 8);
+    memcpy(seq->data + at, m->data, n);
+    seq->len = at + n;
+}
+
+enum {
+    H_GENERATE = 0,
+    H_SELECT = 1,
+    H_EVENT = 2,
+    H_GOSSIP = 4,
+    H_SYNC = 5,
+    H_PAGE = 6,
+    H_SRV = 7,
+    H_DIGEST = 8,
+    H_TICK = 9
+};
+enum { EV_KV = 0, EV_TOKENS = 1, EV_DONE = 2, EV_HB = 3 };
+
+#define EVENT(worker, ev) (H_EVENT | ((worker)-1) << 4 | (ev) << 6)
+
+/* Sequences of messages for fuzz_routerd and fuzz_worker (framing: see those targets). */
+static void handlers(void)
+{
+    struct kvr_buf seq = {0}, m = {0}, w = {0}, none = {0};
+    struct kvr_kv_block blocks[2] = {{0xb1, 0xc1}, {0xb2, 0xc2}};
+    check(kvr_buf_reserve(&none, 1), "none");
+    check(kvr_wire_encode_generate(&m, "req-1", tokens, 40, 4, NULL), "generate");
+    frame(&seq, H_GENERATE, &m);
+    check(kvr_wire_encode_stored(&w, 1, 1, NULL, blocks, 2), "kv");
+    frame(&seq, EVENT(1, EV_KV), &w);
+    check(kvr_wire_encode_tokens(&w, 1, 1000, KVR_WIRE_PREFILL_DONE), "tokens");
+    frame(&seq, EVENT(1, EV_TOKENS), &w);
+    check(kvr_wire_encode_done(&w, 1, 1000, 0), "done");
+    frame(&seq, EVENT(1, EV_DONE), &w);
+    frame(&seq, H_TICK, &none);
+    put("routerd", 0, &seq);
+    seq.len = 0;
+    uint64_t hashes[2] = {0xa1, 0xa2};
+    struct kvr_request_record rec = {1000, 2, hashes, 2, 40, 1, false, 0};
+    check(kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer"),
+          "gossip");
+    frame(&seq, H_GOSSIP, &w);
+    check(kvr_wire_encode_gossip_hello(&w, "peer", 5, 3, true), "gossip");
+    frame(&seq, H_GOSSIP, &w);
+    struct kvr_wire_sync s = {"peer", true, NULL, 0, 0, 0, 5, 77};
+    check(kvr_wire_encode_sync(&w, &s), "sync");
+    frame(&seq, H_SYNC, &w);
+    frame(&seq, H_SRV | 1 << 4, &none);
+    frame(&seq, H_DIGEST, &none);
+    put("routerd", 1, &seq);
+    seq.len = 0;
+    check(kvr_wire_encode_select_request(&w, m.data, m.len, true), "select");
+    frame(&seq, H_SELECT, &w);
+    put("routerd", 2, &seq);
+    seq.len = 0;
+    check(kvr_wire_encode_worker_generate(&w, m.data, m.len, 1000, 0, "r1"), "worker_generate");
+    frame(&seq, -1, &w);
+    frame(&seq, -1, &w);
+    put("worker", 0, &seq);
+    kvr_buf_free(&seq);
+    kvr_buf_free(&m);
+    kvr_buf_free(&w);
+    kvr_buf_free(&none);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -177,5 +250,6 @@ int main(int argc, char **argv)
     events();
     select_responses();
     replicas();
+    handlers();
     return failed;
 }
