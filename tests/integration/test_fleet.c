@@ -281,3 +281,84 @@ Test(fleet, a_nats_server_restart_is_survived)
     cr_assert(r.final && r.error_code == 0);
     h_end();
 }
+
+/* Generate and select requests at once, from one client: the intake's two endpoints run on
+ * different delivery threads and share the state (the ThreadSanitizer stage runs this). Every
+ * request is answered; the worker's own $SRV.STATS counts what it served. */
+Test(fleet, selects_and_generates_at_once_are_all_answered)
+{
+    h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_worker(srv.url, "2", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 5000);
+    enum { N = 200 };
+    static struct h_req q[N];
+    natsSubscription *answers = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&answers, nc, "_SEL.>"), NATS_OK));
+    natsSubscription_SetPendingLimits(answers, -1, -1);
+    uint32_t t[96];
+    for (int i = 0; i < 96; i++)
+        t[i] = 31 + (uint32_t)i;
+    struct kvr_buf req = {0}, sel = {0};
+    for (int i = 0; i < N; i++) {
+        char id[32], reply[32];
+        snprintf(id, sizeof id, "both-%d", i);
+        cr_assert(h_send(nc, GEN, &q[i], id, 4000 + (uint32_t)i, 64, 128, 2));
+        snprintf(id, sizeof id, "sel-%d", i);
+        snprintf(reply, sizeof reply, "_SEL.%d", i);
+        t[0] = (uint32_t)i;
+        cr_assert(eq(int, kvr_wire_encode_generate(&req, id, t, 96, 4, NULL), KVR_OK));
+        cr_assert(eq(int, kvr_wire_encode_select_request(&sel, req.data, req.len, false), KVR_OK));
+        cr_assert(eq(
+            int,
+            natsConnection_PublishRequest(nc, "kv.default.select", reply, sel.data, (int)sel.len),
+            NATS_OK));
+    }
+    int selected = 0;
+    natsMsg *m = NULL;
+    while (selected < N && natsSubscription_NextMsg(&m, answers, 5000) == NATS_OK) {
+        uint64_t wid = 0, key = 0;
+        uint32_t overlap, ncand, code = 99;
+        cr_assert(
+            eq(int,
+               kvr_wire_decode_select_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                                               &wid, &overlap, &ncand, &code, &key),
+               KVR_OK));
+        cr_assert(eq(u32, code, 0));
+        cr_assert(wid == 1 || wid == 2);
+        cr_assert(eq(u32, ncand, 2), "both workers priced");
+        selected++;
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(answers);
+    cr_assert(eq(int, selected, N), "every select answered");
+    for (int i = 0; i < N; i++) {
+        cr_assert(h_collect(&q[i], 15000), "generate %d got no answer", i);
+        cr_assert(eq(u32, q[i].res.error_code, 0));
+    }
+    /* each worker answers $SRV as service kvworker: collect every answer */
+    natsSubscription *srv_answers = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&srv_answers, nc, "_SRVW.1"), NATS_OK));
+    cr_assert(eq(int, natsConnection_PublishRequestString(nc, "$SRV.STATS.kvworker", "_SRVW.1", ""),
+                 NATS_OK));
+    uint64_t served = 0;
+    int workers = 0;
+    while (natsSubscription_NextMsg(&m, srv_answers, 1000) == NATS_OK) {
+        json_error_t err;
+        json_t *o = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, &err);
+        cr_assert(o != NULL, "STATS is JSON: %s", err.text);
+        json_t *ep = h_endpoint(o, "generate");
+        cr_assert(ep != NULL);
+        cr_assert(eq(u64, h_json_u64(ep, "num_errors"), 0));
+        served += h_json_u64(ep, "num_requests");
+        workers++;
+        json_decref(o);
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(srv_answers);
+    cr_assert(eq(int, workers, 2), "both workers answer $SRV.STATS.kvworker");
+    cr_assert(ge(u64, served, N), "the workers counted the %d requests they served", N);
+    kvr_buf_free(&req);
+    kvr_buf_free(&sel);
+    h_end();
+}
