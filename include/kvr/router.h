@@ -57,8 +57,9 @@ struct kvr_event {
 typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
 
 /*
- * The default timing model: the simulated engine's (ROUTING.md's polynomial fit), which the
- * router's time cost assumes unless configured otherwise. One definition, for both.
+ * The default timing model: the simulated engine's (ROUTING.md's polynomial fit) and its step's
+ * token budget, which the router's time cost assumes unless configured otherwise. One
+ * definition, for both.
  */
 #define KVR_MODEL_PREFILL_MS                                                                       \
     {                                                                                              \
@@ -68,6 +69,7 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
     {                                                                                              \
         5.74, 54.01, -25.74                                                                        \
     }
+#define KVR_MODEL_BATCH_TOKENS 8192u /* tokens an engine step takes */
 
 /* How the kv policy prices a worker (see docs/architecture.md). */
 enum kvr_cost_model {

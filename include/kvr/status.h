@@ -26,6 +26,7 @@
     X(KVR_ERR_UNKNOWN_PARENT, 11, "unknown parent block")                                          \
     X(KVR_ERR_BLOCK_SIZE, 12, "block size mismatch")                                               \
     X(KVR_ERR_FULL, 13, "capacity limit reached")                                                  \
+    /* 14 is retired: it was the outcome "queued", never an error on the wire */                   \
     X(KVR_ERR_MALFORMED, 15, "malformed message")                                                  \
     X(KVR_ERR_TOO_LARGE, 16, "message too large")                                                  \
     X(KVR_ERR_WORKER_LOST, 17, "worker lost")                                                      \

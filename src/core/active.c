@@ -7,9 +7,12 @@
  */
 #include "active.h"
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "grow.h"
 
 #define UNREF_PREFETCH 8u
 
@@ -41,17 +44,14 @@ void kvr_active_free(struct kvr_active *a)
 
 kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
 {
-    if (nslots <= a->nslots)
-        return KVR_OK;
-    struct kvr_active_worker *w = realloc(a->w, (size_t)nslots * sizeof *w);
-    if (!w)
+    uint32_t cap = a->nslots;
+    if (!KVR_GROW(a->w, cap, nslots, nslots))
         return KVR_ERR_NOMEM;
-    for (uint32_t s = a->nslots; s < nslots; s++) {
-        memset(&w[s], 0, sizeof w[s]);
-        kvr_list_init(&w[s].reqs);
+    for (uint32_t s = a->nslots; s < cap; s++) {
+        memset(&a->w[s], 0, sizeof a->w[s]);
+        kvr_list_init(&a->w[s].reqs);
     }
-    a->w = w;
-    a->nslots = nslots;
+    a->nslots = cap;
     return KVR_OK;
 }
 
@@ -84,9 +84,11 @@ static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, ui
         prefetch_act(a, nodes, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
+        assert(refs && *refs > 0); /* each of a request's nodes holds its reference */
         if (--*refs)
             continue;
         kvr_hset_del(&node->act, slot, &a->tab->set_bytes);
+        assert(w->blocks > 0);
         w->blocks--;
         if (node->idx.n == 0 && node->act.n == 0) {
             kvr_map_prefetch(&a->tab->map, node->seq);
@@ -124,6 +126,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
         uint32_t *refs = kvr_hset_find(&node->act, slot);
         if (refs) {
+            assert(*refs > 0 && *refs < UINT32_MAX); /* a member holds at least one reference */
             ++*refs;
             continue;
         }
@@ -166,6 +169,7 @@ static uint32_t touch(struct kvr_active *a, uint64_t id, uint64_t now)
     if (h == KVR_NIL)
         return KVR_NIL;
     struct kvr_active_req *r = req(a, h);
+    assert(r->id == id);
     if (now > r->last_ns)
         r->last_ns = now;
     kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
@@ -179,6 +183,7 @@ kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t n
     if (h == KVR_NIL)
         return KVR_ERR_UNKNOWN_REQUEST;
     struct kvr_active_req *r = req(a, h);
+    assert(a->w[r->slot].prefill >= r->prefill); /* the worker's prefill sums its requests' */
     a->w[r->slot].prefill -= r->prefill;
     r->prefill = 0;
     return KVR_OK;
@@ -200,6 +205,7 @@ static void remove_handle(struct kvr_active *a, uint32_t h)
     struct kvr_active_req *r = req(a, h);
     struct kvr_active_worker *w = &a->w[r->slot];
     unref_nodes(a, r->slot, r->nodes, r->nnodes);
+    assert(w->blocks >= r->extra && w->prefill >= r->prefill && w->nreqs > 0);
     w->blocks -= r->extra;
     w->prefill -= r->prefill;
     w->nreqs--;
@@ -270,6 +276,8 @@ uint32_t kvr_active_drop_worker(struct kvr_active *a, uint32_t slot, kvr_active_
             fn(ctx, id, slot);
         n++;
     }
+    /* the worker's figures were the sums over its requests: nothing is left of them */
+    assert(a->w[slot].nreqs == 0 && a->w[slot].blocks == 0 && a->w[slot].prefill == 0);
     return n;
 }
 

@@ -4,6 +4,7 @@
  */
 #include "blocktab.h"
 
+#include <assert.h>
 #include <string.h>
 
 kvr_status kvr_blocktab_init(struct kvr_blocktab *t, uint32_t hint)
@@ -52,6 +53,7 @@ kvr_status kvr_blocktab_get(struct kvr_blocktab *t, uint64_t seq, uint32_t *h)
 bool kvr_blocktab_release(struct kvr_blocktab *t, uint32_t h)
 {
     struct kvr_node *n = kvr_blocktab_node(t, h);
+    assert(kvr_map_get(&t->map, n->seq) == h); /* h is live: the map names it */
     if (n->idx.n || n->act.n)
         return false;
     kvr_hset_release(&n->idx, &t->set_bytes);
@@ -125,6 +127,7 @@ uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, ui
         if (h == KVR_NIL)
             break;
         const struct kvr_node *node = kvr_blocktab_node(t, h);
+        assert(node->seq == seq[d] && (node->idx.n || node->act.n)); /* no empty node is left */
         bool live = advance(idx_walk, &node->idx, d, idx_out);
         live |= advance(act_walk, &node->act, d, act_out);
         if (!live) {

@@ -1,9 +1,11 @@
 /*
  * kvr_early implementation: a map from id to record and a FIFO for expiry and the bound (the TTL
- * is constant, so insertion order is expiry order).
+ * is constant, so insertion order is expiry order). Invariant: the map and the FIFO hold the same
+ * records, at most max of them.
  */
 #include "early.h"
 
+#include <assert.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -56,6 +58,7 @@ void kvr_early_note(struct kvr_early *e, uint64_t id, enum kvr_early_kind kind, 
         r->id = id;
         r->expires = now + e->ttl_ns;
         kvr_list_append(&e->fifo, &e->recs, FIFO, h);
+        assert(e->recs.live <= e->max && e->ids.count == e->recs.live);
     }
     struct kvr_early_rec *r = rec(e, h);
     if (kind == KVR_EARLY_PREFILL)

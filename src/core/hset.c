@@ -6,12 +6,34 @@
  */
 #include "hset.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "kvr/rng.h"
 
 #define EMPTY_SLOT UINT32_MAX
+
+/* The set's form agrees with its size: inline holds at most one, sparse at most cap; empty
+ * sets have fingerprint 0. */
+static inline __attribute__((unused)) bool form_ok(const struct kvr_hset *s)
+{
+    if (s->n == 0 && s->fp != 0)
+        return false;
+    if (s->cap <= 1)
+        return s->n <= 1;
+    return s->cap == KVR_HSET_DENSE || s->n <= s->cap;
+}
+
+/* XOR of kvr_mix64 over pairs[0..n): what a set's fingerprint must be (debug checks). */
+static inline __attribute__((unused)) uint64_t fp_of(const struct kvr_hpair *pairs, uint32_t n)
+{
+    uint64_t fp = 0;
+    for (uint32_t i = 0; i < n; i++)
+        fp ^= kvr_mix64(pairs[i].slot);
+    return fp;
+}
 
 static size_t sparse_size(uint32_t cap)
 {
@@ -55,6 +77,7 @@ static void dense_put(struct kvr_hdense *d, uint32_t slot, uint32_t val)
     uint32_t i = dense_home(d, slot);
     while (t[i].slot != EMPTY_SLOT)
         i = (i + 1) & (d->tcap - 1);
+    assert(!dense_has(d, slot)); /* the bitmap and the table hold the same slots */
     t[i].slot = slot;
     t[i].val = val;
     d->bits[slot >> 6] |= 1ull << (slot & 63);
@@ -168,6 +191,7 @@ static kvr_status to_dense(struct kvr_hset *s, uint32_t slot, uint32_t val, size
     if (!d)
         return KVR_ERR_NOMEM;
     s->fp ^= kvr_mix64(slot);
+    assert(s->fp == fp_of(p, n));
     *bytes -= sparse_size(s->cap);
     free(s->u.pairs);
     s->u.dense = d;
@@ -194,6 +218,7 @@ static kvr_status dense_add(struct kvr_hset *s, uint32_t slot, uint32_t val, siz
 
 kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes)
 {
+    assert(form_ok(s));
     if (s->cap <= 1) {
         if (s->n == 0) {
             s->u.one.slot = slot;
@@ -221,13 +246,10 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
     if (s->n + 1 >= KVR_HSET_DENSE_AT && s->n < s->cap)
         return to_dense(s, slot, val, bytes);
     if (s->n == s->cap) {
-        uint32_t cap = s->cap * 2;
-        struct kvr_hpair *sp = realloc(s->u.pairs, sparse_size(cap));
-        if (!sp)
+        uint32_t old = s->cap;
+        if (!KVR_GROW(s->u.pairs, s->cap, s->n + 1, 4))
             return KVR_ERR_NOMEM;
-        *bytes += sparse_size(cap) - sparse_size(s->cap);
-        s->u.pairs = sp;
-        s->cap = cap;
+        *bytes += sparse_size(s->cap) - sparse_size(old);
         if (s->n + 1 >= KVR_HSET_DENSE_AT)
             return to_dense(s, slot, val, bytes);
     }
@@ -277,6 +299,7 @@ static void to_sparse(struct kvr_hset *s, size_t *bytes)
     dense_free(d, bytes);
     s->u.pairs = sp;
     s->cap = cap;
+    assert(s->fp == fp_of(sp, s->n));
     sparse_shrink(s, bytes);
 }
 
@@ -305,9 +328,11 @@ static void dense_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
 
 bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
 {
+    assert(form_ok(s));
     if (s->cap <= 1) {
         if (s->n == 0 || s->u.one.slot != slot)
             return false;
+        assert(s->fp == kvr_mix64(slot));
         s->n = 0;
         s->cap = 0;
         s->fp = 0;
@@ -410,6 +435,15 @@ void kvr_walk_free(struct kvr_walk *w)
     memset(w, 0, sizeof *w);
 }
 
+/* Whether v[0..n) is all zero (a debug check, once per walk). */
+static inline __attribute__((unused)) bool all_zero(const uint64_t *v, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i])
+            return false;
+    return true;
+}
+
 static void walk_set(struct kvr_walk *w, uint32_t slot)
 {
     uint32_t i = slot >> 6;
@@ -432,6 +466,7 @@ static bool walk_same(struct kvr_walk *w, const struct kvr_hset *s)
 
 void kvr_walk_start(struct kvr_walk *w, const struct kvr_hset *first)
 {
+    assert(w->nnz == 0); /* alive is all zero between walks */
     walk_same(w, first);
     if (first->cap <= 1) {
         if (first->n)
@@ -513,4 +548,5 @@ void kvr_walk_finish(struct kvr_walk *w, uint32_t depth, uint32_t *out)
         w->alive[i] = 0;
     }
     w->nnz = 0;
+    assert(all_zero(w->alive, w->words) && all_zero(w->tmp, w->words));
 }

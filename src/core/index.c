@@ -6,10 +6,12 @@
  */
 #include "index.h"
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "kvr/hash.h"
 
 #define EVENT_ENTRY UINT64_MAX /* expires value of an event entry */
@@ -63,22 +65,18 @@ void kvr_index_free(struct kvr_index *ix)
 
 kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots)
 {
-    if (nslots <= ix->nslots)
-        return KVR_OK;
-    uint32_t *counts = realloc(ix->counts, (size_t)nslots * sizeof *counts);
-    if (!counts)
+    /* counts and w share one room, nslots: each grows from it the same way */
+    uint32_t cap_counts = ix->nslots, cap_w = ix->nslots;
+    if (!KVR_GROW(ix->counts, cap_counts, nslots, nslots) ||
+        !KVR_GROW(ix->w, cap_w, nslots, nslots))
         return KVR_ERR_NOMEM;
-    ix->counts = counts;
-    struct kvr_index_worker *w = realloc(ix->w, (size_t)nslots * sizeof *w);
-    if (!w)
-        return KVR_ERR_NOMEM;
-    for (uint32_t s = ix->nslots; s < nslots; s++) {
-        memset(&w[s], 0, sizeof w[s]);
-        kvr_list_init(&w[s].entries);
-        counts[s] = 0;
+    assert(cap_counts == cap_w);
+    for (uint32_t s = ix->nslots; s < cap_w; s++) {
+        memset(&ix->w[s], 0, sizeof ix->w[s]);
+        kvr_list_init(&ix->w[s].entries);
+        ix->counts[s] = 0;
     }
-    ix->w = w;
-    ix->nslots = nslots;
+    ix->nslots = cap_w;
     return KVR_OK;
 }
 
@@ -92,9 +90,12 @@ static void entry_remove(struct kvr_index *ix, uint32_t h)
     if (e->expires == EVENT_ENTRY && w->engines.slots &&
         kvr_map_get(&w->engines, e->engine_id) == h)
         kvr_map_del(&w->engines, e->engine_id);
+    assert(ix->counts[e->slot] > 0);
     ix->counts[e->slot]--;
     struct kvr_node *node = kvr_blocktab_node(ix->tab, e->node);
-    kvr_hset_del(&node->idx, e->slot, &ix->tab->set_bytes);
+    bool held = kvr_hset_del(&node->idx, e->slot, &ix->tab->set_bytes);
+    assert(held); /* an entry is in its node's idx set under its slot */
+    (void)held;
     kvr_blocktab_release(ix->tab, e->node);
     kvr_pool_put(&ix->entries, h);
 }
@@ -107,6 +108,8 @@ static kvr_status entry_add(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
     if (h == KVR_NIL)
         return KVR_ERR_NOMEM;
     struct kvr_node *node = kvr_blocktab_node(ix->tab, nh);
+    /* (node, slot) names at most one entry: the callers looked for one first */
+    assert(slot < ix->nslots && !kvr_hset_find(&node->idx, slot));
     kvr_status st = kvr_hset_add(&node->idx, slot, h, &ix->tab->set_bytes);
     if (st != KVR_OK) {
         kvr_pool_put(&ix->entries, h);
@@ -158,6 +161,7 @@ static kvr_status store_one(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
     if (held) { /* already cached under a TTL entry or under another engine id */
         h = *held;
         struct kvr_index_entry *e = ent(ix, h);
+        assert(e->node == nh && e->slot == slot);
         lru_unlink(ix, h);
         if (e->expires == EVENT_ENTRY) {
             kvr_map_del(&w->engines, e->engine_id);
@@ -245,6 +249,7 @@ void kvr_index_clear_worker(struct kvr_index *ix, uint32_t slot)
         entry_remove(ix, w->entries.head);
         ix->cnt.cleared++;
     }
+    assert(ix->counts[slot] == 0); /* the count is the length of the worker's list */
     kvr_map_free(&w->engines);
 }
 

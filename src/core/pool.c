@@ -1,27 +1,16 @@
 /*
  * kvr_pool implementation: a free list threaded through the first four bytes of freed items.
+ * Invariants: live + (items on the free list) == next; every handle on the free list is below
+ * next; the chunks array holds a chunk for every handle below next.
  */
-#define _DEFAULT_SOURCE /* madvise */
 #include "pool.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#define HUGE_PAGE (2u << 20)
-
-void *kvr_big_alloc(size_t size)
-{
-    if (size < HUGE_PAGE)
-        return malloc(size);
-    void *p = NULL;
-    if (posix_memalign(&p, HUGE_PAGE, size))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, size / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advice only: failure is fine */
-#endif
-    return p;
-}
+#include "bigmem.h"
+#include "grow.h"
 
 void kvr_pool_init(struct kvr_pool *p, size_t item_size)
 {
@@ -39,26 +28,31 @@ void kvr_pool_free(struct kvr_pool *p)
     kvr_pool_init(p, size);
 }
 
+/* The chunk for handles from next on: the slow path, kept out of kvr_pool_alloc's way. */
+__attribute__((noinline)) static bool add_chunk(struct kvr_pool *p)
+{
+    uint32_t c = p->nchunks;
+    if (!KVR_GROW(p->chunks, p->cap_chunks, c + 1, 8))
+        return false;
+    p->chunks[c] = kvr_bigmem_alloc((size_t)KVR_POOL_CHUNK * p->item_size);
+    if (!p->chunks[c])
+        return false;
+    p->nchunks++;
+    return true;
+}
+
 uint32_t kvr_pool_alloc(struct kvr_pool *p)
 {
     uint32_t h;
     if (p->free_head != KVR_NIL) {
         h = p->free_head;
+        assert(h < p->next && p->live < p->next);
         memcpy(&p->free_head, kvr_pool_get(p, h), sizeof p->free_head);
     } else {
         if (p->next == KVR_NIL)
             return KVR_NIL;
-        uint32_t c = p->next >> KVR_POOL_SHIFT;
-        if (c == p->nchunks) {
-            unsigned char **chunks = realloc(p->chunks, (c + 1) * sizeof *chunks);
-            if (!chunks)
-                return KVR_NIL;
-            p->chunks = chunks;
-            chunks[c] = kvr_big_alloc((size_t)KVR_POOL_CHUNK * p->item_size);
-            if (!chunks[c])
-                return KVR_NIL;
-            p->nchunks++;
-        }
+        if (p->next >> KVR_POOL_SHIFT == p->nchunks && !add_chunk(p))
+            return KVR_NIL;
         h = p->next++;
     }
     p->live++;
@@ -67,6 +61,7 @@ uint32_t kvr_pool_alloc(struct kvr_pool *p)
 
 void kvr_pool_put(struct kvr_pool *p, uint32_t h)
 {
+    assert(h < p->next && p->live > 0); /* a handed-out handle, and something live to return */
     memcpy(kvr_pool_get(p, h), &p->free_head, sizeof p->free_head);
     p->free_head = h;
     p->live--;
@@ -85,6 +80,7 @@ static struct kvr_link *link_of(const struct kvr_pool *p, size_t off, uint32_t h
 void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h)
 {
     struct kvr_link *k = link_of(p, off, h);
+    assert((l->head == KVR_NIL) == (l->tail == KVR_NIL));
     k->next = KVR_NIL;
     k->prev = l->tail;
     if (l->tail != KVR_NIL)
@@ -97,6 +93,8 @@ void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, u
 void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h)
 {
     struct kvr_link *k = link_of(p, off, h);
+    assert(k->prev != KVR_NIL || l->head == h); /* h is in l: its ends agree with its links */
+    assert(k->next != KVR_NIL || l->tail == h);
     if (k->prev != KVR_NIL)
         link_of(p, off, k->prev)->next = k->next;
     else

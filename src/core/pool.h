@@ -18,6 +18,7 @@
 struct kvr_pool {
     unsigned char **chunks; /* nchunks chunks of KVR_POOL_CHUNK items, owned */
     uint32_t nchunks;       /* chunks allocated */
+    uint32_t cap_chunks;    /* room in chunks */
     uint32_t item_size;     /* bytes per item, at least 4 */
     uint32_t next;          /* handles below this have been handed out at least once */
     uint32_t free_head;     /* first free handle, KVR_NIL when none */
@@ -62,12 +63,5 @@ static inline void kvr_list_init(struct kvr_list *l)
 
 void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
 void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
-
-/*
- * Memory for large, randomly accessed arrays (hash tables, pool chunks): at least 2 MiB is
- * aligned to 2 MiB and offered to the kernel for transparent huge pages, which saves a TLB miss
- * on nearly every random access once a table outgrows the TLB's reach. Free with free().
- */
-void *kvr_big_alloc(size_t size);
 
 #endif

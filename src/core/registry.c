@@ -1,11 +1,15 @@
 /*
  * kvr_registry implementation: an array of workers by slot, a kvr_map from id to slot, and the
- * join-order list of live slots.
+ * join-order list of live slots. Invariants: order[0..nlive) are distinct slots with a non-zero
+ * id, the map holds exactly their ids, and every other slot below nslots has id 0.
  */
 #include "registry.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "grow.h"
 
 kvr_status kvr_registry_init(struct kvr_registry *g, uint32_t max_workers)
 {
@@ -28,19 +32,17 @@ struct kvr_worker *kvr_registry_find(const struct kvr_registry *g, uint64_t id)
     return slot == KVR_NIL ? NULL : &g->by_slot[slot];
 }
 
+/* Room for one more slot in by_slot and order, which share the room nslots. */
 static kvr_status grow(struct kvr_registry *g)
 {
-    uint32_t n = g->nslots ? g->nslots * 2 : 8;
-    struct kvr_worker *by_slot = realloc(g->by_slot, (size_t)n * sizeof *by_slot);
-    if (!by_slot)
+    uint32_t cap_slots = g->nslots, cap_order = g->nslots;
+    if (!KVR_GROW(g->by_slot, cap_slots, g->nslots + 1, 8))
         return KVR_ERR_NOMEM;
-    memset(by_slot + g->nslots, 0, (size_t)(n - g->nslots) * sizeof *by_slot);
-    g->by_slot = by_slot;
-    uint32_t *order = realloc(g->order, (size_t)n * sizeof *order);
-    if (!order)
+    memset(g->by_slot + g->nslots, 0, (size_t)(cap_slots - g->nslots) * sizeof *g->by_slot);
+    if (!KVR_GROW(g->order, cap_order, g->nslots + 1, 8))
         return KVR_ERR_NOMEM;
-    g->order = order;
-    g->nslots = n;
+    assert(cap_slots == cap_order);
+    g->nslots = cap_slots;
     return KVR_OK;
 }
 
@@ -60,18 +62,21 @@ kvr_status kvr_registry_add(struct kvr_registry *g, uint64_t id, uint32_t *out)
     uint32_t slot = 0;
     while (g->by_slot[slot].id)
         slot++;
+    assert(slot < g->nslots); /* fewer live workers than slots: a free one exists */
     kvr_status st = kvr_map_put(&g->ids, id, slot);
     if (st != KVR_OK)
         return st;
     memset(&g->by_slot[slot], 0, sizeof g->by_slot[slot]);
     g->by_slot[slot].id = id;
     g->order[g->nlive++] = slot;
+    assert(g->ids.count == g->nlive);
     *out = slot;
     return KVR_OK;
 }
 
 void kvr_registry_remove(struct kvr_registry *g, uint32_t slot)
 {
+    assert(slot < g->nslots && g->by_slot[slot].id != 0);
     for (uint32_t i = 0; i < g->nlive; i++) {
         if (g->order[i] == slot) {
             memmove(g->order + i, g->order + i + 1, (size_t)(g->nlive - i - 1) * sizeof *g->order);
@@ -81,4 +86,5 @@ void kvr_registry_remove(struct kvr_registry *g, uint32_t slot)
     }
     kvr_map_del(&g->ids, g->by_slot[slot].id);
     memset(&g->by_slot[slot], 0, sizeof g->by_slot[slot]);
+    assert(g->ids.count == g->nlive);
 }

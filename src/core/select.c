@@ -5,10 +5,12 @@
  */
 #include "select.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "map.h"
 
 void kvr_select_init(struct kvr_select_state *s, uint64_t seed)
@@ -67,6 +69,7 @@ typedef double (*score_fn)(const struct kvr_candidate *c, const void *arg);
 static uint32_t argmin(struct kvr_select_state *s, const struct kvr_candidate *cands,
                        const uint32_t *eligible, uint32_t n, score_fn score, const void *arg)
 {
+    assert(n >= 1);
     uint32_t best = 0, ties = 1;
     double bs = score(&cands[eligible[0]], arg);
     for (uint32_t i = 1; i < n; i++) {
@@ -97,6 +100,7 @@ static double score_neg_overlap(const struct kvr_candidate *c, const void *arg)
 static uint32_t kv_min(struct kvr_select_state *s, const double *costs, const uint32_t *slots,
                        const uint32_t *cached, const uint32_t *eligible, uint32_t n)
 {
+    assert(n >= 1);
     uint32_t best = 0, ties = 1;
     double bc = costs[eligible[0]];
     for (uint32_t i = 1; i < n; i++) {
@@ -135,13 +139,8 @@ uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const dou
     }
     if (hi == lo)
         return (uint32_t)kvr_rng_below(&s->rng, n);
-    if (s->nweights < n) {
-        double *w = realloc(s->weights, (size_t)n * sizeof *w);
-        if (!w)
-            return kv_min(s, costs, slots, cached, eligible, n);
-        s->weights = w;
-        s->nweights = n;
-    }
+    if (!KVR_GROW(s->weights, s->nweights, n, 64))
+        return kv_min(s, costs, slots, cached, eligible, n);
     double scale = (hi - lo) * temperature, total = 0;
     for (uint32_t i = 0; i < n; i++) {
         s->weights[i] = exp(-(costs[eligible[i]] - lo) / scale);
@@ -254,6 +253,7 @@ uint32_t kvr_select(struct kvr_select_state *s, const struct kvr_router_config *
                     const struct kvr_select_input *in, const struct kvr_candidate *cands,
                     const uint32_t *eligible, uint32_t n)
 {
+    assert(n >= 1);
     switch (in->policy) {
     case KVR_POLICY_RANDOM:
         return (uint32_t)kvr_rng_below(&s->rng, n);

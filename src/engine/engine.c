@@ -3,10 +3,12 @@
  * blank stack), cached (hashed, unreferenced, in the LRU list) or referenced (refs > 0, held by
  * running requests, hashed or not). A hashed block is in the map under its hash, and no two blocks
  * share a hash. A running request holds ceil(kv tokens / B) blocks in order; its first nfull
- * blocks, once computed, carry its prompt's sequence hashes (or are unhashed duplicates).
+ * blocks, once computed, carry its prompt's sequence hashes (or are unhashed duplicates). One
+ * owner, one thread.
  */
 #include "engine.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +16,8 @@
 #include "grow.h"
 #include "map.h"
 
-#define NS_PER_MS 1000000.0
+#define NS_PER_MS  1000000.0
+#define GROW_FIRST 16u /* room a growable array starts with */
 
 struct block {
     uint64_t hash;  /* sequence hash when hashed */
@@ -80,17 +83,12 @@ void kvr_engine_config_default(struct kvr_engine_config *c)
     c->num_blocks = 16384;
     c->block_size = 64;
     c->watermark = 0.01;
-    c->max_batched_tokens = 8192;
+    c->max_batched_tokens = KVR_MODEL_BATCH_TOKENS;
     c->max_seqs = 256;
     c->speedup = 1.0;
     static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
     memcpy(c->prefill_ms, prefill, sizeof prefill);
     memcpy(c->decode_ms, decode, sizeof decode);
-}
-
-static bool grow(void **p, uint32_t *cap, uint32_t need, size_t size)
-{
-    return kvr_grow(p, cap, need, size, 16);
 }
 
 struct kvr_engine *kvr_engine_create(const struct kvr_engine_config *cfg,
@@ -154,20 +152,21 @@ void kvr_engine_destroy(struct kvr_engine *e)
     free(e);
 }
 
+/* Room for one more in d: the ring grows in place, and its wrapped part moves past the old end. */
+static bool deque_reserve(struct deque *d)
+{
+    uint32_t old = d->cap;
+    if (!KVR_GROW(d->v, d->cap, d->n + 1, 64))
+        return false;
+    if (old && d->head + d->n > old) /* v[0..wrap) continued v[head..old): append it there */
+        memcpy(d->v + old, d->v, (size_t)(d->head + d->n - old) * sizeof *d->v);
+    return true;
+}
+
 static bool deque_push(struct deque *d, struct ereq *r, bool front)
 {
-    if (d->n == d->cap) {
-        uint32_t cap = d->cap ? d->cap * 2 : 64;
-        struct ereq **v = malloc((size_t)cap * sizeof *v);
-        if (!v)
-            return false;
-        for (uint32_t i = 0; i < d->n; i++)
-            v[i] = d->v[(d->head + i) % d->cap];
-        free(d->v);
-        d->v = v;
-        d->head = 0;
-        d->cap = cap;
-    }
+    if (d->n == d->cap && !deque_reserve(d))
+        return false;
     if (front) {
         d->head = (d->head + d->cap - 1) % d->cap;
         d->v[d->head] = r;
@@ -218,9 +217,16 @@ kvr_status kvr_engine_submit(struct kvr_engine *e, const struct kvr_engine_reque
     return KVR_OK;
 }
 
+/* Every block is blank, cached or referenced, and counted as exactly one of them. */
+static inline __attribute__((unused)) bool counts_ok(const struct kvr_engine *e)
+{
+    return (uint64_t)e->nblank + e->ncached + e->nactive == e->cfg.num_blocks;
+}
+
 static void lru_unlink(struct kvr_engine *e, uint32_t b)
 {
     struct block *k = &e->blocks[b];
+    assert(e->ncached > 0 && k->hashed); /* only cached (hashed) blocks are in the LRU */
     if (k->prev != KVR_NIL)
         e->blocks[k->prev].next = k->next;
     else
@@ -247,7 +253,7 @@ static void lru_append(struct kvr_engine *e, uint32_t b)
 
 static void note_removed(struct kvr_engine *e, uint64_t hash)
 {
-    if (grow((void **)&e->removed, &e->capremoved, e->nremoved + 1, sizeof *e->removed))
+    if (KVR_GROW(e->removed, e->capremoved, e->nremoved + 1, GROW_FIRST))
         e->removed[e->nremoved++] = hash;
 }
 
@@ -257,8 +263,10 @@ static uint32_t alloc_block(struct kvr_engine *e)
     uint32_t b;
     if (e->nblank) {
         b = e->blank[--e->nblank];
+        assert(e->blocks[b].refs == 0 && !e->blocks[b].hashed);
     } else if (e->lru_head != KVR_NIL) {
         b = e->lru_head;
+        assert(kvr_map_get(&e->map, e->blocks[b].hash) == b); /* hashed: in the map under it */
         lru_unlink(e, b);
         kvr_map_del(&e->map, e->blocks[b].hash);
         note_removed(e, e->blocks[b].hash);
@@ -275,6 +283,7 @@ static uint32_t alloc_block(struct kvr_engine *e)
 static void ref_block(struct kvr_engine *e, uint32_t b)
 {
     struct block *k = &e->blocks[b];
+    assert(k->hashed || k->refs > 0); /* a cache hit is hashed; an unhashed block is held */
     if (k->refs++ == 0) {
         lru_unlink(e, b); /* a referenced block is never unhashed-and-unreferenced */
         e->nactive++;
@@ -287,6 +296,7 @@ static void release_blocks(struct kvr_engine *e, struct ereq *r)
     for (uint32_t i = r->nblk; i-- > 0;) {
         uint32_t b = r->blocks[i];
         struct block *k = &e->blocks[b];
+        assert(k->refs > 0); /* r holds it */
         if (--k->refs)
             continue;
         e->nactive--;
@@ -300,7 +310,7 @@ static void release_blocks(struct kvr_engine *e, struct ereq *r)
 
 static bool push_block(struct ereq *r, uint32_t b)
 {
-    if (!grow((void **)&r->blocks, &r->capblk, r->nblk + 1, sizeof *r->blocks))
+    if (!KVR_GROW(r->blocks, r->capblk, r->nblk + 1, GROW_FIRST))
         return false;
     r->blocks[r->nblk++] = b;
     return true;
@@ -347,7 +357,7 @@ static bool ensure_blocks(struct kvr_engine *e, struct ereq *r, uint32_t need, b
             e->blank[e->nblank++] = b;
             return false;
         }
-        if (decode && grow((void **)&e->outblk, &e->capoutblk, e->noutblk + 1, sizeof(uint64_t)))
+        if (decode && KVR_GROW(e->outblk, e->capoutblk, e->noutblk + 1, GROW_FIRST))
             e->outblk[e->noutblk++] = r->id;
     }
     return true;
@@ -385,7 +395,7 @@ static uint32_t admit(struct kvr_engine *e, struct ereq *r, uint32_t budget, uin
     uint64_t avail = (uint64_t)e->nblank + e->ncached - lru_hits;
     if (avail < (uint64_t)need + e->watermark_blocks)
         return 0;
-    if (!grow((void **)&e->running, &e->caprunning, e->nrunning + 1, sizeof *e->running))
+    if (!KVR_GROW(e->running, e->caprunning, e->nrunning + 1, GROW_FIRST))
         return 0;
     for (uint32_t i = 0; i < h; i++) {
         uint32_t b = kvr_map_get(&e->map, r->seq[i]);
@@ -467,6 +477,7 @@ uint64_t kvr_engine_step_begin(struct kvr_engine *e, uint64_t now)
         double d = poly(e->cfg.decode_ms, (double)e->nactive / e->cfg.num_blocks);
         ms += d < 1.0 ? 1.0 : d;
     }
+    assert(counts_ok(e));
     if (ms <= 0)
         return 0;
     e->in_step = true;
@@ -480,7 +491,7 @@ static void store_blocks(struct kvr_engine *e, struct ereq *r, uint32_t from, ui
 {
     if (to > r->nfull)
         to = r->nfull;
-    if (from >= to || !grow((void **)&e->run, &e->caprun, to - from, sizeof *e->run))
+    if (from >= to || !KVR_GROW(e->run, e->caprun, to - from, GROW_FIRST))
         return;
     const uint64_t *local = r->seq + r->nfull;
     uint32_t n = 0, start = from;
@@ -581,6 +592,7 @@ void kvr_engine_step_end(struct kvr_engine *e, uint64_t now)
         else
             i++;
     }
+    assert(counts_ok(e));
 }
 
 void kvr_engine_stats(const struct kvr_engine *e, struct kvr_engine_stats *out)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../engine/engine.h"
 #include "../sim/workload.h"
 #include "clock.h"
 #include "log.h"
@@ -23,8 +24,10 @@ void kvr_bench_config_default(struct kvr_bench_config *c)
     c->concurrency = 20;
     c->rate_scale = 1.0;
     c->seed = 1;
-    c->num_blocks = 16384;
-    c->block_size = 64;
+    struct kvr_engine_config ec; /* the reference fleet: workers of the engine's defaults */
+    kvr_engine_config_default(&ec);
+    c->num_blocks = ec.num_blocks;
+    c->block_size = ec.block_size;
     c->timeout_ns = 600 * KVR_NS_PER_S;
     c->resend_ns = 2 * KVR_NS_PER_S;
     c->hop_window = 256;

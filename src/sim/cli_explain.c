@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/engine.h"
 #include "heap.h"
 #include "kvr/hash.h"
 #include "kvr/policy.h"
@@ -24,6 +25,7 @@ struct explain_config {
     uint32_t workers;                         /* stand-in workers */
     uint32_t requests;                        /* requests per policy */
     uint32_t block_size;                      /* tokens per KV block */
+    uint32_t capacity_blocks;                 /* the stand-in workers' KV capacity */
     uint32_t prefixes;                        /* shared prefixes the prompts draw from */
     uint32_t prefix_tokens;                   /* tokens of each prefix */
     uint32_t unique_tokens;                   /* tokens after it, unique to each prompt */
@@ -41,7 +43,10 @@ static void explain_config_default(struct explain_config *c)
     memset(c, 0, sizeof *c);
     c->workers = 8;
     c->requests = 200;
-    c->block_size = 64;
+    struct kvr_engine_config ec; /* the engine's defaults, for its blocks and pool */
+    kvr_engine_config_default(&ec);
+    c->block_size = ec.block_size;
+    c->capacity_blocks = ec.num_blocks;
     c->prefixes = 10;
     c->prefix_tokens = 3500;
     c->unique_tokens = 3500;
@@ -182,8 +187,9 @@ static int issue(struct run *run, uint64_t now)
                              .explain = i < o->verbose};
     struct kvr_decision d;
     kvr_status st = kvr_router_route(run->r, &rq, now, &d);
-    if (st != KVR_OK) {
-        fprintf(stderr, "kvsim explain: request %u refused: %s\n", i, kvr_status_str(st));
+    if (st != KVR_OK || d.queued) {
+        fprintf(stderr, "kvsim explain: request %u %s: %s\n", i, st ? "refused" : "queued",
+                kvr_status_str(st));
         return -1;
     }
     if (i < o->verbose)
@@ -280,7 +286,7 @@ static int run_policy(const struct explain_config *o, enum kvr_policy policy, st
     for (uint32_t w = 1; w <= o->workers; w++) {
         struct kvr_worker_info info = {.id = w,
                                        .block_size = o->block_size,
-                                       .capacity_blocks = 16384,
+                                       .capacity_blocks = o->capacity_blocks,
                                        .waiting = 0,
                                        .kv_usage = 0.0};
         kvr_router_worker_seen(run.r, &info, 0);

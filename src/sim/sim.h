@@ -50,27 +50,27 @@ void kvr_sim_config_default(struct kvr_sim_config *c);
 
 struct kvr_sim_result {
     enum kvr_policy policy;
-    double load;                  /* the rate scale or the concurrency */
-    uint32_t requests;            /* issued */
-    uint32_t finished;            /* completed */
-    uint32_t rejected;            /* refused by the router */
-    struct kvr_stat ttft_ms;  /* arrival at the router -> first token */
-    struct kvr_stat itl_ms;   /* every inter-token gap */
-    struct kvr_stat e2e_ms;   /* arrival -> last token */
-    struct kvr_stat queue_ms; /* arrival -> first scheduled by the engine */
-    double *ttft_sorted;          /* finished TTFTs, ascending (for distributions), owned */
-    double hit_rate;              /* cached prompt tokens / prompt tokens, at the engines */
-    double throughput_tok_s;      /* output tokens / makespan */
-    double makespan_s;            /* first arrival -> last completion */
-    double imbalance;             /* max / mean of requests per worker */
-    uint64_t preemptions;         /* across engines */
-    uint64_t evictions;           /* cached blocks evicted, across engines */
-    double pred_err_blocks;       /* mean |predicted - actual| active blocks per worker sample */
-    double pred_err_rel;          /* the same over the mean actual active blocks */
-    uint64_t router_unknown;      /* events the routers did not recognise (should stay 0; with
-                                     replicas, early events are counted apart) */
-    uint64_t index_entries_max;   /* largest index seen (at heartbeats) */
-    uint64_t router_memory_max;   /* largest router memory seen, bytes */
+    double load;                /* the rate scale or the concurrency */
+    uint32_t requests;          /* issued */
+    uint32_t finished;          /* completed */
+    uint32_t rejected;          /* refused by the router */
+    struct kvr_stat ttft_ms;    /* arrival at the router -> first token */
+    struct kvr_stat itl_ms;     /* every inter-token gap */
+    struct kvr_stat e2e_ms;     /* arrival -> last token */
+    struct kvr_stat queue_ms;   /* arrival -> first scheduled by the engine */
+    double *ttft_sorted;        /* finished TTFTs, ascending (for distributions), owned */
+    double hit_rate;            /* cached prompt tokens / prompt tokens, at the engines */
+    double throughput_tok_s;    /* output tokens / makespan */
+    double makespan_s;          /* first arrival -> last completion */
+    double imbalance;           /* max / mean of requests per worker */
+    uint64_t preemptions;       /* across engines */
+    uint64_t evictions;         /* cached blocks evicted, across engines */
+    double pred_err_blocks;     /* mean |predicted - actual| active blocks per worker sample */
+    double pred_err_rel;        /* the same over the mean actual active blocks */
+    uint64_t router_unknown;    /* events the routers did not recognise (should stay 0; with
+                                   replicas, early events are counted apart) */
+    uint64_t index_entries_max; /* largest index seen (at heartbeats) */
+    uint64_t router_memory_max; /* largest router memory seen, bytes */
     /* router replicas (the gossip counters stay zero with one router) */
     uint32_t replicas;         /* routers that shared the requests */
     bool gossip;               /* they imported each other's decisions */

@@ -136,6 +136,42 @@ Test(engine, second_request_hits_the_cached_prefix)
     kvr_engine_destroy(e);
 }
 
+static uint64_t done_ids[128];
+static int ndone_ids;
+
+static void on_done_id(void *ctx, const struct kvr_engine_result *r)
+{
+    (void)ctx;
+    done_ids[ndone_ids++] = r->id;
+}
+
+Test(engine, the_waiting_queue_keeps_its_order_while_it_grows_around_its_end)
+{
+    struct kvr_engine_config c;
+    kvr_engine_config_default(&c);
+    c.num_blocks = 4096;
+    c.block_size = B;
+    c.max_batched_tokens = 8 * B; /* 8 one-block prompts a step */
+    c.watermark = 0;
+    struct kvr_engine_sink s = {.done = on_done_id};
+    ndone_ids = 0;
+    kvr_status st;
+    struct kvr_engine *e = kvr_engine_create(&c, &s, &st);
+    cr_assert(e != NULL);
+    uint64_t id = 1, now = 0;
+    for (; id <= 64; id++) /* the queue's first room, full */
+        cr_assert(eq(int, submit(e, id, 100 * id, 1, B, 2, now), KVR_OK));
+    now += kvr_engine_step_begin(e, now); /* 8 leave the head */
+    kvr_engine_step_end(e, now);
+    for (; id <= 73; id++) /* 8 wrap around to the front of the room, then it must grow */
+        cr_assert(eq(int, submit(e, id, 100 * id, 1, B, 2, now), KVR_OK));
+    drain(e, now);
+    cr_assert(eq(int, ndone_ids, 73));
+    for (int i = 0; i < ndone_ids; i++)
+        cr_assert(eq(u64, done_ids[i], (uint64_t)i + 1), "FIFO: equal requests finish in order");
+    kvr_engine_destroy(e);
+}
+
 Test(engine, a_fully_cached_prompt_still_computes_a_token)
 {
     struct kvr_engine *e = make(64, 8192, 0.0);

@@ -30,6 +30,8 @@ static void on_event(void *ctx, const struct kvr_event *e)
     case KVR_EV_PLACED:
         s->placed++;
         cr_assert(e->decision != NULL);
+        cr_assert(e->decision->booked, "a placed request is in flight");
+        cr_assert(not(e->decision->queued), "and waits no longer");
         break;
     case KVR_EV_REJECTED:
         s->rejected++;
@@ -225,7 +227,9 @@ Test(router, shared_prefix_counts_once_in_decode_load)
     uint64_t first = d.worker_id;
     cr_assert(eq(int, kvr_router_prefill_done(r, 1, 1), KVR_OK));
     struct kvr_request q = {.id = 2, .tokens = b, .ntokens = 8 * B, .explain = true};
+    d.queued = true; /* select sets it: a select never waits */
     cr_assert(eq(int, kvr_router_select(r, &q, 1, &d), KVR_OK));
+    cr_assert(not(d.queued));
     for (uint32_t i = 0; i < 2; i++) {
         const struct kvr_candidate *c = &d.candidates[i];
         if (c->worker_id == first) {
@@ -316,6 +320,42 @@ Test(router, full_queue_answers_overloaded_at_once)
     cr_assert(d.queued);
     cr_assert(eq(int, route(3, t, 4 * B, &d), KVR_ERR_OVERLOADED));
     free(t);
+}
+
+Test(router, slots_grow_with_the_fleet_and_are_reused_clean)
+{
+    make();
+    for (uint64_t w = 1; w <= 40; w++) /* the per-slot arrays grow 8 -> 16 -> 32 -> 64 */
+        join(w, 0);
+    struct kvr_decision d;
+    for (uint64_t id = 1; id <= 80; id++) {
+        uint32_t *t = prompt((uint32_t)(id % 5), 4 * B, id, 2 * B);
+        cr_assert(eq(int, route(id, t, 6 * B, &d), KVR_OK));
+        cr_assert(not(d.queued));
+        cr_assert(eq(u32, d.ncandidates, 40));
+        free(t);
+    }
+    for (uint64_t w = 1; w <= 20; w++)
+        cr_assert(eq(int, kvr_router_worker_remove(r, w), KVR_OK));
+    cr_assert(eq(int, ev.left, 20));
+    for (uint64_t w = 41; w <= 60; w++) { /* into the freed slots */
+        join(w, 0);
+        uint64_t blocks = 1, prefill = 1;
+        uint32_t inflight = 1;
+        cr_assert(eq(int, kvr_router_worker_load(r, w, &blocks, &prefill, &inflight), KVR_OK));
+        cr_assert(eq(u64, blocks + prefill + inflight, 0), "a reused slot starts clean");
+    }
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.workers, 40));
+    cr_assert(eq(u32, s.inflight, 80 - (uint32_t)ev.failed));
+    for (uint64_t id = 81; id <= 100; id++) {
+        uint32_t *t = prompt(0, 4 * B, id, 2 * B);
+        cr_assert(eq(int, route(id, t, 6 * B, &d), KVR_OK));
+        free(t);
+    }
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.inflight, 100 - (uint32_t)ev.failed));
 }
 
 Test(router, worker_loss_fails_its_requests)

@@ -1,0 +1,24 @@
+/*
+ * kvr_bigmem implementation: posix_memalign to the huge-page size, then madvise. The advice may
+ * fail (no THP in the kernel, or disabled); the memory is just as good without it.
+ */
+#define _DEFAULT_SOURCE /* madvise */
+#include "bigmem.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#define HUGE_PAGE (2u << 20)
+
+void *kvr_bigmem_alloc(size_t size)
+{
+    if (size < HUGE_PAGE)
+        return malloc(size);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, size))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, size / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* advice only: failure is fine */
+#endif
+    return p;
+}

@@ -1,0 +1,397 @@
+/*
+ * The decision pipeline: validate the request, hash its prompt, one walk over the prompt's path
+ * for every worker's overlap and in-flight prefix, price every live worker (the kv cost: ROUTING.md
+ * section 4's blocks formula, or the time model, predicted time to first token plus what
+ * recomputation costs; see docs/architecture.md), exclude the busy ones, select with the policy in
+ * force, book. kvr_router_route decides and books (or queues when every worker is busy),
+ * kvr_router_select only decides. The pricing stays in this file, static, so the compiler inlines
+ * the per-worker loop into the decision as it did before the router was split into files (the
+ * same instructions per decision). Invariant: a decision that returns KVR_OK with booked set has
+ * booked the request on the worker it names, and one that fails has booked nothing and left no
+ * empty node in the block table; the per-candidate arrays hold positions [0, reg.nlive) in registry
+ * order. Single-threaded: the router's state thread.
+ */
+#include "kvr/router.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr/hash.h"
+#include "router_int.h"
+
+#define BOOK_PREFETCH 12u /* blocks looked ahead when resolving a prompt's nodes */
+
+/* --- the price of a worker -------------------------------------------------------------------- */
+
+static bool worker_busy(const struct kvr_router *r, uint32_t slot)
+{
+    const struct kvr_worker *w = &r->reg.by_slot[slot];
+    const struct kvr_active_worker *aw = &r->act.w[slot];
+    if (w->draining)
+        return true;
+    if (r->cfg.busy_threshold > 0 && w->capacity_blocks &&
+        (double)aw->blocks > r->cfg.busy_threshold * (double)w->capacity_blocks)
+        return true;
+    return r->cfg.busy_prefill_tokens && aw->prefill > r->cfg.busy_prefill_tokens;
+}
+
+static double poly(const double *c, double x)
+{
+    return c[0] + c[1] * x + c[2] * x * x;
+}
+
+/*
+ * Predicted time to first token on a worker, ms: its queued prefill and ours go through steps of
+ * batch_tokens, each also running the worker's decodes at its KV utilisation u.
+ */
+static double predicted_ttft(const struct kvr_router_config *c, uint64_t prefill, double u,
+                             bool decoding)
+{
+    double ms;
+    uint64_t steps = 1;
+    if (prefill <= c->batch_tokens) { /* the common case: one step */
+        ms = poly(c->prefill_ms, (double)prefill);
+    } else {
+        steps = (prefill + c->batch_tokens - 1) / c->batch_tokens;
+        double last = (double)(prefill - (steps - 1) * c->batch_tokens);
+        ms = (double)(steps - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+    }
+    if (decoding) {
+        double d = poly(c->decode_ms, u);
+        ms += (double)steps * (d < 1.0 ? 1.0 : d);
+    }
+    return ms;
+}
+
+/* What the time model needs to know about the prompt's prefix across the fleet. */
+struct fleet_prefix {
+    uint32_t omax;  /* the longest prefix any worker caches, blocks */
+    uint32_t hmax;  /* the longest prefix any in-flight request uses, blocks */
+    double share_w; /* weight of recomputing blocks in flight but cached nowhere */
+};
+
+static void fleet_prefix(const struct kvr_router *r, uint32_t walked, struct fleet_prefix *f)
+{
+    f->omax = f->hmax = 0;
+    f->share_w = 0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        f->omax = r->overlap[slot] > f->omax ? r->overlap[slot] : f->omax;
+        f->hmax = r->hits[slot] > f->hmax ? r->hits[slot] : f->hmax;
+    }
+    if (f->hmax <= f->omax || f->hmax > walked)
+        return;
+    /* n requests in flight compute a prefix no cache holds yet (a burst of agents sharing a
+     * prompt): the third and later ones should join them rather than compute it again */
+    uint32_t n = 0, slot, refs;
+    struct kvr_hset_iter it;
+    kvr_hset_iter_init(&it, &kvr_blocktab_node(&r->tab, r->nodes[f->hmax - 1])->act);
+    while (kvr_hset_next(&it, &slot, &refs))
+        n += refs;
+    assert(n > 0); /* some worker's in-flight prefix reaches that block */
+    f->share_w = n > 2 ? r->cfg.share_weight * (double)(n - 2) / n : 0;
+}
+
+/*
+ * The time model's price of worker slot: predicted TTFT, plus what recomputing costs others. The
+ * prefill this request adds evicts as many blocks from a full cache, so it is charged again,
+ * cache_w times, in proportion to how full the worker's cache is; and blocks that in-flight
+ * requests are computing right now are charged share_w times.
+ */
+static double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reuse, uint64_t prefill,
+                        uint64_t decode, double cache_w, const struct fleet_prefix *f)
+{
+    const struct kvr_router_config *c = &r->cfg;
+    const struct kvr_active_worker *aw = &r->act.w[slot];
+    double inv = r->reg.by_slot[slot].inv_capacity; /* 0 when the capacity is unknown */
+    double u = (double)decode * inv;
+    double fill = inv > 0 ? (double)r->ix.counts[slot] * inv : 1.0;
+    double own = (double)(prefill - aw->prefill);
+    double cost =
+        predicted_ttft(c, prefill, u, aw->nreqs > 0) +
+        cache_w * (fill > 1.0 ? 1.0 : fill) * (poly(c->prefill_ms, own) - c->prefill_ms[0]);
+    uint32_t base = reuse > f->omax ? reuse : f->omax;
+    if (f->share_w > 0 && f->hmax > base) {
+        double dup = (double)(f->hmax - base) * r->cfg.block_size;
+        cost += f->share_w * (poly(c->prefill_ms, dup) - c->prefill_ms[0]);
+    }
+    return cost;
+}
+
+/*
+ * Price every live worker for prompt p whose walk resolved `walked` nodes (r->overlap, r->hits
+ * and r->nodes filled): costs, cand_ids and cand_slot in registry order, and the workers that are
+ * not busy listed in eligible. ow is the overlap weight in force. Returns how many are eligible.
+ * This loop is the O(workers) part of every decision, so it reads only compact per-slot arrays.
+ */
+static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked)
+{
+    uint32_t B = r->cfg.block_size;
+    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    bool timed = r->cfg.cost_model == KVR_COST_TIME;
+    struct fleet_prefix f = {0, 0, 0};
+    if (timed)
+        fleet_prefix(r, walked, &f);
+    uint32_t neligible = 0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        const struct kvr_active_worker *aw = &r->act.w[slot];
+        uint32_t reuse = r->overlap[slot];
+        assert(reuse <= walked && r->hits[slot] <= walked); /* the walk stops where both do */
+        if (timed && r->hits[slot] > reuse)
+            reuse = r->hits[slot]; /* an in-flight request there computes them first */
+        uint64_t cached = (uint64_t)reuse * B;
+        uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
+        uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
+        r->costs[i] = timed
+                          ? time_cost(r, slot, reuse, prefill, decode, ow * r->cfg.cache_weight, &f)
+                          : ow / B * (double)prefill + (double)decode;
+        r->cand_ids[i] = r->reg.by_slot[slot].id;
+        r->cand_slot[i] = slot;
+        r->eligible[neligible] = i;
+        neligible += !worker_busy(r, slot);
+    }
+    return neligible;
+}
+
+/* The full view of every live worker in r->cands, after score(). */
+static void fill_candidates(struct kvr_router *r, const struct prompt *p)
+{
+    uint32_t B = r->cfg.block_size;
+    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->cand_slot[i];
+        const struct kvr_worker *w = &r->reg.by_slot[slot];
+        const struct kvr_active_worker *aw = &r->act.w[slot];
+        struct kvr_candidate *c = &r->cands[i];
+        uint64_t cached = (uint64_t)r->overlap[slot] * B;
+        c->worker_id = w->id;
+        c->overlap_blocks = r->overlap[slot];
+        c->active_hits = r->hits[slot];
+        c->decode_blocks = aw->blocks + req_blocks - r->hits[slot];
+        c->prefill_tokens = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
+        c->inflight = aw->nreqs;
+        c->cached_blocks = kvr_index_worker_blocks(&r->ix, slot);
+        c->waiting = w->waiting;
+        c->kv_usage = w->kv_usage;
+        c->cost = r->costs[i];
+        c->busy = worker_busy(r, slot);
+    }
+}
+
+/* --- the pipeline ---------------------------------------------------------------------------- */
+
+static kvr_status refresh_ring(struct kvr_router *r)
+{
+    if (!r->ring_dirty)
+        return KVR_OK;
+    uint64_t *ids = malloc(((size_t)r->reg.nlive + 1) * sizeof *ids);
+    if (!ids)
+        return KVR_ERR_NOMEM;
+    for (uint32_t i = 0; i < r->reg.nlive; i++)
+        ids[i] = r->reg.by_slot[r->reg.order[i]].id;
+    kvr_status st = kvr_select_ring(&r->sel, ids, r->reg.order, r->reg.nlive, r->cfg.chwbl_vnodes);
+    free(ids);
+    if (st == KVR_OK)
+        r->ring_dirty = false;
+    return st;
+}
+
+kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, const uint64_t *seq,
+                            uint32_t *nodes, uint32_t from, uint32_t n, uint32_t ntokens,
+                            uint32_t overlap, uint64_t now)
+{
+    assert(from <= n && n <= r->cap_blocks && slot < r->nslots);
+    kvr_status st = KVR_OK;
+    uint32_t d = from;
+    for (uint32_t k = from; k < n && k < from + BOOK_PREFETCH; k++)
+        kvr_map_prefetch(&r->tab.map, seq[k]);
+    for (; d < n; d++) {
+        if (d + BOOK_PREFETCH < n)
+            kvr_map_prefetch(&r->tab.map, seq[d + BOOK_PREFETCH]);
+        st = kvr_blocktab_get(&r->tab, seq[d], &nodes[d]);
+        if (st != KVR_OK)
+            break;
+    }
+    if (st == KVR_OK)
+        st = kvr_active_add(&r->act, id, slot, nodes, n, ntokens, overlap, now);
+    if (st != KVR_OK) {
+        for (uint32_t k = from; k < d; k++) /* nodes this call resolved; frees only empty ones */
+            kvr_blocktab_release(&r->tab, nodes[k]);
+        return st;
+    }
+    if (r->cfg.approximate)
+        kvr_index_touch(&r->ix, slot, nodes, n, now); /* best effort: a miss costs only a hit */
+    return KVR_OK;
+}
+
+/* The position in r->eligible[0..neligible) the policy in force chooses. */
+static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_policy policy,
+                       double temp, uint32_t neligible)
+{
+    if (policy == KVR_POLICY_KV)
+        return kvr_select_kv(&r->sel, temp, r->costs, r->cand_slot, r->ix.counts, r->eligible,
+                             neligible);
+    struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->cand_slot};
+    if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
+        for (uint32_t i = 0; i < r->nslots; i++)
+            r->slot_cand[i] = KVR_NIL;
+        for (uint32_t e = 0; e < neligible; e++)
+            r->slot_cand[r->cand_slot[r->eligible[e]]] = e;
+        in.slot_cand = r->slot_cand;
+    }
+    return kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible);
+}
+
+kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint64_t now,
+                              bool do_book, struct kvr_decision *out)
+{
+    if (r->reg.nlive == 0)
+        return KVR_ERR_NO_WORKERS;
+    kvr_status st = kvr__router_ensure_blocks(r, p->nblocks);
+    if (st != KVR_OK)
+        return st;
+    assert(r->nslots >= r->reg.nslots); /* every slot has its scratch */
+    const struct kvr_overrides *ov = p->ov;
+    enum kvr_policy policy = ov && (ov->flags & KVR_OV_POLICY) ? ov->policy : r->cfg.policy;
+    double ow =
+        ov && (ov->flags & KVR_OV_OVERLAP_WEIGHT) ? ov->overlap_weight : r->cfg.overlap_weight;
+    double temp = ov && (ov->flags & KVR_OV_TEMPERATURE) ? ov->temperature : r->cfg.temperature;
+
+    memset(r->overlap, 0, (size_t)r->nslots * sizeof *r->overlap);
+    memset(r->hits, 0, (size_t)r->nslots * sizeof *r->hits);
+    uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
+                                        &r->walk_act, r->hits, r->nodes);
+    assert(walked <= p->nblocks);
+    uint32_t neligible = score(r, p, ow, walked);
+    if (neligible == 0)
+        return KVR_ERR_OVERLOADED;
+    bool full = p->explain || policy != KVR_POLICY_KV;
+    if (full)
+        fill_candidates(r, p);
+
+    uint32_t pick = choose(r, p, policy, temp, neligible);
+    assert(pick < neligible && neligible <= r->reg.nlive);
+    pick = r->eligible[pick];
+    uint32_t slot = r->cand_slot[pick];
+    if (do_book) {
+        st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
+                              r->overlap[slot], now);
+        if (st != KVR_OK)
+            return st;
+    }
+    out->request_id = p->id;
+    out->worker_id = r->cand_ids[pick];
+    out->policy = policy;
+    out->overlap_blocks = r->overlap[slot];
+    out->prompt_blocks = p->nblocks;
+    out->prompt_tokens = p->ntokens;
+    out->cost = r->costs[pick];
+    out->block_hashes = p->seq;
+    out->ncandidates = r->reg.nlive;
+    out->worker_ids = r->cand_ids;
+    out->costs = r->costs;
+    out->candidates = full ? r->cands : NULL;
+    out->booked = do_book;
+    out->queued = false;
+    return KVR_OK;
+}
+
+static kvr_status check_request(struct kvr_router *r, const struct kvr_request *req)
+{
+    if (!req || req->id == 0 || (req->ntokens && !req->tokens))
+        return KVR_ERR_INVALID;
+    if (req->ntokens == 0)
+        return KVR_ERR_EMPTY_PROMPT;
+    if (req->ntokens > r->cfg.max_prompt_tokens)
+        return KVR_ERR_PROMPT_TOO_LONG;
+    if ((req->ov.flags & KVR_OV_POLICY) && (unsigned)req->ov.policy >= KVR_POLICY_COUNT)
+        return KVR_ERR_UNKNOWN_POLICY;
+    if (((req->ov.flags & KVR_OV_OVERLAP_WEIGHT) && !(req->ov.overlap_weight >= 0)) ||
+        ((req->ov.flags & KVR_OV_TEMPERATURE) && !(req->ov.temperature >= 0)))
+        return KVR_ERR_INVALID;
+    return KVR_OK;
+}
+
+/* Validate and hash req into r->seq; fills *p. */
+static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, struct prompt *p)
+{
+    kvr_status st = check_request(r, req);
+    if (st != KVR_OK)
+        return st;
+    uint32_t nblocks = req->ntokens / r->cfg.block_size;
+    st = kvr__router_ensure_blocks(r, nblocks);
+    if (st != KVR_OK)
+        return st;
+    kvr_hash_prompt(req->tokens, req->ntokens, r->cfg.block_size, NULL, r->seq);
+    p->id = req->id;
+    p->seq = r->seq;
+    p->nblocks = nblocks;
+    p->ntokens = req->ntokens;
+    p->first_hash = nblocks ? r->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
+    p->ov = &req->ov;
+    p->explain = req->explain;
+    return KVR_OK;
+}
+
+static kvr_status refuse(struct kvr_router *r, kvr_status st)
+{
+    r->st.rejected++;
+    r->st.overloaded += st == KVR_ERR_OVERLOADED;
+    r->st.duplicate_request += st == KVR_ERR_DUPLICATE;
+    return st;
+}
+
+/* The outcome "it waits": nothing else of a decision is known yet. */
+static void queued_decision(struct kvr_decision *out, uint64_t id)
+{
+    memset(out, 0, sizeof *out);
+    out->request_id = id;
+    out->queued = true;
+}
+
+kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                            struct kvr_decision *out)
+{
+    if (r->qhead)
+        kvr__router_drain(r, now);
+    struct prompt p;
+    kvr_status st = prepare(r, req, &p);
+    if (st != KVR_OK)
+        return refuse(r, st);
+    if (kvr_active_find(&r->act, req->id) || (r->qhead && kvr__router_is_queued(r, req->id)))
+        return refuse(r, KVR_ERR_DUPLICATE);
+    if (r->reg.nlive == 0)
+        return refuse(r, KVR_ERR_NO_WORKERS);
+    if (r->qhead) /* others are waiting already: keep their order */
+        st = KVR_ERR_OVERLOADED;
+    else if (kvr_active_count(&r->act) >= r->cfg.max_inflight)
+        st = KVR_ERR_OVERLOADED;
+    else
+        st = kvr__router_decide(r, &p, now, true, out);
+    if (st == KVR_ERR_OVERLOADED && r->cfg.queue_max) {
+        st = kvr__router_enqueue(r, &p, now);
+        if (st == KVR_OK) {
+            queued_decision(out, req->id);
+            return KVR_OK;
+        }
+    }
+    if (st != KVR_OK)
+        return refuse(r, st);
+    r->st.decisions++;
+    return KVR_OK;
+}
+
+kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req, uint64_t now,
+                             struct kvr_decision *out)
+{
+    struct prompt p;
+    kvr_status st = prepare(r, req, &p);
+    if (st == KVR_OK)
+        st = kvr__router_decide(r, &p, now, false, out);
+    if (st != KVR_OK)
+        return refuse(r, st);
+    r->st.selects++;
+    return KVR_OK;
+}

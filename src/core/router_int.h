@@ -1,0 +1,127 @@
+/*
+ * The insides of kvr_router (include/kvr/router.h), shared by the files that implement it:
+ *   router.c              the object: configuration, create and destroy, scratch, counters
+ *   router_decision.c     the pipeline: validate, hash, walk, price every worker, select, book
+ *   router_queue.c        requests waiting for a worker that is not busy
+ *   router_events.c       workers' and requests' lifecycle, KV events, housekeeping
+ *   router_replication.c  what replicas exchange: import, export, reconcile, digest
+ * Main invariant: every per-slot scratch array has room for nslots >= reg.nslots slots, and seq
+ * and nodes have room for cap_blocks blocks. Only those files include this header; their
+ * cross-file functions are named kvr__router_*. Single-threaded: the router's state thread.
+ */
+#ifndef KVR_ROUTER_INT_H
+#define KVR_ROUTER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "active.h"
+#include "blocktab.h"
+#include "early.h"
+#include "index.h"
+#include "kvr/router.h"
+#include "registry.h"
+#include "select.h"
+
+/* One prompt on its way through the pipeline; its arrays are borrowed. */
+struct prompt {
+    uint64_t id;                    /* request id */
+    const uint64_t *seq;            /* its sequence hashes, nblocks of them */
+    uint32_t nblocks;               /* full blocks */
+    uint32_t ntokens;               /* prompt tokens */
+    uint64_t first_hash;            /* chwbl key */
+    const struct kvr_overrides *ov; /* may be NULL */
+    bool explain;                   /* fill every candidate's full view */
+};
+
+struct queued; /* a waiting request (router_queue.c) */
+
+struct kvr_router {
+    struct kvr_router_config cfg;
+    struct kvr_registry reg;
+    struct kvr_blocktab tab;
+    struct kvr_index ix;
+    struct kvr_active act;
+    struct kvr_select_state sel;
+    struct kvr_early early;  /* events that came before their decision */
+    uint64_t *export_hashes; /* scratch for kvr_router_export */
+    uint32_t cap_export;     /* */
+    struct kvr_walk walk_idx;
+    struct kvr_walk walk_act;
+    bool ring_dirty;             /* the chwbl ring misses a membership change */
+    uint32_t nslots;             /* room in the per-slot scratch arrays */
+    uint32_t *overlap;           /* per slot: cached prefix blocks of the current prompt */
+    uint32_t *hits;              /* per slot: in-flight prefix blocks of the current prompt */
+    uint32_t *slot_cand;         /* per slot: position in eligible, or KVR_NIL */
+    struct kvr_candidate *cands; /* per live worker, registry order: the full view */
+    double *costs;               /* per live worker: kv cost */
+    uint64_t *cand_ids;          /* per live worker: id */
+    uint32_t *cand_slot;         /* per live worker: slot */
+    uint32_t *eligible;          /* candidates that are not busy */
+    uint32_t cap_blocks;         /* room in seq and nodes */
+    uint64_t *seq;               /* the current prompt's sequence hashes */
+    uint32_t *nodes;             /* the current prompt's block table nodes */
+    struct queued *qhead;        /* requests waiting for a worker that is not busy */
+    struct queued *qtail;        /* */
+    uint32_t qlen;               /* */
+    struct kvr_router_stats st;  /* counters (gauges are filled in by kvr_router_stats) */
+    uint64_t last_now;           /* the latest time a call brought (for calls without one) */
+};
+
+/* router.c */
+
+/* Tell the owner (cfg.on_event, when set) of an event; d may be NULL. */
+void kvr__router_emit(struct kvr_router *r, enum kvr_event_kind kind, uint64_t request_id,
+                      uint64_t worker_id, kvr_status status, const struct kvr_decision *d);
+
+/* Size every per-slot structure for the registry's slots. */
+kvr_status kvr__router_ensure_slots(struct kvr_router *r);
+
+/* Room for n blocks in seq and nodes. */
+kvr_status kvr__router_ensure_blocks(struct kvr_router *r, uint32_t n);
+
+/* router_decision.c */
+
+/*
+ * Decide for p at now; with do_book, the chosen worker is booked. KVR_ERR_OVERLOADED when every
+ * worker is busy; KVR_ERR_NO_WORKERS when there is none. Counts nothing.
+ */
+kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint64_t now,
+                              bool do_book, struct kvr_decision *out);
+
+/*
+ * Resolve the nodes of seq[from..n) into nodes (creating them; nodes[0..from) are resolved
+ * already) and book request id on slot. On failure nothing is booked and no node is left empty.
+ */
+kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, const uint64_t *seq,
+                            uint32_t *nodes, uint32_t from, uint32_t n, uint32_t ntokens,
+                            uint32_t overlap, uint64_t now);
+
+/* router_queue.c */
+
+/* Queue p until a worker is free or its deadline passes. KVR_ERR_OVERLOADED when full. */
+kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now);
+
+/* Place or reject waiting requests, oldest first, until one finds every worker busy. */
+void kvr__router_drain(struct kvr_router *r, uint64_t now);
+
+/* Whether request id is waiting. */
+bool kvr__router_is_queued(const struct kvr_router *r, uint64_t id);
+
+/* Forget every waiting request (no events). */
+void kvr__router_queue_free(struct kvr_router *r);
+
+/* router_events.c */
+
+/* How dropped in-flight requests are reported (kvr__router_on_drop's ctx). */
+struct fail_ctx {
+    struct kvr_router *r;
+    uint64_t worker_id; /* 0: the request's own worker */
+    enum kvr_event_kind kind;
+    kvr_status status; /* what the client is told */
+};
+
+/* A kvr_active_drop_fn: count the dropped request and emit its event. */
+void kvr__router_on_drop(void *ctx, uint64_t request_id, uint32_t slot);
+
+#endif
