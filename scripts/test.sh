@@ -6,7 +6,8 @@
 #   valgrind  the unit tests under valgrind (leaks and memory errors fail the run),
 #   tsan      the integration suite with kvrouter, kvworker and kvbench under ThreadSanitizer,
 #   fuzz      every libFuzzer target (tests/fuzz) for FUZZ_SECONDS each (default 5), clang,
-#   format    a formatting check of every C file against .clang-format.
+#   format    a formatting check of every C file against .clang-format, and scripts/structure.sh
+#             (file and function sizes, include cycles).
 # STAGES="asan tsan" runs only those (in the order above); each stage's time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +114,8 @@ stage_format() {
     echo "not formatted with clang-format: ${unformatted[*]}"
     exit 1
   fi
+  # files <= 800 lines, functions <= 80 lines, no include cycle among src/ and include/
+  bash scripts/structure.sh
 }
 
 # Each stage's time, printed at the end, also when a stage fails (then it is the last one).

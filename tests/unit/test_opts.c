@@ -167,7 +167,8 @@ Test(opts, help_shows_each_default, .init = setup)
     char text[4096] = "";
     size_t n = fread(text, 1, sizeof text - 1, out);
     text[n] = 0;
-    cr_assert(strstr(text, "--count N") && strstr(text, "(1 to 10; default 3; env KVRT_COUNT)"), "%s", text);
+    cr_assert(strstr(text, "--count N") && strstr(text, "(1 to 10; default 3; env KVRT_COUNT)"),
+              "%s", text);
     cr_assert(strstr(text, "--colour red|green|blue") && strstr(text, "(default green)"), "%s",
               text);
     cr_assert(strstr(text, "(default 1.5)") != NULL, "%s", text);
