@@ -80,6 +80,9 @@ static void one(struct kvr_rd *rd, const struct kvr_service *svc, uint8_t kind, 
     }
 }
 
+/* libFuzzer's entry point (it has no header). */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static struct kvr_rd_config cfg;

@@ -18,6 +18,9 @@ static kvr_status discard(void *ctx, const struct kvr_outmsg *m)
     return KVR_OK;
 }
 
+/* libFuzzer's entry point (it has no header). */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static struct kvr_wk_config cfg;
