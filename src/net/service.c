@@ -47,7 +47,13 @@ void kvr_service_subjects(const struct kvr_service *s, char subj[3][256])
 
 void kvr_json_u64(json_t *obj, const char *key, uint64_t v)
 {
-    json_object_set_new(obj, key, json_integer(v > INT64_MAX ? INT64_MAX : (json_int_t)v));
+    if (v <= KVR_JSON_SAFE_MAX) {
+        json_object_set_new(obj, key, json_integer((json_int_t)v));
+        return;
+    }
+    char text[24]; /* past 2^53 - 1 a JavaScript number loses digits: a decimal string */
+    snprintf(text, sizeof text, "%" PRIu64, v);
+    json_object_set_new(obj, key, json_string(text));
 }
 
 json_t *kvr_json_errors(const struct kvr_reply *r)

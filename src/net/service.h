@@ -56,7 +56,11 @@ void kvr_service_subjects(const struct kvr_service *s, char subj[3][256]);
  */
 char *kvr_service_answer(const struct kvr_service *s, const char *subject, json_t *data);
 
-/* Set key to an unsigned counter in obj (jansson integers are signed 64-bit: saturates). */
+/* The largest integer every JSON reader holds exactly (JavaScript's Number.MAX_SAFE_INTEGER). */
+#define KVR_JSON_SAFE_MAX ((1ull << 53) - 1)
+
+/* Set key to an unsigned value in obj: a JSON integer up to KVR_JSON_SAFE_MAX, else the decimal
+ * digits as a string (the router's epoch, a nanosecond time, is one), so no reader loses digits. */
 void kvr_json_u64(json_t *obj, const char *key, uint64_t v);
 
 /* The error counts of r by status name, as a new object. */

@@ -10,6 +10,9 @@
 #include "fleet.h"
 #include "place.h"
 
+_Static_assert(KVR_PENDING_REPLY_MAX == KVR_REPLY_MAX && KVR_PENDING_ID_MAX == KVR_REQUEST_ID_MAX,
+               "a request key covers the longest reply subject and id the fleet takes");
+
 /* Under mu: route q (bytes data[0..len), key) and remember it; KVR_OK or why it is refused. */
 static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, uint64_t key,
                         const char *reply, const void *data, size_t len)
@@ -93,6 +96,8 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     struct kvr_decision d;
     uint64_t key = 0;
     pthread_mutex_lock(&rd->mu);
+    if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX)
+        st = KVR_ERR_TOO_LARGE;
     if (st == KVR_OK) {
         key = kvr_pending_key(reply, q.request_id);
         st = select_one(rd, &q, key, book, &d);

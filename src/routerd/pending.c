@@ -141,9 +141,11 @@ void kvr_pending_due_orphans(struct kvr_pending_table *t, uint64_t now,
 
 uint64_t kvr_pending_key(const char *reply, const char *request_id)
 {
-    /* the bytes of "<reply>\0<request id>", at most 1,023 of them and a NUL (every router of a
-     * fleet computes the same key for the same client request) */
-    char buf[1024];
+    /* the bytes of "<reply>\0<request id>" (every router of a fleet computes the same key for the
+     * same client request). Replies are at most KVR_PENDING_REPLY_MAX bytes and ids at most
+     * KVR_PENDING_ID_MAX (longer ones are refused before a key is made), so the whole of both
+     * is hashed; anything longer would be cut at the buffer, never read past it. */
+    char buf[KVR_PENDING_REPLY_MAX + KVR_PENDING_ID_MAX + 2];
     size_t a = reply ? strlen(reply) : 0, b = request_id ? strlen(request_id) : 0;
     size_t n = a + 1 + b, keep = n < sizeof buf ? n : sizeof buf - 1;
     memcpy(buf, reply ? reply : "", a < keep ? a : keep);

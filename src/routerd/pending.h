@@ -82,7 +82,10 @@ kvr_status kvr_pending_orphan(struct kvr_pending_table *t, struct kvr_pending *p
 void kvr_pending_due_orphans(struct kvr_pending_table *t, uint64_t now,
                              void (*fn)(void *ctx, struct kvr_pending *p), void *ctx);
 
-/* The fleet-wide key of a client's request: XXH3 of its reply subject and id; never 0. */
+#define KVR_PENDING_REPLY_MAX 1024 /* bytes of a reply subject the fleet takes (KVR_REPLY_MAX) */
+#define KVR_PENDING_ID_MAX    256  /* bytes of a client request id (KVR_REQUEST_ID_MAX) */
+
+/* The fleet-wide key of a client's request: XXH3 of its whole reply subject and id; never 0. */
 uint64_t kvr_pending_key(const char *reply, const char *request_id);
 
 #endif

@@ -14,6 +14,7 @@
 #include "events.h"
 #include "fleet.h"
 #include "intake.h"
+#include "kvr/hash.h"
 #include "state.h"
 #include "timer.h"
 
@@ -400,4 +401,37 @@ Test(routerd, a_booked_select_is_pending_and_gossiped)
     cr_assert(eq(u64, rd.select.by_code[KVR_ERR_DUPLICATE], 1));
     kvr_buf_free(&req);
     kvr_buf_free(&sel);
+}
+
+Test(routerd, a_request_key_covers_the_whole_reply_subject_and_id)
+{
+    char a[1100], b[1100];
+    memset(a, 'x', sizeof a - 1);
+    a[sizeof a - 1] = 0;
+    memcpy(b, a, sizeof a);
+    b[1050] = 'y'; /* the same first 1,050 bytes */
+    cr_assert(ne(u64, kvr_pending_key(a, "id"), kvr_pending_key(b, "id")));
+    char id1[257], id2[257];
+    memset(id1, 'i', 256);
+    id1[256] = 0;
+    memcpy(id2, id1, sizeof id1);
+    id2[255] = 'j';
+    a[1024] = 0; /* the longest reply subject the fleet takes, and the longest id */
+    cr_assert(ne(u64, kvr_pending_key(a, id1), kvr_pending_key(a, id2)),
+              "the id's last byte counts");
+    /* short keys are what they always were: XXH3 of "<reply>\0<id>" */
+    cr_assert(
+        eq(u64, kvr_pending_key("_INBOX.c1", "req-1"), kvr_hash_bytes("_INBOX.c1\0req-1", 15)));
+    heartbeat(1, 4096, NULL, 0, 1000);
+    char longer[1100];
+    memset(longer, 'z', 1099);
+    memcpy(longer, "_INBOX.", 7);
+    longer[1099] = 0;
+    size_t mark = nsent;
+    generate(longer, "too-long", 1, 64);
+    cr_assert(eq(sz, nsent, mark + 1),
+              "one answer, to the client (its subject is cut in the record)");
+    cr_assert(eq(u32, error_in(&sent[mark]), KVR_ERR_TOO_LARGE),
+              "a reply subject peers cannot take is refused");
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_TOO_LARGE], 1));
 }
