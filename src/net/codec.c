@@ -60,15 +60,14 @@ static void free_plain(void *data, void *p)
     free(p);
 }
 
-void kvr_codec_alloc_init(struct kvr_codec_alloc *a)
+void *kvr_codec_unpack(struct kvr_codec_alloc *a, const ProtobufCMessageDescriptor *d,
+                       const void *buf, size_t len, kvr_status *st)
 {
     a->pc = (ProtobufCAllocator){alloc_recording, free_plain, a};
     a->failed = false;
-}
-
-kvr_status kvr_codec_unpack_failed(const struct kvr_codec_alloc *a)
-{
-    return a->failed ? KVR_ERR_NOMEM : KVR_ERR_MALFORMED;
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->pc, len, buf);
+    *st = m ? KVR_OK : a->failed ? KVR_ERR_NOMEM : KVR_ERR_MALFORMED;
+    return m;
 }
 
 char *kvr_codec_str(char *s)
@@ -264,10 +263,11 @@ kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kv
     if (len > kvr_wire_request_cap(lim))
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__GenerateRequest *m = kvrouter__v1__generate_request__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__GenerateRequest *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__generate_request__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = take_request(m, lim, out);
     kvrouter__v1__generate_request__free_unpacked(m, &a.pc);
     return request_done(st, out);
@@ -284,10 +284,11 @@ kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
     if (len > kvr_wire_request_cap(lim))
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__WorkerGenerate *m = kvrouter__v1__worker_generate__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__WorkerGenerate *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__worker_generate__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     *key = m->request_key;
     *overlap = m->overlap_blocks;
     kvr_status st = KVR_ERR_TOO_LARGE;
@@ -307,10 +308,11 @@ kvr_status kvr_wire_decode_select(const void *buf, size_t len, const struct kvr_
     if (len > kvr_wire_request_cap(lim))
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__SelectRequest *m = kvrouter__v1__select_request__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__SelectRequest *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__select_request__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     *book = m->book;
     kvr_status st = take_request(m->request, lim, out);
     kvrouter__v1__select_request__free_unpacked(m, &a.pc);
@@ -332,10 +334,11 @@ kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire
     if (len > KVR_WIRE_RESPONSE_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__GenerateResponse *m = kvrouter__v1__generate_response__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__GenerateResponse *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__generate_response__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = KVR_ERR_TOO_LARGE;
     if (m->n_token_ids <= KVR_WIRE_RESPONSE_TOKENS_MAX)
         st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &out->request_id);
@@ -365,10 +368,11 @@ kvr_status kvr_wire_decode_select_response(const void *buf, size_t len, uint64_t
     if (n > KVR_WIRE_CANDIDATES_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__SelectResponse *m = kvrouter__v1__select_response__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__SelectResponse *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__select_response__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     *worker_id = m->worker_id;
     *overlap = m->overlap_blocks;
     *ncandidates = (uint32_t)m->n_candidates;
@@ -429,10 +433,11 @@ kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *o
     if (n > KVR_WIRE_STORED_BLOCKS_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__KvEvent *m = kvrouter__v1__kv_event__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__KvEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__kv_event__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     out->worker_id = m->worker_id;
     out->event_seq = m->event_seq;
     switch (m->event_case) {
@@ -460,10 +465,11 @@ kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_t
     if (len > KVR_WIRE_SMALL_EVENT_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__TokensEvent *m = kvrouter__v1__tokens_event__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__TokensEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__tokens_event__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = KVR_OK;
     if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK)
         out->kind = KVR_WIRE_OUTPUT_BLOCK;
@@ -485,10 +491,11 @@ kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_don
     if (len > KVR_WIRE_SMALL_EVENT_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__DoneEvent *m = kvrouter__v1__done_event__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__DoneEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__done_event__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     out->worker_id = m->worker_id;
     out->key = m->request_key;
     out->status = m->status;
@@ -508,10 +515,11 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     if (len > KVR_WIRE_HEARTBEAT_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__Heartbeat *m = kvrouter__v1__heartbeat__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__Heartbeat *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__heartbeat__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = KVR_OK;
     if (m->n_inflight > KVR_WIRE_INFLIGHT_MAX)
         st = KVR_ERR_TOO_LARGE;

@@ -146,10 +146,11 @@ kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_g
     if (len > KVR_WIRE_GOSSIP_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__Gossip *m = kvrouter__v1__gossip__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__Gossip *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__gossip__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = KVR_OK;
     if (m->body_case == KVROUTER__V1__GOSSIP__BODY_DECISION && m->decision)
         out->kind = KVR_WIRE_GOSSIP_DECISION;
@@ -202,10 +203,11 @@ kvr_status kvr_wire_decode_sync(const void *buf, size_t len, struct kvr_wire_syn
     if (len > KVR_WIRE_SYNC_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__SyncRequest *m = kvrouter__v1__sync_request__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__SyncRequest *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__sync_request__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     kvr_status st = KVR_ERR_TOO_LARGE;
     if (m->n_keys <= KVR_WIRE_SYNC_KEYS_MAX)
         st = kvr_codec_dup(m->router_id, KVR_ROUTER_ID_MAX, &out->router_id);
@@ -409,10 +411,11 @@ kvr_status kvr_wire_decode_page(const void *buf, size_t len,
     if (st != KVR_OK)
         return st;
     struct kvr_codec_alloc a;
-    kvr_codec_alloc_init(&a);
-    Kvrouter__V1__SyncPage *m = kvrouter__v1__sync_page__unpack(&a.pc, len, buf);
+    kvr_status why;
+    Kvrouter__V1__SyncPage *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__sync_page__descriptor, buf, len, &why);
     if (!m)
-        return kvr_codec_unpack_failed(&a);
+        return why;
     st = check_page(m);
     if (st == KVR_OK) {
         *last = m->last;

@@ -17,15 +17,20 @@
 #include "buf.h"
 #include "kvr/status.h"
 
-/* One per unpack: pass &pc to *_unpack and to *_free_unpacked. */
+/* One per unpack: kvr_codec_unpack sets it up; pass &pc to the type's *_free_unpacked. */
 struct kvr_codec_alloc {
     ProtobufCAllocator pc; /* allocates through kvr_codec_array, frees with free() */
     bool failed;           /* an allocation failed */
 };
-void kvr_codec_alloc_init(struct kvr_codec_alloc *a);
 
-/* After *_unpack returned NULL: KVR_ERR_NOMEM if an allocation failed, else KVR_ERR_MALFORMED. */
-kvr_status kvr_codec_unpack_failed(const struct kvr_codec_alloc *a);
+/*
+ * The one way a decoder unpacks (after its size cap): a message of type d from buf[0..len)
+ * through a's recording allocator (a is initialised here; free the message with
+ * protobuf_c_message_free_unpacked or the type's own free, passing &a->pc). NULL on failure, with
+ * *st KVR_ERR_NOMEM if an allocation failed, else KVR_ERR_MALFORMED.
+ */
+void *kvr_codec_unpack(struct kvr_codec_alloc *a, const ProtobufCMessageDescriptor *d,
+                       const void *buf, size_t len, kvr_status *st);
 
 /* n items of size bytes (at least one byte, so NULL always means failure); NULL when the product
  * overflows or malloc fails. Free with free(). */

@@ -12,8 +12,6 @@ void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events
     pthread_mutex_lock(&rd->mu);
     if (!events_up) {
         rd->blind = true; /* no worker can be heard: judge none of them meanwhile */
-        kvr_sync_tick(rd, now);
-        kvr_fleet_tick(rd, now); /* but say hello: its requests are still in good hands */
     } else {
         if (rd->blind || events_cut) {
             rd->blind = false;
@@ -26,9 +24,9 @@ void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events
         }
         kvr_router_tick(rd->core, now);
         kvr_place_settle(rd);
-        kvr_sync_tick(rd, now);
-        kvr_fleet_tick(rd, now);
     }
+    kvr_sync_tick(rd, now);
+    kvr_fleet_tick(rd, now); /* hellos even when blind: its requests are still in good hands */
     pthread_mutex_unlock(&rd->mu);
     kvr_rd_flush(rd);
 }
