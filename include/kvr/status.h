@@ -4,7 +4,8 @@
  * Every action returns a kvr_status; KVR_OK is zero, everything else is an error with a fixed
  * text. Codes and texts come from one list (KVR_STATUS_LIST), so they cannot drift apart. The
  * numeric values are part of the wire protocol (they travel as error codes to clients), so new
- * codes are only ever appended. 14 is retired: it was "queued", an outcome (struct
+ * codes are only ever appended; proto/kvrouter/v1/kvrouter.proto's ErrorCode lists the same values
+ * (tests/unit/test_codec.c checks they agree). 14 is retired: it was "queued", an outcome (struct
  * kvr_decision.queued), never an error on the wire. Thread-safe: pure functions on constant data.
  */
 #ifndef KVR_STATUS_H
@@ -33,7 +34,17 @@
     X(KVR_ERR_TIMEOUT, 18, "timed out")                                                            \
     X(KVR_ERR_IO, 19, "i/o error")                                                                 \
     X(KVR_ERR_SHUTDOWN, 20, "shutting down")                                                       \
-    X(KVR_ERR_NOT_DELIVERED, 21, "never reached its worker")
+    X(KVR_ERR_NOT_DELIVERED, 21, "never reached its worker")                                       \
+    X(KVR_ERR_MAX_TOKENS_ZERO, 22, "max_tokens is 0")                                              \
+    X(KVR_ERR_MAX_TOKENS_TOO_LARGE, 23, "max_tokens over the limit")                               \
+    X(KVR_ERR_NO_REPLY, 24, "no reply subject")                                                    \
+    X(KVR_ERR_CANCELLED, 25, "cancelled")                                                          \
+    X(KVR_ERR_DEADLINE, 26, "deadline exceeded")                                                   \
+    X(KVR_ERR_WORKER_ID_CLASH, 27, "worker id used by another process")                            \
+    X(KVR_ERR_INTERRUPTED, 28, "stream interrupted")                                               \
+    X(KVR_ERR_REPLY_TOO_LONG, 29, "reply subject too long")                                        \
+    X(KVR_ERR_ID_TOO_LONG, 30, "request id too long")                                              \
+    X(KVR_ERR_BAD_OVERRIDE, 31, "override out of range")
 
 #define KVR_STATUS_ENUM(name, value, text) name = value,
 typedef enum kvr_status { KVR_STATUS_LIST(KVR_STATUS_ENUM) } kvr_status;

@@ -62,7 +62,7 @@ static void latencies(struct hop *h)
         kvr_wire_encode_generate(&h->req, id, h->tok, HOP_TOKENS, 1, NULL);
         double a = one_hop(h, 2 * (i % h->n), h->client->subj_gen, &h->req);
         kvr_wire_encode_worker_generate(&h->direct, h->req.data, h->req.len,
-                                        0x8000000000000000ull | i, 0, "kvbench");
+                                        0x8000000000000000ull | i, 0, "kvbench", 0);
         double d = one_hop(h, 2 * (i % h->n) + 1, h->subj_worker, &h->direct);
         if (i >= HOP_WARMUP) {
             if (a > 0)

@@ -12,6 +12,8 @@
  */
 #include "codec.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,13 +206,13 @@ static kvr_status take_overrides(const Kvrouter__V1__Overrides *o, struct kvr_ov
     }
     if (o->has_overlap_weight) {
         if (!(o->overlap_weight >= 0 && o->overlap_weight <= 1e6))
-            return KVR_ERR_INVALID;
+            return KVR_ERR_BAD_OVERRIDE;
         ov->flags |= KVR_OV_OVERLAP_WEIGHT;
         ov->overlap_weight = o->overlap_weight;
     }
     if (o->has_temperature) {
         if (!(o->temperature >= 0 && o->temperature <= 1e6))
-            return KVR_ERR_INVALID;
+            return KVR_ERR_BAD_OVERRIDE;
         ov->flags |= KVR_OV_TEMPERATURE;
         ov->temperature = o->temperature;
     }
@@ -224,15 +226,29 @@ static kvr_status take_request(const Kvrouter__V1__GenerateRequest *m,
     if (!m)
         return KVR_ERR_MALFORMED;
     kvr_status st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &out->request_id);
+    if (st == KVR_ERR_TOO_LARGE) {
+        out->got = strlen(m->request_id);
+        out->limit = KVR_REQUEST_ID_MAX;
+        return KVR_ERR_ID_TOO_LONG;
+    }
     if (st != KVR_OK)
         return st;
     out->max_tokens = m->max_tokens;
     if (m->n_token_ids == 0)
         return KVR_ERR_EMPTY_PROMPT;
-    if (m->n_token_ids > lim->max_prompt_tokens)
+    if (m->n_token_ids > lim->max_prompt_tokens) {
+        out->got = m->n_token_ids;
+        out->limit = lim->max_prompt_tokens;
         return KVR_ERR_PROMPT_TOO_LONG;
-    if (m->max_tokens == 0 || m->max_tokens > lim->max_output_tokens)
-        return KVR_ERR_INVALID;
+    }
+    if (m->max_tokens == 0)
+        return KVR_ERR_MAX_TOKENS_ZERO;
+    if (m->max_tokens > lim->max_output_tokens) {
+        out->got = m->max_tokens;
+        out->limit = lim->max_output_tokens;
+        return KVR_ERR_MAX_TOKENS_TOO_LARGE;
+    }
+    out->deadline_ms = m->deadline_ms;
     st = take_overrides(m->overrides, &out->ov);
     if (st != KVR_OK)
         return st;
@@ -244,16 +260,52 @@ static kvr_status take_request(const Kvrouter__V1__GenerateRequest *m,
     return KVR_OK;
 }
 
-/* A request decoder's end: on an error only the request id stays (so the error can name it). */
+/* A request decoder's end: on an error only the request id and the figures stay (so the error
+ * can name them). */
 static kvr_status request_done(kvr_status st, struct kvr_wire_request *out)
 {
     if (st != KVR_OK) {
-        char *id = out->request_id;
+        struct kvr_wire_request keep = {
+            .request_id = out->request_id, .got = out->got, .limit = out->limit};
         free(out->tokens);
-        memset(out, 0, sizeof *out);
-        out->request_id = id;
+        *out = keep;
     }
     return st;
+}
+
+const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st, char *buf,
+                                 size_t len)
+{
+    const char *unit = NULL;
+    switch (st) {
+    case KVR_ERR_PROMPT_TOO_LONG:
+        unit = "tokens";
+        break;
+    case KVR_ERR_MAX_TOKENS_TOO_LARGE:
+        unit = "requested";
+        break;
+    case KVR_ERR_ID_TOO_LONG:
+    case KVR_ERR_REPLY_TOO_LONG:
+    case KVR_ERR_TOO_LARGE:
+        unit = "bytes";
+        break;
+    default:
+        break;
+    }
+    if (unit && r && r->limit)
+        snprintf(buf, len, "%" PRIu64 " %s, the limit is %" PRIu64, r->got, unit, r->limit);
+    else if (len)
+        buf[0] = 0;
+    return buf;
+}
+
+/* A request over its byte cap: the figures for the error. */
+static kvr_status too_large(struct kvr_wire_request *out, size_t len,
+                            const struct kvr_wire_limits *lim)
+{
+    out->got = len;
+    out->limit = kvr_wire_request_cap(lim);
+    return KVR_ERR_TOO_LARGE;
 }
 
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
@@ -261,7 +313,7 @@ kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kv
 {
     memset(out, 0, sizeof *out);
     if (len > kvr_wire_request_cap(lim))
-        return KVR_ERR_TOO_LARGE;
+        return too_large(out, len, lim);
     struct kvr_codec_alloc a;
     kvr_status why;
     Kvrouter__V1__GenerateRequest *m =
@@ -282,7 +334,7 @@ kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
     *key = 0;
     *overlap = 0;
     if (len > kvr_wire_request_cap(lim))
-        return KVR_ERR_TOO_LARGE;
+        return too_large(out, len, lim);
     struct kvr_codec_alloc a;
     kvr_status why;
     Kvrouter__V1__WorkerGenerate *m =
@@ -296,6 +348,8 @@ kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
         st = take_request(m->request, lim, out);
     if (st == KVR_OK && m->request_key == 0)
         st = KVR_ERR_INVALID;
+    if (st == KVR_OK)
+        out->deadline_ms = m->deadline_ms;
     kvrouter__v1__worker_generate__free_unpacked(m, &a.pc);
     return request_done(st, out);
 }
@@ -306,7 +360,7 @@ kvr_status kvr_wire_decode_select(const void *buf, size_t len, const struct kvr_
     memset(out, 0, sizeof *out);
     *book = false;
     if (len > kvr_wire_request_cap(lim))
-        return KVR_ERR_TOO_LARGE;
+        return too_large(out, len, lim);
     struct kvr_codec_alloc a;
     kvr_status why;
     Kvrouter__V1__SelectRequest *m =
@@ -349,6 +403,7 @@ kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire
     out->error_code = m->error_code;
     out->worker_id = m->worker_id;
     out->cached_tokens = m->cached_tokens;
+    out->position = m->position;
     kvrouter__v1__generate_response__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_response_free(out);
@@ -498,7 +553,8 @@ kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_don
         return why;
     out->worker_id = m->worker_id;
     out->key = m->request_key;
-    out->status = m->status;
+    out->status = (uint32_t)m->status;
+    out->output_tokens = m->output_tokens;
     kvrouter__v1__done_event__free_unpacked(m, &a.pc);
     return KVR_OK;
 }
@@ -537,6 +593,8 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     out->info.kv_usage = m->kv_usage >= 0 && m->kv_usage <= 1 ? m->kv_usage : 0;
     out->interval_ms = m->interval_ms;
     out->draining = m->draining;
+    out->instance = m->instance;
+    out->started_ns = m->started_ns;
     kvrouter__v1__heartbeat__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_heartbeat_free(out);
@@ -567,21 +625,34 @@ kvr_status kvr_wire_encode_generate(struct kvr_buf *b, const char *request_id,
     return kvr_codec_pack(b, &m.base);
 }
 
-kvr_status kvr_wire_encode_response(struct kvr_buf *b, const char *request_id,
-                                    const uint32_t *tokens, uint32_t ntokens, bool final,
-                                    kvr_status error, uint64_t worker_id, uint32_t cached_tokens)
+/* An error's text with its figures: "prompt too long: 9 tokens, the limit is 8". */
+static char *error_text(char *buf, size_t len, kvr_status st, const char *detail)
+{
+    if (detail && detail[0])
+        snprintf(buf, len, "%s: %s", kvr_status_str(st), detail);
+    else
+        snprintf(buf, len, "%s", kvr_status_str(st));
+    return buf;
+}
+
+kvr_status kvr_wire_encode_chunk(struct kvr_buf *b, const struct kvr_wire_chunk *c)
 {
     Kvrouter__V1__GenerateResponse m = KVROUTER__V1__GENERATE_RESPONSE__INIT;
-    m.request_id = (char *)(request_id ? request_id : "");
-    m.token_ids = (uint32_t *)tokens;
-    m.n_token_ids = ntokens;
-    m.final = final;
-    if (final)
-        m.finish_reason = (char *)(error == KVR_OK ? "length" : "error");
-    m.error_code = (uint32_t)error;
-    m.error = (char *)(error == KVR_OK ? "" : kvr_status_str(error));
-    m.worker_id = worker_id;
-    m.cached_tokens = cached_tokens;
+    char text[KVR_ERROR_TEXT_MAX + 1];
+    m.request_id = (char *)(c->request_id ? c->request_id : "");
+    m.token_ids = (uint32_t *)c->tokens;
+    m.n_token_ids = c->ntokens;
+    m.position = c->position;
+    m.final = c->final;
+    if (c->final)
+        m.finish_reason = (char *)(c->error == KVR_OK              ? "length"
+                                   : c->error == KVR_ERR_CANCELLED ? "cancelled"
+                                                                   : "error");
+    m.error_code = (Kvrouter__V1__ErrorCode)c->error;
+    if (c->error != KVR_OK)
+        m.error = error_text(text, sizeof text, c->error, c->detail);
+    m.worker_id = c->worker_id;
+    m.cached_tokens = c->cached_tokens;
     return kvr_codec_pack(b, &m.base);
 }
 
@@ -607,13 +678,94 @@ static kvr_status wrap(struct kvr_buf *b, const void *raw, size_t len, const Pro
 }
 
 kvr_status kvr_wire_encode_worker_generate(struct kvr_buf *b, const void *request, size_t len,
-                                           uint64_t key, uint32_t overlap, const char *router_id)
+                                           uint64_t key, uint32_t overlap, const char *router_id,
+                                           uint32_t deadline_ms)
 {
     Kvrouter__V1__WorkerGenerate m = KVROUTER__V1__WORKER_GENERATE__INIT;
     m.request_key = key;
     m.overlap_blocks = overlap;
     m.router_id = (char *)(router_id ? router_id : "");
+    m.deadline_ms = deadline_ms;
     return wrap(b, request, len, &m.base);
+}
+
+/* --- cancellation ------------------------------------------------------------------------ */
+
+kvr_status kvr_wire_encode_cancel(struct kvr_buf *b, const char *request_id, const char *reply)
+{
+    Kvrouter__V1__CancelRequest m = KVROUTER__V1__CANCEL_REQUEST__INIT;
+    m.request_id = (char *)(request_id ? request_id : "");
+    m.reply = (char *)(reply ? reply : "");
+    return kvr_codec_pack(b, &m.base);
+}
+
+void kvr_wire_cancel_free(struct kvr_wire_cancel *c)
+{
+    free(c->request_id);
+    free(c->reply);
+    memset(c, 0, sizeof *c);
+}
+
+kvr_status kvr_wire_decode_cancel(const void *buf, size_t len, struct kvr_wire_cancel *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_CANCEL_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__CancelRequest *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__cancel_request__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &out->request_id);
+    if (st == KVR_ERR_TOO_LARGE)
+        st = KVR_ERR_ID_TOO_LONG;
+    if (st == KVR_OK) {
+        st = kvr_codec_dup(m->reply, KVR_REPLY_MAX, &out->reply);
+        if (st == KVR_ERR_TOO_LARGE)
+            st = KVR_ERR_REPLY_TOO_LONG;
+    }
+    if (st == KVR_OK && !out->reply[0])
+        st = KVR_ERR_NO_REPLY;
+    kvrouter__v1__cancel_request__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_cancel_free(out);
+    return st;
+}
+
+kvr_status kvr_wire_encode_worker_cancel(struct kvr_buf *b, const struct kvr_wire_worker_cancel *c,
+                                         const char *router_id)
+{
+    Kvrouter__V1__WorkerCancel m = KVROUTER__V1__WORKER_CANCEL__INIT;
+    m.request_key = c->key;
+    m.reason = (Kvrouter__V1__ErrorCode)c->reason;
+    m.silent = c->silent;
+    m.router_id = (char *)(router_id ? router_id : "");
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_decode_worker_cancel(const void *buf, size_t len,
+                                         struct kvr_wire_worker_cancel *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_SMALL_EVENT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__WorkerCancel *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__worker_cancel__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = KVR_OK;
+    if (strlen(kvr_codec_str(m->router_id)) > KVR_ROUTER_ID_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    else if (m->request_key == 0 ||
+             ((int)m->reason != KVR_ERR_CANCELLED && (int)m->reason != KVR_ERR_DEADLINE))
+        st = KVR_ERR_INVALID;
+    if (st == KVR_OK)
+        *out = (struct kvr_wire_worker_cancel){m->request_key, (kvr_status)m->reason, m->silent};
+    kvrouter__v1__worker_cancel__free_unpacked(m, &a.pc);
+    return st;
 }
 
 kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request, size_t len,
@@ -625,12 +777,15 @@ kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request
 }
 
 kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_decision *d,
-                                           uint64_t key, kvr_status error)
+                                           uint64_t key, kvr_status error, const char *router_id,
+                                           const char *detail)
 {
     Kvrouter__V1__SelectResponse m = KVROUTER__V1__SELECT_RESPONSE__INIT;
+    char text[KVR_ERROR_TEXT_MAX + 1];
     Kvrouter__V1__Candidate *cand = NULL, **ptrs = NULL;
-    m.error_code = (uint32_t)error;
-    m.error = (char *)(error == KVR_OK ? "" : kvr_status_str(error));
+    m.router_id = (char *)(router_id ? router_id : "");
+    m.error_code = (Kvrouter__V1__ErrorCode)error;
+    m.error = error == KVR_OK ? "" : error_text(text, sizeof text, error, detail);
     if (error == KVR_OK && d) {
         m.worker_id = d->worker_id;
         m.overlap_blocks = d->overlap_blocks;
@@ -738,12 +893,13 @@ kvr_status kvr_wire_encode_tokens(struct kvr_buf *b, uint64_t worker_id, uint64_
 }
 
 kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
-                                uint32_t status)
+                                uint32_t status, uint32_t output_tokens)
 {
     Kvrouter__V1__DoneEvent m = KVROUTER__V1__DONE_EVENT__INIT;
     m.worker_id = worker_id;
     m.request_key = key;
-    m.status = status;
+    m.status = (Kvrouter__V1__ErrorCode)status;
+    m.output_tokens = output_tokens;
     return kvr_codec_pack(b, &m.base);
 }
 
@@ -759,5 +915,7 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.n_inflight = h->ninflight;
     m.interval_ms = h->interval_ms;
     m.draining = h->draining;
+    m.instance = h->instance;
+    m.started_ns = h->started_ns;
     return kvr_codec_pack(b, &m.base);
 }

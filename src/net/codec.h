@@ -78,8 +78,10 @@
  * adds.
  */
 #define KVR_WIRE_SLACK 4096u
-/* A TokensEvent or DoneEvent: three scalars, at most 33 bytes. */
+/* A TokensEvent, DoneEvent or WorkerCancel: a few scalars and a router id. */
 #define KVR_WIRE_SMALL_EVENT_MAX 1024u
+/* A CancelRequest: an id and a reply subject at their caps. */
+#define KVR_WIRE_CANCEL_MAX (KVR_REQUEST_ID_MAX + KVR_REPLY_MAX + 64u)
 /* A KvEvent: a Stored block is at most 24 bytes (tag, length, two uint64 fields). */
 #define KVR_WIRE_KV_MAX (KVR_WIRE_STORED_BLOCKS_MAX * 24u + KVR_WIRE_SLACK)
 /* A Heartbeat: its inflight keys, packed uint64s. */
@@ -99,7 +101,7 @@
 
 struct kvr_wire_limits {
     uint32_t max_prompt_tokens; /* longer prompts: KVR_ERR_PROMPT_TOO_LONG */
-    uint32_t max_output_tokens; /* larger max_tokens: KVR_ERR_INVALID */
+    uint32_t max_output_tokens; /* larger max_tokens: KVR_ERR_MAX_TOKENS_TOO_LARGE */
 };
 
 /*
@@ -116,15 +118,23 @@ struct kvr_wire_request {
     uint32_t ntokens;        /* */
     uint32_t max_tokens;     /* */
     struct kvr_overrides ov; /* the policy already parsed */
+    uint32_t deadline_ms;    /* 0: none (a WorkerGenerate's: what is left of it) */
+    uint64_t got, limit;     /* on a limit error: the value sent and the limit it passed */
 };
 void kvr_wire_request_free(struct kvr_wire_request *r);
 
+/* The figures of a request decoder's error st into buf ("2000000 tokens, the limit is 1048576"),
+ * or "" when it has none. Returns buf. */
+const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st, char *buf,
+                                 size_t len);
+
 /*
  * Decode a GenerateRequest. On an error that leaves the request readable (empty or long prompt,
- * unknown policy, bad limits, a WorkerGenerate's zero key), out->request_id is still set so the
- * error can name it, and the rest of out is zeroed; the caller frees out in every case. Over
- * kvr_wire_request_cap(lim) bytes or a request id over KVR_REQUEST_ID_MAX: KVR_ERR_TOO_LARGE (with
- * no request id).
+ * unknown policy, max_tokens 0 or over the limit, an override out of range, a WorkerGenerate's
+ * zero key), out->request_id is still set so the error can name it, out->got and out->limit hold
+ * the figures of a limit passed, and the rest of out is zeroed; the caller frees out in every
+ * case. Over kvr_wire_request_cap(lim) bytes: KVR_ERR_TOO_LARGE; a request id over
+ * KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG (neither with a request id).
  */
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
                                     struct kvr_wire_request *out);
@@ -149,7 +159,22 @@ struct kvr_wire_response {
     char *error;            /* owned; "" when none */
     uint64_t worker_id;     /* */
     uint32_t cached_tokens; /* */
+    uint32_t position;      /* output tokens the stream carried before this chunk */
 };
+
+/* One GenerateResponse chunk to encode (borrowed strings). */
+struct kvr_wire_chunk {
+    const char *request_id; /* NULL: "" */
+    const uint32_t *tokens; /* */
+    uint32_t ntokens;       /* */
+    uint32_t position;      /* tokens sent before this chunk */
+    bool final;             /* */
+    kvr_status error;       /* on a final chunk; KVR_OK: finished ("length") */
+    const char *detail;     /* NULL, or the error's figures, appended to its text after ": " */
+    uint64_t worker_id;     /* */
+    uint32_t cached_tokens; /* */
+};
+kvr_status kvr_wire_encode_chunk(struct kvr_buf *b, const struct kvr_wire_chunk *c);
 /* A request id over KVR_REQUEST_ID_MAX, an error text over KVR_ERROR_TEXT_MAX or more than
  * KVR_WIRE_RESPONSE_TOKENS_MAX tokens: KVR_ERR_TOO_LARGE. */
 kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire_response *out);
@@ -185,7 +210,8 @@ kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_t
 struct kvr_wire_done {
     uint64_t worker_id;
     uint64_t key;
-    uint32_t status;
+    uint32_t status;        /* kvr_status: KVR_OK completed */
+    uint32_t output_tokens; /* tokens it streamed */
 };
 kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_done *out);
 
@@ -195,6 +221,8 @@ struct kvr_wire_heartbeat {
     uint32_t ninflight;
     uint32_t interval_ms;
     bool draining;
+    uint64_t instance;   /* random per worker process */
+    uint64_t started_ns; /* its start, Unix ns */
 };
 /* A zero worker id or block size: KVR_ERR_INVALID; more than KVR_WIRE_INFLIGHT_MAX keys:
  * KVR_ERR_TOO_LARGE. A kv_usage outside [0, 1] reads as 0. */
@@ -205,16 +233,41 @@ void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h);
 kvr_status kvr_wire_encode_generate(struct kvr_buf *b, const char *request_id,
                                     const uint32_t *tokens, uint32_t ntokens, uint32_t max_tokens,
                                     const struct kvr_overrides *ov);
-kvr_status kvr_wire_encode_response(struct kvr_buf *b, const char *request_id,
-                                    const uint32_t *tokens, uint32_t ntokens, bool final,
-                                    kvr_status error, uint64_t worker_id, uint32_t cached_tokens);
-/* Forward a client's GenerateRequest bytes unchanged, wrapped with the router's decision. */
+/* Forward a client's GenerateRequest bytes unchanged, wrapped with the router's decision and what
+ * is left of its deadline (0: none). */
 kvr_status kvr_wire_encode_worker_generate(struct kvr_buf *b, const void *request, size_t len,
-                                           uint64_t key, uint32_t overlap, const char *router_id);
+                                           uint64_t key, uint32_t overlap, const char *router_id,
+                                           uint32_t deadline_ms);
+
+/* A client's CancelRequest: the request id and reply subject of the generate it names. */
+struct kvr_wire_cancel {
+    char *request_id; /* owned */
+    char *reply;      /* owned */
+};
+kvr_status kvr_wire_encode_cancel(struct kvr_buf *b, const char *request_id, const char *reply);
+/* A request id over KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG; a reply over KVR_REPLY_MAX:
+ * KVR_ERR_REPLY_TOO_LONG; an empty reply: KVR_ERR_NO_REPLY. */
+kvr_status kvr_wire_decode_cancel(const void *buf, size_t len, struct kvr_wire_cancel *out);
+void kvr_wire_cancel_free(struct kvr_wire_cancel *c);
+
+/* A router's WorkerCancel. */
+struct kvr_wire_worker_cancel {
+    uint64_t key;      /* */
+    kvr_status reason; /* KVR_ERR_CANCELLED or KVR_ERR_DEADLINE */
+    bool silent;       /* end without a chunk: another worker serves it */
+};
+kvr_status kvr_wire_encode_worker_cancel(struct kvr_buf *b, const struct kvr_wire_worker_cancel *c,
+                                         const char *router_id);
+/* A zero key, or a reason other than the two: KVR_ERR_INVALID. */
+kvr_status kvr_wire_decode_worker_cancel(const void *buf, size_t len,
+                                         struct kvr_wire_worker_cancel *out);
 kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request, size_t len,
                                           bool book);
+/* key: the booking's (0 when not booked); router_id: who answers; detail: NULL or the error's
+ * figures. */
 kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_decision *d,
-                                           uint64_t key, kvr_status error);
+                                           uint64_t key, kvr_status error, const char *router_id,
+                                           const char *detail);
 /* The out-params are set only on KVR_OK; more than KVR_WIRE_CANDIDATES_MAX candidates (counted on
  * the wire): KVR_ERR_TOO_LARGE. */
 kvr_status kvr_wire_decode_select_response(const void *buf, size_t len, uint64_t *worker_id,
@@ -229,7 +282,7 @@ kvr_status kvr_wire_encode_cleared(struct kvr_buf *b, uint64_t worker_id, uint64
 kvr_status kvr_wire_encode_tokens(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
                                   enum kvr_wire_tokens_kind kind);
 kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
-                                uint32_t status);
+                                uint32_t status, uint32_t output_tokens);
 kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_heartbeat *h);
 
 /* --- router replicas ----------------------------------------------------------------------- */
@@ -240,6 +293,7 @@ struct kvr_wire_decision {
     char *reply;                   /* "" for booked selects */
     char *request_id;              /* */
     char *origin;                  /* the router that answers the client */
+    uint64_t decided_ns;           /* when the origin decided, Unix ns */
 };
 void kvr_wire_decision_free(struct kvr_wire_decision *d);
 
@@ -258,7 +312,7 @@ void kvr_wire_gossip_free(struct kvr_wire_gossip *g);
 kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                            uint64_t seq, const struct kvr_request_record *rec,
                                            const char *reply, const char *request_id,
-                                           const char *origin);
+                                           const char *origin, uint64_t decided_ns);
 kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                         uint64_t seq, bool serving);
 /*
@@ -295,7 +349,8 @@ void kvr_page_init(struct kvr_page *p);
 void kvr_page_free(struct kvr_page *p);
 /* Add a record (copied): KVR_ERR_NOMEM, or KVR_ERR_FULL past 2^31 records of a kind. */
 kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
-                                 const char *reply, const char *request_id, const char *origin);
+                                 const char *reply, const char *request_id, const char *origin,
+                                 uint64_t decided_ns);
 kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec);
 /* Encode the page into b (last: the final page) and empty it. */
 kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);

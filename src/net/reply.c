@@ -40,28 +40,41 @@ static void count_error(struct kvr_reply *r, kvr_status st, bool dropped, const 
     }
 }
 
-void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
-                     const char *request_id, kvr_status st)
+void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                    const char *request_id, kvr_status st, const struct kvr_reply_why *why)
 {
     bool can = reply && *reply;
     count_error(r, st, !can, request_id);
     if (!can)
         return;
-    if (kvr_wire_encode_response(&r->buf, request_id, NULL, 0, true, st, r->worker_id, 0) == KVR_OK)
+    struct kvr_wire_chunk c = {.request_id = request_id,
+                               .final = true,
+                               .error = st,
+                               .worker_id = why && why->worker_id ? why->worker_id : r->worker_id,
+                               .position = why ? why->position : 0,
+                               .detail = why ? why->detail : NULL};
+    if (kvr_wire_encode_chunk(&r->buf, &c) == KVR_OK)
         kvr_outbox_add(out, reply, r->buf.data, r->buf.len, st);
     else
         r->dropped++; /* out of memory: the client will resend */
 }
 
+void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                     const char *request_id, kvr_status st)
+{
+    kvr_reply_fail(r, out, reply, request_id, st, NULL);
+}
+
 void kvr_reply_select(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
-                      const struct kvr_decision *d, uint64_t key, kvr_status st)
+                      const struct kvr_decision *d, uint64_t key, kvr_status st, const char *detail)
 {
     bool can = reply && *reply;
     if (st != KVR_OK)
         count_error(r, st, !can, NULL);
     if (!can)
         return;
-    if (kvr_wire_encode_select_response(&r->buf, st == KVR_OK ? d : NULL, key, st) == KVR_OK)
+    if (kvr_wire_encode_select_response(&r->buf, st == KVR_OK ? d : NULL, key, st, r->router_id,
+                                        detail) == KVR_OK)
         kvr_outbox_add(out, reply, r->buf.data, r->buf.len, st);
     else
         r->dropped++;

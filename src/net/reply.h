@@ -25,6 +25,7 @@ enum kvr_reply_slots { KVR_STATUS_LIST(KVR_REPLY_SLOT) KVR_REPLY_CODES };
 struct kvr_reply {
     const char *endpoint;              /* "generate", "select": logs and stats (borrowed) */
     uint64_t worker_id;                /* set in the chunks a worker sends; 0 for a router */
+    const char *router_id;             /* named in a router's select answers (borrowed) */
     uint64_t requests;                 /* answered or refused through this endpoint */
     uint64_t errors;                   /* every error, answered or dropped */
     uint64_t dropped;                  /* errors nobody could be told of (no reply subject) */
@@ -40,15 +41,27 @@ void kvr_reply_free(struct kvr_reply *r);
 /* Count one request handled in elapsed_ns (errors are counted by the calls below). */
 void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns);
 
+/* What a failed request's final chunk says beyond its code. */
+struct kvr_reply_why {
+    uint64_t worker_id; /* the worker that failed (0: the endpoint's own id) */
+    uint32_t position;  /* tokens the client got before it */
+    const char *detail; /* NULL, or the figures ("9 tokens, the limit is 8") */
+};
+
 /*
  * Client request_id (may be NULL) at subject reply failed with st (not KVR_OK): queue its final
- * chunk into out, count, log. reply NULL or empty: counted as dropped (why says why).
+ * chunk into out, count, log. reply NULL or empty: counted as dropped. why may be NULL.
  */
+void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                    const char *request_id, kvr_status st, const struct kvr_reply_why *why);
+/* The same with nothing more to say. */
 void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
                      const char *request_id, kvr_status st);
 
-/* A select's answer: the decision (st KVR_OK, d set) or the error, into out; errors counted. */
+/* A select's answer: the decision (st KVR_OK, d set) or the error (detail: NULL or its figures),
+ * into out; errors counted. */
 void kvr_reply_select(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
-                      const struct kvr_decision *d, uint64_t key, kvr_status st);
+                      const struct kvr_decision *d, uint64_t key, kvr_status st,
+                      const char *detail);
 
 #endif

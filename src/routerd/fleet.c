@@ -133,7 +133,7 @@ void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p)
         return;
     }
     if (kvr_wire_encode_gossip_decision(&rd->buf, rd->cfg->id, g->epoch, seq, &rec, p->reply,
-                                        p->request_id, rd->cfg->id) != KVR_OK)
+                                        p->request_id, rd->cfg->id, p->decided_ns) != KVR_OK)
         return;
     kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
     g->sent++;

@@ -102,7 +102,7 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
         key = kvr_pending_key(reply, q.request_id);
         st = select_one(rd, &q, key, book, &d);
     }
-    kvr_reply_select(&rd->select, &rd->out, reply, st == KVR_OK ? &d : NULL, key, st);
+    kvr_reply_select(&rd->select, &rd->out, reply, st == KVR_OK ? &d : NULL, key, st, NULL);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->select, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);

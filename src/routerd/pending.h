@@ -35,6 +35,8 @@ struct kvr_pending {
     uint64_t orphan_at;            /* failed while its origin was silent: answer then (0: no) */
     kvr_status orphan_status;      /* ... with this */
     const struct kvr_peer *origin; /* the router that decided it; NULL: this one */
+    uint64_t decided_ns;           /* when its origin decided it (Unix ns): the earlier of two
+                                      decisions for one key stands */
     UT_hash_handle hh;             /* by key; the table owns the item */
 };
 

@@ -17,7 +17,8 @@ void kvr_place_forward(struct kvr_rd *rd, const struct kvr_pending *p, const voi
 {
     char subject[600];
     snprintf(subject, sizeof subject, "%s%" PRIu64 ".generate", rd->subj_worker, worker_id);
-    if (kvr_wire_encode_worker_generate(&rd->buf, raw, len, p->key, overlap, rd->cfg->id) == KVR_OK)
+    if (kvr_wire_encode_worker_generate(&rd->buf, raw, len, p->key, overlap, rd->cfg->id, 0) ==
+        KVR_OK)
         kvr_outbox_add_request(&rd->out, subject, p->reply, rd->buf.data, rd->buf.len);
     else
         rd->out.dropped++; /* out of memory: anti-entropy places it again, or it expires */

@@ -50,7 +50,13 @@ static void send_token(struct kvr_worker *w, struct kvr_wreq *r)
     uint32_t tok = (uint32_t)((r->key + r->produced) % 32000);
     r->produced++;
     emit(w, r->reply,
-         kvr_wire_encode_response(&w->buf, r->request_id, &tok, 1, false, KVR_OK, w->cfg->id, 0));
+         kvr_wire_encode_chunk(&w->buf, &(struct kvr_wire_chunk){.request_id = r->request_id,
+                                                                 .tokens = &tok,
+                                                                 .ntokens = 1,
+                                                                 .final = false,
+                                                                 .error = KVR_OK,
+                                                                 .worker_id = w->cfg->id,
+                                                                 .cached_tokens = 0}));
 }
 
 static void on_prefill(void *ctx, uint64_t id)
@@ -89,13 +95,19 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
     struct kvr_wreq *r = find(w, res->id);
     if (r) {
         emit(w, r->reply,
-             kvr_wire_encode_response(&w->buf, r->request_id, NULL, 0, true, KVR_OK, w->cfg->id,
-                                      res->cached_tokens));
+             kvr_wire_encode_chunk(&w->buf,
+                                   &(struct kvr_wire_chunk){.request_id = r->request_id,
+                                                            .tokens = NULL,
+                                                            .ntokens = 0,
+                                                            .final = true,
+                                                            .error = KVR_OK,
+                                                            .worker_id = w->cfg->id,
+                                                            .cached_tokens = res->cached_tokens}));
         HASH_DEL(w->reqs, r);
         w->nreqs--;
         free_req(r);
     }
-    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, res->id, 0));
+    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, res->id, 0, 0));
     w->served++;
 }
 
@@ -198,8 +210,14 @@ static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, u
 {
     uint32_t tok = (uint32_t)(key % 32000);
     emit(w, reply,
-         kvr_wire_encode_response(&w->buf, q->request_id, &tok, 1, true, KVR_OK, w->cfg->id, 0));
-    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, key, 0));
+         kvr_wire_encode_chunk(&w->buf, &(struct kvr_wire_chunk){.request_id = q->request_id,
+                                                                 .tokens = &tok,
+                                                                 .ntokens = 1,
+                                                                 .final = true,
+                                                                 .error = KVR_OK,
+                                                                 .worker_id = w->cfg->id,
+                                                                 .cached_tokens = 0}));
+    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, key, 0, 0));
 }
 
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)

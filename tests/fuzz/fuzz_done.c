@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvr_status st = kvr_wire_decode_done(data, size, &d);
     if (st == KVR_OK) {
         struct kvr_buf b = {0};
-        FUZZ_CHECK(kvr_wire_encode_done(&b, d.worker_id, d.key, d.status) == KVR_OK);
+        FUZZ_CHECK(kvr_wire_encode_done(&b, d.worker_id, d.key, d.status, 0) == KVR_OK);
         FUZZ_CHECK(kvr_wire_decode_done(b.data, b.len, &again) == KVR_OK);
         FUZZ_CHECK(d.worker_id == again.worker_id && d.key == again.key &&
                    d.status == again.status);

@@ -57,7 +57,7 @@ static void requests(void)
     for (int i = 0; i < 3; i++) {
         check(kvr_wire_encode_generate(&b, r[i].id, tokens, r[i].n, r[i].max, r[i].ov), "generate");
         put("generate", i, &b);
-        check(kvr_wire_encode_worker_generate(&w, b.data, b.len, 1000 + (uint64_t)i, 2, "r1"),
+        check(kvr_wire_encode_worker_generate(&w, b.data, b.len, 1000 + (uint64_t)i, 2, "r1", 0),
               "worker_generate");
         put("worker_generate", i, &w);
         check(kvr_wire_encode_select_request(&w, b.data, b.len, i % 2 == 0), "select");
@@ -71,9 +71,22 @@ static void requests(void)
 static void events(void)
 {
     struct kvr_buf b = {0};
-    check(kvr_wire_encode_response(&b, "req-1", tokens, 3, false, KVR_OK, 7, 32), "response");
+    check(kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "req-1",
+                                                             .tokens = tokens,
+                                                             .ntokens = 3,
+                                                             .final = false,
+                                                             .error = KVR_OK,
+                                                             .worker_id = 7,
+                                                             .cached_tokens = 32}),
+          "response");
     put("response", 0, &b);
-    check(kvr_wire_encode_response(&b, "req-1", NULL, 0, true, KVR_ERR_OVERLOADED, 0, 0),
+    check(kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "req-1",
+                                                             .tokens = NULL,
+                                                             .ntokens = 0,
+                                                             .final = true,
+                                                             .error = KVR_ERR_OVERLOADED,
+                                                             .worker_id = 0,
+                                                             .cached_tokens = 0}),
           "response");
     put("response", 1, &b);
     struct kvr_kv_block blocks[4] = {{1, 0x1111}, {2, 0x2222}, {3, 0x3333}, {4, 0x4444}};
@@ -90,9 +103,9 @@ static void events(void)
     put("tokens", 0, &b);
     check(kvr_wire_encode_tokens(&b, 7, 1000, KVR_WIRE_OUTPUT_BLOCK), "tokens");
     put("tokens", 1, &b);
-    check(kvr_wire_encode_done(&b, 7, 1000, 0), "done");
+    check(kvr_wire_encode_done(&b, 7, 1000, 0, 0), "done");
     put("done", 0, &b);
-    check(kvr_wire_encode_done(&b, 7, 1001, KVR_ERR_WORKER_LOST), "done");
+    check(kvr_wire_encode_done(&b, 7, 1001, KVR_ERR_WORKER_LOST, 0), "done");
     put("done", 1, &b);
     struct kvr_wire_heartbeat h = {{7, 16, 4096, 2, 0.25, 0, false}, ids, 3, 1000, false};
     check(kvr_wire_encode_heartbeat(&b, &h), "heartbeat");
@@ -122,9 +135,10 @@ static void select_responses(void)
                              .worker_ids = ids,
                              .costs = costs,
                              .candidates = cand};
-    check(kvr_wire_encode_select_response(&b, &d, 1000, KVR_OK), "select_response");
+    check(kvr_wire_encode_select_response(&b, &d, 1000, KVR_OK, "r1", NULL), "select_response");
     put("select_response", 0, &b);
-    check(kvr_wire_encode_select_response(&b, NULL, 0, KVR_ERR_NO_WORKERS), "select_response");
+    check(kvr_wire_encode_select_response(&b, NULL, 0, KVR_ERR_NO_WORKERS, "r1", NULL),
+          "select_response");
     put("select_response", 1, &b);
     kvr_buf_free(&b);
 }
@@ -135,7 +149,7 @@ static void replicas(void)
     struct kvr_buf b = {0};
     uint64_t hashes[4] = {0xa1, 0xa2, 0xa3, 0xa4}, keys[2] = {1000, 1001};
     struct kvr_request_record rec = {1000, 7, hashes, 4, 64, 2, true, 3};
-    check(kvr_wire_encode_gossip_decision(&b, "r1", 5, 1, &rec, "_INBOX.x", "req-1", "r1"),
+    check(kvr_wire_encode_gossip_decision(&b, "r1", 5, 1, &rec, "_INBOX.x", "req-1", "r1", 0),
           "gossip");
     put("gossip", 0, &b);
     check(kvr_wire_encode_gossip_hello(&b, "r2", 6, 9, true), "gossip");
@@ -149,7 +163,7 @@ static void replicas(void)
     struct kvr_page p;
     kvr_page_init(&p);
     struct kvr_index_record e1 = {7, 0xa1, true, 1, 0}, e2 = {8, 0xa2, false, 0, 5000000000ull};
-    check(kvr_page_add_decision(&p, &rec, "_INBOX.x", "req-1", "r1"), "page");
+    check(kvr_page_add_decision(&p, &rec, "_INBOX.x", "req-1", "r1", 0), "page");
     check(kvr_page_add_entry(&p, &e1), "page");
     check(kvr_page_add_entry(&p, &e2), "page");
     check(kvr_page_encode(&p, &b, false, 77), "page");
@@ -200,14 +214,14 @@ static void handlers(void)
     frame(&seq, EVENT(1, EV_KV), &w);
     check(kvr_wire_encode_tokens(&w, 1, 1000, KVR_WIRE_PREFILL_DONE), "tokens");
     frame(&seq, EVENT(1, EV_TOKENS), &w);
-    check(kvr_wire_encode_done(&w, 1, 1000, 0), "done");
+    check(kvr_wire_encode_done(&w, 1, 1000, 0, 0), "done");
     frame(&seq, EVENT(1, EV_DONE), &w);
     frame(&seq, H_TICK, &none);
     put("routerd", 0, &seq);
     seq.len = 0;
     uint64_t hashes[2] = {0xa1, 0xa2};
     struct kvr_request_record rec = {1000, 2, hashes, 2, 40, 1, false, 0};
-    check(kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer"),
+    check(kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer", 0),
           "gossip");
     frame(&seq, H_GOSSIP, &w);
     check(kvr_wire_encode_gossip_hello(&w, "peer", 5, 3, true), "gossip");
@@ -223,7 +237,7 @@ static void handlers(void)
     frame(&seq, H_SELECT, &w);
     put("routerd", 2, &seq);
     seq.len = 0;
-    check(kvr_wire_encode_worker_generate(&w, m.data, m.len, 1000, 0, "r1"), "worker_generate");
+    check(kvr_wire_encode_worker_generate(&w, m.data, m.len, 1000, 0, "r1", 0), "worker_generate");
     frame(&seq, -1, &w);
     frame(&seq, -1, &w);
     put("worker", 0, &seq);

@@ -38,8 +38,8 @@ static void round_trip(const struct sel *s)
     d.worker_ids = ids;
     d.costs = costs;
     struct kvr_buf b = {0};
-    FUZZ_CHECK(kvr_wire_encode_select_response(&b, &d, s->key, (kvr_status)s->error_code) ==
-               KVR_OK);
+    FUZZ_CHECK(kvr_wire_encode_select_response(&b, &d, s->key, (kvr_status)s->error_code, "r1",
+                                               NULL) == KVR_OK);
     struct sel again;
     FUZZ_CHECK(decode(b.data, b.len, &again) == KVR_OK);
     FUZZ_CHECK(again.error_code == s->error_code);

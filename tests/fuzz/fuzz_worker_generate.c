@@ -25,8 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(key != 0);
         struct kvr_buf req = {0}, b = {0};
         fuzz_encode_request(&req, &w);
-        FUZZ_CHECK(kvr_wire_encode_worker_generate(&b, req.data, req.len, key, overlap, "fuzz") ==
-                   KVR_OK);
+        FUZZ_CHECK(kvr_wire_encode_worker_generate(&b, req.data, req.len, key, overlap, "fuzz",
+                                                   0) == KVR_OK);
         FUZZ_CHECK(kvr_wire_decode_worker_generate(b.data, b.len, &fuzz_wide, &again, &key2,
                                                    &overlap2) == KVR_OK);
         fuzz_same_request(&w, &again);

@@ -290,10 +290,10 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     struct kvr_buf b = {0};
     uint64_t h[2] = {1, 2};
     struct kvr_request_record rec = {4242, 99, h, 2, 128, 0, false, 0};
-    cr_assert(eq(
-        int,
-        kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id", "stranger"),
-        KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id",
+                                                 "stranger", 0),
+                 KVR_OK));
     natsConnection_Publish(nc, "kv.default.router.gossip", b.data, (int)b.len);
     /* a full snapshot asked by a stranger is served (to its reply subject) */
     struct kvr_wire_sync q = {.router_id = "stranger", .full = true, .token = 7};

@@ -11,6 +11,7 @@
 
 #include "codec.h"
 #include "kvr/rng.h"
+#include "kvrouter.pb-c.h" /* the ErrorCode enum, to check it against kvr_status */
 
 static const struct kvr_wire_limits lim = {1000, 500};
 
@@ -243,7 +244,7 @@ Test(codec, forwarding_wraps_the_client_bytes_unchanged)
         t[i] = (uint32_t)i * 7;
     cr_assert(eq(int, kvr_wire_encode_generate(&req, "abc", t, 300, 9, NULL), KVR_OK));
     cr_assert(
-        eq(int, kvr_wire_encode_worker_generate(&fwd, req.data, req.len, 42, 7, "r1"), KVR_OK));
+        eq(int, kvr_wire_encode_worker_generate(&fwd, req.data, req.len, 42, 7, "r1", 0), KVR_OK));
     struct kvr_wire_request r;
     uint64_t key = 0;
     uint32_t overlap = 0;
@@ -276,10 +277,22 @@ Test(codec, bad_requests_are_named_errors)
     uint32_t *big = calloc(1001, sizeof *big);
     cr_assert(eq(int, kvr_wire_encode_generate(&b, "big", big, 1001, 10, NULL), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_PROMPT_TOO_LONG));
+    char why[128];
+    cr_assert(eq(str, (char *)kvr_wire_request_why(&r, KVR_ERR_PROMPT_TOO_LONG, why, sizeof why),
+                 "1001 tokens, the limit is 1000"));
     kvr_wire_request_free(&r);
     free(big);
+    /* max_tokens over the limit and max_tokens 0 are two mistakes, with two codes */
     cr_assert(eq(int, kvr_wire_encode_generate(&b, "out", t, 2, 501, NULL), KVR_OK));
-    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_INVALID));
+    cr_assert(
+        eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_MAX_TOKENS_TOO_LARGE));
+    cr_assert(eq(str,
+                 (char *)kvr_wire_request_why(&r, KVR_ERR_MAX_TOKENS_TOO_LARGE, why, sizeof why),
+                 "501 requested, the limit is 500"));
+    cr_assert(eq(str, r.request_id, "out"));
+    kvr_wire_request_free(&r);
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "zero", t, 2, 0, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_MAX_TOKENS_ZERO));
     kvr_wire_request_free(&r);
     /* a request id at its cap is fine; one byte more is over it */
     char *id = repeat('x', KVR_REQUEST_ID_MAX);
@@ -290,8 +303,9 @@ Test(codec, bad_requests_are_named_errors)
     free(id);
     id = repeat('x', KVR_REQUEST_ID_MAX + 1);
     cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, 2, 5, NULL), KVR_OK));
-    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(int, kvr_wire_decode_generate(b.data, b.len, &lim, &r), KVR_ERR_ID_TOO_LONG));
     cr_assert(eq(ptr, r.request_id, NULL));
+    cr_assert(eq(u64, r.got, KVR_REQUEST_ID_MAX + 1));
     kvr_wire_request_free(&r);
     free(id);
     /* an unknown policy name, written by hand: Overrides{policy = "nope"} in field 4 */
@@ -380,7 +394,7 @@ Test(codec, events_round_trip)
     cr_assert(eq(int, tk.kind, KVR_WIRE_OUTPUT_BLOCK));
     cr_assert(eq(u64, tk.key, 123));
     struct kvr_wire_done dn;
-    cr_assert(eq(int, kvr_wire_encode_done(&b, 7, 124, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 7, 124, 0, 0), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_done(b.data, b.len, &dn), KVR_OK));
     cr_assert(eq(u64, dn.key, 124));
     uint64_t infl[3] = {1, 2, 3};
@@ -389,7 +403,9 @@ Test(codec, events_round_trip)
              infl,
              3,
              1000,
-             false},
+             false,
+             0xfeedull,
+             12345},
         g;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
@@ -403,10 +419,17 @@ Test(codec, events_round_trip)
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_ERR_INVALID));
     struct kvr_wire_response rs;
-    cr_assert(eq(int,
-                 kvr_wire_encode_response(&b, "x", infl == NULL ? NULL : (uint32_t[]){1, 2}, 2,
-                                          true, KVR_ERR_WORKER_LOST, 7, 0),
-                 KVR_OK));
+    cr_assert(
+        eq(int,
+           kvr_wire_encode_chunk(
+               &b, &(struct kvr_wire_chunk){.request_id = "x",
+                                            .tokens = infl == NULL ? NULL : (uint32_t[]){1, 2},
+                                            .ntokens = 2,
+                                            .final = true,
+                                            .error = KVR_ERR_WORKER_LOST,
+                                            .worker_id = 7,
+                                            .cached_tokens = 0}),
+           KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_response(b.data, b.len, &rs), KVR_OK));
     cr_assert(rs.final);
     cr_assert(eq(u32, rs.error_code, KVR_ERR_WORKER_LOST));
@@ -421,9 +444,9 @@ Test(codec, gossip_round_trip)
     struct kvr_buf b = {0};
     uint64_t h[3] = {11, 22, 33};
     struct kvr_request_record rec = {77, 5, h, 3, 150, 2, true, 4};
-    cr_assert(eq(int,
-                 kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1"),
-                 KVR_OK));
+    cr_assert(eq(
+        int, kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1", 0),
+        KVR_OK));
     struct kvr_wire_gossip g;
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
     cr_assert(eq(str, g.router_id, "r1"));
@@ -453,16 +476,16 @@ Test(codec, gossip_round_trip)
     /* a decision naming no worker or no request, a cached prefix longer than the prompt, no
      * sender: well-formed, values out of range */
     rec.worker_id = 0;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1");
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     cr_assert(eq(ptr, g.router_id, NULL), "freed and zeroed on an error");
     rec.worker_id = 5;
     rec.request_id = 0;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1");
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     rec.request_id = 77;
     rec.overlap_blocks = 4;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1");
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1", 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     kvr_wire_encode_gossip_hello(&b, "", 3, 8, true);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
@@ -532,7 +555,8 @@ Test(codec, sync_pages_carry_decisions_and_entries)
         uint64_t h[4] = {i, i + 1, i + 2, i + 3};
         expect += 4 * (uint64_t)i + 6;
         struct kvr_request_record rec = {i, 1 + i % 4, h, 4, 200, 1, false, 0};
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra"),
+        cr_assert(eq(int,
+                     kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra", 0),
                      KVR_OK));
     }
     for (uint32_t i = 1; i <= 1000; i++) {
@@ -633,8 +657,8 @@ Test(codec, a_prompt_over_the_byte_cap_is_too_large_under_it_too_long)
     struct kvr_buf fwd = {0};
     cr_assert(eq(int, kvr_wire_encode_generate(&b, "max", t, 1000, 10, NULL), KVR_OK));
     char *rid = repeat('r', KVR_ROUTER_ID_MAX);
-    cr_assert(
-        eq(int, kvr_wire_encode_worker_generate(&fwd, b.data, b.len, UINT64_MAX, 7, rid), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&fwd, b.data, b.len, UINT64_MAX, 7, rid, 0),
+                 KVR_OK));
     cr_assert(eq(int, dec_worker_generate(fwd.data, fwd.len), KVR_OK));
     free(rid);
     free(t);
@@ -686,9 +710,25 @@ Test(codec, over_long_strings_are_too_large)
     char *id = repeat('i', KVR_REQUEST_ID_MAX + 1), *rid = repeat('r', KVR_ROUTER_ID_MAX + 1);
     char *reply = repeat('s', KVR_REPLY_MAX + 1), *text = repeat('e', KVR_ERROR_TEXT_MAX + 1);
     /* a response's request id, and its error text (appended: a later field wins) */
-    cr_assert(eq(int, kvr_wire_encode_response(&b, id, NULL, 0, true, KVR_OK, 1, 0), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = id,
+                                                                    .tokens = NULL,
+                                                                    .ntokens = 0,
+                                                                    .final = true,
+                                                                    .error = KVR_OK,
+                                                                    .worker_id = 1,
+                                                                    .cached_tokens = 0}),
+                 KVR_OK));
     cr_assert(eq(int, dec_response(b.data, b.len), KVR_ERR_TOO_LARGE));
-    cr_assert(eq(int, kvr_wire_encode_response(&b, "x", NULL, 0, true, KVR_OK, 1, 0), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "x",
+                                                                    .tokens = NULL,
+                                                                    .ntokens = 0,
+                                                                    .final = true,
+                                                                    .error = KVR_OK,
+                                                                    .worker_id = 1,
+                                                                    .cached_tokens = 0}),
+                 KVR_OK));
     put_len(&b, 6, text, KVR_ERROR_TEXT_MAX);
     cr_assert(eq(int, dec_response(b.data, b.len), KVR_OK), "at its cap");
     put_len(&b, 6, text, KVR_ERROR_TEXT_MAX + 1);
@@ -696,7 +736,8 @@ Test(codec, over_long_strings_are_too_large)
     /* the router id of a forward, of a gossip, of a sync request */
     uint32_t t[2] = {1, 2};
     cr_assert(eq(int, kvr_wire_encode_generate(&req, "q", t, 2, 5, NULL), KVR_OK));
-    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 9, 0, rid), KVR_OK));
+    cr_assert(
+        eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 9, 0, rid, 0), KVR_OK));
     cr_assert(eq(int, dec_worker_generate(b.data, b.len), KVR_ERR_TOO_LARGE));
     cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, rid, 1, 1, true), KVR_OK));
     cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_ERR_TOO_LARGE));
@@ -716,12 +757,12 @@ Test(codec, over_long_strings_are_too_large)
     for (int k = 0; k < 3; k++) {
         cr_assert(eq(int,
                      kvr_wire_encode_gossip_decision(&b, "r1", 1, 1, &rec, strs[k][0], strs[k][1],
-                                                     strs[k][2]),
+                                                     strs[k][2], 0),
                      KVR_OK));
         cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "ok", "ok", "ok"), KVR_OK));
-        cr_assert(
-            eq(int, kvr_page_add_decision(&p, &rec, strs[k][0], strs[k][1], strs[k][2]), KVR_OK));
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "ok", "ok", "ok", 0), KVR_OK));
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, strs[k][0], strs[k][1], strs[k][2], 0),
+                     KVR_OK));
         cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
         cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
     }
@@ -745,7 +786,7 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
         ids[i] = i + 1;
         blocks[i] = (struct kvr_kv_block){i + 1, i + 2};
     }
-    struct kvr_wire_heartbeat hb = {{.id = 7, .block_size = 64}, ids, n, 1000, false};
+    struct kvr_wire_heartbeat hb = {{.id = 7, .block_size = 64}, ids, n, 1000, false, 0, 0};
     struct kvr_wire_sync s = {"r1", false, ids, n, 0, 0, 1, 2};
     struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0};
     b->len = 0;
@@ -760,15 +801,23 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
         cr_assert(eq(int, kvr_wire_encode_heartbeat(b, &hb), KVR_OK));
         break;
     case 3:
-        cr_assert(eq(int, kvr_wire_encode_response(b, "x", toks, n, false, KVR_OK, 7, 0), KVR_OK));
+        cr_assert(eq(int,
+                     kvr_wire_encode_chunk(b, &(struct kvr_wire_chunk){.request_id = "x",
+                                                                       .tokens = toks,
+                                                                       .ntokens = n,
+                                                                       .final = false,
+                                                                       .error = KVR_OK,
+                                                                       .worker_id = 7,
+                                                                       .cached_tokens = 0}),
+                     KVR_OK));
         break;
     case 4: /* a SelectResponse of n empty candidates, by hand */
         for (uint32_t i = 0; i < n; i++)
             put_len(b, 4, "", 0);
         break;
     case 5:
-        cr_assert(
-            eq(int, kvr_wire_encode_gossip_decision(b, "r1", 1, 1, &rec, "", "q", "r1"), KVR_OK));
+        cr_assert(eq(int, kvr_wire_encode_gossip_decision(b, "r1", 1, 1, &rec, "", "q", "r1", 0),
+                     KVR_OK));
         break;
     case 6:
         cr_assert(eq(int, kvr_wire_encode_sync(b, &s), KVR_OK));
@@ -807,7 +856,7 @@ Test(codec, over_many_items_are_too_large)
     uint64_t h[1] = {11};
     for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++) {
         struct kvr_request_record rec = {i + 1, 5, h, 1, 64, 0, false, 0};
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", ""), KVR_OK));
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", "", 0), KVR_OK));
     }
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
     cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE));
@@ -834,7 +883,8 @@ Test(codec, values_out_of_range_are_invalid)
     uint32_t t[2] = {1, 2};
     /* a forward without a request key */
     cr_assert(eq(int, kvr_wire_encode_generate(&req, "q", t, 2, 5, NULL), KVR_OK));
-    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 0, 0, "r1"), KVR_OK));
+    cr_assert(
+        eq(int, kvr_wire_encode_worker_generate(&b, req.data, req.len, 0, 0, "r1", 0), KVR_OK));
     cr_assert(eq(int, dec_worker_generate(b.data, b.len), KVR_ERR_INVALID));
     struct kvr_wire_request r;
     uint64_t key = 1;
@@ -849,7 +899,7 @@ Test(codec, values_out_of_range_are_invalid)
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x05", 6), KVR_ERR_INVALID));
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x01", 6), KVR_OK));
     /* a heartbeat without a block size */
-    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false};
+    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false, 0, 0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, dec_heartbeat(b.data, b.len), KVR_ERR_INVALID));
     /* pages with one bad record are refused whole: a decision naming no worker, an entry naming
@@ -860,12 +910,12 @@ Test(codec, values_out_of_range_are_invalid)
     struct kvr_index_record e = {5, 1, true, 9, 0}, noworker = {0, 1, true, 9, 0};
     struct kvr_page p;
     kvr_page_init(&p);
-    kvr_page_add_decision(&p, &good, "", "q", "r1");
-    kvr_page_add_decision(&p, &bad, "", "q", "r1");
+    kvr_page_add_decision(&p, &good, "", "q", "r1", 0);
+    kvr_page_add_decision(&p, &bad, "", "q", "r1", 0);
     kvr_page_add_entry(&p, &e);
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
     cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_INVALID));
-    kvr_page_add_decision(&p, &good, "", "q", "r1");
+    kvr_page_add_decision(&p, &good, "", "q", "r1", 0);
     kvr_page_add_entry(&p, &e);
     kvr_page_add_entry(&p, &noworker);
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
@@ -900,7 +950,7 @@ Test(codec, select_response_round_trip)
                              .ncandidates = 3,
                              .worker_ids = wids,
                              .costs = costs};
-    cr_assert(eq(int, kvr_wire_encode_select_response(&b, &d, 99, KVR_OK), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_select_response(&b, &d, 99, KVR_OK, "r1", NULL), KVR_OK));
     uint64_t wid = 0, key = 0;
     uint32_t overlap = 0, n = 0, err = 1;
     cr_assert(eq(int,
@@ -911,7 +961,8 @@ Test(codec, select_response_round_trip)
     cr_assert(eq(u32, n, 3));
     cr_assert(eq(u32, err, 0));
     cr_assert(eq(u64, key, 99));
-    cr_assert(eq(int, kvr_wire_encode_select_response(&b, NULL, 0, KVR_ERR_NO_WORKERS), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_select_response(&b, NULL, 0, KVR_ERR_NO_WORKERS, "r1", NULL),
+                 KVR_OK));
     cr_assert(eq(int,
                  kvr_wire_decode_select_response(b.data, b.len, &wid, &overlap, &n, &err, &key),
                  KVR_OK));
@@ -950,16 +1001,22 @@ Test(codec, allocation_failure_is_nomem_never_malformed)
     struct kvr_overrides ov = {KVR_OV_POLICY, KVR_POLICY_CHWBL, 0, 0};
     cr_assert(eq(int, kvr_wire_encode_generate(&req, "req", t, 3, 5, &ov), KVR_OK));
     fail_each_allocation("generate", dec_generate, &req);
-    kvr_wire_encode_worker_generate(&b, req.data, req.len, 42, 1, "r1");
+    kvr_wire_encode_worker_generate(&b, req.data, req.len, 42, 1, "r1", 0);
     fail_each_allocation("worker_generate", dec_worker_generate, &b);
     kvr_wire_encode_select_request(&b, req.data, req.len, true);
     fail_each_allocation("select", dec_select, &b);
-    kvr_wire_encode_response(&b, "req", t, 3, true, KVR_ERR_WORKER_LOST, 7, 0);
+    kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "req",
+                                                       .tokens = t,
+                                                       .ntokens = 3,
+                                                       .final = true,
+                                                       .error = KVR_ERR_WORKER_LOST,
+                                                       .worker_id = 7,
+                                                       .cached_tokens = 0});
     fail_each_allocation("response", dec_response, &b);
     uint64_t wids[2] = {4, 5};
     double costs[2] = {1, 2};
     struct kvr_decision d = {.worker_id = 5, .ncandidates = 2, .worker_ids = wids, .costs = costs};
-    kvr_wire_encode_select_response(&b, &d, 9, KVR_OK);
+    kvr_wire_encode_select_response(&b, &d, 9, KVR_OK, "r1", NULL);
     fail_each_allocation("select_response", dec_select_response, &b);
     encode_items(&b, 0, 3);
     fail_each_allocation("stored", dec_kv, &b);
@@ -976,13 +1033,13 @@ Test(codec, allocation_failure_is_nomem_never_malformed)
     uint64_t h[2] = {1, 2};
     struct kvr_request_record rec = {77, 5, h, 2, 128, 1, false, 0};
     struct kvr_index_record e = {5, 1, true, 9, 0};
-    kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1");
+    kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1", 0);
     kvr_page_add_entry(&p, &e);
     kvr_page_encode(&p, &b, true, 3);
     fail_each_allocation("page", dec_page, &b);
     kvr_page_free(&p);
     /* the small events allocate once, in protobuf-c */
-    kvr_wire_encode_done(&b, 7, 9, 0);
+    kvr_wire_encode_done(&b, 7, 9, 0, 0);
     kvr_wire_fail_alloc(0);
     cr_assert(eq(int, dec_done(b.data, b.len), KVR_ERR_NOMEM));
     kvr_wire_encode_tokens(&b, 7, 9, KVR_WIRE_OUTPUT_BLOCK);
@@ -991,4 +1048,23 @@ Test(codec, allocation_failure_is_nomem_never_malformed)
     cr_assert(eq(long, kvr_wire_fail_alloc(-1), -1));
     kvr_buf_free(&req);
     kvr_buf_free(&b);
+}
+
+/* The proto's ErrorCode and kvr_status are one list: every status has the enum value of the same
+ * number and name (KVR_ERR_X is ERR_X, KVR_OK is OK), and the enum has nothing else. */
+Test(codec, error_codes_match_the_proto)
+{
+    const ProtobufCEnumDescriptor *e = &kvrouter__v1__error_code__descriptor;
+    unsigned statuses = 0;
+#define CHECK_CODE(N, V, T)                                                                        \
+    do {                                                                                           \
+        const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(e, V);                  \
+        cr_assert(v != NULL, "status %s (%d) is missing from ErrorCode", #N, V);                   \
+        const char *want = strcmp(#N, "KVR_OK") ? #N + 4 : "OK";                                   \
+        cr_assert(eq(str, (char *)v->name, (char *)want));                                         \
+        statuses++;                                                                                \
+    } while (0);
+    KVR_STATUS_LIST(CHECK_CODE)
+#undef CHECK_CODE
+    cr_assert(eq(u32, e->n_values, statuses), "ErrorCode has values kvr_status does not");
 }

@@ -123,7 +123,7 @@ static void worker_done(uint64_t wid, uint64_t key)
     struct kvr_buf b = {0};
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.ev.%llu.done", (unsigned long long)wid);
-    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, 0, 0), KVR_OK));
     kvr_events_on_message(&rd, subject, b.data, b.len);
     kvr_buf_free(&b);
 }
@@ -292,7 +292,7 @@ static void peer_decision(const char *peer, uint64_t seq, uint64_t key, uint64_t
     struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(int,
-                 kvr_wire_encode_gossip_decision(&b, peer, 5, seq, &rec, reply, "orphan", peer),
+                 kvr_wire_encode_gossip_decision(&b, peer, 5, seq, &rec, reply, "orphan", peer, 0),
                  KVR_OK));
     kvr_fleet_on_gossip(&rd, b.data, b.len);
     kvr_buf_free(&b);
@@ -362,7 +362,7 @@ Test(routerd, forged_and_malformed_events_are_counted_and_dropped)
     kvr_events_on_message(&rd, "kv.default.ev.1.nope", junk, sizeof junk);
     kvr_events_on_message(&rd, "kv.default.ev.01.done", junk, sizeof junk);
     struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_done(&b, 2, 55, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 2, 55, 0, 0), KVR_OK));
     kvr_events_on_message(&rd, "kv.default.ev.1.done", b.data, b.len); /* names worker 2 */
     kvr_buf_free(&b);
     cr_assert(eq(u64, rd.ev_errors, 5));
