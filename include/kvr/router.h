@@ -143,6 +143,8 @@ struct kvr_request {
     uint32_t max_tokens;     /* generation limit (informational to the core) */
     struct kvr_overrides ov; /* */
     bool explain;            /* fill decision.candidates with every worker's full view */
+    uint64_t deadline;       /* 0: none; else, queued past this time (the core's clock) it is
+                                rejected with KVR_ERR_DEADLINE rather than waiting on */
 };
 
 /* One worker as the decision saw it. */
@@ -254,6 +256,12 @@ kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req
 kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
                            const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
                            uint32_t overlap_blocks, uint64_t now);
+
+/*
+ * Forget request_id, queued or booked, without an event (a client cancelled it, or a peer's
+ * decision for it stands instead): its predicted load is freed. KVR_ERR_UNKNOWN_REQUEST if absent.
+ */
+kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id);
 
 /* Request lifecycle events from the workers. Unknown ids are counted no-ops. */
 kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now);

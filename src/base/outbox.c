@@ -17,7 +17,7 @@ static void free_msg(struct kvr_outmsg *m)
 }
 
 static void add(struct kvr_outbox *o, const char *subject, const char *reply, const void *data,
-                size_t len, kvr_status err)
+                size_t len, kvr_status err, uint64_t tag)
 {
     if (!subject || !*subject)
         return;
@@ -38,40 +38,62 @@ static void add(struct kvr_outbox *o, const char *subject, const char *reply, co
         memcpy(m->data, data, len);
     m->len = len;
     m->err = err;
+    m->tag = tag;
     o->n++;
 }
 
 void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data, size_t len,
                     kvr_status err)
 {
-    add(o, subject, NULL, data, len, err);
+    add(o, subject, NULL, data, len, err, 0);
 }
 
 void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const char *reply,
                             const void *data, size_t len)
 {
-    add(o, subject, reply, data, len, KVR_OK);
+    add(o, subject, reply, data, len, KVR_OK, 0);
 }
 
-uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink)
+void kvr_outbox_add_tagged(struct kvr_outbox *o, const char *subject, const char *reply,
+                           const void *data, size_t len, uint64_t tag)
 {
-    uint32_t failed = 0;
+    add(o, subject, reply, data, len, KVR_OK, tag);
+}
+
+uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink,
+                          struct kvr_outbox_failure *failures, uint32_t max, uint32_t *nfailures)
+{
+    uint32_t failed = 0, k = 0;
     for (uint32_t i = 0; i < o->n; i++) {
-        failed += sink->publish(sink->ctx, &o->v[i]) != KVR_OK;
+        kvr_status st = sink->publish(sink->ctx, &o->v[i]);
+        failed += st != KVR_OK;
+        if (st != KVR_OK && o->v[i].tag && failures && k < max)
+            failures[k++] = (struct kvr_outbox_failure){o->v[i].tag, st};
         free_msg(&o->v[i]);
     }
     o->n = 0;
+    if (nfailures)
+        *nfailures = k;
     return failed;
 }
 
-void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink)
+uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu,
+                                const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
+                                uint32_t max)
 {
     struct kvr_outbox local = {0};
     pthread_mutex_lock(mu);
     kvr_outbox_swap(&local, o);
     pthread_mutex_unlock(mu);
-    kvr_outbox_flush(&local, sink);
+    uint32_t k = 0;
+    kvr_outbox_flush(&local, sink, failures, max, &k);
     kvr_outbox_free(&local);
+    return k;
+}
+
+void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink)
+{
+    kvr_outbox_send_report(o, mu, sink, NULL, 0);
 }
 
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b)

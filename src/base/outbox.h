@@ -20,6 +20,7 @@ struct kvr_outmsg {
     uint8_t *data;  /* owned */
     size_t len;     /* */
     kvr_status err; /* published with the service error headers when not KVR_OK */
+    uint64_t tag;   /* the sender's name for it (0: none): a failed publish is reported by it */
 };
 
 /* Where messages go: publish m (borrowed for the call); KVR_OK or why not. */
@@ -42,14 +43,34 @@ void kvr_outbox_add(struct kvr_outbox *o, const char *subject, const void *data,
 void kvr_outbox_add_request(struct kvr_outbox *o, const char *subject, const char *reply,
                             const void *data, size_t len);
 
-/* Publish everything through sink, in order, and empty the outbox; returns how many failed. */
-uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink);
+/* The same, tagged: if publishing it fails, kvr_outbox_send_report names it by tag (not 0). */
+void kvr_outbox_add_tagged(struct kvr_outbox *o, const char *subject, const char *reply,
+                           const void *data, size_t len, uint64_t tag);
+
+/* A tagged message that could not be published, and why. */
+struct kvr_outbox_failure {
+    uint64_t tag;
+    kvr_status st;
+};
+
+/*
+ * Publish everything through sink, in order, and empty the outbox; returns how many failed. The
+ * first max tagged failures go to failures (may be NULL), their count to *nfailures.
+ */
+uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink,
+                          struct kvr_outbox_failure *failures, uint32_t max, uint32_t *nfailures);
 
 /*
  * Take what o holds under mu (o is filled under it), then publish it through sink after mu is
  * released: the one way the daemons publish their state machines' messages.
  */
 void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink);
+
+/* kvr_outbox_send that also reports the tagged messages that failed (at most max; returns the
+ * count written to failures). */
+uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu,
+                                const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
+                                uint32_t max);
 
 /* Exchange contents (to publish outside a lock). */
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);

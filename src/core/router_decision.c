@@ -332,6 +332,7 @@ static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, s
     p->first_hash = nblocks ? r->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
     p->ov = &req->ov;
     p->explain = req->explain;
+    p->deadline = req->deadline;
     return KVR_OK;
 }
 

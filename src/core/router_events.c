@@ -48,6 +48,13 @@ kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_
     return early_event(r, kvr_active_remove(&r->act, request_id), request_id, KVR_EARLY_DONE, now);
 }
 
+kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id)
+{
+    if (kvr__router_unqueue(r, request_id))
+        return KVR_OK;
+    return kvr_active_remove(&r->act, request_id);
+}
+
 kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id)
 {
     return kvr_router_done_at(r, request_id, r->last_now);

@@ -32,6 +32,7 @@ struct prompt {
     uint64_t first_hash;            /* chwbl key */
     const struct kvr_overrides *ov; /* may be NULL */
     bool explain;                   /* fill every candidate's full view */
+    uint64_t deadline;              /* the request's own (0: none) */
 };
 
 struct queued; /* a waiting request (router_queue.c) */
@@ -107,6 +108,8 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now);
 
 /* Whether request id is waiting. */
 bool kvr__router_is_queued(const struct kvr_router *r, uint64_t id);
+/* Take request id out of the queue (no event); false if it is not waiting. */
+bool kvr__router_unqueue(struct kvr_router *r, uint64_t id);
 
 /* Forget every waiting request (no events). */
 void kvr__router_queue_free(struct kvr_router *r);

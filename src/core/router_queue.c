@@ -2,7 +2,9 @@
  * The router's request queue: requests that found every worker busy wait here, in arrival order,
  * each with a copy of its prompt's sequence hashes and a deadline. Draining (on every route and
  * tick) places them oldest first until one still finds every worker busy; a request past its
- * deadline is rejected. Either outcome is reported as a PLACED or REJECTED event. Invariant:
+ * deadline is rejected (KVR_ERR_DEADLINE when it was the request's own, else KVR_ERR_OVERLOADED),
+ * and every waiting request is rejected at once with KVR_ERR_NO_WORKERS when no worker is left.
+ * Either outcome is reported as a PLACED or REJECTED event. Invariant:
  * qlen counts the list from qhead to qtail, and qhead is NULL exactly when qtail is. FIFO order is
  * never broken: a new request waits whenever others do. Single-threaded: the router's state
  * thread.
@@ -16,6 +18,7 @@
 struct queued {
     uint64_t id;             /* request id */
     uint64_t deadline;       /* ns after which it is rejected */
+    bool own_deadline;       /* the request's own deadline (not the queue timeout) */
     uint64_t first_hash;     /* chwbl key */
     uint64_t *seq;           /* its sequence hashes, owned */
     uint32_t nblocks;        /* */
@@ -49,6 +52,26 @@ bool kvr__router_is_queued(const struct kvr_router *r, uint64_t id)
     return false;
 }
 
+bool kvr__router_unqueue(struct kvr_router *r, uint64_t id)
+{
+    struct queued *prev = NULL;
+    for (struct queued *q = r->qhead; q; prev = q, q = q->next) {
+        if (q->id != id)
+            continue;
+        if (prev)
+            prev->next = q->next;
+        else
+            r->qhead = q->next;
+        if (r->qtail == q)
+            r->qtail = prev;
+        r->qlen--;
+        assert((r->qhead == NULL) == (r->qlen == 0));
+        free_queued(q);
+        return true;
+    }
+    return false;
+}
+
 /* Unlink the oldest waiting request; the caller frees it. */
 static struct queued *pop_head(struct kvr_router *r)
 {
@@ -67,14 +90,16 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
     while (r->qhead) {
         struct queued *q = r->qhead;
         struct kvr_overrides ov = q->ov;
-        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false};
+        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false, 0};
         struct kvr_decision d;
         kvr_status st = KVR_ERR_OVERLOADED;
         if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
             st = kvr__router_decide(r, &p, now, true, &d);
-        if (st == KVR_ERR_OVERLOADED || st == KVR_ERR_NO_WORKERS) {
-            if (q->deadline > now)
-                return;
+        if (st == KVR_ERR_OVERLOADED && q->deadline > now)
+            return;
+        if (st == KVR_ERR_OVERLOADED && q->own_deadline)
+            st = KVR_ERR_DEADLINE;
+        if (st != KVR_OK) {
             r->st.rejected++;
             r->st.overloaded += st == KVR_ERR_OVERLOADED;
         }
@@ -106,6 +131,10 @@ kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uin
     }
     q->id = p->id;
     q->deadline = now + r->cfg.queue_timeout_ns;
+    if (p->deadline && p->deadline < q->deadline) {
+        q->deadline = p->deadline;
+        q->own_deadline = true;
+    }
     q->first_hash = p->first_hash;
     q->nblocks = p->nblocks;
     q->ntokens = p->ntokens;

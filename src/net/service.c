@@ -18,11 +18,27 @@ void kvr_service_init(struct kvr_service *s, const char *name, const char *versi
     s->name = name;
     s->version = version;
     s->description = description;
-    s->meta_key = meta_key;
-    snprintf(s->meta_value, sizeof s->meta_value, "%s", meta_value);
+    kvr_service_meta(s, meta_key, meta_value);
     s->started_ns = kvr_realtime_ns();
     snprintf(s->id, sizeof s->id, "%016" PRIx64,
              kvr_hash_bytes(meta_value, strlen(meta_value)) ^ s->started_ns);
+}
+
+kvr_status kvr_service_meta(struct kvr_service *s, const char *key, const char *value)
+{
+    if (s->nmeta == KVR_SERVICE_MAX_META)
+        return KVR_ERR_FULL;
+    s->meta_key[s->nmeta] = key;
+    snprintf(s->meta_value[s->nmeta], sizeof s->meta_value[0], "%s", value);
+    s->nmeta++;
+    return KVR_OK;
+}
+
+kvr_status kvr_service_meta_u64(struct kvr_service *s, const char *key, uint64_t value)
+{
+    char v[24];
+    snprintf(v, sizeof v, "%" PRIu64, value);
+    return kvr_service_meta(s, key, v);
 }
 
 kvr_status kvr_service_add(struct kvr_service *s, const char *name, const char *subject,
@@ -69,8 +85,16 @@ static json_t *common(const struct kvr_service *s, const char *type)
 {
     char t[64];
     snprintf(t, sizeof t, "io.nats.micro.v1.%s", type);
-    return json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "type", t, "name", s->name, "id", s->id,
-                     "version", s->version, "metadata", s->meta_key, s->meta_value);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "type", t, "name", s->name, "id", s->id,
+                          "version", s->version);
+    json_t *meta = json_object();
+    for (uint32_t i = 0; meta && i < s->nmeta; i++)
+        json_object_set_new(meta, s->meta_key[i], json_string(s->meta_value[i]));
+    if (o && meta)
+        json_object_set_new(o, "metadata", meta);
+    else
+        json_decref(meta);
+    return o;
 }
 
 static json_t *endpoint_info(const struct kvr_service_endpoint *e)

@@ -16,6 +16,7 @@
 #include "reply.h"
 
 #define KVR_SERVICE_MAX_ENDPOINTS 4
+#define KVR_SERVICE_MAX_META      16 /* metadata pairs */
 
 struct kvr_service_endpoint {
     const char *name;              /* "generate" */
@@ -25,13 +26,14 @@ struct kvr_service_endpoint {
 };
 
 struct kvr_service {
-    const char *name;        /* "kvrouter" (borrowed) */
-    const char *version;     /* */
-    const char *description; /* */
-    char id[32];             /* this instance: unique per process */
-    const char *meta_key;    /* metadata: "router_id" or "worker_id" (borrowed) */
-    char meta_value[128];    /* ... its value */
-    uint64_t started_ns;     /* realtime, for "started" */
+    const char *name;                           /* "kvrouter" (borrowed) */
+    const char *version;                        /* */
+    const char *description;                    /* */
+    char id[32];                                /* this instance: unique per process */
+    const char *meta_key[KVR_SERVICE_MAX_META]; /* metadata keys (borrowed literals) */
+    char meta_value[KVR_SERVICE_MAX_META][128]; /* ... their values */
+    uint32_t nmeta;                             /* */
+    uint64_t started_ns;                        /* realtime, for "started" */
     struct kvr_service_endpoint ep[KVR_SERVICE_MAX_ENDPOINTS];
     uint32_t nep;
 };
@@ -42,6 +44,10 @@ struct kvr_service {
  */
 void kvr_service_init(struct kvr_service *s, const char *name, const char *version,
                       const char *description, const char *meta_key, const char *meta_value);
+/* Add a metadata pair (key borrowed, value copied); KVR_ERR_FULL past KVR_SERVICE_MAX_META. */
+kvr_status kvr_service_meta(struct kvr_service *s, const char *key, const char *value);
+/* The same with a number as its value. */
+kvr_status kvr_service_meta_u64(struct kvr_service *s, const char *key, uint64_t value);
 /* Add an endpoint (stats borrowed). KVR_ERR_FULL past KVR_SERVICE_MAX_ENDPOINTS. */
 kvr_status kvr_service_add(struct kvr_service *s, const char *name, const char *subject,
                            const char *queue_group, const struct kvr_reply *stats);

@@ -13,8 +13,20 @@
 void kvr_api_init(struct kvr_service *s, struct kvr_rd *rd)
 {
     char subject[256];
+    const struct kvr_rd_config *c = rd->cfg;
     kvr_service_init(s, KVR_RD_SERVICE_NAME, KVR_RD_SERVICE_VERSION,
-                     "KV-cache-aware LLM request router", "router_id", rd->cfg->id);
+                     "KV-cache-aware LLM request router", "router_id", c->id);
+    /* what a client needs to know before it sends anything (docs/protocol.md, "Limits") */
+    kvr_service_meta(s, "namespace", c->net.ns);
+    kvr_service_meta(s, "prefix", c->net.prefix);
+    kvr_service_meta_u64(s, "block_size", c->core.block_size);
+    kvr_service_meta_u64(s, "max_prompt_tokens", c->core.max_prompt_tokens);
+    kvr_service_meta_u64(s, "max_output_tokens", c->max_output_tokens);
+    kvr_service_meta_u64(s, "max_request_bytes", rd->max_request_bytes);
+    kvr_service_meta_u64(s, "max_request_id_bytes", KVR_REQUEST_ID_MAX);
+    kvr_service_meta_u64(s, "max_reply_bytes", KVR_REPLY_MAX);
+    kvr_service_meta_u64(s, "queue_timeout_ms", c->core.queue_timeout_ns / 1000000u);
+    kvr_service_meta_u64(s, "booking_ttl_ms", c->booking_ttl_ns / 1000000u);
     kvr_subject(subject, sizeof subject, rd->cfg->net.prefix, rd->cfg->net.ns, "generate");
     kvr_service_add(s, "generate", subject, "kvrouter", &rd->generate);
     kvr_subject(subject, sizeof subject, rd->cfg->net.prefix, rd->cfg->net.ns, "select");
@@ -53,6 +65,16 @@ static json_t *core_data(struct kvr_rd *rd)
         {"pending_full", rd->pend.full},
         {"outbox_dropped", rd->out.dropped},
         {"core_events_lost", rd->deferred_lost},
+        {"resends_after_end", rd->n.resends_after_end},
+        {"cancels", rd->n.cancels},
+        {"cancels_sent", rd->n.cancels_sent},
+        {"cancels_bad", rd->n.cancels_bad},
+        {"cancelled_queued", rd->n.cancelled_queued},
+        {"cancelled_early", rd->n.cancelled_early},
+        {"forwards_failed", rd->n.forwards_failed},
+        {"bookings_expired", rd->n.bookings_expired},
+        {"recent", rd->recent.n},
+        {"recent_evicted", rd->recent.evicted},
     };
     for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
         kvr_json_u64(o, v[i].name, v[i].value);
@@ -69,7 +91,8 @@ static json_t *core_data(struct kvr_rd *rd)
 static void publish_text(struct kvr_rd *rd, const char *reply, char *text)
 {
     if (text && reply && *reply) {
-        struct kvr_outmsg m = {(char *)reply, NULL, (uint8_t *)text, strlen(text), KVR_OK};
+        struct kvr_outmsg m = {
+            .subject = (char *)reply, .data = (uint8_t *)text, .len = strlen(text)};
         rd->sink.publish(rd->sink.ctx, &m);
     }
     free(text);

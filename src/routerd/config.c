@@ -32,6 +32,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     c->hello_ns = 1 * KVR_NS_PER_S;
     c->sync_timeout_ns = 1 * KVR_NS_PER_S;
     c->drain_timeout_ns = c->core.queue_timeout_ns + KVR_NS_PER_S;
+    c->booking_ttl_ns = 10 * KVR_NS_PER_S;
     c->gossip = true;
 }
 
@@ -105,6 +106,8 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
             "at start, wait this long (twice at most) for a peer's snapshot"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, settle queued requests for at most this long"),
+        NUM("booking-ttl-ms", KVR_OPT_MS, &c->booking_ttl_ns, 1, 3.6e6,
+            "a booked select that no worker starts is dropped after this"),
         NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,
             "tests only: do not send every Nth decision (0: send all)"),
     };

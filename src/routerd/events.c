@@ -80,11 +80,17 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
         return st;
     if (t.worker_id && t.worker_id != wid)
         return KVR_ERR_INVALID;
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, t.key);
+    if (p && p->worker_id && p->worker_id != wid) {
+        rd->n.stale_events++; /* a worker stopped because another one serves the request */
+        return KVR_OK;
+    }
     if (t.kind != KVR_WIRE_PREFILL_DONE)
         return kvr_router_output_block(rd->core, t.key, now);
-    struct kvr_pending *p = kvr_pending_find(&rd->pend, t.key);
-    if (p) /* it started: it will not be placed again */
+    if (p) { /* it started: it will not be placed again, nor expire as a booking */
         kvr_pending_started(p);
+        p->book_expires = 0;
+    }
     return kvr_router_prefill_done(rd->core, t.key, now);
 }
 
@@ -97,8 +103,15 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
     if (d.worker_id && d.worker_id != wid)
         return KVR_ERR_INVALID;
     struct kvr_pending *p = kvr_pending_find(&rd->pend, d.key);
+    if (p && p->worker_id && p->worker_id != wid) {
+        rd->n.stale_events++; /* the done of a copy stopped in favour of another worker's */
+        return KVR_OK;
+    }
     if (p)
         kvr_pending_drop(&rd->pend, p);
+    /* its worker sent the client its final chunk (or another worker serves it): a resend from
+     * now on is ignored */
+    kvr_recent_put(&rd->recent, d.key, KVR_RECENT_ENDED, KVR_OK, now);
     st = kvr_router_done_at(rd->core, d.key, now);
     if (kvr_router_queue_len(rd->core))
         kvr_router_tick(rd->core, now); /* freed load may place waiting requests */

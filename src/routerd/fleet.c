@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "kvr/hash.h"
 #include "log.h"
+#include "send.h"
 #include "service.h"
 #include "subject.h"
 
@@ -175,16 +176,64 @@ void kvr_fleet_tick(struct kvr_rd *rd, uint64_t now)
 
 /* --- receiving decisions ------------------------------------------------------------------- */
 
+/* Of this router's decision p and a peer's d for the same request, whether d stands: a placed
+ * decision over a queued one, else the earlier (ties: the smaller origin id). Every router
+ * compares the same two decisions the same way, so they agree on the one that stands. */
+static bool peer_stands(const struct kvr_rd *rd, const struct kvr_pending *p,
+                        const struct kvr_wire_decision *d)
+{
+    if (!p->worker_id)
+        return true;
+    if (p->decided_ns != d->decided_ns)
+        return d->decided_ns < p->decided_ns;
+    return strcmp(d->origin, p->origin ? p->origin->id : rd->cfg->id) < 0;
+}
+
+/*
+ * Two routers decided one request (a resend reached both before either heard of the other's
+ * decision, or one was paused with it in its socket): keep the decision that stands, stop the
+ * other's worker silently (its client hears only the one that stands). True when d was taken in
+ * place of p's decision (and its booking is to be imported).
+ */
+static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d)
+{
+    if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns)
+        return false; /* the same decision again (a snapshot, a repair) */
+    rd->n.conflicts++;
+    bool peer = peer_stands(rd, p, d);
+    uint64_t loser = peer ? p->worker_id : d->rec.worker_id;
+    bool mine = !p->origin; /* this router decided p: it stops whichever worker lost */
+    if (loser && loser != (peer ? d->rec.worker_id : p->worker_id) && (mine || peer))
+        kvr_send_cancel(rd, p->key, loser, KVR_ERR_CANCELLED, true);
+    kvr_log(KVR_LOG_INFO, "decision_conflict",
+            "request=%016" PRIx64 " kept_worker=%" PRIu64 " stopped_worker=%" PRIu64, p->key,
+            peer ? d->rec.worker_id : p->worker_id, loser);
+    if (!peer)
+        return false;
+    rd->n.superseded += mine;
+    kvr_router_cancel(rd->core, p->key); /* queued here, or booked on the worker that lost */
+    kvr_pending_started(p);              /* its origin now places it, if anyone does */
+    p->worker_id = d->rec.worker_id;
+    p->decided_ns = d->decided_ns;
+    p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
+    return true;
+}
+
 void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,
                       bool repair)
 {
     struct kvr_fleet *g = rd->fleet;
+    struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
+    if (known && !resolve(rd, known, d)) {
+        g->late++; /* already known */
+        return;
+    }
     kvr_status st = kvr_router_import(rd->core, &d->rec, now);
     if (st == KVR_ERR_UNKNOWN_WORKER)
         g->unknown_worker++;
     else if (st == KVR_ERR_DUPLICATE)
         g->late++; /* already known, or its done came first */
-    if (st != KVR_OK)
+    if (known || st != KVR_OK)
         return;
     g->imported++;
     g->repaired += repair;
@@ -198,8 +247,11 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         return;
     }
     p->worker_id = d->rec.worker_id;
+    p->decided_ns = d->decided_ns;
     /* a decision of this router's earlier incarnation is answered by this one */
     p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
+    if (!d->reply[0] && !d->rec.prefill_done) /* a booked select: it expires here too */
+        kvr_pending_booked(&rd->pend, p, now + rd->cfg->booking_ttl_ns);
 }
 
 /* A gossip message from a peer (not this router). */
@@ -280,9 +332,18 @@ void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *
         return; /* without the snapshot it would drop nothing but ask for everything */
     uint64_t grace = 2ull * (interval_ms ? interval_ms : 1000) * KVR_NS_PER_MS;
     uint64_t unknown[LOOKUP_MAX];
-    uint32_t nunknown = 0;
-    uint32_t dropped = kvr_router_reconcile(rd->core, worker_id, keys, n, now, grace, unknown,
-                                            &nunknown, LOOKUP_MAX);
+    uint32_t nunknown = 0, nbooked = 0;
+    uint64_t *held = NULL;
+    if (rd->pend.nbookings && (held = malloc(((size_t)n + rd->pend.nbookings) * sizeof *held))) {
+        /* a booking within its TTL counts as held: its client forwards it when it likes */
+        memcpy(held, keys, (size_t)n * sizeof *held);
+        nbooked =
+            kvr_pending_live_bookings(&rd->pend, worker_id, now, held + n, rd->pend.nbookings);
+        keys = held;
+    }
+    uint32_t dropped = kvr_router_reconcile(rd->core, worker_id, keys, n + nbooked, now, grace,
+                                            unknown, &nunknown, LOOKUP_MAX);
+    free(held);
     if (dropped)
         kvr_log(KVR_LOG_WARN, "reconciled", "worker=%" PRIu64 " dropped=%u", worker_id, dropped);
     if (nunknown && rd->cfg->gossip) {
@@ -305,18 +366,25 @@ static bool stands_in(const struct kvr_rd *rd, uint64_t now)
     return true;
 }
 
+/* Tell p's client it failed with st (naming its worker). */
+static void tell(struct kvr_rd *rd, const struct kvr_pending *p, kvr_status st)
+{
+    struct kvr_reply_why why = {.worker_id = p->worker_id};
+    kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, st, &why);
+}
+
 void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
 {
     uint64_t now = kvr_now_ns();
     if (!p->origin) {
-        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+        tell(rd, p, st);
     } else if (!kvr_fleet_peer_alive(rd, p->origin, now) && !p->orphan_at) {
         /* its origin is silent: maybe gone, maybe cut off for a moment (then it places the
          * request again itself). Wait, then answer if it is still silent. */
         if (kvr_pending_orphan(&rd->pend, p, now + 8 * hello_ns(rd), st) == KVR_OK)
             return;
         if (stands_in(rd, now))
-            kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+            tell(rd, p, st);
     }
     kvr_pending_drop(&rd->pend, p);
 }
@@ -330,7 +398,7 @@ static void settle_orphan(void *ctx, struct kvr_pending *p)
     if (kvr_router_export(rd->core, p->key, &rec) == KVR_OK)
         return; /* placed again meanwhile: in flight */
     if (!kvr_fleet_peer_alive(rd, p->origin, c->now) && stands_in(rd, c->now)) {
-        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, p->orphan_status);
+        tell(rd, p, p->orphan_status);
         rd->fleet->orphans_answered++;
     }
     kvr_pending_drop(&rd->pend, p);
@@ -400,6 +468,9 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"resyncs", g->resyncs},
         {"orphans_answered", g->orphans_answered},
         {"gossip_dropped_by_test_knob", g->dropped_by_knob},
+        {"conflicts", rd->n.conflicts},
+        {"superseded", rd->n.superseded},
+        {"stale_events", rd->n.stale_events},
     };
     json_object_set_new(obj, "synced", json_boolean(g->synced));
     json_object_set_new(obj, "gossip_bytes_per_decision",

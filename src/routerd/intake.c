@@ -1,47 +1,106 @@
 /*
- * Intake: generate and select.
+ * Intake: generate, select and cancel.
  */
 #define _DEFAULT_SOURCE
 #include "intake.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 #include "clock.h"
 #include "fleet.h"
+#include "log.h"
 #include "place.h"
+#include "send.h"
 
 _Static_assert(KVR_PENDING_REPLY_MAX == KVR_REPLY_MAX && KVR_PENDING_ID_MAX == KVR_REQUEST_ID_MAX,
                "a request key covers the longest reply subject and id the fleet takes");
+
+/* Under mu: what became of an earlier request with key. true: it is answered (or ignored). */
+static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, const char *id,
+                        uint64_t now)
+{
+    if (kvr_pending_find(&rd->pend, key)) {
+        /* the same client and id: a resend of a request the fleet has in flight; its answer
+         * goes to the same inbox */
+        rd->fleet->resends++;
+        return true;
+    }
+    struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);
+    if (!r)
+        return false;
+    if (r->kind == KVR_RECENT_ENDED) {
+        rd->n.resends_after_end++; /* its client has its final chunk */
+        return true;
+    }
+    kvr_reply_error(&rd->generate, &rd->out, reply, id, r->status); /* the cancel came first */
+    rd->n.cancelled_early++;
+    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, now);
+    return true;
+}
 
 /* Under mu: route q (bytes data[0..len), key) and remember it; KVR_OK or why it is refused. */
 static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, uint64_t key,
                         const char *reply, const void *data, size_t len)
 {
+    uint64_t now = kvr_now_ns();
+    if (seen_before(rd, key, reply, q->request_id, now))
+        return KVR_OK;
     struct kvr_pending *p = NULL;
     kvr_status st = kvr_pending_add(&rd->pend, key, reply, q->request_id, data, len, &p);
-    if (st == KVR_ERR_DUPLICATE) {
-        /* the same client and id: a resend of a request the fleet already has in flight; its
-         * answer goes to the same inbox */
-        rd->fleet->resends++;
-        return KVR_OK;
-    }
     if (st == KVR_ERR_FULL)
         st = KVR_ERR_OVERLOADED;
     if (st != KVR_OK)
         return st;
-    struct kvr_request req = {key, q->tokens, q->ntokens, q->max_tokens, q->ov, false};
+    p->decided_ns = kvr_realtime_ns();
+    p->deadline_ns = q->deadline_ms ? now + (uint64_t)q->deadline_ms * KVR_NS_PER_MS : 0;
+    struct kvr_request req = {.id = key,
+                              .tokens = q->tokens,
+                              .ntokens = q->ntokens,
+                              .max_tokens = q->max_tokens,
+                              .ov = q->ov,
+                              .deadline = p->deadline_ns};
     struct kvr_decision d;
-    st = kvr_router_route(rd->core, &req, kvr_now_ns(), &d);
+    st = kvr_router_route(rd->core, &req, now, &d);
     if (st != KVR_OK) {
         kvr_pending_drop(&rd->pend, p);
         return st;
     }
     if (!d.queued) { /* queued: PLACED forwards it */
         p->worker_id = d.worker_id;
-        kvr_place_forward(rd, p, data, len, d.worker_id, d.overlap_blocks);
+        kvr_send_forward(rd, p, data, len, d.worker_id, d.overlap_blocks);
         kvr_fleet_decided(rd, p);
     }
     return KVR_OK;
+}
+
+/* What a request's reply subject and forward allow: KVR_OK, or the error with its figures. */
+static kvr_status fits(const struct kvr_rd *rd, const char *reply, size_t len,
+                       struct kvr_wire_request *q)
+{
+    if (!(reply && *reply))
+        return KVR_ERR_NO_REPLY; /* nobody to answer: counted, dropped */
+    size_t n = strlen(reply);
+    if (n > KVR_REPLY_MAX) { /* peers could not take it over: refused here */
+        q->got = n;
+        q->limit = KVR_REPLY_MAX;
+        return KVR_ERR_REPLY_TOO_LONG;
+    }
+    if (rd->max_request_bytes && len > rd->max_request_bytes) { /* its forward would not fit */
+        q->got = len;
+        q->limit = rd->max_request_bytes;
+        return KVR_ERR_TOO_LARGE;
+    }
+    return KVR_OK;
+}
+
+/* Under mu: refuse a request with st, its figures in the text. */
+static void refuse(struct kvr_rd *rd, struct kvr_reply *ep, const char *reply,
+                   const struct kvr_wire_request *q, kvr_status st)
+{
+    char detail[128];
+    struct kvr_reply_why why = {.detail = kvr_wire_request_why(q, st, detail, sizeof detail)};
+    kvr_reply_fail(ep, &rd->out, reply, q->request_id, st, &why);
 }
 
 void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
@@ -50,14 +109,12 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     struct kvr_wire_request q;
     kvr_status st = kvr_wire_decode_generate(data, len, &rd->lim, &q);
     pthread_mutex_lock(&rd->mu);
-    if (st == KVR_OK && !(reply && *reply))
-        st = KVR_ERR_INVALID; /* nobody to answer: counted, dropped */
-    else if (st == KVR_OK && strlen(reply) > KVR_REPLY_MAX)
-        st = KVR_ERR_TOO_LARGE; /* peers could not take it over: refused here */
+    if (st == KVR_OK)
+        st = fits(rd, reply, len, &q);
     if (st == KVR_OK)
         st = route(rd, &q, kvr_pending_key(reply, q.request_id), reply, data, len);
     if (st != KVR_OK)
-        kvr_reply_error(&rd->generate, &rd->out, reply, q.request_id, st);
+        refuse(rd, &rd->generate, reply, &q, st);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->generate, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);
@@ -69,22 +126,34 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
 static kvr_status select_one(struct kvr_rd *rd, const struct kvr_wire_request *q, uint64_t key,
                              bool book, struct kvr_decision *d)
 {
-    struct kvr_request req = {key, q->tokens, q->ntokens, q->max_tokens, q->ov, true};
+    struct kvr_request req = {.id = key,
+                              .tokens = q->tokens,
+                              .ntokens = q->ntokens,
+                              .max_tokens = q->max_tokens,
+                              .ov = q->ov,
+                              .explain = true};
     if (book && kvr_pending_find(&rd->pend, key))
         return KVR_ERR_DUPLICATE;
-    kvr_status st = kvr_router_select(rd->core, &req, kvr_now_ns(), d);
+    uint64_t now = kvr_now_ns();
+    kvr_status st = kvr_router_select(rd->core, &req, now, d);
     if (st != KVR_OK || !book)
         return st;
     /* booked in the same critical section: still atomic */
     st = kvr_router_book(rd->core, key, d->worker_id, d->block_hashes, d->prompt_blocks,
-                         d->prompt_tokens, d->overlap_blocks, kvr_now_ns());
+                         d->prompt_tokens, d->overlap_blocks, now);
     struct kvr_pending *p = NULL;
-    if (st == KVR_OK &&
-        kvr_pending_add(&rd->pend, key, NULL, q->request_id, NULL, 0, &p) == KVR_OK) {
+    if (st == KVR_OK) {
+        st = kvr_pending_add(&rd->pend, key, NULL, q->request_id, NULL, 0, &p);
+        if (st != KVR_OK)
+            kvr_router_cancel(rd->core, key); /* a booking nobody could expire */
+    }
+    if (st == KVR_OK) {
         p->worker_id = d->worker_id;
+        p->decided_ns = kvr_realtime_ns();
+        kvr_pending_booked(&rd->pend, p, now + rd->cfg->booking_ttl_ns);
         kvr_fleet_decided(rd, p);
     }
-    return st;
+    return st == KVR_ERR_FULL ? KVR_ERR_OVERLOADED : st;
 }
 
 void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
@@ -95,17 +164,81 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     kvr_status st = kvr_wire_decode_select(data, len, &rd->lim, &q, &book);
     struct kvr_decision d;
     uint64_t key = 0;
+    char detail[128] = "";
     pthread_mutex_lock(&rd->mu);
-    if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX)
-        st = KVR_ERR_TOO_LARGE;
+    if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX) {
+        q.got = strlen(reply);
+        q.limit = KVR_REPLY_MAX;
+        st = KVR_ERR_REPLY_TOO_LONG;
+    }
     if (st == KVR_OK) {
         key = kvr_pending_key(reply, q.request_id);
         st = select_one(rd, &q, key, book, &d);
     }
-    kvr_reply_select(&rd->select, &rd->out, reply, st == KVR_OK ? &d : NULL, key, st, NULL);
+    kvr_wire_request_why(&q, st, detail, sizeof detail);
+    kvr_reply_select(&rd->select, &rd->out, reply, st == KVR_OK ? &d : NULL,
+                     st == KVR_OK && book ? key : 0, st, detail);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->select, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);
     kvr_wire_request_free(&q);
     kvr_rd_flush(rd);
+}
+
+/* Under mu: the client cancelled key. */
+static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
+{
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
+    if (!p) {
+        if (!kvr_recent_find(&rd->recent, key, now)) /* not ended: it may be on its way here */
+            kvr_recent_put(&rd->recent, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, now);
+        return;
+    }
+    if (p->worker_id) { /* its worker answers, and its done frees every router's booking */
+        kvr_send_cancel(rd, key, p->worker_id, KVR_ERR_CANCELLED, false);
+        rd->n.cancels_sent++;
+        return;
+    }
+    if (p->origin)
+        return; /* queued at its origin, which heard the cancel too */
+    kvr_router_cancel(rd->core, key);
+    kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, KVR_ERR_CANCELLED);
+    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, now);
+    kvr_pending_drop(&rd->pend, p);
+    rd->n.cancelled_queued++;
+}
+
+void kvr_intake_cancel(struct kvr_rd *rd, const void *data, size_t len)
+{
+    struct kvr_wire_cancel c;
+    kvr_status st = kvr_wire_decode_cancel(data, len, &c);
+    pthread_mutex_lock(&rd->mu);
+    rd->n.cancels++;
+    if (st == KVR_OK)
+        cancel(rd, kvr_pending_key(c.reply, c.request_id), kvr_now_ns());
+    else
+        rd->n.cancels_bad++;
+    pthread_mutex_unlock(&rd->mu);
+    if (st != KVR_OK)
+        kvr_log(KVR_LOG_WARN, "cancel_dropped", "bytes=%zu error=\"%s\"", len, kvr_status_str(st));
+    kvr_wire_cancel_free(&c);
+    kvr_rd_flush(rd);
+}
+
+/* A booking whose TTL passed. */
+static void expire_booking(void *ctx, struct kvr_pending *p)
+{
+    struct kvr_rd *rd = ctx;
+    char id[128];
+    kvr_log(KVR_LOG_INFO, "booking_expired", "request=\"%s\" worker=%" PRIu64,
+            kvr_log_safe(id, sizeof id, p->request_id), p->worker_id);
+    kvr_router_cancel(rd->core, p->key);
+    kvr_pending_drop(&rd->pend, p);
+    rd->n.bookings_expired++;
+}
+
+void kvr_intake_expire_bookings(struct kvr_rd *rd, uint64_t now)
+{
+    if (rd->pend.nbookings)
+        kvr_pending_due_bookings(&rd->pend, now, expire_booking, rd);
 }

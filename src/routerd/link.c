@@ -32,6 +32,13 @@ static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     natsMsg_Destroy(msg);
 }
 
+static void on_cancel(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_intake_cancel(l->rd, DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
 static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
@@ -78,14 +85,19 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
 {
     memset(l, 0, sizeof *l);
     l->rd = rd;
-    kvr_api_init(&l->svc, rd);
     snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
     snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
     kvr_status st = kvr_connect(rd->cfg->net.urls, l->name_req, &l->nc_req);
     if (st == KVR_OK)
         st = kvr_connect(rd->cfg->net.urls, l->name_ev, &l->nc_ev);
-    if (st == KVR_OK)
+    if (st == KVR_OK) {
         rd->sink = kvr_nats_sink(l->nc_req);
+        /* a request is forwarded in a message of the same server: it must fit with the wrapper */
+        int64_t max = natsConnection_GetMaxPayload(l->nc_req);
+        rd->max_request_bytes =
+            max > KVR_LINK_FORWARD_ENVELOPE ? (uint64_t)max - KVR_LINK_FORWARD_ENVELOPE : 1;
+    }
+    kvr_api_init(&l->svc, rd);
     return st;
 }
 
@@ -125,6 +137,9 @@ kvr_status kvr_link_listen(struct kvr_link *l)
         s = subscribe(&l->sub_lookup, l->nc_ev, g->subj_lookup, NULL, on_sync, l);
     if (s == NATS_OK)
         s = subscribe(&l->sub_digest, l->nc_req, g->subj_digest, NULL, on_digest, l);
+    kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "cancel");
+    if (s == NATS_OK) /* every router: the one that holds the request acts */
+        s = subscribe(&l->sub_cancel, l->nc_req, subj, NULL, on_cancel, l);
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_ev);
     if (s == NATS_OK)
@@ -218,9 +233,9 @@ void kvr_link_close(struct kvr_link *l)
 {
     if (l->nc_req)
         natsConnection_FlushTimeout(l->nc_req, 2000);
-    natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages, l->sub_sync,
-                                l->sub_lookup, l->sub_digest, l->sub_gen,   l->sub_sel,
-                                l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages,  l->sub_sync,
+                                l->sub_lookup, l->sub_digest, l->sub_gen,    l->sub_sel,
+                                l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         if (subs[i]) {
             natsSubscription_Unsubscribe(subs[i]);

@@ -16,12 +16,15 @@
 #include "service.h"
 #include "state.h"
 
+#define KVR_LINK_FORWARD_ENVELOPE 256 /* bytes a WorkerGenerate adds around the client's request   \
+                                       */
+
 struct kvr_link {
     struct kvr_rd *rd;              /* borrowed */
     struct kvr_service svc;         /* the $SRV description */
     natsConnection *nc_req, *nc_ev; /* */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
-    natsSubscription *sub_gen, *sub_sel, *sub_srv[3];
+    natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3];
     natsStatistics *stats;            /* timer thread only */
     uint64_t reconnects;              /* of the events connection, as last seen (timer thread) */
     pthread_t timer;                  /* */

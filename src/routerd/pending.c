@@ -35,6 +35,7 @@ void kvr_pending_clear(struct kvr_pending_table *t)
     }
     free(t->again);
     free(t->orphans);
+    free(t->bookings);
     uint32_t max = t->max;
     kvr_pending_init(t, max);
 }
@@ -107,6 +108,46 @@ uint32_t kvr_pending_take_again(struct kvr_pending_table *t, const uint64_t **ke
     *keys = t->again;
     t->nagain = 0;
     return n;
+}
+
+kvr_status kvr_pending_booked(struct kvr_pending_table *t, struct kvr_pending *p, uint64_t expires)
+{
+    if (!KVR_GROW(t->bookings, t->capbookings, t->nbookings + 1, 64))
+        return KVR_ERR_NOMEM;
+    t->bookings[t->nbookings++] = p->key;
+    p->book_expires = expires ? expires : 1;
+    return KVR_OK;
+}
+
+void kvr_pending_due_bookings(struct kvr_pending_table *t, uint64_t now,
+                              void (*fn)(void *ctx, struct kvr_pending *p), void *ctx)
+{
+    uint32_t kept = 0, n = t->nbookings;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvr_pending *p = kvr_pending_find(t, t->bookings[i]);
+        if (!p || !p->book_expires)
+            continue;
+        if (now < p->book_expires) {
+            t->bookings[kept++] = t->bookings[i];
+            continue;
+        }
+        p->book_expires = 0;
+        fn(ctx, p);
+        assert(t->nbookings == n);
+    }
+    t->nbookings = kept;
+}
+
+uint32_t kvr_pending_live_bookings(const struct kvr_pending_table *t, uint64_t worker_id,
+                                   uint64_t now, uint64_t *keys, uint32_t max)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < t->nbookings && k < max; i++) {
+        const struct kvr_pending *p = kvr_pending_find(t, t->bookings[i]);
+        if (p && p->book_expires > now && p->worker_id == worker_id)
+            keys[k++] = p->key;
+    }
+    return k;
 }
 
 kvr_status kvr_pending_orphan(struct kvr_pending_table *t, struct kvr_pending *p, uint64_t at,

@@ -37,17 +37,21 @@ struct kvr_pending {
     const struct kvr_peer *origin; /* the router that decided it; NULL: this one */
     uint64_t decided_ns;           /* when its origin decided it (Unix ns): the earlier of two
                                       decisions for one key stands */
+    uint64_t deadline_ns;          /* the client's deadline (monotonic ns; 0: none; origin) */
+    uint64_t book_expires;         /* a booked select not started yet: dropped then (0: no) */
     UT_hash_handle hh;             /* by key; the table owns the item */
 };
 
 struct kvr_pending_table {
-    struct kvr_pending *head;      /* uthash head */
-    uint32_t n, max;               /* entries, bound */
-    uint64_t full;                 /* additions refused at the bound */
-    uint64_t *again;               /* keys to place again */
-    uint32_t nagain, capagain;     /* */
-    uint64_t *orphans;             /* keys of orphans */
-    uint32_t norphans, caporphans; /* */
+    struct kvr_pending *head;        /* uthash head */
+    uint32_t n, max;                 /* entries, bound */
+    uint64_t full;                   /* additions refused at the bound */
+    uint64_t *again;                 /* keys to place again */
+    uint32_t nagain, capagain;       /* */
+    uint64_t *orphans;               /* keys of orphans */
+    uint32_t norphans, caporphans;   /* */
+    uint64_t *bookings;              /* keys of booked selects not started yet */
+    uint32_t nbookings, capbookings; /* */
 };
 
 void kvr_pending_init(struct kvr_pending_table *t, uint32_t max);
@@ -73,6 +77,16 @@ void kvr_pending_started(struct kvr_pending *p);
 kvr_status kvr_pending_place_later(struct kvr_pending_table *t, struct kvr_pending *p);
 /* Take the keys to place again: *keys (owned by the table, valid until the next call), count. */
 uint32_t kvr_pending_take_again(struct kvr_pending_table *t, const uint64_t **keys);
+
+/* p is a booked select: drop it at expires unless a worker starts it first. */
+kvr_status kvr_pending_booked(struct kvr_pending_table *t, struct kvr_pending *p, uint64_t expires);
+/* Bookings whose time has come at now, passed to fn (which drops them) oldest first; started or
+ * dropped ones are forgotten, the others stay listed. */
+void kvr_pending_due_bookings(struct kvr_pending_table *t, uint64_t now,
+                              void (*fn)(void *ctx, struct kvr_pending *p), void *ctx);
+/* Keys of bookings on worker_id still within their time at now, into keys (at most max). */
+uint32_t kvr_pending_live_bookings(const struct kvr_pending_table *t, uint64_t worker_id,
+                                   uint64_t now, uint64_t *keys, uint32_t max);
 
 /* p failed while its origin was silent: answer with st at time at unless it comes back. */
 kvr_status kvr_pending_orphan(struct kvr_pending_table *t, struct kvr_pending *p, uint64_t at,

@@ -11,17 +11,23 @@
 #include "clock.h"
 #include "fleet.h"
 #include "log.h"
+#include "send.h"
 
-void kvr_place_forward(struct kvr_rd *rd, const struct kvr_pending *p, const void *raw, size_t len,
-                       uint64_t worker_id, uint32_t overlap)
+void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
 {
-    char subject[600];
-    snprintf(subject, sizeof subject, "%s%" PRIu64 ".generate", rd->subj_worker, worker_id);
-    if (kvr_wire_encode_worker_generate(&rd->buf, raw, len, p->key, overlap, rd->cfg->id, 0) ==
-        KVR_OK)
-        kvr_outbox_add_request(&rd->out, subject, p->reply, rd->buf.data, rd->buf.len);
-    else
-        rd->out.dropped++; /* out of memory: anti-entropy places it again, or it expires */
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
+    rd->n.forwards_failed++;
+    char id[128];
+    kvr_log(KVR_LOG_ERROR, "forward_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
+            kvr_log_safe(id, sizeof id, p ? p->request_id : ""), p ? p->worker_id : 0,
+            kvr_status_str(st));
+    if (!p || p->origin)
+        return;
+    kvr_router_cancel(rd->core, key); /* its booking is gone at once, not after its TTL */
+    struct kvr_reply_why why = {.worker_id = p->worker_id};
+    kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id,
+                   st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE : KVR_ERR_IO, &why);
+    kvr_pending_drop(&rd->pend, p);
 }
 
 /* Place p again (it never reached its worker). */
@@ -35,14 +41,19 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
         kvr_wire_request_free(&q);
         return;
     }
-    struct kvr_request req = {p->key, q.tokens, q.ntokens, q.max_tokens, q.ov, false};
+    struct kvr_request req = {.id = p->key,
+                              .tokens = q.tokens,
+                              .ntokens = q.ntokens,
+                              .max_tokens = q.max_tokens,
+                              .ov = q.ov,
+                              .deadline = p->deadline_ns};
     struct kvr_decision d;
     p->attempts++;
     rd->placed_again++;
     st = kvr_router_route(rd->core, &req, kvr_now_ns(), &d);
     if (st == KVR_OK && !d.queued) {
         p->worker_id = d.worker_id;
-        kvr_place_forward(rd, p, p->raw, p->rawlen, d.worker_id, d.overlap_blocks);
+        kvr_send_forward(rd, p, p->raw, p->rawlen, d.worker_id, d.overlap_blocks);
         kvr_fleet_decided(rd, p);
     }
     char id[128];
@@ -62,7 +73,7 @@ static void placed(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd
     if (!p || !p->raw || p->worker_id)
         return;
     p->worker_id = ev->worker_id;
-    kvr_place_forward(rd, p, p->raw, p->rawlen, ev->worker_id, ev->overlap_blocks);
+    kvr_send_forward(rd, p, p->raw, p->rawlen, ev->worker_id, ev->overlap_blocks);
     kvr_fleet_decided(rd, p);
 }
 

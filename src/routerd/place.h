@@ -15,9 +15,8 @@
 
 #define KVR_PLACE_MAX_AGAIN 2 /* times a request that never reached its worker is placed again */
 
-/* Queue the forward of p (its bytes raw[0..len)) to worker_id, expecting overlap blocks. */
-void kvr_place_forward(struct kvr_rd *rd, const struct kvr_pending *p, const void *raw, size_t len,
-                       uint64_t worker_id, uint32_t overlap);
+/* The forward of request key could not be published (st): fail it now, logged. */
+void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st);
 
 /*
  * Handle every deferred core event and every request to place again, until none is left (placing

@@ -30,6 +30,8 @@ struct kvr_routerd *kvr_routerd_create(const struct kvr_rd_config *cfg, kvr_stat
     *st = d ? kvr_rd_init(&d->rd, cfg, (struct kvr_sink){no_sink, NULL}) : KVR_ERR_NOMEM;
     if (*st == KVR_OK)
         *st = kvr_fleet_create(&d->rd);
+    if (*st == KVR_OK)
+        d->rd.forward_failed = kvr_place_forward_failed;
     if (*st != KVR_OK && d) {
         kvr_fleet_destroy(&d->rd);
         kvr_rd_free(&d->rd);

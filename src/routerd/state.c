@@ -43,8 +43,12 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
         return st;
     /* every request the core holds, in flight or queued, plus orphans within their grace */
     kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
+    st = kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
+    if (st != KVR_OK)
+        return st;
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
+    rd->select.router_id = cfg->id;
     rd->lim = (struct kvr_wire_limits){c.max_prompt_tokens, cfg->max_output_tokens};
     snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->net.prefix,
              cfg->net.ns);
@@ -55,6 +59,7 @@ void kvr_rd_free(struct kvr_rd *rd)
 {
     kvr_router_destroy(rd->core);
     kvr_pending_clear(&rd->pend);
+    kvr_recent_free(&rd->recent);
     kvr_outbox_free(&rd->out);
     kvr_buf_free(&rd->buf);
     kvr_reply_free(&rd->generate);
@@ -69,7 +74,15 @@ void kvr_rd_free(struct kvr_rd *rd)
 
 void kvr_rd_flush(struct kvr_rd *rd)
 {
-    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink);
+    struct kvr_outbox_failure failed[64];
+    uint32_t n = kvr_outbox_send_report(&rd->out, &rd->mu, &rd->sink, failed, 64);
+    if (!n || !rd->forward_failed)
+        return;
+    pthread_mutex_lock(&rd->mu);
+    for (uint32_t i = 0; i < n; i++)
+        rd->forward_failed(rd, failed[i].tag, failed[i].st);
+    pthread_mutex_unlock(&rd->mu);
+    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink); /* the errors (untagged: no further round) */
 }
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)

@@ -25,9 +25,25 @@
 #include "kvr/router.h"
 #include "outbox.h"
 #include "pending.h"
+#include "recent.h"
 #include "reply.h"
 
 struct kvr_fleet; /* fleet.h: replication */
+
+/* What the daemon counts about its clients' requests beyond the endpoints' replies. */
+struct kvr_rd_counts {
+    uint64_t resends_after_end; /* resends of requests that had ended: ignored */
+    uint64_t cancels;           /* CancelRequests received */
+    uint64_t cancels_sent;      /* WorkerCancels sent for them */
+    uint64_t cancelled_queued;  /* cancelled while queued here */
+    uint64_t cancelled_early;   /* answered "cancelled" on arrival: the cancel came first */
+    uint64_t cancels_bad;       /* CancelRequests that did not decode */
+    uint64_t conflicts;         /* two decisions for one request: the earlier stood */
+    uint64_t superseded;        /* ... and this router's was the later one */
+    uint64_t stale_events;      /* events from a worker the request is not booked on */
+    uint64_t forwards_failed;   /* forwards that could not be published */
+    uint64_t bookings_expired;  /* booked selects never started */
+};
 
 /* A core event recorded by the callback, handled after the core call (kvr_place_settle). */
 struct kvr_rd_deferred {
@@ -50,11 +66,17 @@ struct kvr_rd_held {
                 */
 
 struct kvr_rd {
-    const struct kvr_rd_config *cfg;  /* must outlive the state */
-    pthread_mutex_t mu;               /* */
-    struct kvr_sink sink;             /* where kvr_rd_flush publishes */
+    const struct kvr_rd_config *cfg; /* must outlive the state */
+    pthread_mutex_t mu;              /* */
+    struct kvr_sink sink;            /* where kvr_rd_flush publishes */
+    /* a forward kvr_rd_flush could not publish (under mu; NULL: ignored): place.c's */
+    void (*forward_failed)(struct kvr_rd *rd, uint64_t key, kvr_status st);
     struct kvr_router *core;          /* under mu */
     struct kvr_pending_table pend;    /* under mu */
+    struct kvr_recent recent;         /* ended requests, early cancels; under mu */
+    struct kvr_rd_counts n;           /* under mu */
+    uint64_t max_request_bytes;       /* a request its forward cannot carry is refused (0: no
+                                         check); from the connection's max_payload */
     struct kvr_outbox out;            /* under mu */
     struct kvr_buf buf;               /* encoding scratch, under mu */
     struct kvr_reply generate;        /* the generate endpoint's answers and counters, under mu */
@@ -81,7 +103,8 @@ struct kvr_rd {
 kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struct kvr_sink sink);
 void kvr_rd_free(struct kvr_rd *rd);
 
-/* Publish what the outbox holds (takes and releases mu; call without it). */
+/* Publish what the outbox holds (takes and releases mu; call without it); forwards that fail go
+ * to rd->forward_failed, and what that queues is published too. */
 void kvr_rd_flush(struct kvr_rd *rd);
 
 /* Under mu: hold a KV event back while a snapshot is applied; false when not holding. */

@@ -4,6 +4,7 @@
 #include "timer.h"
 
 #include "fleet.h"
+#include "intake.h"
 #include "place.h"
 #include "sync.h"
 
@@ -23,10 +24,12 @@ void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events
             kvr_sync_resync(rd);
         }
         kvr_router_tick(rd->core, now);
+        kvr_intake_expire_bookings(rd, now);
         kvr_place_settle(rd);
     }
     kvr_sync_tick(rd, now);
     kvr_fleet_tick(rd, now); /* hellos even when blind: its requests are still in good hands */
+    kvr_recent_expire(&rd->recent, now);
     pthread_mutex_unlock(&rd->mu);
     kvr_rd_flush(rd);
 }

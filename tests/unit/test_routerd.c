@@ -15,6 +15,7 @@
 #include "fleet.h"
 #include "intake.h"
 #include "kvr/hash.h"
+#include "place.h"
 #include "state.h"
 #include "timer.h"
 
@@ -101,6 +102,18 @@ static void teardown(void)
 }
 
 TestSuite(routerd, .init = setup, .fini = teardown, .timeout = 30);
+
+/* Start again with workers busy above half their capacity (so requests queue). */
+static void busy_above_half(void)
+{
+    cfg.core.busy_threshold = 0.5;
+    kvr_fleet_destroy(&rd);
+    kvr_rd_free(&rd);
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
+    rd.fleet->synced = true;
+    rd.serving = true;
+}
 
 static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                       uint32_t interval_ms)
@@ -213,7 +226,7 @@ Test(routerd, every_refusal_is_answered_and_counted_by_code)
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_WORKERS], 1));
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_EMPTY_PROMPT], 1));
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_MALFORMED], 1));
-    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_INVALID], 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_REPLY], 1));
     cr_assert(eq(u64, rd.generate.requests, 4));
 }
 
@@ -264,12 +277,7 @@ Test(routerd, a_request_that_started_fails_to_its_client_once)
 
 Test(routerd, a_queued_request_is_forwarded_when_load_frees)
 {
-    cfg.core.busy_threshold = 0.5;
-    kvr_fleet_destroy(&rd);
-    kvr_rd_free(&rd);
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
-    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
-    rd.fleet->synced = true;
+    busy_above_half();
     heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks of 64 tokens: busy above 4 */
     generate("_INBOX.a", "first", 1, 320);
     cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
@@ -431,7 +439,225 @@ Test(routerd, a_request_key_covers_the_whole_reply_subject_and_id)
     generate(longer, "too-long", 1, 64);
     cr_assert(eq(sz, nsent, mark + 1),
               "one answer, to the client (its subject is cut in the record)");
-    cr_assert(eq(u32, error_in(&sent[mark]), KVR_ERR_TOO_LARGE),
+    cr_assert(eq(u32, error_in(&sent[mark]), KVR_ERR_REPLY_TOO_LONG),
               "a reply subject peers cannot take is refused");
-    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_TOO_LARGE], 1));
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_REPLY_TOO_LONG], 1));
+}
+
+/* --- the client contract (docs/protocol.md) ----------------------------------------------- */
+
+/* The chunk m as decoded (free it). */
+static struct kvr_wire_response chunk(const struct sent *m)
+{
+    struct kvr_wire_response r;
+    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
+    return r;
+}
+
+static void cancel_request(const char *reply, const char *id)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_cancel(&b, id, reply), KVR_OK));
+    kvr_intake_cancel(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_resend_after_the_end_is_ignored)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.e", "done-once", 1, 128);
+    worker_done(1, kvr_pending_key("_INBOX.e", "done-once"));
+    size_t mark = nsent;
+    generate("_INBOX.e", "done-once", 1, 128);
+    cr_assert(eq(sz, nsent, mark), "no second forward, no chunk: the client has its final");
+    cr_assert(eq(u64, rd.n.resends_after_end, 1));
+    generate("_INBOX.e", "another", 1, 128);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", mark, NULL), 1));
+}
+
+Test(routerd, a_cancel_reaches_the_worker_or_the_queue_or_waits_for_its_request)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks: one 320-token request makes it busy */
+    generate("_INBOX.a", "running", 1, 320);
+    generate("_INBOX.b", "queued", 2, 320);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cancel_request("_INBOX.a", "running");
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("kv.default.worker.1.cancel", 0, &m), 1), "its worker is told");
+    struct kvr_wire_worker_cancel c;
+    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
+    cr_assert(eq(u64, c.key, kvr_pending_key("_INBOX.a", "running")));
+    cr_assert(eq(int, c.reason, KVR_ERR_CANCELLED));
+    cr_assert(not(c.silent));
+    cancel_request("_INBOX.b", "queued"); /* waiting here: this router answers */
+    cr_assert(eq(int, count_to("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 0));
+    cancel_request("_INBOX.c", "early"); /* before its request */
+    generate("_INBOX.c", "early", 3, 64);
+    cr_assert(eq(int, count_to("_INBOX.c", 0, &m), 1), "answered at once");
+    cr_assert(eq(u32, error_in(m), KVR_ERR_CANCELLED));
+    generate("_INBOX.c", "early", 3, 64);
+    cr_assert(eq(int, count_to("_INBOX.c", 0, NULL), 1), "once");
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+}
+
+Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    generate("_INBOX.d", "twice", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.d", "twice");
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
+    cr_assert(not(eq(ptr, p, NULL)));
+    uint64_t mine = p->worker_id, theirs = mine == 1 ? 2 : 1;
+    /* a peer decided the same request a moment earlier, on the other worker */
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, theirs, hashes, 2, 128, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.d", "twice",
+                                                 "peer", p->decided_ns - 1),
+                 KVR_OK));
+    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)mine);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to(subject, 0, &m), 1), "this router stops its own worker");
+    struct kvr_wire_worker_cancel c;
+    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
+    cr_assert(c.silent, "without a chunk: the client hears the other worker only");
+    cr_assert(eq(u64, p->worker_id, theirs));
+    cr_assert(eq(u64, rd.n.superseded, 1));
+    worker_done(mine, key); /* the stopped copy's done frees nothing */
+    cr_assert(eq(u32, rd.pend.n, 1));
+    cr_assert(eq(u64, rd.n.stale_events, 1));
+    /* the same decision again (a repair) is no conflict; a later one loses */
+    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    cr_assert(eq(u64, rd.n.conflicts, 1));
+    worker_done(theirs, key);
+    cr_assert(eq(u32, rd.pend.n, 0));
+    kvr_buf_free(&b);
+}
+
+static void prefill_done(uint64_t wid, uint64_t key)
+{
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.tokens", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_tokens(&b, wid, key, KVR_WIRE_PREFILL_DONE), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_queued_request_fails_at_once_when_the_last_worker_leaves)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1); /* a 1 ms interval: gone after 3.2 ms of silence */
+    generate("_INBOX.a", "fills", 1, 320);
+    prefill_done(1, kvr_pending_key("_INBOX.a", "fills")); /* it started: it cannot move */
+    generate("_INBOX.b", "waits", 2, 320);
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 1));
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_NO_WORKERS), "not overloaded after the queue timeout");
+    cr_assert(eq(int, count_to("_INBOX.a", 0, &m), 1));
+    struct kvr_wire_response r = chunk(m);
+    cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, r.worker_id, 1), "worker lost names the worker");
+    kvr_wire_response_free(&r);
+}
+
+Test(routerd, a_deadline_ends_a_queued_request)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000);
+    generate("_INBOX.a", "fills", 1, 320);
+    uint32_t t[512];
+    for (uint32_t i = 0; i < 512; i++)
+        t[i] = 9000 + i;
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "hurry", t, 512, 8, NULL), KVR_OK));
+    uint8_t deadline[] = {0x28, 0x05}; /* GenerateRequest.deadline_ms = 5 */
+    kvr_buf_reserve(&b, b.len + sizeof deadline);
+    memcpy(b.data + b.len, deadline, sizeof deadline);
+    kvr_intake_generate(&rd, "_INBOX.h", b.data, b.len + sizeof deadline);
+    kvr_buf_free(&b);
+    cr_assert(eq(int, count_to("_INBOX.h", 0, NULL), 0), "it waits");
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.h", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_DEADLINE));
+}
+
+static void select_request(const char *reply, const char *id, bool book)
+{
+    uint32_t t[128];
+    for (uint32_t i = 0; i < 128; i++)
+        t[i] = 5000 + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, t, 128, 8, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_select_request(&b, g.data, g.len, book), KVR_OK));
+    kvr_intake_select(&rd, reply, b.data, b.len);
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
+{
+    cfg.booking_ttl_ns = 5 * KVR_NS_PER_MS;
+    heartbeat(1, 4096, NULL, 0, 1000);
+    select_request("_INBOX.s", "look", false);
+    const struct sent *m = NULL;
+    uint64_t wid, key = 1;
+    uint32_t overlap, ncand, code;
+    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 1));
+    cr_assert(eq(
+        int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
+        KVR_OK));
+    cr_assert(eq(u64, key, 0), "nothing booked, no key");
+    cr_assert(eq(u32, rd.pend.n, 0));
+    size_t mark = nsent;
+    select_request("_INBOX.s", "book", true);
+    cr_assert(eq(int, count_to("_INBOX.s", mark, &m), 1));
+    cr_assert(eq(
+        int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
+        KVR_OK));
+    cr_assert(not(eq(u64, key, 0)));
+    cr_assert(eq(int, decisions_since(mark), 1), "gossiped in the same call");
+    heartbeat(1, 4096, NULL, 0, 1000); /* the worker does not hold it: still booked (TTL) */
+    cr_assert(eq(u32, rd.pend.n, 1));
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(u32, rd.pend.n, 0), "never forwarded: dropped after its TTL");
+    cr_assert(eq(u64, rd.n.bookings_expired, 1));
+}
+
+static kvr_status refuse_forwards(void *ctx, const struct kvr_outmsg *m)
+{
+    if (strstr(m->subject, ".worker.") && strstr(m->subject, ".generate")) {
+        (void)record(ctx, m);
+        return KVR_ERR_TOO_LARGE;
+    }
+    return record(ctx, m);
+}
+
+Test(routerd, a_forward_that_cannot_be_published_fails_at_once)
+{
+    rd.sink.publish = refuse_forwards;
+    rd.forward_failed = kvr_place_forward_failed;
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.f", "heavy", 1, 128);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.f", 0, &m), 1), "the client hears at once");
+    cr_assert(eq(u32, error_in(m), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(u32, rd.pend.n, 0));
+    cr_assert(eq(u64, rd.n.forwards_failed, 1));
+    uint32_t inflight = 9;
+    kvr_router_worker_load(rd.core, 1, NULL, NULL, &inflight);
+    cr_assert(eq(u32, inflight, 0), "its booking is freed");
 }
