@@ -217,8 +217,16 @@ def emit(name, values):
 for g, members in (("nats", nats), ("router", routers), ("worker", workers), ("job", jobs)):
     emit(f"{g}_services", members)
 print(f"compose_summary={shlex.quote(f'{len(nats)} nats nodes, {len(routers)} routers, {len(workers)} workers, job {jobs[0]}')}")
+def mounts(svc):  # container path -> host path, for the files a service mounts
+    m = {}
+    for v in services[svc].get("volumes") or []:
+        parts = str(v).split(":")
+        if len(parts) >= 2 and parts[0].startswith("."):
+            m[parts[1]] = os.path.abspath(parts[0])
+    return m
+
 for n in nats:
-    a = argv(n)
+    a = [mounts(n).get(x, x) for x in argv(n)]
     out = []
     i = 0
     while i < len(a):

@@ -40,7 +40,7 @@ stop_all() {
 trap stop_all EXIT
 
 echo "== starting nats-server on 127.0.0.1 (logs in $run)"
-nats-server -a 127.0.0.1 -p -1 -m -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
+nats-server -c deploy/nats.conf -a 127.0.0.1 -p -1 -m -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
 nats_pid=$!
 for _ in $(seq 100); do
   ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true)

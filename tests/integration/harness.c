@@ -348,7 +348,7 @@ bool h_nats_start(struct nats_srv *s, int port)
         return false;
     char portarg[16];
     snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
-    char *argv[] = {"nats-server", "-a", "127.0.0.1",        "-p",   portarg,
+    char *argv[] = {"nats-server", "-c", KVR_NATS_CONF,      "-a",   "127.0.0.1", "-p", portarg,
                     "-m",          "-1", "--ports_file_dir", s->dir, NULL};
     return start_server(s, argv);
 }
@@ -360,6 +360,8 @@ bool h_nats_start_node(struct nats_srv *s, int port, const char *name, const str
     char portarg[16];
     snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
     char *argv[] = {"nats-server",
+                    "-c",
+                    KVR_NATS_CONF,
                     "-a",
                     "127.0.0.1",
                     "-p",
