@@ -20,19 +20,21 @@ static void round_trip(const struct kvr_wire_response *r)
     uint32_t *tokens = calloc((size_t)r->ntokens + 1, sizeof *tokens);
     FUZZ_CHECK(tokens);
     struct kvr_buf b = {0};
-    FUZZ_CHECK(kvr_wire_encode_chunk(
-                   &b, &(struct kvr_wire_chunk){.request_id = r->request_id,
-                                                .tokens = tokens,
-                                                .ntokens = r->ntokens,
-                                                .final = r->final,
-                                                .error = (kvr_status)r->error_code,
-                                                .worker_id = r->worker_id,
-                                                .cached_tokens = r->cached_tokens}) == KVR_OK);
+    FUZZ_CHECK(
+        kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = r->request_id,
+                                                           .tokens = tokens,
+                                                           .ntokens = r->ntokens,
+                                                           .final = r->final,
+                                                           .error = (kvr_status)r->error_code,
+                                                           .worker_id = r->worker_id,
+                                                           .cached_tokens = r->cached_tokens,
+                                                           .position = r->position}) == KVR_OK);
     struct kvr_wire_response again;
     FUZZ_CHECK(kvr_wire_decode_response(b.data, b.len, &again) == KVR_OK);
     FUZZ_CHECK(fuzz_streq(r->request_id, again.request_id));
     FUZZ_CHECK(r->ntokens == again.ntokens);
     FUZZ_CHECK(r->final == again.final);
+    FUZZ_CHECK(r->position == again.position);
     FUZZ_CHECK(r->error_code == again.error_code);
     FUZZ_CHECK(
         fuzz_streq(again.error, r->error_code ? kvr_status_str((kvr_status)r->error_code) : ""));

@@ -47,7 +47,7 @@ static void one(struct kvr_rd *rd, const struct kvr_service *svc, uint8_t kind, 
     static const char *const events[] = {"kv", "tokens", "done", "hb"};
     char subject[64];
     unsigned variant = (kind >> 4) & 3;
-    switch ((kind & 15) % 10) {
+    switch ((kind & 15) % 11) {
     case 0:
         kvr_intake_generate(rd, "_INBOX.f", p, n);
         break;
@@ -76,6 +76,9 @@ static void one(struct kvr_rd *rd, const struct kvr_service *svc, uint8_t kind, 
         break;
     case 9:
         kvr_timer_tick(rd, kvr_now_ns(), !(variant & 2), variant & 1);
+        break;
+    case 10:
+        kvr_intake_cancel(rd, p, n);
         break;
     }
 }

@@ -107,7 +107,16 @@ static void events(void)
     put("done", 0, &b);
     check(kvr_wire_encode_done(&b, 7, 1001, KVR_ERR_WORKER_LOST, 0), "done");
     put("done", 1, &b);
-    struct kvr_wire_heartbeat h = {{7, 16, 4096, 2, 0.25, 0, false}, ids, 3, 1000, false};
+    check(kvr_wire_encode_cancel(&b, "req-1", "_INBOX.x"), "cancel");
+    put("cancel", 0, &b);
+    struct kvr_wire_worker_cancel wc = {1000, KVR_ERR_CANCELLED, false};
+    check(kvr_wire_encode_worker_cancel(&b, &wc, "r1"), "worker_cancel");
+    put("worker_cancel", 0, &b);
+    wc.reason = KVR_ERR_DEADLINE;
+    wc.silent = true;
+    check(kvr_wire_encode_worker_cancel(&b, &wc, "r1"), "worker_cancel");
+    put("worker_cancel", 1, &b);
+    struct kvr_wire_heartbeat h = {{7, 16, 4096, 2, 0.25, 0, false}, ids, 3, 1000, false, 9, 1};
     check(kvr_wire_encode_heartbeat(&b, &h), "heartbeat");
     put("heartbeat", 0, &b);
     h.ninflight = 0;
@@ -196,7 +205,8 @@ enum {
     H_PAGE = 6,
     H_SRV = 7,
     H_DIGEST = 8,
-    H_TICK = 9
+    H_TICK = 9,
+    H_CANCEL = 10
 };
 enum { EV_KV = 0, EV_TOKENS = 1, EV_DONE = 2, EV_HB = 3 };
 
@@ -236,6 +246,12 @@ static void handlers(void)
     check(kvr_wire_encode_select_request(&w, m.data, m.len, true), "select");
     frame(&seq, H_SELECT, &w);
     put("routerd", 2, &seq);
+    seq.len = 0;
+    frame(&seq, H_GENERATE, &m);
+    check(kvr_wire_encode_cancel(&w, "req-1", "_INBOX.f"), "cancel");
+    frame(&seq, H_CANCEL, &w);
+    frame(&seq, H_GENERATE, &m);
+    put("routerd", 3, &seq);
     seq.len = 0;
     check(kvr_wire_encode_worker_generate(&w, m.data, m.len, 1000, 0, "r1", 0), "worker_generate");
     frame(&seq, -1, &w);
