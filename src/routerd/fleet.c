@@ -228,6 +228,16 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         g->late++; /* already known */
         return;
     }
+    const struct kvr_recent_item *ended =
+        known ? NULL : kvr_recent_find(&rd->recent, d->rec.request_id, now);
+    if (ended && ended->kind == KVR_RECENT_ENDED && d->reply[0] && !d->rec.prefill_done) {
+        /* a decision for a request that ended here already: a paused router placed a copy it
+         * found in its socket. Its client has its answer; stop the copy before it streams. */
+        rd->n.conflicts++;
+        kvr_send_cancel(rd, d->rec.request_id, d->rec.worker_id, KVR_ERR_CANCELLED, true);
+        g->late++;
+        return;
+    }
     kvr_status st = kvr_router_import(rd->core, &d->rec, now);
     if (st == KVR_ERR_UNKNOWN_WORKER)
         g->unknown_worker++;

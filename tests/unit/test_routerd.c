@@ -661,3 +661,23 @@ Test(routerd, a_forward_that_cannot_be_published_fails_at_once)
     kvr_router_worker_load(rd.core, 1, NULL, NULL, &inflight);
     cr_assert(eq(u32, inflight, 0), "its booking is freed");
 }
+
+Test(routerd, a_decision_for_a_request_that_ended_is_stopped)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    generate("_INBOX.z", "served", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.z", "served");
+    uint64_t wid = kvr_pending_find(&rd.pend, key)->worker_id, other = wid == 1 ? 2 : 1;
+    worker_done(wid, key);
+    /* a paused peer wakes up, finds the original in its socket and places it again */
+    peer_decision("sleepy", 1, key, other, "_INBOX.z");
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)other);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to(subject, 0, &m), 1), "the copy is stopped");
+    struct kvr_wire_worker_cancel c;
+    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
+    cr_assert(c.silent);
+    cr_assert(eq(u32, rd.pend.n, 0), "and not booked");
+}
