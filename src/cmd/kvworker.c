@@ -1,6 +1,8 @@
 /*
  * kvworker: a simulated inference worker on NATS (src/worker). Options, create, start, wait for
- * SIGTERM or SIGINT, drain (stop taking requests, finish the ones held), destroy.
+ * SIGTERM or SIGINT, drain (stop taking requests, finish the ones held), destroy. Exit status: 0
+ * after a drain, 2 for a bad option, 1 when it could not serve: no connection, or its --id is
+ * another running process's (refused at start, or yielded to the older of two started at once).
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
@@ -44,19 +46,30 @@ int main(int argc, char **argv)
         return 2;
     }
     st = kvr_wk_link_start(&link, &w);
+    bool clash = st == KVR_ERR_WORKER_ID_CLASH;
     if (st == KVR_OK) {
         kvr_log(KVR_LOG_INFO, "worker_started",
-                "id=%" PRIu64 " subject=%s block_size=%u num_blocks=%u speedup=%g null=%d", cfg.id,
-                w.subj_gen, cfg.engine.block_size, cfg.engine.num_blocks, cfg.engine.speedup,
-                cfg.null_mode);
-        int sig = kvr_signals_wait();
-        kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", sig);
-        kvr_wk_link_drain(&link);
+                "id=%" PRIu64 " instance=%016" PRIx64
+                " subject=%s block_size=%u num_blocks=%u speedup=%g null=%d",
+                cfg.id, w.instance, w.subj_gen, cfg.engine.block_size, cfg.engine.num_blocks,
+                cfg.engine.speedup, cfg.null_mode);
+        while (!kvr_signal_received() && !(clash = kvr_worker_clashed(&w)))
+            kvr_sleep_ns(20 * KVR_NS_PER_MS);
+        if (!clash) { /* a yielding worker drains nothing: the older instance serves it all */
+            kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", kvr_signal_received());
+            kvr_wk_link_drain(&link);
+        }
     }
     kvr_wk_link_close(&link);
-    kvr_log(KVR_LOG_INFO, "worker_stopped", "served=%" PRIu64 " errors=%" PRIu64, w.served,
+    clash = clash || kvr_worker_clashed(&w); /* during the drain too */
+    kvr_log(KVR_LOG_INFO, "worker_stopped", "served=%" PRIu64 " errors=%" PRIu64, w.c.served,
             w.generate.errors);
     kvr_worker_free(&w);
     kvr_net_shutdown();
-    return st == KVR_OK ? 0 : 1;
+    if (clash)
+        fprintf(stderr,
+                "kvworker: worker id %" PRIu64 " is used by another running process%s; "
+                "give each worker its own --id\n",
+                cfg.id, st == KVR_OK ? " that started first: this one stopped" : ": not started");
+    return st == KVR_OK && !clash ? 0 : 1;
 }

@@ -75,7 +75,7 @@ struct kvr_engine {
     struct kvr_kv_block *run; /* scratch for Stored runs */
     uint32_t caprun;
     bool in_step;
-    uint64_t preemptions, evictions, steps;
+    uint64_t preemptions, evictions, steps, cancelled;
 };
 
 void kvr_engine_config_default(struct kvr_engine_config *c)
@@ -604,5 +604,71 @@ void kvr_engine_stats(const struct kvr_engine *e, struct kvr_engine_stats *out)
     out->preemptions = e->preemptions;
     out->evictions = e->evictions;
     out->steps = e->steps;
+    out->cancelled = e->cancelled;
     out->kv_usage = (double)e->nactive / e->cfg.num_blocks;
+}
+
+/* Where request id is: *running tells which list, the return value its index (in the waiting
+ * queue, from the head); -1 when it is in neither. */
+static int64_t locate(const struct kvr_engine *e, uint64_t id, bool *running)
+{
+    for (uint32_t i = 0; i < e->nrunning; i++) {
+        if (e->running[i]->id == id) {
+            *running = true;
+            return i;
+        }
+    }
+    for (uint32_t i = 0; i < e->waiting.n; i++) {
+        if (e->waiting.v[(e->waiting.head + i) % e->waiting.cap]->id == id) {
+            *running = false;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Take the request at position pos out of d (the ones behind it move up one). */
+static void deque_remove(struct deque *d, uint32_t pos)
+{
+    for (uint32_t i = pos; i + 1 < d->n; i++)
+        d->v[(d->head + i) % d->cap] = d->v[(d->head + i + 1) % d->cap];
+    d->n--;
+}
+
+kvr_status kvr_engine_cancel(struct kvr_engine *e, uint64_t id)
+{
+    bool running = false;
+    int64_t at = locate(e, id, &running);
+    if (at < 0)
+        return KVR_ERR_UNKNOWN_REQUEST;
+    struct ereq *r;
+    if (running) {
+        r = e->running[at];
+        remove_running(e, (uint32_t)at);
+        release_blocks(e, r); /* blocks taken for the step in progress go back too */
+    } else {
+        r = e->waiting.v[(e->waiting.head + (uint32_t)at) % e->waiting.cap];
+        deque_remove(&e->waiting, (uint32_t)at); /* a waiting request holds no blocks */
+    }
+    uint32_t k = 0; /* the step in progress announces no output block for it */
+    for (uint32_t i = 0; i < e->noutblk; i++)
+        if (e->outblk[i] != id)
+            e->outblk[k++] = e->outblk[i];
+    e->noutblk = k;
+    free_req(r);
+    e->cancelled++;
+    assert(counts_ok(e));
+    return KVR_OK;
+}
+
+bool kvr_engine_progress(const struct kvr_engine *e, uint64_t id, struct kvr_engine_progress *out)
+{
+    bool running = false;
+    int64_t at = locate(e, id, &running);
+    if (at < 0)
+        return false;
+    const struct ereq *r =
+        running ? e->running[at] : e->waiting.v[(e->waiting.head + (uint32_t)at) % e->waiting.cap];
+    *out = (struct kvr_engine_progress){running, r->cached_tokens, r->generated};
+    return true;
 }

@@ -14,7 +14,9 @@
  *
  * Driving it: kvr_engine_submit() queues a request; kvr_engine_step_begin(now) schedules the next
  * step and returns its duration (0 when there is nothing to do); kvr_engine_step_end(now) applies
- * it and emits its events. Not thread-safe; one owner.
+ * it and emits its events. kvr_engine_cancel() ends a request early, at any moment outside a sink
+ * callback (between a step's begin and end too); kvr_engine_progress() reads one, from anywhere.
+ * Not thread-safe; one owner.
  */
 #ifndef KVR_ENGINE_H
 #define KVR_ENGINE_H
@@ -99,9 +101,30 @@ struct kvr_engine_stats {
     uint64_t preemptions;   /* total */
     uint64_t evictions;     /* cached blocks evicted */
     uint64_t steps;         /* steps run */
+    uint64_t cancelled;     /* requests ended early by kvr_engine_cancel */
     double kv_usage;        /* active_blocks / num_blocks */
 };
 
 void kvr_engine_stats(const struct kvr_engine *e, struct kvr_engine_stats *out);
+
+/*
+ * End request id now, wherever it is: taken out of the waiting queue or the running set, its
+ * blocks released as a finished request's are (cached prompt blocks stay cached, the rest go back
+ * blank), and nothing more is emitted for it (no token, output block or done, even from the step
+ * in progress). KVR_ERR_UNKNOWN_REQUEST when the engine does not hold it. Not from inside a sink
+ * callback.
+ */
+kvr_status kvr_engine_cancel(struct kvr_engine *e, uint64_t id);
+
+/* Where a request held by the engine stands. */
+struct kvr_engine_progress {
+    bool running;           /* admitted (else waiting, perhaps after a preemption) */
+    uint32_t cached_tokens; /* prompt tokens found in the prefix cache at first admission */
+    uint32_t generated;     /* output tokens produced so far */
+};
+
+/* Read request id into *out; false when the engine does not hold it. Read-only, so a sink callback
+ * may call it (prefill_done reads the cached prefix this way). */
+bool kvr_engine_progress(const struct kvr_engine *e, uint64_t id, struct kvr_engine_progress *out);
 
 #endif

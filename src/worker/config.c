@@ -18,7 +18,7 @@ void kvr_wk_config_default(struct kvr_wk_config *c)
     kvr_engine_config_default(&c->engine);
     c->max_prompt_tokens = 1u << 20;
     c->max_output_tokens = 1u << 16;
-    c->heartbeat_ns = 1 * KVR_NS_PER_S;
+    c->heartbeat_ns = 500 * KVR_NS_PER_MS; /* routers lose a worker after 3.2 periods: 1.6 s */
     c->drain_timeout_ns = 60 * KVR_NS_PER_S;
 }
 
@@ -65,7 +65,8 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
          .type = KVR_OPT_BOOL,
          .ptr = &c->null_mode,
          .help = "answer every request at once"},
-        NUM("heartbeat-ms", KVR_OPT_MS, &c->heartbeat_ns, 1, 3.6e6, "heartbeat period"),
+        NUM("heartbeat-ms", KVR_OPT_MS, &c->heartbeat_ns, 1, 3.6e6,
+            "heartbeat period (routers declare the worker lost after 3.2 of them)"),
         NUM("max-prompt-tokens", KVR_OPT_U32, &c->max_prompt_tokens, 1, 1 << 24,
             "longer prompts refused"),
         NUM("max-output-tokens", KVR_OPT_U32, &c->max_output_tokens, 1, 1 << 24,

@@ -9,8 +9,11 @@
 #include <string.h>
 
 #include "clock.h"
+#include "codec.h"
 #include "log.h"
 #include "util.h"
+
+/* --- deliveries ------------------------------------------------------------------------------ */
 
 static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
@@ -20,18 +23,69 @@ static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
     natsMsg_Destroy(msg);
 }
 
+static void on_cancel(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_wk_link *l = ctx;
+    kvr_worker_on_cancel(l->w, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_hello(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_wk_link *l = ctx;
+    kvr_worker_on_hello(l->w, natsMsg_GetReply(msg));
+    natsMsg_Destroy(msg);
+}
+
+static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_wk_link *l = ctx;
+    kvr_worker_on_heartbeat(l->w, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+}
+
+/* The worker's own figures, under its mutex: the first endpoint's "data" in $SRV.STATS. */
+static json_t *stats_data(const struct kvr_worker *w)
+{
+    const struct kvr_wk_counters *c = &w->c;
+    json_t *o = json_object();
+    struct {
+        const char *name;
+        uint64_t v;
+    } f[] = {{"held", w->nreqs},
+             {"served", c->served},
+             {"duplicates", c->duplicates},
+             {"cancelled", c->cancelled},
+             {"deadlines", c->deadlines},
+             {"early_cancels", c->early_cancels},
+             {"late_cancels", c->late_cancels},
+             {"bad_cancels", c->bad_cancels},
+             {"repeats", c->repeats},
+             {"dropped", c->dropped},
+             {"recent", w->recent.n},
+             {"recent_evicted", w->recent.evicted},
+             {"instance", w->instance},
+             {"started_ns", w->started_ns}};
+    for (size_t i = 0; o && i < sizeof f / sizeof f[0]; i++)
+        kvr_json_u64(o, f[i].name, f[i].v);
+    return o;
+}
+
 static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_wk_link *l = ctx;
-    const char *reply = natsMsg_GetReply(msg);
+    const char *reply = natsMsg_GetReply(msg), *subject = natsMsg_GetSubject(msg);
+    bool stats = !strncmp(subject, "$SRV.STATS", 10);
     pthread_mutex_lock(&l->w->mu);
-    char *text = kvr_service_answer(&l->svc, natsMsg_GetSubject(msg), NULL);
+    char *text = kvr_service_answer(&l->svc, subject, stats ? stats_data(l->w) : NULL);
     pthread_mutex_unlock(&l->w->mu);
     if (text && reply && *reply)
         natsConnection_PublishString(nc, reply, text);
     free(text);
     natsMsg_Destroy(msg);
 }
+
+/* --- threads --------------------------------------------------------------------------------- */
 
 static void *engine_thread(void *arg)
 {
@@ -63,11 +117,133 @@ static void *heartbeat_thread(void *arg)
     return NULL;
 }
 
+/* --- connections ----------------------------------------------------------------------------- */
+
+/* The outgoing connection's cut and return, on the library's event thread. */
+static void on_out_disconnected(natsConnection *nc, void *closure)
+{
+    struct kvr_wk_link *l = closure;
+    if (natsConnection_IsClosed(nc) || !l->w)
+        return; /* our own close, not an outage */
+    kvr_log(KVR_LOG_WARN, "nats_disconnected", "conn=%s", l->name_out);
+    kvr_worker_on_disconnected(l->w);
+}
+
+static void on_out_reconnected(natsConnection *nc, void *closure)
+{
+    struct kvr_wk_link *l = closure;
+    char url[256] = "";
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", l->name_out, url);
+    if (l->w)
+        kvr_worker_on_reconnected(l->w);
+}
+
+static void on_out_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
+{
+    struct kvr_wk_link *l = closure;
+    kvr_log(KVR_LOG_WARN, "nats_error", "conn=%s error=\"%s\"", l->name_out,
+            natsStatus_GetText(err));
+}
+
+/* The settings kvr_connect gives every connection (NATS-NOTES.md), with the worker's own
+ * callbacks: kvr_connect takes no hook for them. */
+static natsStatus out_options(natsOptions *o, struct kvr_wk_link *l, const char **servers, int n)
+{
+    natsStatus s = natsOptions_SetServers(o, servers, n);
+    if (s == NATS_OK)
+        s = natsOptions_SetNoRandomize(o, true);
+    if (s == NATS_OK)
+        s = natsOptions_SetName(o, l->name_out);
+    if (s == NATS_OK)
+        s = natsOptions_SetSendAsap(o, true);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(o, -1);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(o, 250);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectJitter(o, 100, 1000);
+    if (s == NATS_OK)
+        s = natsOptions_SetRetryOnFailedConnect(o, true, NULL, NULL);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxPendingMsgs(o, 1 << 20);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectBufSize(o, 64 << 20);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(o, on_out_disconnected, l);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(o, on_out_reconnected, l);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(o, on_out_error, l);
+    return s;
+}
+
+static kvr_status connect_out(struct kvr_wk_link *l)
+{
+    const char *servers[32];
+    char copy[2048];
+    int n = 0;
+    if (strlen(l->w->cfg->net.urls) >= sizeof copy)
+        return KVR_ERR_INVALID;
+    strcpy(copy, l->w->cfg->net.urls);
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && n < 32;
+         t = strtok_r(NULL, ",", &save))
+        servers[n++] = t;
+    if (!n)
+        return KVR_ERR_INVALID;
+    natsOptions *o = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = out_options(o, l, servers, n);
+    if (s == NATS_OK)
+        s = natsConnection_Connect(&l->nc_out, o);
+    natsOptions_Destroy(o);
+    if (s != NATS_OK)
+        kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", l->w->cfg->net.urls,
+                natsStatus_GetText(s));
+    return kvr_nats_status(s);
+}
+
+/* Does another process serve this id? Any answer to the hello says so; no responders (at once)
+ * or silence says not. */
+static kvr_status ask_hello(struct kvr_wk_link *l)
+{
+    natsMsg *m = NULL;
+    natsStatus s =
+        natsConnection_Request(&m, l->nc_out, l->w->subj_hello, NULL, 0, KVR_WK_HELLO_TIMEOUT_MS);
+    if (s == NATS_NO_RESPONDERS || s == NATS_TIMEOUT)
+        return KVR_OK;
+    if (s != NATS_OK) {
+        kvr_log(KVR_LOG_ERROR, "hello_failed", "subject=%s error=\"%s\"", l->w->subj_hello,
+                natsStatus_GetText(s));
+        return kvr_nats_status(s);
+    }
+    struct kvr_wire_heartbeat h = {0};
+    kvr_wire_decode_heartbeat(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &h);
+    kvr_log(KVR_LOG_ERROR, "worker_id_clash",
+            "id=%" PRIu64 " other_instance=%016" PRIx64 " other_started_ns=%" PRIu64
+            " action=refuse_to_start",
+            l->w->cfg->id, h.instance, h.started_ns);
+    kvr_wire_heartbeat_free(&h);
+    natsMsg_Destroy(m);
+    return KVR_ERR_WORKER_ID_CLASH;
+}
+
 static kvr_status subscribe(struct kvr_wk_link *l)
 {
-    natsStatus s = natsConnection_Subscribe(&l->sub, l->nc_in, l->w->subj_gen, on_generate, l);
+    struct kvr_worker *w = l->w;
+    /* the clash watch and the cancels before the first request can arrive */
+    natsStatus s = natsConnection_Subscribe(&l->sub_hb, l->nc_in, w->subj_hb, on_heartbeat, l);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub, -1, -1);
+        s = natsConnection_Subscribe(&l->sub_hello, l->nc_in, w->subj_hello, on_hello, l);
+    if (s == NATS_OK)
+        s = natsConnection_Subscribe(&l->sub_cancel, l->nc_in, w->subj_cancel, on_cancel, l);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(l->sub_cancel, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_Subscribe(&l->sub_gen, l->nc_in, w->subj_gen, on_generate, l);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(l->sub_gen, -1, -1);
     char srv[3][256];
     kvr_service_subjects(&l->svc, srv);
     for (int i = 0; i < 3 && s == NATS_OK; i++)
@@ -75,7 +251,7 @@ static kvr_status subscribe(struct kvr_wk_link *l)
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_in);
     if (s != NATS_OK)
-        kvr_log(KVR_LOG_ERROR, "subscribe_failed", "subject=%s error=\"%s\"", l->w->subj_gen,
+        kvr_log(KVR_LOG_ERROR, "subscribe_failed", "subject=%s error=\"%s\"", w->subj_gen,
                 natsStatus_GetText(s));
     return kvr_nats_status(s);
 }
@@ -93,11 +269,11 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
     kvr_status st = kvr_connect(w->cfg->net.urls, l->name_in, &l->nc_in);
     if (st == KVR_OK)
-        st = kvr_connect(w->cfg->net.urls, l->name_out, &l->nc_out);
+        st = connect_out(l);
     if (st != KVR_OK)
         return st;
     w->sink = kvr_nats_sink(l->nc_out);
-    if ((st = subscribe(l)) != KVR_OK)
+    if ((st = ask_hello(l)) != KVR_OK || (st = subscribe(l)) != KVR_OK)
         return st;
     if (pthread_create(&l->engine, NULL, engine_thread, l))
         return KVR_ERR_NOMEM;
@@ -113,13 +289,13 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
 void kvr_wk_link_drain(struct kvr_wk_link *l)
 {
     kvr_worker_set_draining(l->w);
-    natsSubscription_Drain(l->sub);
-    natsSubscription_WaitForDrainCompletion(l->sub, 5000);
+    natsSubscription_Drain(l->sub_gen);
+    natsSubscription_WaitForDrainCompletion(l->sub_gen, 5000);
     if (connected(l))
         kvr_worker_heartbeat(l->w); /* routers stop sending here */
     uint64_t deadline = kvr_now_ns() + l->w->cfg->drain_timeout_ns;
     uint32_t left;
-    while ((left = kvr_worker_held(l->w)) && kvr_now_ns() <= deadline)
+    while ((left = kvr_worker_held(l->w)) && kvr_now_ns() <= deadline && !kvr_worker_clashed(l->w))
         kvr_sleep_ns(20 * KVR_NS_PER_MS);
     if (left)
         kvr_log(KVR_LOG_WARN, "drain_timeout", "requests_left=%u", left);
@@ -133,11 +309,13 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
         pthread_join(l->engine, NULL);
         pthread_join(l->heartbeat, NULL);
     }
-    kvr_worker_flush(l->w);
+    if (l->w)
+        kvr_worker_flush(l->w);
     if (l->nc_out)
         natsConnection_FlushTimeout(l->nc_out, 2000);
-    natsSubscription *subs[] = {l->sub, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
-    for (int i = 0; i < 4; i++) {
+    natsSubscription *subs[] = {l->sub_gen,    l->sub_cancel, l->sub_hello, l->sub_hb,
+                                l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         if (subs[i]) {
             natsSubscription_Unsubscribe(subs[i]);
             natsSubscription_Destroy(subs[i]);

@@ -1,7 +1,10 @@
 /*
  * The simulated worker's NATS link: two connections (requests in; tokens, events and heartbeats
- * out: NATS-NOTES.md), the request subscription, the $SRV service "kvworker" (its generate
- * endpoint's requests and errors by code), the engine and heartbeat threads, and the drain. The
+ * out: NATS-NOTES.md), the subscriptions (generate, cancel, hello, its own heartbeat subject for
+ * the id clash, $SRV as service "kvworker" with its generate endpoint's requests, errors by code
+ * and the worker's counters), the engine and heartbeat threads, and the drain. Before it takes a
+ * single request it asks its hello subject whether another process has its id. The outgoing
+ * connection tells the worker when it is cut and when it is back (the streams' repeat). The
  * only part of the worker that includes <nats.h>.
  */
 #ifndef KVR_WK_LINK_H
@@ -15,17 +18,23 @@
 #include "service.h"
 #include "worker.h"
 
+#define KVR_WK_HELLO_TIMEOUT_MS 250 /* start-up: how long an answer to the hello may take */
+
 struct kvr_wk_link {
-    struct kvr_worker *w;           /* borrowed */
+    struct kvr_worker *w;           /* borrowed; the outgoing connection's callbacks use it */
     struct kvr_service svc;         /* */
     natsConnection *nc_in, *nc_out; /* */
-    natsSubscription *sub, *sub_srv[3];
+    natsSubscription *sub_gen, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
     pthread_t engine, heartbeat;    /* */
     bool threads;                   /* started */
     char name_in[64], name_out[64]; /* connection names (they outlive the connections) */
 };
 
-/* Connect, subscribe, start the threads; w's sink becomes the outgoing connection's. */
+/*
+ * Connect, ask whether the id is free, subscribe, start the threads; w's sink becomes the
+ * outgoing connection's. KVR_ERR_WORKER_ID_CLASH when another process answered for the id (then
+ * nothing was subscribed). l must stay in place until kvr_wk_link_close.
+ */
 kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w);
 /* SIGTERM: stop taking requests, finish those held (at most the drain timeout). */
 void kvr_wk_link_drain(struct kvr_wk_link *l);

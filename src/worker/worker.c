@@ -1,5 +1,7 @@
 /*
- * kvr_worker implementation.
+ * kvr_worker implementation: streams, their ends and repeats, requests, cancels, deadlines, the
+ * engine thread, the instance. Heartbeats, the id clash and the connection's state are in
+ * presence.c.
  */
 #define _DEFAULT_SOURCE
 #include "worker.h"
@@ -8,34 +10,49 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "codec.h"
 #include "kvr/hash.h"
+#include "kvr/rng.h"
 #include "log.h"
 #include "subject.h"
 
-/* --- engine publications (under mu, inside kvr_engine_step_end) ----------------------------- */
+#define IDLE_NS (50 * KVR_NS_PER_MS) /* the engine thread's longest wait with nothing to do */
 
-static void emit(struct kvr_worker *w, const char *subject, kvr_status st)
+/* --- publications (under mu) ----------------------------------------------------------------- */
+
+void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st)
 {
+    if (w->clashed)
+        return; /* the older instance serves everything: say nothing */
     if (st == KVR_OK)
         kvr_outbox_add(&w->out, subject, w->buf.data, w->buf.len, KVR_OK);
     else
-        w->out.dropped++;
+        w->c.dropped++;
+}
+
+static void emit_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint32_t tokens)
+{
+    kvr__worker_emit(w, w->subj_done,
+                     kvr_wire_encode_done(&w->buf, w->cfg->id, key, (uint32_t)outcome, tokens));
 }
 
 static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_block *b, size_t n)
 {
     struct kvr_worker *w = ctx;
-    emit(w, w->subj_kv, kvr_wire_encode_stored(&w->buf, w->cfg->id, ++w->event_seq, parent, b, n));
+    kvr__worker_emit(w, w->subj_kv,
+                     kvr_wire_encode_stored(&w->buf, w->cfg->id, ++w->event_seq, parent, b, n));
 }
 
 static void on_removed(void *ctx, const uint64_t *ids, size_t n)
 {
     struct kvr_worker *w = ctx;
-    emit(w, w->subj_kv, kvr_wire_encode_removed(&w->buf, w->cfg->id, ++w->event_seq, ids, n));
+    kvr__worker_emit(w, w->subj_kv,
+                     kvr_wire_encode_removed(&w->buf, w->cfg->id, ++w->event_seq, ids, n));
 }
 
 static struct kvr_wreq *find(struct kvr_worker *w, uint64_t key)
@@ -45,27 +62,73 @@ static struct kvr_wreq *find(struct kvr_worker *w, uint64_t key)
     return r;
 }
 
+/* --- streams (under mu) ---------------------------------------------------------------------- */
+
+/* One chunk of r: n tokens from toks at position pos. The first and the final name the cache. */
+static void chunk(struct kvr_worker *w, const struct kvr_wreq *r, const uint32_t *toks, uint32_t n,
+                  uint32_t pos, bool final)
+{
+    struct kvr_wire_chunk c = {.request_id = r->request_id,
+                               .tokens = toks,
+                               .ntokens = n,
+                               .position = pos,
+                               .final = final,
+                               .error = KVR_OK,
+                               .worker_id = w->cfg->id,
+                               .cached_tokens = pos == 0 || final ? r->cached_tokens : 0};
+    kvr__worker_emit(w, r->reply, kvr_wire_encode_chunk(&w->buf, &c));
+}
+
+/* r's stream so far again, from position 0, in pieces a decoder takes; an ended stream's last
+ * piece is its final again, with its code (and the service error headers). Not counted as an
+ * error again: the client was told once. */
+static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
+{
+    bool ended = r->ended_at != 0;
+    uint32_t from = 0;
+    do {
+        uint32_t n = r->ntoks - from;
+        n = n < KVR_WIRE_RESPONSE_TOKENS_MAX ? n : KVR_WIRE_RESPONSE_TOKENS_MAX;
+        bool final = ended && from + n == r->ntoks;
+        struct kvr_wire_chunk c = {.request_id = r->request_id,
+                                   .tokens = r->toks ? r->toks + from : NULL,
+                                   .ntokens = n,
+                                   .position = from,
+                                   .final = final,
+                                   .error = final ? r->outcome : KVR_OK,
+                                   .worker_id = w->cfg->id,
+                                   .cached_tokens = from == 0 || final ? r->cached_tokens : 0};
+        if (kvr_wire_encode_chunk(&w->buf, &c) == KVR_OK)
+            kvr_outbox_add(&w->out, r->reply, w->buf.data, w->buf.len, c.error);
+        else
+            w->c.dropped++;
+        from += n;
+    } while (from < r->ntoks);
+    w->c.repeats++;
+}
+
+/* r's next token: sent, and kept for a repeat. */
 static void send_token(struct kvr_worker *w, struct kvr_wreq *r)
 {
     uint32_t tok = (uint32_t)((r->key + r->produced) % 32000);
-    r->produced++;
-    emit(w, r->reply,
-         kvr_wire_encode_chunk(&w->buf, &(struct kvr_wire_chunk){.request_id = r->request_id,
-                                                                 .tokens = &tok,
-                                                                 .ntokens = 1,
-                                                                 .final = false,
-                                                                 .error = KVR_OK,
-                                                                 .worker_id = w->cfg->id,
-                                                                 .cached_tokens = 0}));
+    if (r->ntoks == r->produced && r->produced < r->max_tokens &&
+        KVR_GROW(r->toks, r->captoks, r->ntoks + 1, 64))
+        r->toks[r->ntoks++] = tok; /* short of memory: this stream cannot be repeated */
+    chunk(w, r, &tok, 1, r->produced++, false);
 }
 
 static void on_prefill(void *ctx, uint64_t id)
 {
     struct kvr_worker *w = ctx;
-    emit(w, w->subj_tokens, kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_PREFILL_DONE));
+    kvr__worker_emit(w, w->subj_tokens,
+                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_PREFILL_DONE));
     struct kvr_wreq *r = find(w, id);
-    if (r)
-        send_token(w, r); /* the prefill's own token */
+    struct kvr_engine_progress p;
+    if (!r)
+        return;
+    if (kvr_engine_progress(w->eng, id, &p))
+        r->cached_tokens = p.cached_tokens;
+    send_token(w, r); /* the prefill's own token: the first chunk */
 }
 
 static void on_token(void *ctx, uint64_t id)
@@ -79,53 +142,126 @@ static void on_token(void *ctx, uint64_t id)
 static void on_outblk(void *ctx, uint64_t id)
 {
     struct kvr_worker *w = ctx;
-    emit(w, w->subj_tokens, kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_OUTPUT_BLOCK));
+    kvr__worker_emit(w, w->subj_tokens,
+                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_OUTPUT_BLOCK));
 }
 
 static void free_req(struct kvr_wreq *r)
 {
     free(r->reply);
     free(r->request_id);
+    free(r->toks);
     free(r);
+}
+
+/* key ended here with outcome: a forward for it in the next 60 s is a duplicate. */
+static void remember(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint64_t now)
+{
+    if (kvr_wk_recent_put(&w->recent, key, KVR_WK_RECENT_ENDED, outcome, false, now) != KVR_OK)
+        w->c.dropped++;
+}
+
+/* Free the kept streams past their time (none while a repeat is pending) or over the budget. */
+static void prune_kept(struct kvr_worker *w, uint64_t now)
+{
+    struct kvr_wreq *r;
+    while ((r = w->kept) && (w->nkept > KVR_WK_KEPT_MAX || w->kept_tokens > KVR_WK_KEPT_TOKENS ||
+                             (!w->cut_at && r->ended_at + KVR_WK_KEPT_NS <= now))) {
+        if (!(w->kept = r->next))
+            w->kept_tail = NULL;
+        w->nkept--;
+        w->kept_tokens -= r->ntoks;
+        free_req(r);
+    }
+}
+
+/* r ended with outcome: no longer held, remembered as ended, and its stream kept a while for a
+ * repeat after a cut (unless nothing was ever due to its client). */
+static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome, bool silent,
+                   uint64_t now)
+{
+    remember(w, r->key, outcome, now);
+    HASH_DEL(w->reqs, r);
+    w->nreqs--;
+    if (silent || w->clashed) {
+        free_req(r);
+        return;
+    }
+    r->ended_at = now ? now : 1;
+    r->outcome = outcome;
+    r->next = NULL;
+    if (w->kept_tail)
+        w->kept_tail->next = r;
+    else
+        w->kept = r;
+    w->kept_tail = r;
+    w->nkept++;
+    w->kept_tokens += r->ntoks;
+    prune_kept(w, now);
 }
 
 static void on_done(void *ctx, const struct kvr_engine_result *res)
 {
     struct kvr_worker *w = ctx;
     struct kvr_wreq *r = find(w, res->id);
+    uint32_t tokens = 0;
     if (r) {
-        emit(w, r->reply,
-             kvr_wire_encode_chunk(&w->buf,
-                                   &(struct kvr_wire_chunk){.request_id = r->request_id,
-                                                            .tokens = NULL,
-                                                            .ntokens = 0,
-                                                            .final = true,
-                                                            .error = KVR_OK,
-                                                            .worker_id = w->cfg->id,
-                                                            .cached_tokens = res->cached_tokens}));
-        HASH_DEL(w->reqs, r);
-        w->nreqs--;
-        free_req(r);
+        r->cached_tokens = res->cached_tokens;
+        chunk(w, r, NULL, 0, r->produced, true);
+        tokens = r->produced;
+        forget(w, r, KVR_OK, false, kvr_now_ns());
     }
-    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, res->id, 0, 0));
-    w->served++;
+    emit_done(w, res->id, KVR_OK, tokens);
+    w->c.served++;
 }
 
-/* --- set-up --------------------------------------------------------------------------------- */
+/* End held request r before the engine finished it, with why (cancelled, deadline): the engine
+ * lets it go, the client gets its final chunk unless silent, the routers its done event. */
+static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, bool silent,
+                      uint64_t now)
+{
+    kvr_engine_cancel(w->eng, r->key);
+    if (!silent && !w->clashed)
+        kvr_reply_fail(&w->generate, &w->out, r->reply, r->request_id, why,
+                       &(struct kvr_reply_why){.position = r->produced});
+    emit_done(w, r->key, why, r->produced);
+    if (why == KVR_ERR_DEADLINE)
+        w->c.deadlines++;
+    else
+        w->c.cancelled++;
+    forget(w, r, why, silent, now);
+}
+
+/* --- set-up ---------------------------------------------------------------------------------- */
 
 static bool subjects(struct kvr_worker *w)
 {
     const char *p = w->cfg->net.prefix, *ns = w->cfg->net.ns;
     char tail[128];
     bool ok = true;
-    static const char *const kinds[] = {"kv", "tokens", "done", "hb"};
+    static const char *const ev[] = {"kv", "tokens", "done", "hb"};
     char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done, w->subj_hb};
     for (int i = 0; i < 4; i++) {
-        snprintf(tail, sizeof tail, "ev.%" PRIu64 ".%s", w->cfg->id, kinds[i]);
+        snprintf(tail, sizeof tail, "ev.%" PRIu64 ".%s", w->cfg->id, ev[i]);
         ok &= kvr_subject(dst[i], sizeof w->subj_kv, p, ns, tail);
     }
-    snprintf(tail, sizeof tail, "worker.%" PRIu64 ".generate", w->cfg->id);
-    return ok && kvr_subject(w->subj_gen, sizeof w->subj_gen, p, ns, tail);
+    static const char *const own[] = {"generate", "cancel", "hello"};
+    char *mine[] = {w->subj_gen, w->subj_cancel, w->subj_hello};
+    for (int i = 0; i < 3; i++) {
+        snprintf(tail, sizeof tail, "worker.%" PRIu64 ".%s", w->cfg->id, own[i]);
+        ok &= kvr_subject(mine[i], sizeof w->subj_gen, p, ns, tail);
+    }
+    return ok;
+}
+
+/* This process among those that may share its id: a random instance, non-zero, and its start. */
+static void identity(struct kvr_worker *w)
+{
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) /* no entropy yet: mix */
+        x = kvr_mix64(kvr_realtime_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)w);
+    w->instance = x ? x : 1;
+    w->started_ns = kvr_realtime_ns();
 }
 
 kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg,
@@ -134,9 +270,15 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
     memset(w, 0, sizeof *w);
     w->cfg = cfg;
     w->sink = sink;
+    identity(w);
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are monotonic */
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
     kvr_reply_init(&w->generate, "generate", cfg->id);
+    kvr_wk_recent_init(&w->recent, KVR_WK_RECENT_MAX, KVR_WK_RECENT_TTL_NS);
     if (!subjects(w))
         return KVR_ERR_INVALID;
     struct kvr_engine_sink es = {w,         on_stored, on_removed, on_prefill,
@@ -155,6 +297,12 @@ void kvr_worker_free(struct kvr_worker *w)
         HASH_DEL(w->reqs, r);
         free_req(r);
     }
+    for (r = w->kept; r; r = tmp) {
+        tmp = r->next;
+        free_req(r);
+    }
+    kvr_wk_deadlines_free(&w->deadlines);
+    kvr_wk_recent_free(&w->recent);
     kvr_outbox_free(&w->out);
     kvr_buf_free(&w->buf);
     kvr_reply_free(&w->generate);
@@ -164,34 +312,66 @@ void kvr_worker_free(struct kvr_worker *w)
 
 void kvr_worker_flush(struct kvr_worker *w)
 {
-    kvr_outbox_send(&w->out, &w->mu, &w->sink);
+    pthread_mutex_lock(&w->mu);
+    bool mute = w->clashed;
+    if (mute)
+        kvr_outbox_free(&w->out);
+    pthread_mutex_unlock(&w->mu);
+    if (!mute)
+        kvr_outbox_send(&w->out, &w->mu, &w->sink);
 }
 
-/* --- requests ------------------------------------------------------------------------------- */
+/* --- requests (under mu) --------------------------------------------------------------------- */
 
-/* Under mu: hand q (key, answered at reply) to the engine. */
+/* Room for r's deadline; the heap sheds its stale entries once they outnumber the live ones. */
+static bool push_deadline(struct kvr_worker *w, const struct kvr_wreq *r)
+{
+    struct kvr_wk_deadlines *h = &w->deadlines;
+    if (h->n > 2 * w->nreqs + 1024) {
+        h->n = 0;
+        for (struct kvr_wreq *q = w->reqs; q; q = q->hh.next)
+            if (q->deadline)
+                kvr_wk_deadlines_push(h, (struct kvr_wk_deadline){q->deadline, q->key});
+    }
+    return kvr_wk_deadlines_push(h, (struct kvr_wk_deadline){r->deadline, r->key});
+}
+
+static struct kvr_wreq *new_req(const struct kvr_wire_request *q, uint64_t key, const char *reply,
+                                uint64_t now)
+{
+    struct kvr_wreq *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->key = key;
+    r->reply = strdup(reply);
+    r->request_id = strdup(q->request_id);
+    r->max_tokens = q->max_tokens;
+    r->deadline = q->deadline_ms ? now + q->deadline_ms * KVR_NS_PER_MS : 0;
+    if (!r->reply || !r->request_id) {
+        free_req(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Hand q (key, answered at reply, arrived at now) to the engine. */
 static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                         const char *reply)
+                         const char *reply, uint64_t now)
 {
     if (w->draining)
         return KVR_ERR_SHUTDOWN;
-    if (find(w, key))
-        return KVR_ERR_DUPLICATE;
     if (w->nreqs >= KVR_WIRE_INFLIGHT_MAX)
         return KVR_ERR_OVERLOADED; /* a heartbeat lists every request held: no more than fit */
     uint32_t nb = q->ntokens / w->cfg->engine.block_size;
     uint64_t *h = malloc((2 * (size_t)nb + 1) * sizeof *h);
-    struct kvr_wreq *r = calloc(1, sizeof *r);
-    if (r) {
-        r->key = key;
-        r->reply = strdup(reply);
-        r->request_id = strdup(q->request_id);
-    }
-    kvr_status st = h && r && r->reply && r->request_id ? KVR_OK : KVR_ERR_NOMEM;
+    struct kvr_wreq *r = new_req(q, key, reply, now);
+    kvr_status st = h && r ? KVR_OK : KVR_ERR_NOMEM;
+    if (st == KVR_OK && r->deadline && !push_deadline(w, r))
+        st = KVR_ERR_NOMEM;
     if (st == KVR_OK) {
         kvr_hash_prompt(q->tokens, q->ntokens, w->cfg->engine.block_size, h, h + nb);
         struct kvr_engine_request er = {key, h + nb, h, nb, q->ntokens, q->max_tokens};
-        st = kvr_engine_submit(w->eng, &er, kvr_now_ns());
+        st = kvr_engine_submit(w->eng, &er, now);
     }
     if (st == KVR_OK) {
         HASH_ADD(hh, w->reqs, key, sizeof r->key, r);
@@ -204,20 +384,62 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
     return st;
 }
 
-/* Under mu, null mode: the whole answer at once, and the done event the router waits for. */
+/* Null mode: the whole answer at once, and the done event the router waits for. */
 static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                       const char *reply)
+                       const char *reply, uint64_t now)
 {
     uint32_t tok = (uint32_t)(key % 32000);
-    emit(w, reply,
-         kvr_wire_encode_chunk(&w->buf, &(struct kvr_wire_chunk){.request_id = q->request_id,
-                                                                 .tokens = &tok,
-                                                                 .ntokens = 1,
-                                                                 .final = true,
-                                                                 .error = KVR_OK,
-                                                                 .worker_id = w->cfg->id,
-                                                                 .cached_tokens = 0}));
-    emit(w, w->subj_done, kvr_wire_encode_done(&w->buf, w->cfg->id, key, 0, 0));
+    struct kvr_wreq r = {.key = key, .reply = (char *)reply, .request_id = q->request_id};
+    chunk(w, &r, &tok, 1, 0, true);
+    emit_done(w, key, KVR_OK, 1);
+    remember(w, key, KVR_OK, now);
+}
+
+/* A forward whose cancel came first: ended at once (the client told unless silent), and the done
+ * event frees the routers' booking. */
+static void end_unborn(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
+                       const char *reply, const struct kvr_wk_recent_item *cancel, uint64_t now)
+{
+    kvr_status why = cancel->outcome;
+    if (!cancel->silent)
+        kvr_reply_fail(&w->generate, &w->out, reply, q->request_id, why, NULL);
+    emit_done(w, key, why, 0);
+    if (why == KVR_ERR_DEADLINE)
+        w->c.deadlines++;
+    else
+        w->c.cancelled++;
+    remember(w, key, why, now); /* replaces the cancel: a resend now is a duplicate */
+}
+
+/* A forward for a key held or ended here: dropped, counted, never answered (an answer would be
+ * a second final chunk on the client's stream). */
+static void absorb(struct kvr_worker *w, uint64_t key, const char *why)
+{
+    w->c.duplicates++;
+    kvr_log(KVR_LOG_DEBUG, "duplicate_absorbed", "key=%016" PRIx64 " was=%s", key, why);
+}
+
+static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
+                       const char *reply, uint64_t now)
+{
+    if (find(w, key)) {
+        absorb(w, key, "held");
+        return KVR_OK;
+    }
+    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&w->recent, key, now);
+    if (it && it->kind == KVR_WK_RECENT_ENDED) {
+        absorb(w, key, it->outcome == KVR_OK ? "finished" : kvr_status_str(it->outcome));
+        return KVR_OK;
+    }
+    if (it) {
+        end_unborn(w, q, key, reply, it, now);
+        return KVR_OK;
+    }
+    if (w->cfg->null_mode) {
+        answer_now(w, q, key, reply, now);
+        return KVR_OK;
+    }
+    return submit(w, q, key, reply, now);
 }
 
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)
@@ -229,78 +451,186 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
     uint32_t overlap = 0;
     kvr_status st = kvr_wire_decode_worker_generate(data, len, &lim, &q, &key, &overlap);
     pthread_mutex_lock(&w->mu);
-    if (st == KVR_OK && !(reply && *reply))
-        st = KVR_ERR_INVALID;
-    if (st == KVR_OK && w->cfg->null_mode)
-        answer_now(w, &q, key, reply);
-    else if (st == KVR_OK)
-        st = submit(w, &q, key, reply);
-    if (st != KVR_OK)
-        kvr_reply_error(&w->generate, &w->out, reply, q.request_id, st);
-    kvr_reply_count(&w->generate, kvr_now_ns() - t0);
+    if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
+        if (st == KVR_OK && !(reply && *reply))
+            st = KVR_ERR_INVALID;
+        if (st == KVR_OK)
+            st = take(w, &q, key, reply, t0);
+        if (st != KVR_OK)
+            kvr_reply_error(&w->generate, &w->out, reply, q.request_id, st);
+        kvr_reply_count(&w->generate, kvr_now_ns() - t0);
+    }
     pthread_mutex_unlock(&w->mu);
     kvr_wire_request_free(&q);
     kvr_worker_flush(w);
 }
 
-/* --- threads -------------------------------------------------------------------------------- */
-
-/* Under mu: wait up to 50 ms for work or a stop. */
-static void idle(struct kvr_worker *w)
+/* A router's cancel: end the request if held, else remember it for a forward still to come. */
+static void cancel(struct kvr_worker *w, const struct kvr_wire_worker_cancel *c, uint64_t now)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 50000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
+    struct kvr_wreq *r = find(w, c->key);
+    if (r) {
+        end_early(w, r, c->reason, c->silent, now);
+        return;
     }
-    pthread_cond_timedwait(&w->cv, &w->mu, &until);
+    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&w->recent, c->key, now);
+    if (it && it->kind == KVR_WK_RECENT_ENDED) {
+        w->c.late_cancels++; /* its stream has ended: nothing more to say */
+        return;
+    }
+    if (kvr_wk_recent_put(&w->recent, c->key, KVR_WK_RECENT_CANCEL, c->reason, c->silent, now) ==
+        KVR_OK)
+        w->c.early_cancels++;
+    else
+        w->c.dropped++;
+}
+
+void kvr_worker_on_cancel(struct kvr_worker *w, const void *data, size_t len)
+{
+    struct kvr_wire_worker_cancel c;
+    kvr_status st = kvr_wire_decode_worker_cancel(data, len, &c);
+    uint64_t now = kvr_now_ns();
+    pthread_mutex_lock(&w->mu);
+    if (st != KVR_OK) {
+        w->c.bad_cancels++;
+        kvr_log(KVR_LOG_WARN, "cancel_dropped", "error=\"%s\"", kvr_status_str(st));
+    } else if (!w->clashed) {
+        cancel(w, &c, now);
+    }
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+}
+
+/* --- deadlines and the engine thread (under mu) ---------------------------------------------- */
+
+/* The earliest deadline of a held request (stale entries dropped on the way), 0 when none. */
+static uint64_t next_deadline(struct kvr_worker *w)
+{
+    struct kvr_wk_deadlines *h = &w->deadlines;
+    while (h->n) {
+        struct kvr_wreq *r = find(w, h->v[0].key);
+        if (r && r->deadline == h->v[0].at)
+            return h->v[0].at;
+        kvr_wk_deadlines_pop(h);
+    }
+    return 0;
+}
+
+/* End every held request whose deadline has passed at now. */
+static void expire(struct kvr_worker *w, uint64_t now)
+{
+    uint64_t at;
+    while (!w->clashed && (at = next_deadline(w)) && at <= now) {
+        struct kvr_wk_deadline d = kvr_wk_deadlines_pop(&w->deadlines);
+        end_early(w, find(w, d.key), KVR_ERR_DEADLINE, false, now);
+    }
+}
+
+/* The repeat after a cut, once due at now: every stream open at the cut or since, and those that
+ * ended in the KVR_WK_KEPT_NS before it (a final lost in the cut is lost with them). */
+static void repeat_due(struct kvr_worker *w, uint64_t now)
+{
+    if (!w->repeat_at || now < w->repeat_at || w->cut || w->clashed)
+        return;
+    uint64_t from = w->cut_at > KVR_WK_KEPT_NS ? w->cut_at - KVR_WK_KEPT_NS : 0;
+    uint32_t n = 0; /* a stream short of its tokens (memory ran out) cannot be repeated */
+    for (struct kvr_wreq *r = w->kept; r; r = r->next) {
+        if (r->ended_at >= from && r->ntoks == r->produced) {
+            repeat(w, r);
+            n++;
+        }
+    }
+    for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next) {
+        if (r->ntoks && r->ntoks == r->produced) {
+            repeat(w, r);
+            n++;
+        }
+    }
+    kvr_log(KVR_LOG_INFO, "streams_repeated", "streams=%u cut_ms_ago=%" PRIu64, n,
+            (uint64_t)((now - w->cut_at) / KVR_NS_PER_MS));
+    w->cut_at = w->repeat_at = 0;
+}
+
+/* Whatever is due at now: deadlines, the repeat, what has been kept long enough. */
+static void housekeep(struct kvr_worker *w, uint64_t now)
+{
+    expire(w, now);
+    repeat_due(w, now);
+    prune_kept(w, now);
+    kvr_wk_recent_expire(&w->recent, now);
+}
+
+/* When something is next due (a deadline, the repeat), 0 when nothing is. */
+static uint64_t next_due(struct kvr_worker *w)
+{
+    uint64_t d = next_deadline(w), r = w->cut ? 0 : w->repeat_at;
+    return d && r ? (d < r ? d : r) : d | r;
+}
+
+uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now)
+{
+    pthread_mutex_lock(&w->mu);
+    housekeep(w, now);
+    uint64_t next = next_due(w);
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+    return next;
+}
+
+/* Wait on cv until the monotonic time until (ns), a signal or a spurious wake-up. */
+static void wait_until(struct kvr_worker *w, uint64_t until)
+{
+    struct timespec ts = {(time_t)(until / KVR_NS_PER_S), (long)(until % KVR_NS_PER_S)};
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+/* Publish what the outbox holds, mu released meanwhile. */
+static void flush_locked(struct kvr_worker *w)
+{
+    if (!w->out.n)
+        return;
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+    pthread_mutex_lock(&w->mu);
+}
+
+/* Let the step in progress run until end, doing what comes due meanwhile (a deadline ends a
+ * request at once, not at the step's end). */
+static void step_wait(struct kvr_worker *w, uint64_t end)
+{
+    for (;;) {
+        housekeep(w, kvr_now_ns());
+        flush_locked(w);
+        uint64_t now = kvr_now_ns(), next = next_due(w);
+        if (now >= end || w->stopping)
+            return;
+        wait_until(w, next && next < end ? next : end);
+    }
 }
 
 void kvr_worker_run_engine(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     while (!w->stopping) {
+        housekeep(w, kvr_now_ns());
+        flush_locked(w);
+        if (w->stopping)
+            break;
         uint64_t now = kvr_now_ns();
         uint64_t dur = kvr_engine_step_begin(w->eng, now);
-        if (!dur) {
-            idle(w);
+        if (!dur) { /* nothing to do: until work comes, something is due, or IDLE_NS */
+            uint64_t next = next_due(w), until = now + IDLE_NS;
+            wait_until(w, next && next < until ? next : until);
             continue;
         }
-        pthread_mutex_unlock(&w->mu);
-        uint64_t end = now + dur, t = kvr_now_ns();
-        if (end > t)
-            kvr_sleep_ns(end - t);
-        pthread_mutex_lock(&w->mu);
+        step_wait(w, now + dur);
         kvr_engine_step_end(w->eng, kvr_now_ns());
-        pthread_mutex_unlock(&w->mu);
-        kvr_worker_flush(w);
-        pthread_mutex_lock(&w->mu);
+        flush_locked(w);
     }
     pthread_mutex_unlock(&w->mu);
 }
 
-void kvr_worker_heartbeat(struct kvr_worker *w)
-{
-    struct kvr_wire_heartbeat h = {.info = {.id = w->cfg->id,
-                                            .block_size = w->cfg->engine.block_size,
-                                            .capacity_blocks = w->cfg->engine.num_blocks},
-                                   .interval_ms = (uint32_t)(w->cfg->heartbeat_ns / KVR_NS_PER_MS)};
-    pthread_mutex_lock(&w->mu);
-    struct kvr_engine_stats es;
-    kvr_engine_stats(w->eng, &es);
-    h.info.waiting = es.waiting;
-    h.info.kv_usage = es.kv_usage;
-    h.draining = w->draining;
-    h.inflight = malloc(((size_t)w->nreqs + 1) * sizeof *h.inflight);
-    for (struct kvr_wreq *r = w->reqs; h.inflight && r; r = r->hh.next)
-        h.inflight[h.ninflight++] = r->key;
-    emit(w, w->subj_hb, h.inflight ? kvr_wire_encode_heartbeat(&w->buf, &h) : KVR_ERR_NOMEM);
-    pthread_mutex_unlock(&w->mu);
-    free(h.inflight);
-    kvr_worker_flush(w);
-}
+/* --- the rest -------------------------------------------------------------------------------- */
 
 void kvr_worker_set_draining(struct kvr_worker *w)
 {

@@ -1,15 +1,36 @@
 /*
  * kvr_worker: a simulated inference worker's state and handlers, without NATS. It runs the
  * simulated engine (src/engine) in real time (step times divided by the speed-up), takes requests
- * (a WorkerGenerate from a router, or straight from a client), streams one GenerateResponse chunk
- * per token to each request's reply subject, and publishes what a real engine adapter publishes:
- * KV events, prefill done, output blocks, done, and a heartbeat listing the request keys it holds.
- * In null mode it answers every request at once (to measure the router's own overhead). Errors
- * reach clients through its kvr_reply, like the router's.
+ * (a WorkerGenerate from a router), streams one GenerateResponse chunk per token to each request's
+ * reply subject, and publishes what a real engine adapter publishes: KV events, prefill done,
+ * output blocks, done (with the outcome and the tokens streamed), and a heartbeat listing the
+ * request keys it holds. In null mode it answers every request at once (to measure the router's
+ * own overhead). Errors reach clients through its kvr_reply, like the router's.
  *
- * Threads: the delivery thread calls kvr_worker_on_generate; the engine thread runs
- * kvr_worker_run_engine; the heartbeat thread calls kvr_worker_heartbeat. All state is behind
- * one mutex; messages made under it go out through the outbox and the sink after it is released.
+ * A stream: every chunk's position is the tokens sent before it, the first chunk (position 0) and
+ * the final carry cached_tokens, the final's position is the total. A request ends exactly once:
+ * finished by the engine, cancelled by a router's WorkerCancel, or past its deadline (deadline_ms
+ * from its arrival); each end publishes one DoneEvent, and every end but a silent cancel one
+ * final chunk. An ended key is remembered for 60 s (recent.h), so a duplicate forward is dropped
+ * and counted, never answered; a cancel for a key not yet here is remembered the same way and ends
+ * the forward when it comes.
+ *
+ * Cuts: chunks published just before the outgoing connection was cut may be lost inside the
+ * server, and clients reconnect too. So about a second after the connection is back
+ * (KVR_WK_REPEAT_DELAY_NS), each stream open at the cut or since gets one repeat: every token so
+ * far from position 0, and for a stream that ended meanwhile (or in the KVR_WK_KEPT_NS before
+ * the cut) its final again; a client keeps only what it lacks. For that the worker keeps each
+ * stream's tokens while it is open (at most its max_tokens) and for KVR_WK_KEPT_NS after it ends
+ * (until the repeat, during a cut), within a budget.
+ *
+ * Worker id clash: each process has a random instance and its start time; one that sees the
+ * heartbeat of another instance under its id yields if it is the younger (kvr_worker_yields):
+ * it publishes nothing more at all (the older serves the same forwards) and stops.
+ *
+ * Threads: delivery threads call the kvr_worker_on_* handlers; the engine thread runs
+ * kvr_worker_run_engine; the heartbeat thread calls kvr_worker_heartbeat; the NATS library's
+ * event thread calls kvr_worker_on_disconnected / on_reconnected. All state is behind one mutex;
+ * messages made under it go out through the outbox and the sink after it is released.
  */
 #ifndef KVR_WORKER_H
 #define KVR_WORKER_H
@@ -23,48 +44,127 @@
 
 #include "buf.h"
 #include "config.h"
+#include "heap.h"
 #include "outbox.h"
+#include "recent.h"
 #include "reply.h"
 
+#define KVR_WK_REPEAT_DELAY_NS (1000ull * 1000000ull) /* from the reconnect to the repeat */
+#define KVR_WK_KEPT_NS         (2000ull * 1000000ull) /* an ended stream is kept this long */
+#define KVR_WK_KEPT_MAX        65536u                 /* ended streams kept at most */
+#define KVR_WK_KEPT_TOKENS     (1u << 22)             /* and their tokens at most (16 MB) */
+
 struct kvr_wreq {
-    uint64_t key;      /* the router's key for the request: the engine's request id */
-    char *reply;       /* the client's reply subject (owned) */
-    char *request_id;  /* the client's id (owned) */
-    uint32_t produced; /* tokens sent */
-    UT_hash_handle hh; /* by key; the worker owns the item */
+    uint64_t key;            /* the router's key for the request: the engine's request id */
+    char *reply;             /* the client's reply subject (owned) */
+    char *request_id;        /* the client's id (owned) */
+    uint32_t produced;       /* tokens generated: the next chunk's position */
+    uint32_t max_tokens;     /* tokens it may generate (bounds toks) */
+    uint32_t cached_tokens;  /* prompt tokens the engine had cached, known at its prefill */
+    uint32_t *toks;          /* the tokens generated, for a repeat after a cut (owned) */
+    uint32_t ntoks, captoks; /* kept (== produced unless memory ran short), room */
+    uint64_t deadline;       /* monotonic ns by which it must end; 0: none */
+    uint64_t ended_at;       /* ended (kept for a repeat): monotonic ns; 0 while held */
+    kvr_status outcome;      /* ended: its final chunk's code */
+    struct kvr_wreq *next;   /* ended: the next kept, in the order they ended */
+    UT_hash_handle hh;       /* held: by key; the worker owns the item */
+};
+
+/* A held request's deadline; stale entries (the request ended) are skipped when they surface. */
+struct kvr_wk_deadline {
+    uint64_t at;  /* monotonic ns */
+    uint64_t key; /* */
+};
+static inline bool kvr_wk_deadline_less(const struct kvr_wk_deadline *a,
+                                        const struct kvr_wk_deadline *b)
+{
+    return a->at < b->at;
+}
+KVR_HEAP_DEFINE(kvr_wk_deadlines, struct kvr_wk_deadline, kvr_wk_deadline_less)
+
+/* What $SRV.STATS shows beyond the endpoint's counts. */
+struct kvr_wk_counters {
+    uint64_t served;        /* requests finished by the engine */
+    uint64_t duplicates;    /* forwards dropped: the key was held or ended in the last 60 s */
+    uint64_t cancelled;     /* requests ended by a WorkerCancel (held, or remembered first) */
+    uint64_t deadlines;     /* requests ended by their deadline */
+    uint64_t early_cancels; /* cancels remembered for a key not yet here */
+    uint64_t late_cancels;  /* cancels for a key that had ended: nothing to do */
+    uint64_t bad_cancels;   /* WorkerCancels that did not decode */
+    uint64_t repeats;       /* streams repeated after a cut */
+    uint64_t dropped;       /* messages not made (out of memory) */
 };
 
 struct kvr_worker {
     const struct kvr_wk_config *cfg; /* borrowed, must outlive the worker */
     struct kvr_sink sink;            /* where flushed messages go */
+    uint64_t instance;               /* random, non-zero: this process among those with its id */
+    uint64_t started_ns;             /* Unix ns at init */
     pthread_mutex_t mu;
-    pthread_cond_t cv;         /* work for the engine thread, or stop */
-    struct kvr_engine *eng;    /* under mu */
-    struct kvr_wreq *reqs;     /* uthash head, under mu */
-    uint32_t nreqs;            /* */
-    struct kvr_outbox out;     /* under mu */
-    struct kvr_buf buf;        /* encoding scratch, under mu */
-    struct kvr_reply generate; /* its answers and error counts, under mu */
-    uint64_t event_seq;        /* KV event sequence number, under mu */
-    uint64_t served;           /* requests finished, under mu */
-    bool stopping;             /* threads exit, under mu */
-    bool draining;             /* no new requests, under mu */
+    pthread_cond_t cv;                 /* work for the engine thread, or stop (monotonic clock) */
+    struct kvr_engine *eng;            /* under mu */
+    struct kvr_wreq *reqs;             /* uthash head, under mu */
+    uint32_t nreqs;                    /* */
+    struct kvr_wk_deadlines deadlines; /* of held requests, under mu */
+    struct kvr_wk_recent recent;       /* ended keys and early cancels, under mu */
+    struct kvr_outbox out;             /* under mu */
+    struct kvr_buf buf;                /* encoding scratch, under mu */
+    struct kvr_reply generate;         /* its answers and error counts, under mu */
+    struct kvr_wk_counters c;          /* under mu */
+    uint64_t event_seq;                /* KV event sequence number, under mu */
+    uint64_t clash_logged;             /* the last other instance logged (older side), under mu */
+    bool stopping;                     /* threads exit, under mu */
+    bool draining;                     /* no new requests, under mu */
+    struct kvr_wreq *kept, *kept_tail; /* ended streams, oldest first, under mu */
+    uint32_t nkept;                    /* */
+    uint64_t kept_tokens;              /* */
+    uint64_t cut_at;                   /* a cut's start (monotonic ns), 0: none since the repeat */
+    uint64_t repeat_at;                /* when the repeat is due; 0: none (or still cut) */
+    bool cut;                          /* the outgoing connection is down, under mu */
+    bool clashed;                      /* yielded to an older instance: silent, under mu */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
+    char subj_cancel[256], subj_hello[256];
 };
 
-/* Set up w for cfg (borrowed) publishing through sink. */
+/* Set up w for cfg (borrowed) publishing through sink; draws the instance. */
 kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg,
                            struct kvr_sink sink);
 void kvr_worker_free(struct kvr_worker *w);
 
-/* A request data[0..len) to answer at reply (takes mu; publishes). */
+/* A WorkerGenerate data[0..len) answered at reply (takes mu; publishes). */
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len);
+/* A WorkerCancel data[0..len) (takes mu; publishes). */
+void kvr_worker_on_cancel(struct kvr_worker *w, const void *data, size_t len);
+/* Someone asks whether this id is taken: answer at reply with the current heartbeat. */
+void kvr_worker_on_hello(struct kvr_worker *w, const char *reply);
+/* A heartbeat on the worker's own heartbeat subject: another instance under its id is a clash,
+ * and the younger yields (logged, then silent and stopping). */
+void kvr_worker_on_heartbeat(struct kvr_worker *w, const void *data, size_t len);
 
-/* The engine thread's loop: step the engine in real time until kvr_worker_stop. */
+/* The clash rule: does the process (started_ns, instance) yield to (other_started_ns,
+ * other_instance)? The younger yields; on a tie, the larger instance. */
+bool kvr_worker_yields(uint64_t started_ns, uint64_t instance, uint64_t other_started_ns,
+                       uint64_t other_instance);
+/* It yielded: the caller stops without draining and exits non-zero. */
+bool kvr_worker_clashed(struct kvr_worker *w);
+
+/* What is due at now (monotonic ns): end the held requests past their deadline, the repeat after
+ * a cut, forget what has been kept long enough (takes mu; publishes). Returns when the next thing
+ * is due, 0 when nothing is. The engine thread does this itself; tests call it with their own now.
+ */
+uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now);
+
+/* The engine thread's loop: step the engine in real time until kvr_worker_stop, waking for
+ * deadlines and the repeat as they come due. */
 void kvr_worker_run_engine(struct kvr_worker *w);
 
-/* Publish one heartbeat now (its load, the requests it holds, whether it drains). */
+/* Publish one heartbeat now (its load, the requests it holds, whether it drains, its instance). */
 void kvr_worker_heartbeat(struct kvr_worker *w);
+
+/* The outgoing connection was cut: the streams open now or ending from now on will be repeated. */
+void kvr_worker_on_disconnected(struct kvr_worker *w);
+/* It is back: the repeat is due KVR_WK_REPEAT_DELAY_NS from now. */
+void kvr_worker_on_reconnected(struct kvr_worker *w);
 
 /* Take no new requests (the heartbeat says so). */
 void kvr_worker_set_draining(struct kvr_worker *w);
@@ -74,7 +174,12 @@ uint32_t kvr_worker_held(struct kvr_worker *w);
 void kvr_worker_stop(struct kvr_worker *w);
 bool kvr_worker_stopping(struct kvr_worker *w);
 
-/* Publish what the outbox holds (takes and releases mu). */
+/* Publish what the outbox holds (takes and releases mu); after a yield, discard it. */
 void kvr_worker_flush(struct kvr_worker *w);
+
+/* Inside src/worker only (worker.c and presence.c), under mu. */
+/* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
+ * after a yield nothing is queued. */
+void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
 
 #endif

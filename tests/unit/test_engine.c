@@ -325,3 +325,82 @@ Test(engine, deterministic)
     cr_assert(eq(int, nb, 40));
     cr_assert(eq(int, memcmp(a, b, sizeof a), 0));
 }
+
+/* Every block back in the pool: none referenced, the cached ones as expected, none lost. */
+static void assert_pool(struct kvr_engine *e, uint32_t cached)
+{
+    struct kvr_engine_stats s;
+    kvr_engine_stats(e, &s);
+    cr_assert(eq(u32, s.active_blocks, 0), "no block is still held");
+    cr_assert(eq(u32, s.cached_blocks, cached));
+    cr_assert(eq(u32, s.running + s.waiting, 0));
+    cr_assert(eq(u64, s.cancelled, 1));
+}
+
+Test(engine, cancel_of_a_running_request_frees_its_blocks)
+{
+    struct kvr_engine *e = make(64, 8192, 0.0);
+    cr_assert(eq(int, submit(e, 1, 100, 4, 4 * B + 2, 10, 0), KVR_OK));
+    uint64_t t = kvr_engine_step_begin(e, 0);
+    kvr_engine_step_end(e, t);
+    cr_assert(eq(int, lg.prefill, 1));
+    struct kvr_engine_progress p;
+    cr_assert(kvr_engine_progress(e, 1, &p));
+    cr_assert(p.running);
+    cr_assert(eq(u32, p.generated, 1));
+    struct kvr_engine_stats s;
+    kvr_engine_stats(e, &s);
+    cr_assert(eq(u32, s.active_blocks, 5), "4 prompt blocks and the partial fifth");
+    cr_assert(eq(int, kvr_engine_cancel(e, 1), KVR_OK));
+    assert_pool(e, 4); /* its computed prompt blocks stay cached, the partial one goes blank */
+    cr_assert(not(kvr_engine_progress(e, 1, &p)));
+    cr_assert(eq(int, kvr_engine_cancel(e, 1), KVR_ERR_UNKNOWN_REQUEST), "once");
+    drain(e, t);
+    cr_assert(eq(int, lg.ndone, 0), "a cancelled request never reports done");
+    cr_assert(eq(int, lg.gaps, 0), "nor another token");
+    cr_assert(eq(int, submit(e, 2, 100, 4, 4 * B + 2, 1, t), KVR_OK));
+    drain(e, t);
+    cr_assert(eq(u32, lg.done[0].cached_tokens, 4 * B), "what it computed is a cache hit");
+    kvr_engine_destroy(e);
+}
+
+Test(engine, cancel_of_a_waiting_request)
+{
+    struct kvr_engine *e = make(100, 8192, 0.1);
+    submit(e, 1, 1, 60, 60 * B, 1, 0);
+    submit(e, 2, 500, 35, 35 * B, 1, 0); /* held back by the watermark */
+    submit(e, 3, 900, 1, B, 1, 0);       /* behind it */
+    uint64_t d = kvr_engine_step_begin(e, 0);
+    struct kvr_engine_progress p;
+    cr_assert(kvr_engine_progress(e, 2, &p));
+    cr_assert(not(p.running));
+    cr_assert(eq(int, kvr_engine_cancel(e, 2), KVR_OK));
+    struct kvr_engine_stats s;
+    kvr_engine_stats(e, &s);
+    cr_assert(eq(u32, s.waiting, 1));
+    kvr_engine_step_end(e, d);
+    drain(e, d);
+    cr_assert(eq(int, lg.ndone, 2));
+    cr_assert(eq(u64, lg.done[0].id, 1));
+    cr_assert(eq(u64, lg.done[1].id, 3), "the queue closes up behind the cancelled one");
+    cr_assert(eq(int, kvr_engine_cancel(e, 42), KVR_ERR_UNKNOWN_REQUEST));
+    kvr_engine_destroy(e);
+}
+
+Test(engine, cancel_between_a_steps_begin_and_end)
+{
+    struct kvr_engine *e = make(64, 8192, 0.0);
+    submit(e, 1, 100, 3, 3 * B, 5, 0); /* its first decode step takes a fourth block */
+    uint64_t t = kvr_engine_step_begin(e, 0);
+    kvr_engine_step_end(e, t);
+    uint64_t d = kvr_engine_step_begin(e, t);
+    cr_assert(gt(u64, d, 0));
+    cr_assert(eq(int, kvr_engine_cancel(e, 1), KVR_OK));
+    kvr_engine_step_end(e, t + d);
+    cr_assert(eq(int, lg.outblk, 0), "the block it took in that step is not announced");
+    cr_assert(eq(int, lg.gaps, 0), "nor the step's token");
+    cr_assert(eq(int, lg.ndone, 0));
+    assert_pool(e, 3);
+    cr_assert(eq(u64, kvr_engine_step_begin(e, t + d), 0), "idle");
+    kvr_engine_destroy(e);
+}

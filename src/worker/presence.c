@@ -1,0 +1,134 @@
+/*
+ * kvr_worker's presence in the fleet: its heartbeat (also the answer to a hello), the worker id
+ * clash rule, and the outgoing connection's cuts (the repeat they call for is in worker.c). Runs on
+ * the heartbeat thread, the delivery threads and the NATS library's event thread, under the
+ * worker's mutex.
+ */
+#define _DEFAULT_SOURCE
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "clock.h"
+#include "codec.h"
+#include "log.h"
+#include "worker.h"
+
+/* The heartbeat as it stands, into w->buf. */
+static kvr_status encode_heartbeat(struct kvr_worker *w)
+{
+    struct kvr_wire_heartbeat h = {.info = {.id = w->cfg->id,
+                                            .block_size = w->cfg->engine.block_size,
+                                            .capacity_blocks = w->cfg->engine.num_blocks},
+                                   .interval_ms = (uint32_t)(w->cfg->heartbeat_ns / KVR_NS_PER_MS),
+                                   .draining = w->draining,
+                                   .instance = w->instance,
+                                   .started_ns = w->started_ns};
+    struct kvr_engine_stats es;
+    kvr_engine_stats(w->eng, &es);
+    h.info.waiting = es.waiting;
+    h.info.kv_usage = es.kv_usage;
+    h.inflight = malloc(((size_t)w->nreqs + 1) * sizeof *h.inflight);
+    if (!h.inflight)
+        return KVR_ERR_NOMEM;
+    for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next)
+        h.inflight[h.ninflight++] = r->key;
+    kvr_status st = kvr_wire_encode_heartbeat(&w->buf, &h);
+    free(h.inflight);
+    return st;
+}
+
+void kvr_worker_heartbeat(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    if (!w->clashed)
+        kvr__worker_emit(w, w->subj_hb, encode_heartbeat(w));
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+}
+
+void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)
+{
+    pthread_mutex_lock(&w->mu);
+    if (!w->clashed && reply && *reply)
+        kvr__worker_emit(w, reply, encode_heartbeat(w));
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+}
+
+/* --- the id clash ---------------------------------------------------------------------------- */
+
+bool kvr_worker_yields(uint64_t started_ns, uint64_t instance, uint64_t other_started_ns,
+                       uint64_t other_instance)
+{
+    if (started_ns != other_started_ns)
+        return started_ns > other_started_ns;
+    return instance > other_instance;
+}
+
+/* Yield to the other instance: drop what is queued, publish nothing more, stop the threads. The
+ * requests held are the other's too (it got the same forwards), so no done event frees them. */
+static void yield(struct kvr_worker *w, const struct kvr_wire_heartbeat *h)
+{
+    kvr_log(KVR_LOG_ERROR, "worker_id_clash",
+            "id=%" PRIu64 " instance=%016" PRIx64 " started_ns=%" PRIu64
+            " other_instance=%016" PRIx64 " other_started_ns=%" PRIu64
+            " action=yield requests_dropped=%u",
+            w->cfg->id, w->instance, w->started_ns, h->instance, h->started_ns, w->nreqs);
+    w->clashed = true;
+    w->draining = true;
+    w->stopping = true;
+    kvr_outbox_free(&w->out);
+    pthread_cond_broadcast(&w->cv);
+}
+
+void kvr_worker_on_heartbeat(struct kvr_worker *w, const void *data, size_t len)
+{
+    struct kvr_wire_heartbeat h;
+    if (kvr_wire_decode_heartbeat(data, len, &h) != KVR_OK)
+        return;
+    pthread_mutex_lock(&w->mu);
+    if (h.info.id == w->cfg->id && h.instance != w->instance && !w->clashed) {
+        if (kvr_worker_yields(w->started_ns, w->instance, h.started_ns, h.instance)) {
+            yield(w, &h);
+        } else if (w->clash_logged != h.instance) { /* the other yields: said once */
+            w->clash_logged = h.instance;
+            kvr_log(KVR_LOG_WARN, "worker_id_clash",
+                    "id=%" PRIu64 " instance=%016" PRIx64 " other_instance=%016" PRIx64
+                    " other_started_ns=%" PRIu64 " action=keep_serving",
+                    w->cfg->id, w->instance, h.instance, h.started_ns);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    kvr_wire_heartbeat_free(&h);
+}
+
+bool kvr_worker_clashed(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool c = w->clashed;
+    pthread_mutex_unlock(&w->mu);
+    return c;
+}
+
+/* --- connection cuts ------------------------------------------------------------------------- */
+
+void kvr_worker_on_disconnected(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->cut = true;
+    if (!w->cut_at) /* a second cut before the repeat: the repeat covers both */
+        w->cut_at = kvr_now_ns();
+    w->repeat_at = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void kvr_worker_on_reconnected(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->cut = false;
+    if (w->cut_at) { /* clients reconnect too: give them a moment to subscribe again */
+        w->repeat_at = kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+}

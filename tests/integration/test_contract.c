@@ -1,0 +1,314 @@
+/*
+ * The client contract (docs/protocol.md) against a real fleet: two routers and two workers on one
+ * nats-server (127.0.0.1, a free port). Every stream is checked as a strict client checks it:
+ * positions without gaps (repeats aside), one worker, one final chunk, nothing after it. Resends
+ * at several timings, cancels, deadlines, a worker lost, a duplicate worker id, no router, the
+ * limits a router announces.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "harness.h"
+
+#define GEN H_GEN
+
+static struct nats_srv srv;
+static natsConnection *nc;
+
+static void setup(void)
+{
+    h_setup(&srv, 1, &nc);
+}
+
+static void teardown(void)
+{
+    h_teardown(&nc);
+}
+
+TestSuite(contract, .init = setup, .fini = teardown, .timeout = 180);
+
+/* Two routers and two workers (speed-up s), serving. */
+static void fleet(int speedup)
+{
+    h_router(srv.url, "ra", H_ARGS("--hello-ms", "200"));
+    h_router(srv.url, "rb", H_ARGS("--hello-ms", "200"));
+    h_worker(srv.url, "1", speedup, 500, NULL);
+    h_worker(srv.url, "2", speedup, 500, NULL);
+    h_until_served(nc, GEN, 2, 15000);
+}
+
+/* A stream as a strict client sees it. */
+struct stream {
+    natsSubscription *sub;
+    char inbox[128];
+    uint8_t data[8192];
+    int len;
+    uint32_t have;     /* tokens in order so far */
+    uint32_t finals;   /* final chunks (repeats of the final counted apart) */
+    uint32_t repeats;  /* chunks starting below what we had */
+    uint32_t gaps;     /* chunks starting above what we had */
+    uint32_t after;    /* non-repeat chunks after the final */
+    uint32_t code;     /* the first final's error code */
+    uint64_t worker;   /* the first chunk's worker */
+    uint32_t workers;  /* chunks from another worker */
+    uint64_t final_ms; /* when the final came */
+};
+
+/* Subscribe a fresh inbox and send a request of n tokens (base) wanting max_tokens, with extra
+ * GenerateRequest fields appended (extra_len bytes, may be 0). */
+static void start(struct stream *s, const char *id, uint32_t base, uint32_t n, uint32_t max_tokens,
+                  const uint8_t *extra, int extra_len)
+{
+    memset(s, 0, sizeof *s);
+    natsInbox *ib = NULL;
+    natsInbox_Create(&ib);
+    snprintf(s->inbox, sizeof s->inbox, "%s", ib);
+    natsInbox_Destroy(ib);
+    cr_assert(eq(int, natsConnection_SubscribeSync(&s->sub, nc, s->inbox), NATS_OK));
+    natsSubscription_SetPendingLimits(s->sub, -1, -1);
+    uint32_t t[2048];
+    cr_assert(n <= 2048);
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = base * 7919u + i;
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, id, t, n, max_tokens, NULL), KVR_OK));
+    cr_assert(b.len + (size_t)extra_len <= sizeof s->data);
+    memcpy(s->data, b.data, b.len);
+    if (extra_len)
+        memcpy(s->data + b.len, extra, (size_t)extra_len);
+    s->len = (int)b.len + extra_len;
+    kvr_buf_free(&b);
+}
+
+static void send_again(struct stream *s)
+{
+    cr_assert(eq(int, natsConnection_PublishRequest(nc, GEN, s->inbox, s->data, s->len), NATS_OK));
+}
+
+/* Read one chunk (at most ms); false when none came. */
+static bool read_one(struct stream *s, int64_t ms)
+{
+    natsMsg *m = NULL;
+    if (ms <= 0 || natsSubscription_NextMsg(&m, s->sub, ms) != NATS_OK)
+        return false;
+    struct kvr_wire_response r;
+    cr_assert(eq(int,
+                 kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r),
+                 KVR_OK));
+    if (!s->worker)
+        s->worker = r.worker_id;
+    s->workers += r.worker_id != s->worker;
+    bool repeat = r.position < s->have || (s->finals && r.position + r.ntokens <= s->have);
+    s->repeats += repeat;
+    s->gaps += r.position > s->have;
+    if (!repeat && r.position == s->have)
+        s->have += r.ntokens;
+    if (r.final && !s->finals) {
+        s->code = r.error_code;
+        s->final_ms = h_now_ms();
+    }
+    if (s->finals && !repeat)
+        s->after++;
+    s->finals += r.final && !(s->finals && repeat);
+    kvr_wire_response_free(&r);
+    natsMsg_Destroy(m);
+    return true;
+}
+
+/* Read until the final chunk (at most timeout_ms), then linger_ms more for anything extra. */
+static void finish(struct stream *s, int timeout_ms, int linger_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (!s->finals && read_one(s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    end = h_now_ms() + (uint64_t)linger_ms;
+    while (read_one(s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    natsSubscription_Destroy(s->sub);
+    s->sub = NULL;
+}
+
+/* The stream was one complete answer of `tokens` tokens. */
+static void one_answer(const struct stream *s, uint32_t tokens, const char *what)
+{
+    cr_assert(eq(u32, s->finals, 1), "%s: %u final chunks", what, s->finals);
+    cr_assert(eq(u32, s->code, 0), "%s: error %u", what, s->code);
+    cr_assert(eq(u32, s->have, tokens), "%s: %u of %u tokens", what, s->have, tokens);
+    cr_assert(eq(u32, s->gaps + s->workers + s->after, 0),
+              "%s: gaps %u, chunks of a second worker %u, chunks after the final %u", what, s->gaps,
+              s->workers, s->after);
+}
+
+enum timing { T_0MS, T_1MS, T_DECODING, T_AFTER_END, T_COUNT };
+static const char *const timing_names[T_COUNT] = {"0 ms", "1 ms", "while decoding",
+                                                  "after the end"};
+
+Test(contract, a_resend_at_any_moment_is_answered_once)
+{
+    fleet(20);
+    int trials = getenv("KVR_CONTRACT_TRIALS") ? atoi(getenv("KVR_CONTRACT_TRIALS")) : 25;
+    for (int t = 0; t < T_COUNT; t++) {
+        for (int i = 0; i < trials; i++) {
+            struct stream s;
+            char id[64];
+            snprintf(id, sizeof id, "resend-%d-%d", t, i);
+            start(&s, id, (uint32_t)(t * 1000 + i), 256, 24, NULL, 0);
+            send_again(&s);
+            if (t == T_0MS)
+                send_again(&s);
+            else if (t == T_1MS)
+                nats_Sleep(1), send_again(&s);
+            uint64_t end = h_now_ms() + 20000;
+            if (t == T_DECODING) {
+                while (!s.have && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+                    ;
+                send_again(&s);
+            }
+            if (t == T_AFTER_END) {
+                while (!s.finals && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+                    ;
+                send_again(&s);
+            }
+            finish(&s, 20000, 150);
+            char what[96];
+            snprintf(what, sizeof what, "resend %s, trial %d", timing_names[t], i);
+            one_answer(&s, 24, what);
+        }
+        fprintf(stderr, "  resend %-15s %d trials, each one answer\n", timing_names[t], trials);
+    }
+    h_end();
+}
+
+/* A GenerateRequest's deadline_ms (field 5) as bytes to append. */
+static int deadline_field(uint8_t *out, uint32_t ms)
+{
+    int n = 0;
+    out[n++] = 0x28;
+    do {
+        out[n++] = (uint8_t)((ms & 0x7f) | (ms > 0x7f ? 0x80 : 0));
+        ms >>= 7;
+    } while (ms);
+    return n;
+}
+
+static void cancel(const struct stream *s, const char *id)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_cancel(&b, id, s->inbox), KVR_OK));
+    cr_assert(
+        eq(int, natsConnection_Publish(nc, "kv.default.cancel", b.data, (int)b.len), NATS_OK));
+    kvr_buf_free(&b);
+}
+
+Test(contract, a_cancel_or_a_deadline_ends_the_stream_once)
+{
+    fleet(1); /* real time: 20,000 tokens take minutes */
+    struct stream s;
+    start(&s, "long", 1, 128, 20000, NULL, 0);
+    send_again(&s);
+    uint64_t end = h_now_ms() + 20000;
+    while (s.have < 10 && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    cr_assert(ge(u32, s.have, 10));
+    uint64_t t0 = h_now_ms();
+    cancel(&s, "long");
+    finish(&s, 5000, 300);
+    cr_assert(eq(u32, s.finals, 1));
+    cr_assert(eq(u32, s.code, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, s.gaps + s.after + s.workers, 0));
+    fprintf(stderr, "  cancel at token 10: final after %llu ms, %u tokens in all\n",
+            (unsigned long long)(s.final_ms - t0), s.have);
+    start(&s, "early", 2, 128, 20000, NULL, 0); /* the cancel comes first */
+    cancel(&s, "early");
+    nats_Sleep(50);
+    send_again(&s);
+    finish(&s, 5000, 200);
+    cr_assert(eq(u32, s.finals, 1));
+    cr_assert(eq(u32, s.code, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, s.have, 0));
+    uint8_t f[8];
+    start(&s, "hurry", 3, 128, 20000, f, deadline_field(f, 300));
+    t0 = h_now_ms();
+    send_again(&s);
+    finish(&s, 5000, 200);
+    cr_assert(eq(u32, s.finals, 1));
+    cr_assert(eq(u32, s.code, KVR_ERR_DEADLINE));
+    cr_assert(ge(u64, s.final_ms - t0, 300), "not before its deadline");
+    fprintf(stderr, "  deadline 300 ms: final after %llu ms\n",
+            (unsigned long long)(s.final_ms - t0));
+    json_t *stats = h_stats(nc, 2000);
+    cr_assert(ne(ptr, stats, NULL));
+    json_decref(stats);
+    h_end();
+}
+
+Test(contract, a_dead_worker_is_named_within_two_seconds_and_a_clash_refused)
+{
+    h_router(srv.url, "ra", H_ARGS("--hello-ms", "200"));
+    pid_t w = h_worker(srv.url, "1", 1, 500, NULL);
+    h_until_served(nc, GEN, 1, 15000);
+    pid_t twin = h_worker(srv.url, "1", 1, 500, NULL); /* the same id: refused */
+    cr_assert(h_wait(twin, 10000) > 0, "a second worker with the same id exits with an error");
+    struct stream s;
+    start(&s, "doomed", 1, 128, 20000, NULL, 0);
+    send_again(&s);
+    uint64_t end = h_now_ms() + 20000;
+    while (s.have < 5 && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    uint64_t t0 = h_now_ms();
+    h_signal(w, SIGKILL);
+    h_wait(w, 5000);
+    natsMsg *m = NULL;
+    struct kvr_wire_response r = {0};
+    while (natsSubscription_NextMsg(&m, s.sub, 10000) == NATS_OK) {
+        cr_assert(eq(
+            int, kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r),
+            KVR_OK));
+        natsMsg_Destroy(m);
+        if (r.final)
+            break;
+        kvr_wire_response_free(&r);
+    }
+    uint64_t took = h_now_ms() - t0;
+    cr_assert(r.final, "no final chunk after the worker died");
+    cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, r.worker_id, 1), "the final chunk names the dead worker");
+    fprintf(stderr, "  worker lost: told after %llu ms\n", (unsigned long long)took);
+    cr_assert(lt(u64, took, 5000),
+              "well within the resend advice's reach (2 s on a quiet machine)");
+    kvr_wire_response_free(&r);
+    natsSubscription_Destroy(s.sub);
+    h_end();
+}
+
+Test(contract, nobody_serving_is_a_503_and_a_router_announces_its_limits)
+{
+    natsMsg *m = NULL;
+    natsStatus st = natsConnection_Request(&m, nc, "kv.nobody.generate", "x", 1, 2000);
+    cr_assert(eq(int, st, NATS_NO_RESPONDERS), "no router: NATS answers 'no responders' (503)");
+    h_router(srv.url, "ra", H_ARGS("--namespace", "limits", "--max-output-tokens", "999"));
+    for (int i = 0; i < 100 && st != NATS_OK; i++) { /* until it serves $SRV */
+        st = natsConnection_Request(&m, nc, "$SRV.INFO.kvrouter", "", 0, 1000);
+        if (st != NATS_OK)
+            nats_Sleep(100);
+    }
+    cr_assert(eq(int, st, NATS_OK), "the router never answered $SRV.INFO");
+    json_error_t err;
+    json_t *o = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, &err);
+    natsMsg_Destroy(m);
+    cr_assert(ne(ptr, o, NULL));
+    json_t *meta = json_object_get(o, "metadata");
+    cr_assert(eq(str, (char *)json_string_value(json_object_get(meta, "namespace")), "limits"));
+    cr_assert(
+        eq(str, (char *)json_string_value(json_object_get(meta, "max_output_tokens")), "999"));
+    const char *bytes = json_string_value(json_object_get(meta, "max_request_bytes"));
+    cr_assert(ne(ptr, (void *)bytes, NULL));
+    cr_assert(gt(u64, strtoull(bytes, NULL, 10), 8000000), "8 MB max_payload, less the envelope");
+    json_decref(o);
+    h_end();
+}

@@ -1,0 +1,539 @@
+/*
+ * The simulated worker's state machine without NATS: stream positions and the cached prefix,
+ * cancels (held, before the forward, silent), deadlines, duplicate absorption, the id clash rule
+ * and the repeat after a cut, driven through the handlers with real protobuf bytes and observed
+ * through a recording sink. The engine runs in virtual time, step by step, so nothing depends on
+ * how fast the machine is.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "codec.h"
+#include "log.h"
+#include "recent.h"
+#include "worker.h"
+
+#define REPLY "_INBOX.client.1"
+#define DONE  "kv.default.ev.3.done"
+#define HB    "kv.default.ev.3.hb"
+
+/* --- the recording sink ---------------------------------------------------------------------- */
+
+struct sent {
+    char subject[256];
+    uint8_t *data;
+    size_t len;
+};
+
+static struct sent sent[4096];
+static size_t nsent;
+
+static kvr_status record(void *ctx, const struct kvr_outmsg *m)
+{
+    (void)ctx;
+    cr_assert(lt(sz, nsent, sizeof sent / sizeof sent[0]));
+    struct sent *s = &sent[nsent++];
+    snprintf(s->subject, sizeof s->subject, "%s", m->subject);
+    s->data = malloc(m->len + 1);
+    memcpy(s->data, m->data, m->len);
+    s->len = m->len;
+    return KVR_OK;
+}
+
+/* The chunks sent to the client since index from, decoded into out (at most max); their count. */
+static int chunks(size_t from, struct kvr_wire_response *out, int max)
+{
+    int n = 0;
+    for (size_t i = from; i < nsent; i++) {
+        if (strcmp(sent[i].subject, REPLY))
+            continue;
+        cr_assert(lt(int, n, max));
+        cr_assert(eq(int, kvr_wire_decode_response(sent[i].data, sent[i].len, &out[n]), KVR_OK));
+        n++;
+    }
+    return n;
+}
+
+static void free_chunks(struct kvr_wire_response *c, int n)
+{
+    for (int i = 0; i < n; i++)
+        kvr_wire_response_free(&c[i]);
+}
+
+/* The done events since index from, into out (at most max); their count. */
+static int dones(size_t from, struct kvr_wire_done *out, int max)
+{
+    int n = 0;
+    for (size_t i = from; i < nsent; i++) {
+        if (strcmp(sent[i].subject, DONE))
+            continue;
+        cr_assert(lt(int, n, max));
+        cr_assert(eq(int, kvr_wire_decode_done(sent[i].data, sent[i].len, &out[n]), KVR_OK));
+        n++;
+    }
+    return n;
+}
+
+/* --- the worker under test ------------------------------------------------------------------- */
+
+static struct kvr_wk_config cfg;
+static struct kvr_worker w;
+static uint64_t vt; /* the engine's virtual time */
+
+static void setup(void)
+{
+    nsent = 0;
+    kvr_log_init("test_worker", KVR_LOG_ERROR);
+    kvr_wk_config_default(&cfg);
+    cfg.id = 3;
+    cfg.engine.num_blocks = 256;
+    cfg.engine.block_size = 16;
+    cfg.max_prompt_tokens = 4096;
+    cfg.max_output_tokens = 64;
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    vt = kvr_now_ns();
+}
+
+static void teardown(void)
+{
+    kvr_worker_free(&w);
+    for (size_t i = 0; i < nsent; i++)
+        free(sent[i].data);
+}
+
+TestSuite(worker, .init = setup, .fini = teardown, .timeout = 30);
+
+/* A router's forward of a 64-token prompt (the same prompt for every key). */
+static void forward(uint64_t key, const char *id, uint32_t max_tokens, uint32_t deadline_ms)
+{
+    uint32_t toks[64];
+    for (uint32_t i = 0; i < 64; i++)
+        toks[i] = 7 + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, toks, 64, max_tokens, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, key, 0, "r1", deadline_ms),
+                 KVR_OK));
+    kvr_worker_on_generate(&w, REPLY, b.data, b.len);
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
+
+static void cancel(uint64_t key, kvr_status reason, bool silent)
+{
+    struct kvr_buf b = {0};
+    struct kvr_wire_worker_cancel c = {.key = key, .reason = reason, .silent = silent};
+    cr_assert(eq(int, kvr_wire_encode_worker_cancel(&b, &c, "r1"), KVR_OK));
+    kvr_worker_on_cancel(&w, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* One engine step in virtual time, as the engine thread runs it; false when idle. */
+static bool step(void)
+{
+    pthread_mutex_lock(&w.mu);
+    uint64_t d = kvr_engine_step_begin(w.eng, vt);
+    if (d) {
+        vt += d;
+        kvr_engine_step_end(w.eng, vt);
+    }
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w);
+    return d != 0;
+}
+
+static void run(void)
+{
+    for (int guard = 0; step(); guard++)
+        cr_assert(lt(int, guard, 10000), "the engine never went idle");
+}
+
+/* Nothing left in the engine: every block back in the pool (cached or blank). */
+static void assert_engine_empty(void)
+{
+    struct kvr_engine_stats s;
+    kvr_engine_stats(w.eng, &s);
+    cr_assert(eq(u32, s.active_blocks, 0));
+    cr_assert(eq(u32, s.running + s.waiting, 0));
+    cr_assert(eq(u32, w.nreqs, 0));
+}
+
+/* --- streams --------------------------------------------------------------------------------- */
+
+Test(worker, positions_count_the_tokens_and_the_first_chunk_names_the_cache)
+{
+    forward(101, "a", 5, 0);
+    run();
+    struct kvr_wire_response c[16];
+    int n = chunks(0, c, 16);
+    cr_assert(eq(int, n, 6), "5 tokens, then the final");
+    for (int i = 0; i < 5; i++) {
+        cr_assert(eq(u32, c[i].position, (uint32_t)i));
+        cr_assert(eq(u32, c[i].ntokens, 1));
+        cr_assert(not(c[i].final));
+        cr_assert(eq(u64, c[i].worker_id, 3));
+    }
+    cr_assert(c[5].final);
+    cr_assert(eq(u32, c[5].position, 5), "the final's position is the total");
+    cr_assert(eq(u32, c[5].error_code, KVR_OK));
+    free_chunks(c, n);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(0, d, 4), 1));
+    cr_assert(eq(u64, d[0].key, 101));
+    cr_assert(eq(u32, d[0].status, KVR_OK));
+    cr_assert(eq(u32, d[0].output_tokens, 5));
+
+    size_t mark = nsent;
+    forward(102, "b", 3, 0); /* the same prompt: 3 of its 4 blocks are cached (one token is
+                                always computed) */
+    run();
+    n = chunks(mark, c, 16);
+    cr_assert(eq(int, n, 4));
+    cr_assert(eq(u32, c[0].cached_tokens, 48), "on the first chunk");
+    cr_assert(eq(u32, c[1].cached_tokens, 0));
+    cr_assert(eq(u32, c[2].cached_tokens, 0));
+    cr_assert(c[3].final);
+    cr_assert(eq(u32, c[3].cached_tokens, 48), "and again on the final");
+    cr_assert(eq(u32, c[3].position, 3));
+    free_chunks(c, n);
+    assert_engine_empty();
+}
+
+/* --- cancels --------------------------------------------------------------------------------- */
+
+Test(worker, cancel_of_a_held_request_ends_its_stream_and_frees_its_blocks)
+{
+    forward(201, "a", 20, 0);
+    step(); /* prefill: the first token */
+    step(); /* one decode token */
+    struct kvr_engine_stats s;
+    kvr_engine_stats(w.eng, &s);
+    cr_assert(gt(u32, s.active_blocks, 0));
+    size_t mark = nsent;
+    cancel(201, KVR_ERR_CANCELLED, false);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, c[0].position, 2), "the tokens it had sent");
+    free_chunks(c, 1);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(mark, d, 4), 1));
+    cr_assert(eq(u32, d[0].status, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, d[0].output_tokens, 2));
+    assert_engine_empty();
+    cr_assert(eq(u64, w.c.cancelled, 1));
+
+    mark = nsent;
+    run();
+    cancel(201, KVR_ERR_CANCELLED, false); /* again: it has ended, nothing more */
+    cr_assert(eq(int, chunks(mark, c, 4), 0), "no chunk after the final");
+    cr_assert(eq(int, dones(mark, d, 4), 0));
+    cr_assert(eq(u64, w.c.late_cancels, 1));
+}
+
+Test(worker, cancel_before_the_forward_ends_it_on_arrival)
+{
+    cancel(301, KVR_ERR_CANCELLED, false);
+    cr_assert(eq(sz, nsent, 0), "a cancel alone says nothing");
+    cr_assert(eq(u64, w.c.early_cancels, 1));
+    forward(301, "a", 20, 0);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(0, c, 4), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, c[0].position, 0));
+    free_chunks(c, 1);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(0, d, 4), 1), "the routers free their booking");
+    cr_assert(eq(u32, d[0].status, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, d[0].output_tokens, 0));
+    assert_engine_empty();
+    cr_assert(not(step()), "never generated");
+
+    size_t mark = nsent;
+    forward(301, "a", 20, 0); /* a resend: it has ended */
+    cr_assert(eq(sz, nsent, mark));
+    cr_assert(eq(u64, w.c.duplicates, 1));
+}
+
+Test(worker, a_silent_cancel_sends_no_chunk_but_the_done_event)
+{
+    forward(401, "a", 20, 0);
+    step();
+    size_t mark = nsent;
+    cancel(401, KVR_ERR_CANCELLED, true);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 0), "another worker serves the stream");
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(mark, d, 4), 1));
+    cr_assert(eq(u32, d[0].status, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, d[0].output_tokens, 1));
+    assert_engine_empty();
+
+    mark = nsent; /* the same, when the cancel comes first */
+    cancel(402, KVR_ERR_CANCELLED, true);
+    forward(402, "b", 20, 0);
+    cr_assert(eq(int, chunks(mark, c, 4), 0));
+    cr_assert(eq(int, dones(mark, d, 4), 1));
+    cr_assert(eq(u64, d[0].key, 402));
+    run();
+    cr_assert(eq(int, chunks(mark, c, 4), 0));
+}
+
+/* --- deadlines ------------------------------------------------------------------------------- */
+
+Test(worker, a_deadline_ends_the_request)
+{
+    forward(501, "a", 20, 60000);
+    forward(502, "b", 2, 0);
+    step();
+    uint64_t now = kvr_now_ns();
+    uint64_t next = kvr_worker_tick(&w, now);
+    cr_assert(gt(u64, next, now), "a minute to go");
+    size_t mark = nsent;
+    cr_assert(eq(u64, kvr_worker_tick(&w, next + 1), 0), "passed: none left");
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_DEADLINE));
+    cr_assert(eq(u32, c[0].position, 1));
+    free_chunks(c, 1);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(mark, d, 4), 1));
+    cr_assert(eq(u64, d[0].key, 501));
+    cr_assert(eq(u32, d[0].status, KVR_ERR_DEADLINE));
+    cr_assert(eq(u32, d[0].output_tokens, 1));
+    cr_assert(eq(u64, w.c.deadlines, 1));
+    run(); /* the other, without a deadline, finishes */
+    cr_assert(eq(int, dones(mark, d, 4), 2));
+    cr_assert(eq(u64, d[1].key, 502));
+    cr_assert(eq(u32, d[1].status, KVR_OK));
+    assert_engine_empty();
+}
+
+/* --- duplicates ------------------------------------------------------------------------------ */
+
+Test(worker, duplicates_are_absorbed_without_a_chunk)
+{
+    forward(601, "a", 3, 0);
+    size_t mark = nsent;
+    forward(601, "a", 3, 0); /* held */
+    cr_assert(eq(sz, nsent, mark), "nothing said");
+    cr_assert(eq(u64, w.c.duplicates, 1));
+    run();
+    struct kvr_wire_response c[16];
+    int n = chunks(0, c, 16);
+    cr_assert(eq(int, n, 4), "one stream: 3 tokens and one final");
+    for (int i = 0; i < n; i++)
+        cr_assert(eq(int, c[i].final, i == 3));
+    free_chunks(c, n);
+    mark = nsent;
+    forward(601, "a", 3, 0); /* finished */
+    cr_assert(eq(sz, nsent, mark));
+    cr_assert(eq(u64, w.c.duplicates, 2));
+    cr_assert(not(step()), "not generated again");
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(0, d, 4), 1));
+}
+
+Test(worker, the_recent_table_is_bounded_and_forgets_the_oldest_first)
+{
+    struct kvr_wk_recent t;
+    kvr_wk_recent_init(&t, 3, 10);
+    for (uint64_t k = 1; k <= 3; k++)
+        cr_assert(eq(int, kvr_wk_recent_put(&t, k, KVR_WK_RECENT_ENDED, KVR_OK, false, 0), KVR_OK));
+    cr_assert(
+        eq(int, kvr_wk_recent_put(&t, 4, KVR_WK_RECENT_CANCEL, KVR_ERR_DEADLINE, true, 0), KVR_OK));
+    cr_assert(eq(u32, t.n, 3));
+    cr_assert(eq(u64, t.evicted, 1));
+    cr_assert(kvr_wk_recent_find(&t, 1, 0) == NULL, "the oldest went first");
+    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&t, 4, 0);
+    cr_assert(it != NULL);
+    cr_assert(eq(int, it->kind, KVR_WK_RECENT_CANCEL));
+    cr_assert(eq(int, it->outcome, KVR_ERR_DEADLINE));
+    cr_assert(it->silent);
+    kvr_wk_recent_put(&t, 2, KVR_WK_RECENT_ENDED, KVR_ERR_CANCELLED, false, 5); /* again: younger */
+    cr_assert(kvr_wk_recent_find(&t, 3, 10) == NULL, "its time is up");
+    cr_assert(kvr_wk_recent_find(&t, 4, 10) == NULL);
+    it = kvr_wk_recent_find(&t, 2, 10);
+    cr_assert(it != NULL, "restarted at 5: until 15");
+    cr_assert(eq(int, it->outcome, KVR_ERR_CANCELLED));
+    cr_assert(eq(u32, t.n, 1));
+    cr_assert(kvr_wk_recent_find(&t, 2, 15) == NULL);
+    cr_assert(eq(u32, t.n, 0));
+    kvr_wk_recent_free(&t);
+}
+
+/* --- the id clash ---------------------------------------------------------------------------- */
+
+Test(worker, the_younger_instance_yields)
+{
+    cr_assert(kvr_worker_yields(2000, 1, 1000, 9), "started later: yields");
+    cr_assert(not(kvr_worker_yields(1000, 9, 2000, 1)), "started first: stays");
+    cr_assert(kvr_worker_yields(1000, 9, 1000, 4), "a tie: the larger instance yields");
+    cr_assert(not(kvr_worker_yields(1000, 4, 1000, 9)));
+}
+
+static void heartbeat_from(uint64_t id, uint64_t instance, uint64_t started_ns)
+{
+    struct kvr_wire_heartbeat h = {.info = {.id = id, .block_size = 16, .capacity_blocks = 256},
+                                   .interval_ms = 500,
+                                   .instance = instance,
+                                   .started_ns = started_ns};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    kvr_worker_on_heartbeat(&w, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(worker, a_clash_makes_the_younger_silent)
+{
+    w.instance = 5;
+    w.started_ns = 1000;
+    forward(701, "a", 20, 0);
+    step();
+    heartbeat_from(3, 5, 1000); /* its own */
+    heartbeat_from(4, 9, 10);   /* another id */
+    heartbeat_from(3, 7, 2000); /* a younger one: it yields, this one stays */
+    heartbeat_from(3, 6, 1000); /* a tie with a larger instance: this one stays too */
+    cr_assert(not(kvr_worker_clashed(&w)));
+    size_t mark = nsent;
+    step();
+    cr_assert(gt(sz, nsent, mark), "still serving");
+
+    heartbeat_from(3, 4, 1000); /* a tie with a smaller instance: this one yields */
+    cr_assert(kvr_worker_clashed(&w));
+    cr_assert(kvr_worker_stopping(&w));
+    mark = nsent;
+    run();                                 /* what it holds runs on, unheard */
+    cancel(701, KVR_ERR_CANCELLED, false); /* no chunk, no done event */
+    forward(702, "b", 3, 0);               /* takes nothing */
+    kvr_worker_heartbeat(&w);
+    kvr_worker_on_hello(&w, "_INBOX.asker");
+    kvr_worker_tick(&w, kvr_now_ns());
+    cr_assert(eq(sz, nsent, mark), "nothing at all after the yield");
+}
+
+Test(worker, hello_and_heartbeat_name_the_instance)
+{
+    cr_assert(ne(u64, w.instance, 0));
+    cr_assert(gt(u64, w.started_ns, 0));
+    forward(751, "a", 20, 0);
+    kvr_worker_on_hello(&w, "_INBOX.asker");
+    kvr_worker_heartbeat(&w);
+    cr_assert(eq(sz, nsent, 2));
+    cr_assert(eq(str, sent[0].subject, "_INBOX.asker"));
+    cr_assert(eq(str, sent[1].subject, HB));
+    for (int i = 0; i < 2; i++) {
+        struct kvr_wire_heartbeat h;
+        cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[i].data, sent[i].len, &h), KVR_OK));
+        cr_assert(eq(u64, h.info.id, 3));
+        cr_assert(eq(u64, h.instance, w.instance));
+        cr_assert(eq(u64, h.started_ns, w.started_ns));
+        cr_assert(eq(u32, h.interval_ms, 500), "the default period");
+        cr_assert(eq(u32, h.ninflight, 1));
+        cr_assert(eq(u64, h.inflight[0], 751));
+        kvr_wire_heartbeat_free(&h);
+    }
+}
+
+/* --- a cut of the outgoing connection -------------------------------------------------------- */
+
+/* Cut and back; returns when the repeat is due. */
+static uint64_t cut_and_back(void)
+{
+    kvr_worker_on_disconnected(&w);
+    kvr_worker_on_reconnected(&w);
+    uint64_t now = kvr_now_ns();
+    uint64_t due = kvr_worker_tick(&w, now);
+    cr_assert(gt(u64, due, now), "not at once: clients reconnect too");
+    return due;
+}
+
+Test(worker, after_a_cut_each_open_stream_is_repeated_from_position_0)
+{
+    forward(801, "a", 10, 0);
+    for (int i = 0; i < 3; i++)
+        step();
+    kvr_worker_on_disconnected(&w);
+    size_t mark = nsent;
+    step();
+    step();
+    struct kvr_wire_response c[16];
+    cr_assert(eq(int, chunks(mark, c, 16), 2), "chunks go on (NATS buffers them)");
+    free_chunks(c, 2);
+    kvr_worker_on_reconnected(&w);
+    mark = nsent;
+    uint64_t due = kvr_worker_tick(&w, kvr_now_ns());
+    cr_assert(gt(u64, due, 0));
+    cr_assert(eq(sz, nsent, mark), "the repeat waits");
+    cr_assert(eq(u64, kvr_worker_tick(&w, due), 0), "nothing due after it");
+    cr_assert(eq(int, chunks(mark, c, 16), 1));
+    cr_assert(eq(u32, c[0].position, 0));
+    cr_assert(eq(u32, c[0].ntokens, 5), "every token so far");
+    cr_assert(not(c[0].final));
+    free_chunks(c, 1);
+    mark = nsent;
+    run();
+    int n = chunks(mark, c, 16);
+    cr_assert(eq(int, n, 6), "5 more tokens and the final");
+    for (int i = 0; i < 5; i++)
+        cr_assert(eq(u32, c[i].position, 5 + (uint32_t)i));
+    cr_assert(c[5].final);
+    cr_assert(eq(u32, c[5].position, 10));
+    free_chunks(c, n);
+    cr_assert(eq(u64, w.c.repeats, 1));
+}
+
+Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
+{
+    forward(851, "a", 4, 0);  /* finishes just before the cut */
+    forward(852, "b", 20, 0); /* cancelled during it */
+    forward(853, "c", 20, 0); /* cancelled silently: nothing was due to its client */
+    forward(854, "d", 20, 0); /* cancelled before its first token */
+    cancel(854, KVR_ERR_CANCELLED, false);
+    for (int i = 0; i < 4; i++)
+        step();
+    kvr_worker_on_disconnected(&w);
+    cancel(852, KVR_ERR_CANCELLED, false);
+    cancel(853, KVR_ERR_CANCELLED, true);
+    kvr_worker_on_reconnected(&w);
+    size_t mark = nsent;
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
+    struct kvr_wire_response c[16];
+    int n = chunks(mark, c, 16);
+    cr_assert(eq(int, n, 3), "one repeat per stream its client heard of, in the order they ended");
+    cr_assert(eq(str, c[0].request_id, "d"));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].position, 0));
+    cr_assert(eq(u32, c[0].ntokens, 0));
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_CANCELLED));
+    cr_assert(eq(str, c[1].request_id, "a"));
+    cr_assert(c[1].final);
+    cr_assert(eq(u32, c[1].position, 0));
+    cr_assert(eq(u32, c[1].ntokens, 4), "the whole stream: position + tokens is the total");
+    cr_assert(eq(u32, c[1].error_code, KVR_OK));
+    cr_assert(eq(str, c[2].request_id, "b"));
+    cr_assert(c[2].final);
+    cr_assert(eq(u32, c[2].ntokens, 4));
+    cr_assert(eq(u32, c[2].error_code, KVR_ERR_CANCELLED), "its code again");
+    free_chunks(c, n);
+    uint64_t errors = w.generate.errors;
+    cut_and_back();
+    mark = nsent;
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
+    cr_assert(eq(int, chunks(mark, c, 16), 3), "a second cut: repeated again");
+    free_chunks(c, 3);
+    cr_assert(eq(u64, w.generate.errors, errors), "a repeat is no new error");
+
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_KEPT_NS + KVR_WK_REPEAT_DELAY_NS);
+    cr_assert(eq(u32, w.nkept, 0), "kept for a while only");
+    uint64_t due = cut_and_back();
+    mark = nsent;
+    kvr_worker_tick(&w, due);
+    cr_assert(eq(int, chunks(mark, c, 16), 0), "ended long before this cut: not repeated");
+}
