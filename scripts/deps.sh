@@ -10,7 +10,11 @@ packages=(
   libxxhash-dev uthash-dev libcriterion-dev libjansson-dev
   valgrind clang-format gnuplot-nox curl procps
   clang libclang-rt-dev # scripts/test.sh's fuzz stage: clang and its libFuzzer/ASan runtimes
+  nodejs                # scripts/test.sh's js stage (tests/js), with npm:
 )
+# Debian's npm, unless the nodejs installed brings its own (NodeSource's nodejs does, and
+# conflicts with Debian's npm package)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every test kvrouter has: installs what is missing, builds, then runs
 #   plain     the whole suite on a plain build (warnings are errors under CI),
+#   js        tests/js, the client-protocol conformance suite in JavaScript (docs/protocol.md),
+#             against fleets of the plain build's daemons (Node's test runner; npm ci installs it),
 #   asan      the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in a
 #             debugoptimized build so assertions run,
 #   valgrind  the unit tests under valgrind (leaks and memory errors fail the run),
@@ -37,6 +39,11 @@ check_reports() {
 stage_plain() {
   bash scripts/build.sh build
   meson test -C build --print-errorlogs --num-processes 2
+}
+
+stage_js() {
+  bash scripts/build.sh build
+  KVR_BUILD="$PWD/build" bash tests/js/run.sh
 }
 
 stage_asan() {
@@ -129,8 +136,8 @@ report() {
   exit "$rc"
 }
 trap report EXIT
-for s in plain asan valgrind tsan fuzz format; do
-  case " ${STAGES:-plain asan valgrind tsan fuzz format} " in *" $s "*) ;; *) continue ;; esac
+for s in plain js asan valgrind tsan fuzz format; do
+  case " ${STAGES:-plain js asan valgrind tsan fuzz format} " in *" $s "*) ;; *) continue ;; esac
   echo "== $s"
   current=$s t0=$(date +%s)
   "stage_$s"

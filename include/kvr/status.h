@@ -44,7 +44,8 @@
     X(KVR_ERR_INTERRUPTED, 28, "stream interrupted")                                               \
     X(KVR_ERR_REPLY_TOO_LONG, 29, "reply subject too long")                                        \
     X(KVR_ERR_ID_TOO_LONG, 30, "request id too long")                                              \
-    X(KVR_ERR_BAD_OVERRIDE, 31, "override out of range")
+    X(KVR_ERR_BAD_OVERRIDE, 31, "override out of range")                                           \
+    X(KVR_ERR_SUPERSEDED, 32, "served by another worker")
 
 #define KVR_STATUS_ENUM(name, value, text) name = value,
 typedef enum kvr_status { KVR_STATUS_LIST(KVR_STATUS_ENUM) } kvr_status;

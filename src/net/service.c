@@ -77,7 +77,8 @@ json_t *kvr_json_errors(const struct kvr_reply *r)
     json_t *o = json_object();
     for (unsigned c = 1; o && c < KVR_REPLY_CODES; c++)
         if (r->by_code[c])
-            kvr_json_u64(o, kvr_status_name((kvr_status)c), r->by_code[c]);
+            kvr_json_u64(o, kvr_status_name((kvr_status)c) + 4, r->by_code[c]); /* ERR_...: the
+                                                                                 proto's names */
     return o;
 }
 

@@ -205,9 +205,14 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     bool mine = !p->origin; /* this router decided p: it stops whichever worker lost */
     if (loser && loser != (peer ? d->rec.worker_id : p->worker_id) && (mine || peer))
         kvr_send_cancel(rd, p->key, loser, KVR_ERR_CANCELLED, true);
+    char id[128], origin[96];
     kvr_log(KVR_LOG_INFO, "decision_conflict",
-            "request=%016" PRIx64 " kept_worker=%" PRIu64 " stopped_worker=%" PRIu64, p->key,
-            peer ? d->rec.worker_id : p->worker_id, loser);
+            "request=\"%s\" key=%016" PRIx64 " kept_worker=%" PRIu64 " other_worker=%" PRIu64
+            " kept_origin=\"%s\"",
+            kvr_log_safe(id, sizeof id, p->request_id), p->key,
+            peer ? d->rec.worker_id : p->worker_id, loser,
+            kvr_log_safe(origin, sizeof origin,
+                         peer ? d->origin : (p->origin ? p->origin->id : rd->cfg->id)));
     if (!peer)
         return false;
     rd->n.superseded += mine;

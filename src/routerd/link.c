@@ -93,9 +93,12 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     if (st == KVR_OK) {
         rd->sink = kvr_nats_sink(l->nc_req);
         /* a request is forwarded in a message of the same server: it must fit with the wrapper */
-        int64_t max = natsConnection_GetMaxPayload(l->nc_req);
+        /* what the decoders (a worker's takes the forward whole) and the server both take */
+        int64_t payload = natsConnection_GetMaxPayload(l->nc_req);
+        uint64_t cap = kvr_wire_request_cap(&rd->lim);
+        uint64_t max = payload > 0 && (uint64_t)payload < cap ? (uint64_t)payload : cap;
         rd->max_request_bytes =
-            max > KVR_LINK_FORWARD_ENVELOPE ? (uint64_t)max - KVR_LINK_FORWARD_ENVELOPE : 1;
+            max > KVR_LINK_FORWARD_ENVELOPE ? max - KVR_LINK_FORWARD_ENVELOPE : 1;
     }
     kvr_api_init(&l->svc, rd);
     return st;

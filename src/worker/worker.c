@@ -224,7 +224,8 @@ static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, 
     if (!silent && !w->clashed)
         kvr_reply_fail(&w->generate, &w->out, r->reply, r->request_id, why,
                        &(struct kvr_reply_why){.position = r->produced});
-    emit_done(w, r->key, why, r->produced);
+    /* a silent stop: the request is another worker's, and has not ended */
+    emit_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->produced);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
     else
@@ -403,7 +404,7 @@ static void end_unborn(struct kvr_worker *w, const struct kvr_wire_request *q, u
     kvr_status why = cancel->outcome;
     if (!cancel->silent)
         kvr_reply_fail(&w->generate, &w->out, reply, q->request_id, why, NULL);
-    emit_done(w, key, why, 0);
+    emit_done(w, key, cancel->silent ? KVR_ERR_SUPERSEDED : why, 0);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
     else
@@ -442,6 +443,18 @@ static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, u
     return submit(w, q, key, reply, now);
 }
 
+/* Under mu: a forward refused with st: its client is told (with the figures of a limit passed),
+ * and the routers by a done event (when it names a request), so its booking goes at once. */
+static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
+                   const char *reply, kvr_status st)
+{
+    char detail[128];
+    struct kvr_reply_why why = {.detail = kvr_wire_request_why(q, st, detail, sizeof detail)};
+    kvr_reply_fail(&w->generate, &w->out, reply, q->request_id, st, &why);
+    if (key)
+        emit_done(w, key, st, 0);
+}
+
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)
 {
     uint64_t t0 = kvr_now_ns();
@@ -453,11 +466,11 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
     pthread_mutex_lock(&w->mu);
     if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
         if (st == KVR_OK && !(reply && *reply))
-            st = KVR_ERR_INVALID;
+            st = KVR_ERR_NO_REPLY;
         if (st == KVR_OK)
             st = take(w, &q, key, reply, t0);
         if (st != KVR_OK)
-            kvr_reply_error(&w->generate, &w->out, reply, q.request_id, st);
+            refuse(w, &q, key, reply, st);
         kvr_reply_count(&w->generate, kvr_now_ns() - t0);
     }
     pthread_mutex_unlock(&w->mu);

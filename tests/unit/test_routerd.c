@@ -131,14 +131,20 @@ static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uin
     kvr_buf_free(&b);
 }
 
-static void worker_done(uint64_t wid, uint64_t key)
+/* Worker wid's done event for key, with status st. */
+static void worker_ended(uint64_t wid, uint64_t key, kvr_status st)
 {
     struct kvr_buf b = {0};
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.ev.%llu.done", (unsigned long long)wid);
-    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, 0, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, st, 0), KVR_OK));
     kvr_events_on_message(&rd, subject, b.data, b.len);
     kvr_buf_free(&b);
+}
+
+static void worker_done(uint64_t wid, uint64_t key)
+{
+    worker_ended(wid, key, KVR_OK);
 }
 
 /* Send a GenerateRequest of n tokens from base with client id and reply subject. */
@@ -680,4 +686,23 @@ Test(routerd, a_decision_for_a_request_that_ended_is_stopped)
     cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
     cr_assert(c.silent);
     cr_assert(eq(u32, rd.pend.n, 0), "and not booked");
+}
+
+Test(routerd, a_copy_stopped_for_another_worker_has_not_ended)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    generate("_INBOX.y", "raced", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.y", "raced");
+    uint64_t mine = kvr_pending_find(&rd.pend, key)->worker_id, theirs = mine == 1 ? 2 : 1;
+    /* the peer's decision stood and it stopped this router's copy before its gossip came here */
+    worker_ended(mine, key, KVR_ERR_SUPERSEDED);
+    size_t mark = nsent;
+    char subject[64];
+    peer_decision("peer", 1, key, theirs, "_INBOX.y");
+    snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)theirs);
+    cr_assert(eq(int, count_to(subject, mark, NULL), 0), "the copy that stands is not stopped");
+    cr_assert(eq(u32, rd.pend.n, 1), "it is in flight, on the peer's worker");
+    generate("_INBOX.y", "raced", 1, 128);
+    cr_assert(eq(u64, rd.fleet->resends, 1), "and a resend is absorbed");
 }

@@ -1,0 +1,361 @@
+/*
+ * kvr_wire over protobuf-c: the worker's event messages (KvEvent, TokensEvent, DoneEvent,
+ * Heartbeat) and the cancels (a client's CancelRequest, a router's WorkerCancel). The same
+ * discipline as codec.c (codec.h): byte cap first, repeated submessages counted on the wire before
+ * protobuf-c allocates them, unpacking through the recording allocator, values checked before they
+ * are copied. Pure and thread-safe.
+ */
+#include "codec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec_internal.h"
+#include "kvrouter.pb-c.h" /* generated from proto/kvrouter/v1/kvrouter.proto */
+
+/* Field numbers the wire-level counts need (proto/kvrouter/v1/kvrouter.proto). */
+#define KV_EVENT_STORED 3 /* KvEvent.stored */
+#define STORED_BLOCKS   3 /* Stored.blocks */
+
+/* --- worker events ----------------------------------------------------------------------- */
+
+void kvr_wire_kv_free(struct kvr_wire_kv *e)
+{
+    free(e->blocks);
+    free(e->ids);
+    memset(e, 0, sizeof *e);
+}
+
+static kvr_status take_stored(const Kvrouter__V1__Stored *s, struct kvr_wire_kv *out)
+{
+    out->kind = KVR_WIRE_STORED;
+    out->has_parent = s->has_parent;
+    out->parent = s->parent;
+    if (s->n_blocks > KVR_WIRE_STORED_BLOCKS_MAX)
+        return KVR_ERR_TOO_LARGE;
+    out->blocks = kvr_codec_array(s->n_blocks, sizeof *out->blocks);
+    if (!out->blocks)
+        return KVR_ERR_NOMEM;
+    for (size_t i = 0; i < s->n_blocks; i++)
+        out->blocks[i] = (struct kvr_kv_block){s->blocks[i]->engine_id, s->blocks[i]->local_hash};
+    out->nblocks = (uint32_t)s->n_blocks;
+    return KVR_OK;
+}
+
+static kvr_status take_removed(const Kvrouter__V1__Removed *r, struct kvr_wire_kv *out)
+{
+    out->kind = KVR_WIRE_REMOVED;
+    if (r->n_engine_ids > KVR_WIRE_REMOVED_IDS_MAX)
+        return KVR_ERR_TOO_LARGE;
+    out->ids = kvr_codec_array(r->n_engine_ids, sizeof *out->ids);
+    if (!out->ids)
+        return KVR_ERR_NOMEM;
+    if (r->n_engine_ids)
+        memcpy(out->ids, r->engine_ids, r->n_engine_ids * sizeof *out->ids);
+    out->nids = (uint32_t)r->n_engine_ids;
+    return KVR_OK;
+}
+
+kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_KV_MAX)
+        return KVR_ERR_TOO_LARGE;
+    size_t n;
+    kvr_status st = kvr_codec_count(buf, len, KV_EVENT_STORED, STORED_BLOCKS, &n);
+    if (st != KVR_OK)
+        return st;
+    if (n > KVR_WIRE_STORED_BLOCKS_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__KvEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__kv_event__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    out->worker_id = m->worker_id;
+    out->event_seq = m->event_seq;
+    switch (m->event_case) {
+    case KVROUTER__V1__KV_EVENT__EVENT_STORED:
+        st = take_stored(m->stored, out);
+        break;
+    case KVROUTER__V1__KV_EVENT__EVENT_REMOVED:
+        st = take_removed(m->removed, out);
+        break;
+    case KVROUTER__V1__KV_EVENT__EVENT_CLEARED:
+        out->kind = KVR_WIRE_CLEARED;
+        break;
+    default:
+        st = KVR_ERR_MALFORMED;
+    }
+    kvrouter__v1__kv_event__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_kv_free(out);
+    return st;
+}
+
+kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_tokens *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_SMALL_EVENT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__TokensEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__tokens_event__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = KVR_OK;
+    if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK)
+        out->kind = KVR_WIRE_OUTPUT_BLOCK;
+    else if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE)
+        out->kind = KVR_WIRE_PREFILL_DONE;
+    else
+        st = KVR_ERR_INVALID;
+    if (st == KVR_OK) {
+        out->worker_id = m->worker_id;
+        out->key = m->request_key;
+    }
+    kvrouter__v1__tokens_event__free_unpacked(m, &a.pc);
+    return st;
+}
+
+kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_done *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_SMALL_EVENT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__DoneEvent *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__done_event__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    out->worker_id = m->worker_id;
+    out->key = m->request_key;
+    out->status = (uint32_t)m->status;
+    out->output_tokens = m->output_tokens;
+    kvrouter__v1__done_event__free_unpacked(m, &a.pc);
+    return KVR_OK;
+}
+
+void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h)
+{
+    free(h->inflight);
+    memset(h, 0, sizeof *h);
+}
+
+kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wire_heartbeat *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_HEARTBEAT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__Heartbeat *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__heartbeat__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = KVR_OK;
+    if (m->n_inflight > KVR_WIRE_INFLIGHT_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    else if (m->worker_id == 0 || m->block_size == 0)
+        st = KVR_ERR_INVALID;
+    else if (!(out->inflight = kvr_codec_array(m->n_inflight, sizeof *out->inflight)))
+        st = KVR_ERR_NOMEM;
+    if (st == KVR_OK && m->n_inflight)
+        memcpy(out->inflight, m->inflight, m->n_inflight * sizeof *out->inflight);
+    out->ninflight = (uint32_t)m->n_inflight;
+    out->info.id = m->worker_id;
+    out->info.block_size = m->block_size;
+    out->info.capacity_blocks = m->capacity_blocks;
+    out->info.waiting = m->waiting;
+    out->info.kv_usage = m->kv_usage >= 0 && m->kv_usage <= 1 ? m->kv_usage : 0;
+    out->interval_ms = m->interval_ms;
+    out->draining = m->draining;
+    out->instance = m->instance;
+    out->started_ns = m->started_ns;
+    kvrouter__v1__heartbeat__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_heartbeat_free(out);
+    return st;
+}
+
+/* --- cancellation ------------------------------------------------------------------------ */
+
+kvr_status kvr_wire_encode_cancel(struct kvr_buf *b, const char *request_id, const char *reply)
+{
+    Kvrouter__V1__CancelRequest m = KVROUTER__V1__CANCEL_REQUEST__INIT;
+    m.request_id = (char *)(request_id ? request_id : "");
+    m.reply = (char *)(reply ? reply : "");
+    return kvr_codec_pack(b, &m.base);
+}
+
+void kvr_wire_cancel_free(struct kvr_wire_cancel *c)
+{
+    free(c->request_id);
+    free(c->reply);
+    memset(c, 0, sizeof *c);
+}
+
+kvr_status kvr_wire_decode_cancel(const void *buf, size_t len, struct kvr_wire_cancel *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_CANCEL_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__CancelRequest *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__cancel_request__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &out->request_id);
+    if (st == KVR_ERR_TOO_LARGE)
+        st = KVR_ERR_ID_TOO_LONG;
+    if (st == KVR_OK) {
+        st = kvr_codec_dup(m->reply, KVR_REPLY_MAX, &out->reply);
+        if (st == KVR_ERR_TOO_LARGE)
+            st = KVR_ERR_REPLY_TOO_LONG;
+    }
+    if (st == KVR_OK && !out->reply[0])
+        st = KVR_ERR_NO_REPLY;
+    kvrouter__v1__cancel_request__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_cancel_free(out);
+    return st;
+}
+
+kvr_status kvr_wire_encode_worker_cancel(struct kvr_buf *b, const struct kvr_wire_worker_cancel *c,
+                                         const char *router_id)
+{
+    Kvrouter__V1__WorkerCancel m = KVROUTER__V1__WORKER_CANCEL__INIT;
+    m.request_key = c->key;
+    m.reason = (Kvrouter__V1__ErrorCode)c->reason;
+    m.silent = c->silent;
+    m.router_id = (char *)(router_id ? router_id : "");
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_decode_worker_cancel(const void *buf, size_t len,
+                                         struct kvr_wire_worker_cancel *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > KVR_WIRE_SMALL_EVENT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__WorkerCancel *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__worker_cancel__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = KVR_OK;
+    if (strlen(kvr_codec_str(m->router_id)) > KVR_ROUTER_ID_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    else if (m->request_key == 0 ||
+             ((int)m->reason != KVR_ERR_CANCELLED && (int)m->reason != KVR_ERR_DEADLINE))
+        st = KVR_ERR_INVALID;
+    if (st == KVR_OK)
+        *out = (struct kvr_wire_worker_cancel){m->request_key, (kvr_status)m->reason, m->silent};
+    kvrouter__v1__worker_cancel__free_unpacked(m, &a.pc);
+    return st;
+}
+
+/* --- event encoders ---------------------------------------------------------------------- */
+
+kvr_status kvr_wire_encode_stored(struct kvr_buf *b, uint64_t worker_id, uint64_t seq,
+                                  const uint64_t *parent, const struct kvr_kv_block *blocks,
+                                  size_t n)
+{
+    Kvrouter__V1__KvEvent m = KVROUTER__V1__KV_EVENT__INIT;
+    Kvrouter__V1__Stored s = KVROUTER__V1__STORED__INIT;
+    Kvrouter__V1__StoredBlock *sb = calloc(n + 1, sizeof *sb);
+    Kvrouter__V1__StoredBlock **ptrs = calloc(n + 1, sizeof *ptrs);
+    if (!sb || !ptrs) {
+        free(sb);
+        free(ptrs);
+        return KVR_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Kvrouter__V1__StoredBlock x = KVROUTER__V1__STORED_BLOCK__INIT;
+        x.engine_id = blocks[i].engine_id;
+        x.local_hash = blocks[i].local_hash;
+        sb[i] = x;
+        ptrs[i] = &sb[i];
+    }
+    s.has_parent = parent != NULL;
+    s.parent = parent ? *parent : 0;
+    s.blocks = ptrs;
+    s.n_blocks = n;
+    m.worker_id = worker_id;
+    m.event_seq = seq;
+    m.event_case = KVROUTER__V1__KV_EVENT__EVENT_STORED;
+    m.stored = &s;
+    kvr_status st = kvr_codec_pack(b, &m.base);
+    free(sb);
+    free(ptrs);
+    return st;
+}
+
+kvr_status kvr_wire_encode_removed(struct kvr_buf *b, uint64_t worker_id, uint64_t seq,
+                                   const uint64_t *ids, size_t n)
+{
+    Kvrouter__V1__KvEvent m = KVROUTER__V1__KV_EVENT__INIT;
+    Kvrouter__V1__Removed r = KVROUTER__V1__REMOVED__INIT;
+    r.engine_ids = (uint64_t *)ids;
+    r.n_engine_ids = n;
+    m.worker_id = worker_id;
+    m.event_seq = seq;
+    m.event_case = KVROUTER__V1__KV_EVENT__EVENT_REMOVED;
+    m.removed = &r;
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_encode_cleared(struct kvr_buf *b, uint64_t worker_id, uint64_t seq)
+{
+    Kvrouter__V1__KvEvent m = KVROUTER__V1__KV_EVENT__INIT;
+    Kvrouter__V1__Cleared c = KVROUTER__V1__CLEARED__INIT;
+    m.worker_id = worker_id;
+    m.event_seq = seq;
+    m.event_case = KVROUTER__V1__KV_EVENT__EVENT_CLEARED;
+    m.cleared = &c;
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_encode_tokens(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
+                                  enum kvr_wire_tokens_kind kind)
+{
+    Kvrouter__V1__TokensEvent m = KVROUTER__V1__TOKENS_EVENT__INIT;
+    m.worker_id = worker_id;
+    m.request_key = key;
+    m.kind = kind == KVR_WIRE_OUTPUT_BLOCK ? KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK
+                                           : KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE;
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
+                                uint32_t status, uint32_t output_tokens)
+{
+    Kvrouter__V1__DoneEvent m = KVROUTER__V1__DONE_EVENT__INIT;
+    m.worker_id = worker_id;
+    m.request_key = key;
+    m.status = (Kvrouter__V1__ErrorCode)status;
+    m.output_tokens = output_tokens;
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_heartbeat *h)
+{
+    Kvrouter__V1__Heartbeat m = KVROUTER__V1__HEARTBEAT__INIT;
+    m.worker_id = h->info.id;
+    m.block_size = h->info.block_size;
+    m.capacity_blocks = h->info.capacity_blocks;
+    m.waiting = h->info.waiting;
+    m.kv_usage = h->info.kv_usage;
+    m.inflight = h->inflight;
+    m.n_inflight = h->ninflight;
+    m.interval_ms = h->interval_ms;
+    m.draining = h->draining;
+    m.instance = h->instance;
+    m.started_ns = h->started_ns;
+    return kvr_codec_pack(b, &m.base);
+}

@@ -1,0 +1,182 @@
+// Resending (docs/protocol.md "Resending"): the same request (same inbox, same request_id, same
+// bytes) published again at every moment is one request: one stream, once. Each timing runs
+// KVR_JS_TRIALS times (default 20), 20 trials at a time.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { useFleet } from "./lib/setup.js";
+import {
+  generate, publishGenerate, prompt, freshSeed, rid, streamProblems, sleep,
+} from "./lib/client.js";
+import { BUSY_ROUTER_ARGS, BUSY_WORKER_ARGS, fillWorkers, releaseFillers } from "./lib/busy.js";
+
+const NS = "rsnd";
+const BUSY = "rbusy";
+const TRIALS = Math.max(1, Number(process.env.KVR_JS_TRIALS || 20));
+const WAVE = 20;
+const TT = { timeout: 60000 + TRIALS * 3000 }; // per test
+const QUIET_MS = 500; // after the final chunk: anything more is a violation
+
+const h = useFleet("resend", [
+  { ns: NS, routers: ["rsnd-r1", "rsnd-r2"], workers: [401, 402] },
+  { ns: BUSY, routers: ["rbusy-r1", "rbusy-r2"], workers: [411, 412],
+    routerArgs: BUSY_ROUTER_ARGS, workerArgs: BUSY_WORKER_ARGS },
+]);
+
+// The contract's demands on one resent request's stream, as a list of problems.
+function trialProblems(s, req) {
+  const p = streamProblems(s, { requestId: req.request_id, maxTokens: req.max_tokens });
+  const f = s.final;
+  if (f && f.error_code !== 0) p.push(`the final chunk must be OK (0), got ${f.error_code} ("${f.error}")`);
+  if (f && f.finish_reason !== "length") p.push(`finish_reason must be "length", got "${f.finish_reason}"`);
+  return p;
+}
+
+// How many trials had each kind of problem (figures replaced by #), most common first.
+function tally(failures) {
+  const counts = new Map();
+  for (const r of failures) {
+    for (const k of new Set(r.problems.map((x) => x.replace(/\d+/g, "#").replace(/"[^"]*"/g, '"…"')))) {
+      counts.set(k, (counts.get(k) || 0) + 1);
+    }
+  }
+  return [...counts].sort((a, b) => b[1] - a[1]).slice(0, 6).map(([k, n]) => `${n}x ${k}`).join("\n    ");
+}
+
+// Run `trials` of one timing, WAVE at a time. trial(ctx) puts its stream and request in ctx at
+// once (for the report, if it throws) and returns {s, req, pre}, pre: whether the resend happened
+// in the state the timing names, as far as the client can tell.
+async function runTrials(timing, trial) {
+  const failures = [];
+  let pre = 0;
+  for (let done = 0; done < TRIALS; done += WAVE) {
+    const n = Math.min(WAVE, TRIALS - done);
+    const results = await Promise.all(Array.from({ length: n }, async (_, i) => {
+      const ctx = {}; // the trial's stream and request, as soon as it has them
+      try {
+        const r = await trial(ctx);
+        r.s.close();
+        return { ...r, problems: trialProblems(r.s, r.req) };
+      } catch (e) {
+        if (ctx.s) ctx.s.close();
+        return { ...ctx, problems: [e.message] };
+      }
+    }));
+    for (const r of results) {
+      if (r.pre) pre++;
+      if (r.problems.length) failures.push(r);
+    }
+  }
+  const msg = failures.slice(0, 2).map((r, i) => `trial ${i + 1}` +
+    (r.req ? ` (request_id ${r.req.request_id}, reply ${r.s.inbox})` : "") +
+    `:\n    - ${r.problems.join("\n    - ")}` +
+    (r.s ? `\n    stream: ${r.s.summary()}` : "")).join("\n  ");
+  assert.ok(failures.length === 0, `resent ${timing}: ${failures.length} of ${TRIALS} trials broke ` +
+    `the contract (one stream, once: one final, contiguous positions, one worker_id, ` +
+    `max_tokens tokens, nothing after the final)\n  problems, by trials:\n    ${tally(failures)}\n  ${msg}`);
+  return pre;
+}
+
+const small = (tag, extra = {}) => ({ request_id: rid(tag), token_ids: prompt(100, freshSeed()), max_tokens: 16, ...extra });
+
+test(`resend at 0 ms (back to back), ${TRIALS} trials`, TT, async () => {
+  await runTrials("at 0 ms", async (ctx) => {
+    const req = small("rs0");
+    const s = generate(h.nc, NS, req);
+    Object.assign(ctx, { s, req });
+    publishGenerate(h.nc, NS, s);
+    await s.complete(10000, QUIET_MS);
+    return { s, req, pre: true };
+  });
+});
+
+test(`resend at ~1 ms, ${TRIALS} trials`, TT, async () => {
+  await runTrials("at ~1 ms", async (ctx) => {
+    const req = small("rs1");
+    const s = generate(h.nc, NS, req);
+    Object.assign(ctx, { s, req });
+    await sleep(1);
+    const pre = s.msgs.length === 0;
+    publishGenerate(h.nc, NS, s);
+    await s.complete(10000, QUIET_MS);
+    return { s, req, pre };
+  });
+});
+
+test(`resend while queued (every worker busy), ${TRIALS} trials`, TT, async () => {
+  let pre = 0;
+  for (let done = 0; done < TRIALS; done += WAVE) {
+    const n = Math.min(WAVE, TRIALS - done);
+    const { fillers, confirmed } = await fillWorkers(h.nc, BUSY, 2, 100);
+    const trials = [];
+    try {
+      for (let i = 0; i < n; i++) {
+        const req = { request_id: rid("rsq"), token_ids: prompt(32, freshSeed()), max_tokens: 8 };
+        trials.push({ req, s: generate(h.nc, BUSY, req) });
+      }
+      await sleep(300);
+      for (const t of trials) {
+        t.pre = t.s.msgs.length === 0;
+        if (t.pre) pre++;
+        publishGenerate(h.nc, BUSY, t.s);
+      }
+      await sleep(200);
+    } finally {
+      await releaseFillers(h.nc, BUSY, fillers);
+    }
+    const res = await Promise.all(trials.map(async (t) => {
+      try {
+        await t.s.complete(30000, QUIET_MS);
+        t.problems = trialProblems(t.s, t.req);
+      } catch (e) {
+        t.problems = [e.message];
+      }
+      t.s.close();
+      return t;
+    }));
+    const bad = res.filter((t) => t.problems.length);
+    assert.ok(bad.length === 0, `resent while queued (selects saw every worker busy: ${confirmed}): ` +
+      `${bad.length} of ${n} trials broke the contract\n  problems, by trials:\n    ${tally(bad)}\n  ` +
+      bad.slice(0, 2).map((t, i) => `trial ${i + 1} (request_id ${t.req.request_id}, reply ${t.s.inbox}):\n    - ${t.problems.join("\n    - ")}\n    stream: ${t.s.summary()}`).join("\n  "));
+  }
+  assert.ok(pre > 0, `test set-up: no request was still waiting when it was resent (${TRIALS} trials)`);
+});
+
+test(`resend while prefilling (a long prompt, before the first token), ${TRIALS} trials`, TT, async (t) => {
+  const pre = await runTrials("while prefilling", async (ctx) => {
+    const req = { request_id: rid("rsp"), token_ids: prompt(6000, freshSeed()), max_tokens: 16 };
+    const s = generate(h.nc, NS, req);
+    Object.assign(ctx, { s, req });
+    await sleep(40);
+    const before = s.msgs.length === 0;
+    publishGenerate(h.nc, NS, s);
+    await s.complete(15000, QUIET_MS);
+    return { s, req, pre: before };
+  });
+  t.diagnostic(`${pre} of ${TRIALS} resends came before the first token`);
+  assert.ok(pre > 0, `test set-up: every resend came after the first token (${TRIALS} trials)`);
+});
+
+test(`resend while decoding (after 3 chunks), ${TRIALS} trials`, TT, async () => {
+  await runTrials("while decoding", async (ctx) => {
+    const req = small("rsd", { max_tokens: 24 });
+    const s = generate(h.nc, NS, req);
+    Object.assign(ctx, { s, req });
+    await s.waitChunks(3, 10000);
+    const pre = !s.final;
+    publishGenerate(h.nc, NS, s);
+    await s.complete(10000, QUIET_MS);
+    return { s, req, pre };
+  });
+});
+
+test(`resend after the final chunk: ignored, ${TRIALS} trials`, TT, async () => {
+  await runTrials("after the final chunk", async (ctx) => {
+    const req = small("rsf", { max_tokens: 8 });
+    const s = generate(h.nc, NS, req);
+    Object.assign(ctx, { s, req });
+    await s.waitFinal(10000);
+    publishGenerate(h.nc, NS, s);
+    await sleep(1000); // a resend after the final is ignored (for 60 s): nothing may come
+    return { s, req, pre: true };
+  });
+});
