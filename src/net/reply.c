@@ -52,6 +52,7 @@ void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *rep
                                .error = st,
                                .worker_id = why && why->worker_id ? why->worker_id : r->worker_id,
                                .position = why ? why->position : 0,
+                               .cached_tokens = why ? why->cached_tokens : 0,
                                .detail = why ? why->detail : NULL};
     if (kvr_wire_encode_chunk(&r->buf, &c) == KVR_OK)
         kvr_outbox_add(out, reply, r->buf.data, r->buf.len, st);

@@ -43,9 +43,10 @@ void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns);
 
 /* What a failed request's final chunk says beyond its code. */
 struct kvr_reply_why {
-    uint64_t worker_id; /* the worker that failed (0: the endpoint's own id) */
-    uint32_t position;  /* tokens the client got before it */
-    const char *detail; /* NULL, or the figures ("9 tokens, the limit is 8") */
+    uint64_t worker_id;     /* the worker that failed (0: the endpoint's own id) */
+    uint32_t position;      /* tokens the client got before it */
+    uint32_t cached_tokens; /* a worker's: the prompt tokens it had cached */
+    const char *detail;     /* NULL, or the figures ("9 tokens, the limit is 8") */
 };
 
 /*

@@ -29,18 +29,46 @@ kvr_status kvr_nats_status(natsStatus s)
     }
 }
 
-static void on_disconnected(natsConnection *nc, void *closure)
+/* The callbacks' closure: the connection's name (kvr_connect), or its kvr_conn_hooks
+ * (kvr_connect_hooked, whose name they log). */
+static bool log_cut(natsConnection *nc, const char *name)
 {
     if (natsConnection_IsClosed(nc))
-        return; /* our own close, not an outage */
-    kvr_log(KVR_LOG_WARN, "nats_disconnected", "conn=%s", (const char *)closure);
+        return false; /* our own close, not an outage */
+    kvr_log(KVR_LOG_WARN, "nats_disconnected", "conn=%s", name);
+    return true;
+}
+
+static void log_back(natsConnection *nc, const char *name)
+{
+    char url[256] = "";
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", name, url);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure)
+{
+    log_cut(nc, closure);
 }
 
 static void on_reconnected(natsConnection *nc, void *closure)
 {
-    char url[256] = "";
-    natsConnection_GetConnectedUrl(nc, url, sizeof url);
-    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", (const char *)closure, url);
+    log_back(nc, closure);
+}
+
+static void on_cut_hooked(natsConnection *nc, void *closure)
+{
+    const struct kvr_conn_hooks *h = closure;
+    if (log_cut(nc, h->name) && h->cut)
+        h->cut(h->ctx);
+}
+
+static void on_back_hooked(natsConnection *nc, void *closure)
+{
+    const struct kvr_conn_hooks *h = closure;
+    log_back(nc, h->name);
+    if (h->back)
+        h->back(h->ctx);
 }
 
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
@@ -51,24 +79,11 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
             natsStatus_GetText(err));
 }
 
-kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
+/* The settings every connection gets (NATS-NOTES.md). */
+static natsStatus options(natsOptions *o, const char **servers, int n, const char *name,
+                          const struct kvr_conn_hooks *h)
 {
-    natsOptions *o = NULL;
-    const char *servers[32];
-    char copy[2048];
-    int nservers = 0;
-    if (strlen(urls) >= sizeof copy)
-        return KVR_ERR_INVALID;
-    strcpy(copy, urls);
-    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && nservers < 32;
-         t = strtok_r(NULL, ",", &save))
-        servers[nservers++] = t;
-    if (!nservers)
-        return KVR_ERR_INVALID;
-    void *tag = (void *)name; /* the callbacks' closure: the caller keeps name alive */
-    natsStatus s = natsOptions_Create(&o);
-    if (s == NATS_OK)
-        s = natsOptions_SetServers(o, servers, nservers);
+    natsStatus s = natsOptions_SetServers(o, servers, n);
     if (s == NATS_OK) /* the first URL is the preferred node: operators spread processes */
         s = natsOptions_SetNoRandomize(o, true);
     if (s == NATS_OK)
@@ -88,11 +103,34 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(o, 64 << 20);
     if (s == NATS_OK)
-        s = natsOptions_SetDisconnectedCB(o, on_disconnected, tag);
+        s = h ? natsOptions_SetDisconnectedCB(o, on_cut_hooked, (void *)h)
+              : natsOptions_SetDisconnectedCB(o, on_disconnected, (void *)name);
     if (s == NATS_OK)
-        s = natsOptions_SetReconnectedCB(o, on_reconnected, tag);
+        s = h ? natsOptions_SetReconnectedCB(o, on_back_hooked, (void *)h)
+              : natsOptions_SetReconnectedCB(o, on_reconnected, (void *)name);
     if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(o, on_error, tag);
+        s = natsOptions_SetErrorHandler(o, on_error, (void *)name);
+    return s;
+}
+
+static kvr_status connect(const char *urls, const char *name, const struct kvr_conn_hooks *h,
+                          natsConnection **out)
+{
+    const char *servers[32];
+    char copy[2048];
+    int nservers = 0;
+    if (strlen(urls) >= sizeof copy)
+        return KVR_ERR_INVALID;
+    strcpy(copy, urls);
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && nservers < 32;
+         t = strtok_r(NULL, ",", &save))
+        servers[nservers++] = t;
+    if (!nservers)
+        return KVR_ERR_INVALID;
+    natsOptions *o = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = options(o, servers, nservers, name, h);
     if (s == NATS_OK)
         s = natsConnection_Connect(out, o);
     natsOptions_Destroy(o);
@@ -102,6 +140,17 @@ kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
         return kvr_nats_status(s);
     }
     return KVR_OK;
+}
+
+kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
+{
+    return connect(urls, name, NULL, out);
+}
+
+kvr_status kvr_connect_hooked(const char *urls, const struct kvr_conn_hooks *h,
+                              natsConnection **out)
+{
+    return connect(urls, h->name, h, out);
 }
 
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,

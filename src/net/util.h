@@ -36,6 +36,20 @@ kvr_status kvr_nats_status(natsStatus s);
  */
 kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out);
 
+/* What a connection's owner wants to hear besides the logs: its connection was cut (not closed
+ * by its owner), and it is back. Called on nats.c's callback thread. */
+struct kvr_conn_hooks {
+    const char *name;        /* the connection's name */
+    void (*cut)(void *ctx);  /* may be NULL */
+    void (*back)(void *ctx); /* may be NULL */
+    void *ctx;               /* */
+};
+
+/* kvr_connect as h->name, calling h's hooks too; h is borrowed for the connection's whole life,
+ * like the name. */
+kvr_status kvr_connect_hooked(const char *urls, const struct kvr_conn_hooks *h,
+                              natsConnection **out);
+
 /*
  * Publish data to subject; when err is not KVR_OK, add the NATS service error headers
  * (Nats-Service-Error, Nats-Service-Error-Code). subject may be NULL (nothing is sent).

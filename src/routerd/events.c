@@ -113,7 +113,7 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
      * was stopped in favour of another worker's copy (ERR_SUPERSEDED), whose decision this router
      * has not heard yet: that one is still on (its decision arrives as new). */
     if (d.status == KVR_OK || d.status == KVR_ERR_CANCELLED || d.status == KVR_ERR_DEADLINE)
-        kvr_recent_put(&rd->recent, d.key, KVR_RECENT_ENDED, KVR_OK, now);
+        kvr_recent_put(&rd->recent, d.key, KVR_RECENT_ENDED, KVR_OK, false, now);
     /* a worker's refusal (shutting down, out of memory): its client was told and may try again */
     st = kvr_router_done_at(rd->core, d.key, now);
     if (kvr_router_queue_len(rd->core))

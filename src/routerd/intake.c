@@ -26,16 +26,16 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
         rd->fleet->resends++;
         return true;
     }
-    struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);
+    const struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);
     if (!r)
         return false;
     if (r->kind == KVR_RECENT_ENDED) {
         rd->n.resends_after_end++; /* its client has its final chunk */
         return true;
     }
-    kvr_reply_error(&rd->generate, &rd->out, reply, id, r->status); /* the cancel came first */
+    kvr_reply_error(&rd->generate, &rd->out, reply, id, r->outcome); /* the cancel came first */
     rd->n.cancelled_early++;
-    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, now);
+    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
     return true;
 }
 
@@ -191,7 +191,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (!p) {
         if (!kvr_recent_find(&rd->recent, key, now)) /* not ended: it may be on its way here */
-            kvr_recent_put(&rd->recent, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, now);
+            kvr_recent_put(&rd->recent, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, false, now);
         return;
     }
     if (p->worker_id) { /* its worker answers, and its done frees every router's booking */
@@ -203,7 +203,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
         return; /* queued at its origin, which heard the cancel too */
     kvr_router_cancel(rd->core, key);
     kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, KVR_ERR_CANCELLED);
-    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, now);
+    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
     kvr_pending_drop(&rd->pend, p);
     rd->n.cancelled_queued++;
 }

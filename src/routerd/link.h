@@ -16,8 +16,9 @@
 #include "service.h"
 #include "state.h"
 
-#define KVR_LINK_FORWARD_ENVELOPE 256 /* bytes a WorkerGenerate adds around the client's request   \
-                                       */
+#define KVR_LINK_FORWARD_ENVELOPE                                                                  \
+    256 /* bytes a WorkerGenerate adds around the client's request                                 \
+         */
 
 struct kvr_link {
     struct kvr_rd *rd;              /* borrowed */

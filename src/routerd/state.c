@@ -43,9 +43,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
         return st;
     /* every request the core holds, in flight or queued, plus orphans within their grace */
     kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
-    st = kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
-    if (st != KVR_OK)
-        return st;
+    kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
     rd->select.router_id = cfg->id;

@@ -119,89 +119,19 @@ static void *heartbeat_thread(void *arg)
 
 /* --- connections ----------------------------------------------------------------------------- */
 
-/* The outgoing connection's cut and return, on the library's event thread. */
-static void on_out_disconnected(natsConnection *nc, void *closure)
+/* The outgoing connection's cut and return, on the library's callback thread. */
+static void on_out_cut(void *ctx)
 {
-    struct kvr_wk_link *l = closure;
-    if (natsConnection_IsClosed(nc) || !l->w)
-        return; /* our own close, not an outage */
-    kvr_log(KVR_LOG_WARN, "nats_disconnected", "conn=%s", l->name_out);
-    kvr_worker_on_disconnected(l->w);
+    struct kvr_wk_link *l = ctx;
+    if (l->w)
+        kvr_worker_on_disconnected(l->w);
 }
 
-static void on_out_reconnected(natsConnection *nc, void *closure)
+static void on_out_back(void *ctx)
 {
-    struct kvr_wk_link *l = closure;
-    char url[256] = "";
-    natsConnection_GetConnectedUrl(nc, url, sizeof url);
-    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", l->name_out, url);
+    struct kvr_wk_link *l = ctx;
     if (l->w)
         kvr_worker_on_reconnected(l->w);
-}
-
-static void on_out_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
-{
-    struct kvr_wk_link *l = closure;
-    kvr_log(KVR_LOG_WARN, "nats_error", "conn=%s error=\"%s\"", l->name_out,
-            natsStatus_GetText(err));
-}
-
-/* The settings kvr_connect gives every connection (NATS-NOTES.md), with the worker's own
- * callbacks: kvr_connect takes no hook for them. */
-static natsStatus out_options(natsOptions *o, struct kvr_wk_link *l, const char **servers, int n)
-{
-    natsStatus s = natsOptions_SetServers(o, servers, n);
-    if (s == NATS_OK)
-        s = natsOptions_SetNoRandomize(o, true);
-    if (s == NATS_OK)
-        s = natsOptions_SetName(o, l->name_out);
-    if (s == NATS_OK)
-        s = natsOptions_SetSendAsap(o, true);
-    if (s == NATS_OK)
-        s = natsOptions_SetMaxReconnect(o, -1);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectWait(o, 250);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectJitter(o, 100, 1000);
-    if (s == NATS_OK)
-        s = natsOptions_SetRetryOnFailedConnect(o, true, NULL, NULL);
-    if (s == NATS_OK)
-        s = natsOptions_SetMaxPendingMsgs(o, 1 << 20);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectBufSize(o, 64 << 20);
-    if (s == NATS_OK)
-        s = natsOptions_SetDisconnectedCB(o, on_out_disconnected, l);
-    if (s == NATS_OK)
-        s = natsOptions_SetReconnectedCB(o, on_out_reconnected, l);
-    if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(o, on_out_error, l);
-    return s;
-}
-
-static kvr_status connect_out(struct kvr_wk_link *l)
-{
-    const char *servers[32];
-    char copy[2048];
-    int n = 0;
-    if (strlen(l->w->cfg->net.urls) >= sizeof copy)
-        return KVR_ERR_INVALID;
-    strcpy(copy, l->w->cfg->net.urls);
-    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && n < 32;
-         t = strtok_r(NULL, ",", &save))
-        servers[n++] = t;
-    if (!n)
-        return KVR_ERR_INVALID;
-    natsOptions *o = NULL;
-    natsStatus s = natsOptions_Create(&o);
-    if (s == NATS_OK)
-        s = out_options(o, l, servers, n);
-    if (s == NATS_OK)
-        s = natsConnection_Connect(&l->nc_out, o);
-    natsOptions_Destroy(o);
-    if (s != NATS_OK)
-        kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", l->w->cfg->net.urls,
-                natsStatus_GetText(s));
-    return kvr_nats_status(s);
 }
 
 /* Does another process serve this id? Any answer to the hello says so; no responders (at once)
@@ -267,9 +197,10 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     kvr_service_add(&l->svc, "generate", w->subj_gen, NULL, &w->generate);
     snprintf(l->name_in, sizeof l->name_in, "kvworker-%" PRIu64 "-in", w->cfg->id);
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
+    l->hooks_out = (struct kvr_conn_hooks){l->name_out, on_out_cut, on_out_back, l};
     kvr_status st = kvr_connect(w->cfg->net.urls, l->name_in, &l->nc_in);
     if (st == KVR_OK)
-        st = connect_out(l);
+        st = kvr_connect_hooked(w->cfg->net.urls, &l->hooks_out, &l->nc_out);
     if (st != KVR_OK)
         return st;
     w->sink = kvr_nats_sink(l->nc_out);

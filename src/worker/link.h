@@ -16,6 +16,7 @@
 #include <nats/nats.h>
 
 #include "service.h"
+#include "util.h"
 #include "worker.h"
 
 #define KVR_WK_HELLO_TIMEOUT_MS 250 /* start-up: how long an answer to the hello may take */
@@ -25,9 +26,10 @@ struct kvr_wk_link {
     struct kvr_service svc;         /* */
     natsConnection *nc_in, *nc_out; /* */
     natsSubscription *sub_gen, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
-    pthread_t engine, heartbeat;    /* */
-    bool threads;                   /* started */
-    char name_in[64], name_out[64]; /* connection names (they outlive the connections) */
+    pthread_t engine, heartbeat;     /* */
+    bool threads;                    /* started */
+    char name_in[64], name_out[64];  /* connection names (they outlive the connections) */
+    struct kvr_conn_hooks hooks_out; /* the outgoing connection's (outlives it) */
 };
 
 /*

@@ -157,7 +157,7 @@ static void free_req(struct kvr_wreq *r)
 /* key ended here with outcome: a forward for it in the next 60 s is a duplicate. */
 static void remember(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint64_t now)
 {
-    if (kvr_wk_recent_put(&w->recent, key, KVR_WK_RECENT_ENDED, outcome, false, now) != KVR_OK)
+    if (kvr_recent_put(&w->recent, key, KVR_RECENT_ENDED, outcome, false, now) != KVR_OK)
         w->c.dropped++;
 }
 
@@ -222,8 +222,9 @@ static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, 
 {
     kvr_engine_cancel(w->eng, r->key);
     if (!silent && !w->clashed)
-        kvr_reply_fail(&w->generate, &w->out, r->reply, r->request_id, why,
-                       &(struct kvr_reply_why){.position = r->produced});
+        kvr_reply_fail(
+            &w->generate, &w->out, r->reply, r->request_id, why,
+            &(struct kvr_reply_why){.position = r->produced, .cached_tokens = r->cached_tokens});
     /* a silent stop: the request is another worker's, and has not ended */
     emit_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->produced);
     if (why == KVR_ERR_DEADLINE)
@@ -279,7 +280,7 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
     kvr_reply_init(&w->generate, "generate", cfg->id);
-    kvr_wk_recent_init(&w->recent, KVR_WK_RECENT_MAX, KVR_WK_RECENT_TTL_NS);
+    kvr_recent_init(&w->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     if (!subjects(w))
         return KVR_ERR_INVALID;
     struct kvr_engine_sink es = {w,         on_stored, on_removed, on_prefill,
@@ -303,7 +304,7 @@ void kvr_worker_free(struct kvr_worker *w)
         free_req(r);
     }
     kvr_wk_deadlines_free(&w->deadlines);
-    kvr_wk_recent_free(&w->recent);
+    kvr_recent_free(&w->recent);
     kvr_outbox_free(&w->out);
     kvr_buf_free(&w->buf);
     kvr_reply_free(&w->generate);
@@ -399,7 +400,7 @@ static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, u
 /* A forward whose cancel came first: ended at once (the client told unless silent), and the done
  * event frees the routers' booking. */
 static void end_unborn(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                       const char *reply, const struct kvr_wk_recent_item *cancel, uint64_t now)
+                       const char *reply, const struct kvr_recent_item *cancel, uint64_t now)
 {
     kvr_status why = cancel->outcome;
     if (!cancel->silent)
@@ -427,8 +428,8 @@ static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, u
         absorb(w, key, "held");
         return KVR_OK;
     }
-    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&w->recent, key, now);
-    if (it && it->kind == KVR_WK_RECENT_ENDED) {
+    const struct kvr_recent_item *it = kvr_recent_find(&w->recent, key, now);
+    if (it && it->kind == KVR_RECENT_ENDED) {
         absorb(w, key, it->outcome == KVR_OK ? "finished" : kvr_status_str(it->outcome));
         return KVR_OK;
     }
@@ -486,12 +487,12 @@ static void cancel(struct kvr_worker *w, const struct kvr_wire_worker_cancel *c,
         end_early(w, r, c->reason, c->silent, now);
         return;
     }
-    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&w->recent, c->key, now);
-    if (it && it->kind == KVR_WK_RECENT_ENDED) {
+    const struct kvr_recent_item *it = kvr_recent_find(&w->recent, c->key, now);
+    if (it && it->kind == KVR_RECENT_ENDED) {
         w->c.late_cancels++; /* its stream has ended: nothing more to say */
         return;
     }
-    if (kvr_wk_recent_put(&w->recent, c->key, KVR_WK_RECENT_CANCEL, c->reason, c->silent, now) ==
+    if (kvr_recent_put(&w->recent, c->key, KVR_RECENT_CANCELLED, c->reason, c->silent, now) ==
         KVR_OK)
         w->c.early_cancels++;
     else
@@ -570,7 +571,7 @@ static void housekeep(struct kvr_worker *w, uint64_t now)
     expire(w, now);
     repeat_due(w, now);
     prune_kept(w, now);
-    kvr_wk_recent_expire(&w->recent, now);
+    kvr_recent_expire(&w->recent, now);
 }
 
 /* When something is next due (a deadline, the repeat), 0 when nothing is. */

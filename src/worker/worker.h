@@ -106,7 +106,7 @@ struct kvr_worker {
     struct kvr_wreq *reqs;             /* uthash head, under mu */
     uint32_t nreqs;                    /* */
     struct kvr_wk_deadlines deadlines; /* of held requests, under mu */
-    struct kvr_wk_recent recent;       /* ended keys and early cancels, under mu */
+    struct kvr_recent recent;          /* ended keys and early cancels, under mu */
     struct kvr_outbox out;             /* under mu */
     struct kvr_buf buf;                /* encoding scratch, under mu */
     struct kvr_reply generate;         /* its answers and error counts, under mu */

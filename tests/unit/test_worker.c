@@ -270,7 +270,8 @@ Test(worker, a_silent_cancel_sends_no_chunk_but_the_done_event)
     cr_assert(eq(int, chunks(mark, c, 4), 0), "another worker serves the stream");
     struct kvr_wire_done d[4];
     cr_assert(eq(int, dones(mark, d, 4), 1));
-    cr_assert(eq(u32, d[0].status, KVR_ERR_SUPERSEDED), "the request is the other worker's, not ended");
+    cr_assert(eq(u32, d[0].status, KVR_ERR_SUPERSEDED),
+              "the request is the other worker's, not ended");
     cr_assert(eq(u32, d[0].output_tokens, 1));
     assert_engine_empty();
 
@@ -342,30 +343,30 @@ Test(worker, duplicates_are_absorbed_without_a_chunk)
 
 Test(worker, the_recent_table_is_bounded_and_forgets_the_oldest_first)
 {
-    struct kvr_wk_recent t;
-    kvr_wk_recent_init(&t, 3, 10);
+    struct kvr_recent t;
+    kvr_recent_init(&t, 3, 10);
     for (uint64_t k = 1; k <= 3; k++)
-        cr_assert(eq(int, kvr_wk_recent_put(&t, k, KVR_WK_RECENT_ENDED, KVR_OK, false, 0), KVR_OK));
+        cr_assert(eq(int, kvr_recent_put(&t, k, KVR_RECENT_ENDED, KVR_OK, false, 0), KVR_OK));
     cr_assert(
-        eq(int, kvr_wk_recent_put(&t, 4, KVR_WK_RECENT_CANCEL, KVR_ERR_DEADLINE, true, 0), KVR_OK));
+        eq(int, kvr_recent_put(&t, 4, KVR_RECENT_CANCELLED, KVR_ERR_DEADLINE, true, 0), KVR_OK));
     cr_assert(eq(u32, t.n, 3));
     cr_assert(eq(u64, t.evicted, 1));
-    cr_assert(kvr_wk_recent_find(&t, 1, 0) == NULL, "the oldest went first");
-    const struct kvr_wk_recent_item *it = kvr_wk_recent_find(&t, 4, 0);
+    cr_assert(kvr_recent_find(&t, 1, 0) == NULL, "the oldest went first");
+    const struct kvr_recent_item *it = kvr_recent_find(&t, 4, 0);
     cr_assert(it != NULL);
-    cr_assert(eq(int, it->kind, KVR_WK_RECENT_CANCEL));
+    cr_assert(eq(int, it->kind, KVR_RECENT_CANCELLED));
     cr_assert(eq(int, it->outcome, KVR_ERR_DEADLINE));
     cr_assert(it->silent);
-    kvr_wk_recent_put(&t, 2, KVR_WK_RECENT_ENDED, KVR_ERR_CANCELLED, false, 5); /* again: younger */
-    cr_assert(kvr_wk_recent_find(&t, 3, 10) == NULL, "its time is up");
-    cr_assert(kvr_wk_recent_find(&t, 4, 10) == NULL);
-    it = kvr_wk_recent_find(&t, 2, 10);
+    kvr_recent_put(&t, 2, KVR_RECENT_ENDED, KVR_ERR_CANCELLED, false, 5); /* again: younger */
+    cr_assert(kvr_recent_find(&t, 3, 10) == NULL, "its time is up");
+    cr_assert(kvr_recent_find(&t, 4, 10) == NULL);
+    it = kvr_recent_find(&t, 2, 10);
     cr_assert(it != NULL, "restarted at 5: until 15");
     cr_assert(eq(int, it->outcome, KVR_ERR_CANCELLED));
     cr_assert(eq(u32, t.n, 1));
-    cr_assert(kvr_wk_recent_find(&t, 2, 15) == NULL);
+    cr_assert(kvr_recent_find(&t, 2, 15) == NULL);
     cr_assert(eq(u32, t.n, 0));
-    kvr_wk_recent_free(&t);
+    kvr_recent_free(&t);
 }
 
 /* --- the id clash ---------------------------------------------------------------------------- */
