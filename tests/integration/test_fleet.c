@@ -196,14 +196,14 @@ Test(fleet, bad_input_gets_errors_and_the_router_keeps_serving)
         const char *code;
         uint64_t n;
     } want[] = {
-        {"KVR_ERR_MALFORMED", 2},
-        {"KVR_ERR_EMPTY_PROMPT", 1},
-        {"KVR_ERR_PROMPT_TOO_LONG", 1},
-        {"KVR_ERR_UNKNOWN_POLICY", 1},
+        {"ERR_MALFORMED", 2},
+        {"ERR_EMPTY_PROMPT", 1},
+        {"ERR_PROMPT_TOO_LONG", 1},
+        {"ERR_UNKNOWN_POLICY", 1},
     };
-    uint64_t no_workers = errors_of(before, "KVR_ERR_NO_WORKERS"), total = no_workers;
+    uint64_t no_workers = errors_of(before, "ERR_NO_WORKERS"), total = no_workers;
     cr_assert(ge(u64, no_workers, 1));
-    cr_assert(eq(u64, errors_of(stats, "KVR_ERR_NO_WORKERS"), no_workers), "%s", text);
+    cr_assert(eq(u64, errors_of(stats, "ERR_NO_WORKERS"), no_workers), "%s", text);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         cr_assert(eq(u64, errors_of(stats, want[i].code), want[i].n), "%s: %s", want[i].code, text);
         total += want[i].n;
