@@ -3,6 +3,8 @@
  *   --mode load    replay a workload through the routers, one run per policy (replay.h)
  *   --mode hop     what the router's NATS hop costs, and the highest routed rate (hop.h)
  *   --mode digest  do the routers' state digests agree? (digests.h)
+ *   --mode resend  is a request sent twice answered once, whenever it is resent? (digests.h)
+ *   --mode cancel  how fast does a cancel end a stream and free its worker? (hop.h)
  * This file only reads the options, creates the client, runs the mode and destroys the client.
  */
 #include <stdio.h>
@@ -31,6 +33,8 @@ int main(int argc, char **argv)
     }
     int rc = cfg.mode == KVR_BENCH_HOP      ? kvr_hop_run(&cfg, client)
              : cfg.mode == KVR_BENCH_DIGEST ? kvr_digests_check(&cfg, client)
+             : cfg.mode == KVR_BENCH_RESEND ? kvr_resend_run(&cfg, client)
+             : cfg.mode == KVR_BENCH_CANCEL ? kvr_cancel_run(&cfg, client)
                                             : kvr_replay_run(&cfg, client);
     kvr_client_destroy(client);
     kvr_client_shutdown();

@@ -12,7 +12,8 @@
 #include "log.h"
 
 static const char *const mode_names[] = {
-    [KVR_BENCH_LOAD] = "load", [KVR_BENCH_HOP] = "hop", [KVR_BENCH_DIGEST] = "digest", NULL};
+    [KVR_BENCH_LOAD] = "load",     [KVR_BENCH_HOP] = "hop",       [KVR_BENCH_DIGEST] = "digest",
+    [KVR_BENCH_RESEND] = "resend", [KVR_BENCH_CANCEL] = "cancel", NULL};
 
 void kvr_bench_config_default(struct kvr_bench_config *c)
 {
@@ -33,6 +34,9 @@ void kvr_bench_config_default(struct kvr_bench_config *c)
     c->hop_window = 256;
     c->hop_ns = 3 * KVR_NS_PER_S;
     c->digest_wait_ns = 300 * KVR_NS_PER_MS;
+    c->trials = 200;
+    c->cancel_after = 10;
+    c->linger_ns = 300 * KVR_NS_PER_MS;
 }
 
 #define OPT(opt, kind, where, lo, hi, text)                                                        \
@@ -56,7 +60,8 @@ static size_t common_options(struct kvr_bench_config *c, struct kvr_opt *t, size
         {.name = "mode",
          .type = KVR_OPT_ENUM,
          .ptr = &c->mode,
-         .help = "load (replay a workload), hop (NATS-hop cost) or digest (do the routers agree?)",
+         .help = "load (replay a workload), hop (NATS-hop cost), digest (do the routers agree?), "
+                 "resend (resends answered once?) or cancel (how fast a cancel frees the worker)",
          .choices = mode_names},
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
@@ -71,11 +76,12 @@ static size_t load_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t
         OPT("requests", KVR_OPT_U32, &c->requests, 0, 0,
             "requests (0: the workload's default; hop: 2000)"),
         TEXT("policies", c->policies, "one run per policy, comma-separated"),
-        OPT("concurrency", KVR_OPT_U32, &c->concurrency, 1, 1e6, "closed-loop clients"),
+        OPT("concurrency", KVR_OPT_U32, &c->concurrency, 1, 1e6,
+            "closed-loop clients (resend: trials in flight)"),
         OPT("rate-scale", KVR_OPT_DOUBLE, &c->rate_scale, 1e-6, 1e6,
             "open loop: arrival-rate factor"),
         OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, 0,
-            "override every output length (0: the workload's)"),
+            "override every output length (0: the workload's; cancel: 16384)"),
         OPT("seed", KVR_OPT_U64, &c->seed, 0, 0, "workload seed"),
         TEXT("out", c->out, "write report.json, report.md and plots here"),
         OPT("workers", KVR_OPT_U32, &c->workers, 0, 0,
@@ -100,6 +106,12 @@ static size_t other_options(struct kvr_bench_config *c, struct kvr_opt *t, size_
         OPT("hop-seconds", KVR_OPT_SEC, &c->hop_ns, 0, 3600, "hop: how long the max-rate phase"),
         OPT("digest-wait-ms", KVR_OPT_MS, &c->digest_wait_ns, 0, 0,
             "digest: how long to collect the routers' answers"),
+        OPT("trials", KVR_OPT_U32, &c->trials, 1, 1e6,
+            "resend: trials per timing; cancel: requests cancelled"),
+        OPT("cancel-after", KVR_OPT_U32, &c->cancel_after, 1, 1e6,
+            "cancel: tokens received before the cancel"),
+        OPT("linger-ms", KVR_OPT_MS, &c->linger_ns, 0, 0,
+            "after the last answer, listen this long for more (double finals, second streams)"),
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
 }
@@ -132,7 +144,7 @@ static int parse_policies(struct kvr_bench_config *c)
 
 enum kvr_opts_result kvr_bench_config_parse(struct kvr_bench_config *c, int argc, char **argv)
 {
-    struct kvr_opt t[32];
+    struct kvr_opt t[40];
     size_t n = common_options(c, t, 0);
     n = load_options(c, t, n);
     n = other_options(c, t, n);

@@ -18,6 +18,8 @@ enum kvr_bench_mode {
     KVR_BENCH_LOAD = 0,   /* replay a workload through the routers, one run per policy */
     KVR_BENCH_HOP = 1,    /* what the router's NATS hop costs, and the highest routed rate */
     KVR_BENCH_DIGEST = 2, /* do the routers' state digests agree? */
+    KVR_BENCH_RESEND = 3, /* is a request sent twice answered once, whenever it is resent? */
+    KVR_BENCH_CANCEL = 4, /* how fast does a cancel end the stream and free the worker? */
 };
 
 struct kvr_bench_config {
@@ -30,7 +32,8 @@ struct kvr_bench_config {
     uint32_t requests;              /* load: 0 is the workload's default; hop: 0 is 2,000 */
     uint32_t concurrency;           /* load, closed loop: clients */
     double rate_scale;              /* load, open loop: arrival-rate factor */
-    uint32_t max_tokens;            /* load: every output length; 0: the workload's */
+    uint32_t max_tokens;            /* load: every output length; 0: the workload's (cancel:
+                                       the long requests', 0: 16,384) */
     uint64_t seed;                  /* load: the workload's seed (each run adds to it) */
     uint32_t workers;               /* hit-rate reference: fleet size; 0: from heartbeats */
     uint32_t num_blocks;            /* ... blocks per worker */
@@ -41,6 +44,9 @@ struct kvr_bench_config {
     uint32_t hop_window;            /* hop: requests in flight in the max-rate phase */
     uint64_t hop_ns;                /* hop: how long the max-rate phase lasts */
     uint64_t digest_wait_ns;        /* digest: how long answers are collected */
+    uint32_t trials;                /* resend: trials per timing; cancel: requests cancelled */
+    uint32_t cancel_after;          /* cancel: tokens received before the cancel goes out */
+    uint64_t linger_ns;             /* load, resend, cancel: listen this long after the end */
     /* parsed from the text above by kvr_bench_config_parse */
     enum kvr_policy policy[KVR_POLICY_COUNT]; /* --policies, in order */
     size_t npolicies;                         /* */

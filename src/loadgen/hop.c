@@ -1,6 +1,6 @@
 /*
- * kvbench --mode hop. Latencies are kept as doubles in microseconds and summarised with the
- * project's one quantile (stats.h).
+ * kvbench --mode hop and --mode cancel. Latencies are kept as doubles (hop: microseconds,
+ * cancel: milliseconds) and summarised with the project's one quantile (stats.h).
  */
 #include "hop.h"
 
@@ -47,7 +47,7 @@ static uint64_t pick_worker(const struct hop *h)
 /* Send request i to subject and wait for its final chunk: its round trip in us, 0 on failure. */
 static double one_hop(struct hop *h, uint32_t i, const char *subject, const struct kvr_buf *b)
 {
-    kvr_client_publish(h->client, i, subject, b->data, b->len);
+    kvr_client_publish(h->client, i, subject, b->data, b->len, 1);
     uint64_t dt = kvr_client_wait_one(h->client, i, kvr_now_ns() + 5 * KVR_NS_PER_S);
     return (double)dt / 1000.0;
 }
@@ -90,7 +90,7 @@ static void max_rate(struct hop *h, uint32_t total)
         snprintf(id, sizeof id, "rate-%" PRIu64 "-%u", t0, sent);
         h->tok[0] = sent;
         kvr_wire_encode_generate(&h->req, id, h->tok, HOP_TOKENS, 1, NULL);
-        kvr_client_publish(c, sent, c->subj_gen, h->req.data, h->req.len);
+        kvr_client_publish(c, sent, c->subj_gen, h->req.data, h->req.len, 1);
         sent++;
     }
     kvr_sleep_ns(500 * KVR_NS_PER_MS);
@@ -151,5 +151,145 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
     free(h.straight);
     kvr_buf_free(&h.req);
     kvr_buf_free(&h.direct);
+    return rc;
+}
+
+/* --- --mode cancel ------------------------------------------------------------------------- */
+
+#define CX_PROMPT   512u                /* the long requests' prompt, fresh tokens */
+#define CX_TOKENS   16384u              /* their max_tokens, without --max-tokens */
+#define CX_START_NS (10 * KVR_NS_PER_S) /* for the first --cancel-after tokens */
+#define CX_END_NS   (5 * KVR_NS_PER_S)  /* from the cancel, for the final chunk and done event */
+
+struct cancel {
+    const struct kvr_bench_config *cfg;
+    struct kvr_client *client;
+    struct kvr_watch watch;    /* the done events */
+    uint64_t run;              /* realtime at start: ids never repeat across runs */
+    uint32_t max_tokens;       /* the requests' */
+    uint32_t tok[CX_PROMPT];   /* prompt scratch of the encoder */
+    double *to_final;          /* ms from each cancel to its final chunk */
+    double *to_done;           /* ... to its done event */
+    size_t nfinal, ndone;      /* */
+    uint32_t cancelled;        /* final chunks ERR_CANCELLED */
+    uint32_t done_cancelled;   /* done events with status ERR_CANCELLED */
+    uint32_t early;            /* ended before --cancel-after tokens: never cancelled */
+    uint64_t after, after_max; /* non-final chunks after the cancel: all, most in one request */
+};
+
+static void cx_id(const struct cancel *x, uint32_t i, char *buf, size_t len)
+{
+    snprintf(buf, len, "cx%" PRIu64 "-%u", x->run, i);
+}
+
+/* The client's encoder. */
+static bool cx_encode(void *ctx, uint32_t i, struct kvr_buf *out, uint32_t *max_tokens)
+{
+    struct cancel *x = ctx;
+    char id[64];
+    cx_id(x, i, id, sizeof id);
+    kvr_client_prompt(x->tok, CX_PROMPT, x->run + i);
+    *max_tokens = x->max_tokens;
+    return kvr_wire_encode_generate(out, id, x->tok, CX_PROMPT, *max_tokens, NULL) == KVR_OK;
+}
+
+/* Request i: sent, cancelled after --cancel-after tokens, its final and done event awaited. */
+static void cx_one(struct cancel *x, uint32_t i)
+{
+    struct kvr_client *c = x->client;
+    char id[64];
+    cx_id(x, i, id, sizeof id);
+    kvr_watch_set(&x->watch, i, kvr_client_key(c, i, id));
+    kvr_client_send(c, i);
+    struct kvr_client_req q = kvr_client_wait_tokens(c, i, kvr_now_ns() + CX_START_NS);
+    if (q.done || q.ntok < x->cfg->cancel_after) {
+        x->early++;
+        return;
+    }
+    kvr_client_cancel(c, i, id);
+    uint64_t end = kvr_now_ns() + CX_END_NS;
+    kvr_client_wait_one(c, i, end);
+    while (!kvr_watch_get(&x->watch, i).dones && kvr_now_ns() < end)
+        kvr_sleep_ns(100 * 1000);
+}
+
+/* Request i's figures, after the run (its late chunks counted too). */
+static void cx_tally(struct cancel *x, uint32_t i)
+{
+    struct kvr_client_req q = kvr_client_get(x->client, i);
+    struct kvr_watch_item w = kvr_watch_get(&x->watch, i);
+    if (!q.t_cancel)
+        return;
+    if (q.done && q.t_final >= q.t_cancel)
+        x->to_final[x->nfinal++] = (double)(q.t_final - q.t_cancel) / 1e6;
+    if (w.dones && w.t_done >= q.t_cancel)
+        x->to_done[x->ndone++] = (double)(w.t_done - q.t_cancel) / 1e6;
+    x->cancelled += q.done && q.error == KVR_ERR_CANCELLED;
+    x->done_cancelled += w.dones && w.status == KVR_ERR_CANCELLED;
+    x->after += q.after_cancel;
+    x->after_max = q.after_cancel > x->after_max ? q.after_cancel : x->after_max;
+}
+
+static void cx_stat(const char *name, double *v, size_t n)
+{
+    kvr_sort_doubles(v, n);
+    printf("%s p50=%.2f p99=%.2f max=%.2f (%zu measured)\n", name, kvr_quantile_sorted(v, n, 0.5),
+           kvr_quantile_sorted(v, n, 0.99), n ? v[n - 1] : 0, n);
+}
+
+/* The figures; the exit status: 1 unless every request ended cancelled. */
+static int cx_print(struct cancel *x, uint32_t n)
+{
+    struct kvr_contract k;
+    char line[512];
+    kvr_client_contract(x->client, 0, n, &k);
+    cx_stat("cancel_to_final_ms", x->to_final, x->nfinal);
+    cx_stat("cancel_to_done_ms ", x->to_done, x->ndone);
+    printf("chunks_after_cancel total=%" PRIu64 " mean=%.2f max=%" PRIu64 "\n", x->after,
+           n ? (double)x->after / n : 0, x->after_max);
+    printf("ended_cancelled=%u/%u done_events_cancelled=%u/%u ended_before_the_cancel=%u\n",
+           x->cancelled, n, x->done_cancelled, n, x->early);
+    printf("contract: %s\n", kvr_contract_format(&k, line, sizeof line));
+    int rc = x->cancelled == n ? 0 : 1;
+    printf("cancel: %s\n",
+           rc ? "FAIL (some request did not end cancelled)" : "ok (every request ended cancelled)");
+    return rc;
+}
+
+int kvr_cancel_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
+{
+    uint32_t n = cfg->trials;
+    struct cancel *x = calloc(1, sizeof *x);
+    int rc = 1;
+    if (!x || !(x->to_final = calloc(n, sizeof *x->to_final)) ||
+        !(x->to_done = calloc(n, sizeof *x->to_done)) ||
+        kvr_client_begin(client, n, false, cx_encode, x, 0) != KVR_OK)
+        goto out;
+    x->cfg = cfg;
+    x->client = client;
+    x->run = kvr_realtime_ns();
+    x->max_tokens = cfg->max_tokens ? cfg->max_tokens : CX_TOKENS;
+    kvr_client_wake_at(client, cfg->cancel_after);
+    if (kvr_watch_start(&x->watch, client->nc_sub, cfg->net.prefix, cfg->net.ns, n) == KVR_OK) {
+        printf("cancel: %u requests of %u fresh prompt tokens and max_tokens %u, one at a time, "
+               "each cancelled after %u tokens; done events matched by the request key kvbench "
+               "computes as the routers do (hash of reply subject, NUL, request_id)\n",
+               n, CX_PROMPT, x->max_tokens, cfg->cancel_after);
+        fflush(stdout);
+        for (uint32_t i = 0; i < n; i++)
+            cx_one(x, i);
+        kvr_sleep_ns(cfg->linger_ns); /* chunks and finals still on their way are counted */
+        for (uint32_t i = 0; i < n; i++)
+            cx_tally(x, i);
+        rc = cx_print(x, n);
+        kvr_watch_stop(&x->watch);
+    }
+out:
+    kvr_client_end(client);
+    if (x) {
+        free(x->to_final);
+        free(x->to_done);
+    }
+    free(x);
     return rc;
 }

@@ -26,10 +26,11 @@ struct replay {
     uint64_t run;                             /* distinguishes request ids across runs */
     enum kvr_policy policy;                   /* this run's override */
     uint32_t workers, num_blocks, block_size; /* the hit-rate reference's fleet */
+    struct kvr_contract contract[KVR_POLICY_COUNT]; /* what each run broke of the contract */
 };
 
 /* The client's encoder: request i of this run, with the policy override. */
-static bool encode(void *ctx, uint32_t i, struct kvr_buf *out)
+static bool encode(void *ctx, uint32_t i, struct kvr_buf *out, uint32_t *max_tokens)
 {
     struct replay *rp = ctx;
     const struct kvr_wl_request *w = &rp->wl.reqs[i];
@@ -37,8 +38,8 @@ static bool encode(void *ctx, uint32_t i, struct kvr_buf *out)
     snprintf(id, sizeof id, "b%" PRIu64 "-%u", rp->run, i);
     kvr_workload_tokens(&rp->wl, i, rp->tok);
     struct kvr_overrides ov = {KVR_OV_POLICY, rp->policy, 0, 0};
-    uint32_t osl = rp->cfg->max_tokens ? rp->cfg->max_tokens : w->osl;
-    return kvr_wire_encode_generate(out, id, rp->tok, w->isl, osl, &ov) == KVR_OK;
+    *max_tokens = rp->cfg->max_tokens ? rp->cfg->max_tokens : w->osl;
+    return kvr_wire_encode_generate(out, id, rp->tok, w->isl, *max_tokens, &ov) == KVR_OK;
 }
 
 /* The workload and the prompt scratch; 0, 1 (memory) or 2 (the workload). */
@@ -192,18 +193,29 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
     if (resent)
         kvr_log(KVR_LOG_WARN, "resent", "requests=%u (nothing came back for %" PRIu64 " ms)",
                 resent, (uint64_t)(cfg->resend_ns / KVR_NS_PER_MS));
+    kvr_sleep_ns(cfg->linger_ns); /* a second final or stream may still be on its way */
+    kvr_client_contract(c, 0, rp->wl.nreqs, &rp->contract[rp->run - 1]);
     int rc = collect(rp, policy, load, t0, res);
     kvr_client_end(c);
     return rc;
 }
 
-static void print_row(const struct kvr_sim_result *r)
+static void print_row(const struct kvr_sim_result *r, const struct kvr_contract *k)
 {
+    char line[512];
     printf("%-18s load=%-6g ttft_ms mean=%.1f p50=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.2f "
            "p99=%.2f  e2e_ms mean=%.0f  hit=%.3f  tok/s=%.0f  finished=%u failed=%u\n",
            kvr_policy_name(r->policy), r->load, r->ttft_ms.mean, r->ttft_ms.p50, r->ttft_ms.p90,
            r->ttft_ms.p99, r->itl_ms.mean, r->itl_ms.p99, r->e2e_ms.mean, r->hit_rate,
            r->throughput_tok_s, r->finished, r->rejected);
+    printf("%-18s contract: %s\n", kvr_policy_name(r->policy),
+           kvr_contract_format(k, line, sizeof line));
+    if (r->rejected)
+        printf("%-18s errors: %s\n", kvr_policy_name(r->policy),
+               kvr_contract_codes(k->errors, line, sizeof line));
+    if (k->double_finals)
+        printf("%-18s finals after the answer: %s\n", kvr_policy_name(r->policy),
+               kvr_contract_codes(k->late, line, sizeof line));
     fflush(stdout);
 }
 
@@ -214,6 +226,84 @@ static void print_ratio(const struct kvr_sim_result *res)
            res[1].ttft_ms.mean > 0 ? res[0].ttft_ms.mean / res[1].ttft_ms.mean : 0,
            res[1].ttft_ms.p90 > 0 ? res[0].ttft_ms.p90 / res[1].ttft_ms.p90 : 0, res[0].hit_rate,
            res[1].hit_rate);
+}
+
+/* The contract's counts as JSON object members. */
+static void contract_json(FILE *f, const struct kvr_contract *k)
+{
+    fprintf(f,
+            "\"requests\": %u, \"finished\": %u, \"unanswered\": %u, \"double_finals\": %u, "
+            "\"extra_finals\": %u, \"second_streams\": %u, \"second_stream_tokens\": %llu, "
+            "\"two_workers\": %u, \"spurious_finals\": %u, \"missing_tokens\": %u, "
+            "\"extra_tokens\": %u, \"no_responders\": %u, \"repeat_finals\": %u, "
+            "\"gaps_filled\": %u, \"malformed\": %llu",
+            k->requests, k->finished, k->unanswered, k->double_finals, k->extra_finals,
+            k->second_streams, (unsigned long long)k->second_tokens, k->two_workers,
+            k->spurious_finals, k->missing_tokens, k->extra_tokens, k->no_responders,
+            k->repeat_finals, k->gaps_filled, (unsigned long long)k->malformed);
+    const uint32_t *maps[2] = {k->errors, k->late};
+    const char *names[2] = {"errors", "finals_after_answer"};
+    for (int m = 0; m < 2; m++) {
+        fprintf(f, ", \"%s\": {", names[m]);
+        for (uint32_t e = 0, any = 0; e < 64; e++)
+            if (maps[m][e])
+                fprintf(f, "%s\"%u\": %u", any++ ? ", " : "", e, maps[m][e]);
+        fprintf(f, "}");
+    }
+}
+
+/*
+ * report.json gets a "contract" array (one object per run) before its closing brace, report.md a
+ * table: what each run's streams broke of docs/protocol.md. 0, or -1 when a file would not do.
+ */
+static int append_contract(const struct replay *rp, const struct kvr_sim_result *res, size_t n)
+{
+    char path[4096], *text = NULL;
+    snprintf(path, sizeof path, "%s/report.json", rp->cfg->out);
+    FILE *f = fopen(path, "r");
+    long len = f && !fseek(f, 0, SEEK_END) ? ftell(f) : -1;
+    if (len > 0 && !fseek(f, 0, SEEK_SET) && (text = malloc((size_t)len + 1)) &&
+        fread(text, 1, (size_t)len, f) != (size_t)len)
+        len = -1;
+    if (f)
+        fclose(f);
+    char *brace = len > 0 && text ? text + len : NULL;
+    while (brace && brace > text && *--brace != '}')
+        ;
+    if (!brace || *brace != '}' || !(f = fopen(path, "w"))) {
+        free(text);
+        return -1;
+    }
+    while (brace > text && (brace[-1] == '\n' || brace[-1] == ' '))
+        brace--;
+    fprintf(f, "%.*s,\n  \"contract\": [\n", (int)(brace - text), text);
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "    {\"policy\": \"%s\", ", kvr_policy_name(res[i].policy));
+        contract_json(f, &rp->contract[i]);
+        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    free(text);
+    int rc = fclose(f) ? -1 : 0;
+    snprintf(path, sizeof path, "%s/report.md", rp->cfg->out);
+    if (rc || !(f = fopen(path, "a")))
+        return -1;
+    fprintf(f,
+            "\n## Client contract (docs/protocol.md)\n\nRequests whose streams broke it, "
+            "counted by the client after each request's answer; repeated finals and filled "
+            "gaps are allowed (a worker's cut connection).\n\n| policy | requests | finished | "
+            "double finals | second streams (tokens) | two workers | spurious finals | "
+            "missing tokens | extra tokens | no responders | unanswered | repeated finals | "
+            "gaps filled |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct kvr_contract *k = &rp->contract[i];
+        fprintf(f, "| %s | %u | %u | %u | %u (%llu) | %u | %u | %u | %u | %u | %u | %u | %u |\n",
+                kvr_policy_name(res[i].policy), k->requests, k->finished, k->double_finals,
+                k->second_streams, (unsigned long long)k->second_tokens, k->two_workers,
+                k->spurious_finals, k->missing_tokens, k->extra_tokens, k->no_responders,
+                k->unanswered, k->repeat_finals, k->gaps_filled);
+    }
+    return fclose(f) ? -1 : 0;
 }
 
 /* report.json, report.md and plots into --out, when given. */
@@ -232,7 +322,7 @@ static void write_report(const struct replay *rp, const struct kvr_sim_result *r
         kvr_sim_hit_ceiling(&rp->wl, rp->block_size, (uint64_t)rp->workers * rp->num_blocks,
                             &meta.hit_ceiling_capacity);
     kvr_mkdir_p(cfg->out);
-    if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK)
+    if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK || append_contract(rp, res, n))
         fprintf(stderr, "kvbench: cannot write %s/report.json\n", cfg->out);
     else if (kvr_report_plots(cfg->out, &meta, res, n) != KVR_OK)
         fprintf(stderr, "kvbench: plots not drawn (is gnuplot installed?)\n");
@@ -251,7 +341,7 @@ static int run_policies(struct replay *rp)
     for (size_t p = 0; p < np && rc == 0; p++) {
         rc = run_policy(rp, cfg->policy[p], load, &res[p]);
         if (rc == 0)
-            print_row(&res[p]);
+            print_row(&res[p], &rp->contract[p]);
     }
     if (rc == 0) {
         if (np >= 2)

@@ -72,15 +72,18 @@ void kvr_rd_free(struct kvr_rd *rd)
 
 void kvr_rd_flush(struct kvr_rd *rd)
 {
-    struct kvr_outbox_failure failed[64];
-    uint32_t n = kvr_outbox_send_report(&rd->out, &rd->mu, &rd->sink, failed, 64);
-    if (!n || !rd->forward_failed)
-        return;
-    pthread_mutex_lock(&rd->mu);
-    for (uint32_t i = 0; i < n; i++)
-        rd->forward_failed(rd, failed[i].tag, failed[i].st);
-    pthread_mutex_unlock(&rd->mu);
-    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink); /* the errors (untagged: no further round) */
+    /* a failed forward is placed again (at most twice) or answered: a few rounds settle it */
+    for (int round = 0; round < 4; round++) {
+        struct kvr_outbox_failure failed[64];
+        uint32_t n = kvr_outbox_send_report(&rd->out, &rd->mu, &rd->sink, failed, 64);
+        if (!n || !rd->forward_failed)
+            return;
+        pthread_mutex_lock(&rd->mu);
+        for (uint32_t i = 0; i < n; i++)
+            rd->forward_failed(rd, failed[i].tag, failed[i].st);
+        pthread_mutex_unlock(&rd->mu);
+    }
+    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink); /* what is left: anti-entropy covers it */
 }
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)

@@ -706,3 +706,33 @@ Test(routerd, a_copy_stopped_for_another_worker_has_not_ended)
     generate("_INBOX.y", "raced", 1, 128);
     cr_assert(eq(u64, rd.fleet->resends, 1), "and a resend is absorbed");
 }
+
+static int io_failures; /* forwards still to fail with an i/o error */
+
+static kvr_status flaky_forwards(void *ctx, const struct kvr_outmsg *m)
+{
+    kvr_status st = record(ctx, m);
+    if (strstr(m->subject, ".worker.") && strstr(m->subject, ".generate") && io_failures > 0) {
+        io_failures--;
+        return KVR_ERR_IO;
+    }
+    return st;
+}
+
+Test(routerd, a_forward_lost_to_the_connection_is_placed_again)
+{
+    rd.sink.publish = flaky_forwards;
+    rd.forward_failed = kvr_place_forward_failed;
+    io_failures = 1;
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.g", "bumpy", 1, 128);
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 2), "sent again");
+    cr_assert(eq(int, count_to("_INBOX.g", 0, NULL), 0), "the client is told nothing");
+    cr_assert(eq(u32, rd.pend.n, 1));
+    cr_assert(eq(u64, rd.placed_again, 1));
+    io_failures = 3; /* every placement fails: then the client hears */
+    generate("_INBOX.g", "doomed", 2, 128);
+    const struct sent *m = NULL;
+    cr_assert(eq(int, count_to("_INBOX.g", 0, &m), 1));
+    cr_assert(eq(u32, error_in(m), KVR_ERR_IO));
+}
