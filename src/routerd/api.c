@@ -75,6 +75,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"bookings_expired", rd->n.bookings_expired},
         {"recent", rd->recent.n},
         {"recent_evicted", rd->recent.evicted},
+        {"stalls", rd->stalls},
     };
     for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
         kvr_json_u64(o, v[i].name, v[i].value);

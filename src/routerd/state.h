@@ -95,6 +95,8 @@ struct kvr_rd {
     uint32_t hb_interval_ms;          /* the longest heartbeat interval announced, under mu */
     bool serving;                     /* it takes requests (joined the queue group), under mu */
     bool blind;                       /* the events connection is down (timer thread only) */
+    uint64_t last_tick;               /* the previous tick (timer thread only) */
+    uint64_t stalls;                  /* ticks far later than due: the router was stopped */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
     char subj_worker[528];            /* "<prefix>.<ns>.worker." */
 };

@@ -1,7 +1,13 @@
 /*
  * The router's housekeeping.
  */
+#define _DEFAULT_SOURCE
 #include "timer.h"
+
+#include <inttypes.h>
+
+#include "clock.h"
+#include "log.h"
 
 #include "fleet.h"
 #include "intake.h"
@@ -11,6 +17,16 @@
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut)
 {
     pthread_mutex_lock(&rd->mu);
+    uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
+    rd->last_tick = now;
+    if (late > KVR_TIMER_STALL_NS + rd->cfg->tick_ns) {
+        /* stopped for a while: what it missed is in its sockets, not lost, but no worker should
+         * be judged by a silence that was the router's own; catch up from a peer too */
+        rd->stalls++;
+        kvr_router_excuse_silence(rd->core, now);
+        events_cut = true;
+        kvr_log(KVR_LOG_WARN, "router_stalled", "ms=%" PRIu64, (uint64_t)(late / KVR_NS_PER_MS));
+    }
     if (!events_up) {
         rd->blind = true; /* no worker can be heard: judge none of them meanwhile */
     } else {

@@ -2,7 +2,8 @@
  * The router's housekeeping, every tick (--tick-ms): the core's timeouts and queue, requests to
  * place again, replication's hellos, orphans and resync timeouts, and catching up after the
  * events connection was cut (core NATS drops what a router misses meanwhile: once its
- * subscriptions have had time to reach the whole cluster again, it takes a snapshot from a peer).
+ * subscriptions have had time to reach the whole cluster again, it takes a snapshot from a peer),
+ * and likewise after the router itself was stopped for a while (a tick far later than due).
  * Called by the timer thread (link.c) with what it saw of the events connection.
  */
 #ifndef KVR_RD_TIMER_H
@@ -14,6 +15,9 @@
 #include "state.h"
 
 #define KVR_TIMER_CATCH_UP_NS 250000000ull /* interest propagation across a cluster, a margin */
+/* A tick this late after the one before: the router itself was stopped (SIGSTOP, a frozen VM,
+ * starved of CPU), so the workers' silence meanwhile was its own. */
+#define KVR_TIMER_STALL_NS 1000000000ull
 
 /* One tick at now: events_up (the events connection is connected), events_cut (it reconnected
  * since the last tick). Takes mu; publishes. */
