@@ -59,6 +59,8 @@
 /* Request keys in a Heartbeat: the requests one worker holds (it runs max_seqs, 256 by default,
  * and queues the rest); 65536 keys are 640 KB, under NATS's default 1 MB payload. */
 #define KVR_WIRE_INFLIGHT_MAX 65536u
+/* Keys a Heartbeat lists as ended in its last two intervals: a worker keeps the newest. */
+#define KVR_WIRE_ENDED_MAX 16384u
 /* Keys in a SyncRequest: a lookup asks for keys a heartbeat listed. */
 #define KVR_WIRE_SYNC_KEYS_MAX KVR_WIRE_INFLIGHT_MAX
 /* Seqs in a repair range (to_seq - from_seq); more, or a backwards range: KVR_ERR_INVALID. */
@@ -84,8 +86,8 @@
 #define KVR_WIRE_CANCEL_MAX (KVR_REQUEST_ID_MAX + KVR_REPLY_MAX + 64u)
 /* A KvEvent: a Stored block is at most 24 bytes (tag, length, two uint64 fields). */
 #define KVR_WIRE_KV_MAX (KVR_WIRE_STORED_BLOCKS_MAX * 24u + KVR_WIRE_SLACK)
-/* A Heartbeat: its inflight keys, packed uint64s. */
-#define KVR_WIRE_HEARTBEAT_MAX (KVR_WIRE_INFLIGHT_MAX * 10u + KVR_WIRE_SLACK)
+/* A Heartbeat: its inflight and ended keys, packed uint64s. */
+#define KVR_WIRE_HEARTBEAT_MAX ((KVR_WIRE_INFLIGHT_MAX + KVR_WIRE_ENDED_MAX) * 10u + KVR_WIRE_SLACK)
 /* A GenerateResponse: its tokens and its error text. */
 #define KVR_WIRE_RESPONSE_MAX                                                                      \
     (KVR_WIRE_RESPONSE_TOKENS_MAX * 5u + KVR_ERROR_TEXT_MAX + KVR_WIRE_SLACK)
@@ -223,9 +225,11 @@ struct kvr_wire_heartbeat {
     bool draining;
     uint64_t instance;   /* random per worker process */
     uint64_t started_ns; /* its start, Unix ns */
+    uint64_t *ended;     /* owned: keys it ended in the last two intervals */
+    uint32_t nended;     /* at most KVR_WIRE_ENDED_MAX */
 };
-/* A zero worker id or block size: KVR_ERR_INVALID; more than KVR_WIRE_INFLIGHT_MAX keys:
- * KVR_ERR_TOO_LARGE. A kv_usage outside [0, 1] reads as 0. */
+/* A zero worker id or block size: KVR_ERR_INVALID; more than KVR_WIRE_INFLIGHT_MAX keys in flight
+ * or KVR_WIRE_ENDED_MAX ended: KVR_ERR_TOO_LARGE. A kv_usage outside [0, 1] reads as 0. */
 kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wire_heartbeat *out);
 void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h);
 

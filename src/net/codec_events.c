@@ -142,6 +142,7 @@ kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_don
 void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h)
 {
     free(h->inflight);
+    free(h->ended);
     memset(h, 0, sizeof *h);
 }
 
@@ -157,15 +158,19 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     if (!m)
         return why;
     kvr_status st = KVR_OK;
-    if (m->n_inflight > KVR_WIRE_INFLIGHT_MAX)
+    if (m->n_inflight > KVR_WIRE_INFLIGHT_MAX || m->n_ended > KVR_WIRE_ENDED_MAX)
         st = KVR_ERR_TOO_LARGE;
     else if (m->worker_id == 0 || m->block_size == 0)
         st = KVR_ERR_INVALID;
-    else if (!(out->inflight = kvr_codec_array(m->n_inflight, sizeof *out->inflight)))
+    else if (!(out->inflight = kvr_codec_array(m->n_inflight, sizeof *out->inflight)) ||
+             !(out->ended = kvr_codec_array(m->n_ended, sizeof *out->ended)))
         st = KVR_ERR_NOMEM;
     if (st == KVR_OK && m->n_inflight)
         memcpy(out->inflight, m->inflight, m->n_inflight * sizeof *out->inflight);
+    if (st == KVR_OK && m->n_ended)
+        memcpy(out->ended, m->ended, m->n_ended * sizeof *out->ended);
     out->ninflight = (uint32_t)m->n_inflight;
+    out->nended = (uint32_t)m->n_ended;
     out->info.id = m->worker_id;
     out->info.block_size = m->block_size;
     out->info.capacity_blocks = m->capacity_blocks;
@@ -357,5 +362,7 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.draining = h->draining;
     m.instance = h->instance;
     m.started_ns = h->started_ns;
+    m.ended = h->ended;
+    m.n_ended = h->nended;
     return kvr_codec_pack(b, &m.base);
 }

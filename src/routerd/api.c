@@ -76,6 +76,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"recent", rd->recent.n},
         {"recent_evicted", rd->recent.evicted},
         {"stalls", rd->stalls},
+        {"ends_from_heartbeats", rd->n.ends_from_heartbeats},
     };
     for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
         kvr_json_u64(o, v[i].name, v[i].value);

@@ -46,6 +46,9 @@ static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wir
                 rd->cfg->core.block_size);
 }
 
+static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, uint32_t n,
+                         uint64_t now);
+
 static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
                             uint64_t now)
 {
@@ -64,6 +67,7 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
     if (st == KVR_OK) {
         if (h.interval_ms > rd->hb_interval_ms)
             rd->hb_interval_ms = h.interval_ms;
+        ended_listed(rd, wid, h.ended, h.nended, now);
         kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
     }
     log_join(rd, wid, &h, st, known);
@@ -94,15 +98,12 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
     return kvr_router_prefill_done(rd->core, t.key, now);
 }
 
-static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len, uint64_t now)
+/* Under mu: worker wid ended request key with status (its done event, or its heartbeat's list
+ * of ended requests when the event was lost). */
+static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
+                        uint64_t now)
 {
-    struct kvr_wire_done d;
-    kvr_status st = kvr_wire_decode_done(data, len, &d);
-    if (st != KVR_OK)
-        return st;
-    if (d.worker_id && d.worker_id != wid)
-        return KVR_ERR_INVALID;
-    struct kvr_pending *p = kvr_pending_find(&rd->pend, d.key);
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (p && p->worker_id && p->worker_id != wid) {
         rd->n.stale_events++; /* the done of a copy stopped in favour of another worker's */
         return KVR_OK;
@@ -111,14 +112,39 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
         kvr_pending_drop(&rd->pend, p);
     /* its worker sent the client its final chunk: a resend from now on is ignored. Not so when it
      * was stopped in favour of another worker's copy (ERR_SUPERSEDED), whose decision this router
-     * has not heard yet: that one is still on (its decision arrives as new). */
-    if (d.status == KVR_OK || d.status == KVR_ERR_CANCELLED || d.status == KVR_ERR_DEADLINE)
-        kvr_recent_put(&rd->recent, d.key, KVR_RECENT_ENDED, KVR_OK, false, now);
-    /* a worker's refusal (shutting down, out of memory): its client was told and may try again */
-    st = kvr_router_done_at(rd->core, d.key, now);
+     * has not heard yet: that one is still on (its decision arrives as new); nor after a worker's
+     * refusal (shutting down, out of memory): its client was told and may try again. */
+    if (status == KVR_OK || status == KVR_ERR_CANCELLED || status == KVR_ERR_DEADLINE)
+        kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+    kvr_status st = kvr_router_done_at(rd->core, key, now);
     if (kvr_router_queue_len(rd->core))
         kvr_router_tick(rd->core, now); /* freed load may place waiting requests */
     return st;
+}
+
+static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len, uint64_t now)
+{
+    struct kvr_wire_done d;
+    kvr_status st = kvr_wire_decode_done(data, len, &d);
+    if (st != KVR_OK)
+        return st;
+    if (d.worker_id && d.worker_id != wid)
+        return KVR_ERR_INVALID;
+    return ended(rd, wid, d.key, (kvr_status)d.status, now);
+}
+
+/* Under mu: the requests a heartbeat of wid lists as ended whose done this router never heard
+ * (lost while a connection was cut): ended now, so none is taken for "never reached its worker". */
+static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, uint32_t n,
+                         uint64_t now)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const struct kvr_pending *p = kvr_pending_find(&rd->pend, keys[i]);
+        if (p && p->worker_id == wid) {
+            rd->n.ends_from_heartbeats++;
+            ended(rd, wid, keys[i], KVR_OK, now);
+        }
+    }
 }
 
 /* Under mu: one worker event. */

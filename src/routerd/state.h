@@ -32,17 +32,18 @@ struct kvr_fleet; /* fleet.h: replication */
 
 /* What the daemon counts about its clients' requests beyond the endpoints' replies. */
 struct kvr_rd_counts {
-    uint64_t resends_after_end; /* resends of requests that had ended: ignored */
-    uint64_t cancels;           /* CancelRequests received */
-    uint64_t cancels_sent;      /* WorkerCancels sent for them */
-    uint64_t cancelled_queued;  /* cancelled while queued here */
-    uint64_t cancelled_early;   /* answered "cancelled" on arrival: the cancel came first */
-    uint64_t cancels_bad;       /* CancelRequests that did not decode */
-    uint64_t conflicts;         /* two decisions for one request: the earlier stood */
-    uint64_t superseded;        /* ... and this router's was the later one */
-    uint64_t stale_events;      /* events from a worker the request is not booked on */
-    uint64_t forwards_failed;   /* forwards that could not be published */
-    uint64_t bookings_expired;  /* booked selects never started */
+    uint64_t resends_after_end;    /* resends of requests that had ended: ignored */
+    uint64_t cancels;              /* CancelRequests received */
+    uint64_t cancels_sent;         /* WorkerCancels sent for them */
+    uint64_t cancelled_queued;     /* cancelled while queued here */
+    uint64_t cancelled_early;      /* answered "cancelled" on arrival: the cancel came first */
+    uint64_t cancels_bad;          /* CancelRequests that did not decode */
+    uint64_t conflicts;            /* two decisions for one request: the earlier stood */
+    uint64_t superseded;           /* ... and this router's was the later one */
+    uint64_t stale_events;         /* events from a worker the request is not booked on */
+    uint64_t ends_from_heartbeats; /* requests ended by a heartbeat's list: their done was lost */
+    uint64_t forwards_failed;      /* forwards that could not be published */
+    uint64_t bookings_expired;     /* booked selects never started */
 };
 
 /* A core event recorded by the callback, handled after the core call (kvr_place_settle). */

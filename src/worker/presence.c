@@ -13,6 +13,21 @@
 #include "log.h"
 #include "worker.h"
 
+/* Keys of the requests that ended here (for the fleet: not stopped for another worker's copy) at
+ * or after since, into keys (KVR_WIRE_ENDED_MAX at most, the newest); returns the count. */
+static uint32_t ended_since(struct kvr_worker *w, uint64_t since, uint64_t *keys)
+{
+    uint32_t n = 0;
+    uint64_t ttl = w->recent.ttl_ns;
+    for (const struct kvr_recent_item *it = w->recent.head; it; it = it->hh.next) {
+        if (it->kind != KVR_RECENT_ENDED || it->silent || it->expires < since + ttl)
+            continue;
+        keys[n % KVR_WIRE_ENDED_MAX] = it->key; /* oldest first: past the cap, wrap around */
+        n++;
+    }
+    return n < KVR_WIRE_ENDED_MAX ? n : KVR_WIRE_ENDED_MAX;
+}
+
 /* The heartbeat as it stands, into w->buf. */
 static kvr_status encode_heartbeat(struct kvr_worker *w)
 {
@@ -32,8 +47,12 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
         return KVR_ERR_NOMEM;
     for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next)
         h.inflight[h.ninflight++] = r->key;
+    h.ended = malloc(KVR_WIRE_ENDED_MAX * sizeof *h.ended);
+    if (h.ended) /* the requests that ended since two beats ago, newest kept when over the cap */
+        h.nended = ended_since(w, kvr_now_ns() - 2 * w->cfg->heartbeat_ns, h.ended);
     kvr_status st = kvr_wire_encode_heartbeat(&w->buf, &h);
     free(h.inflight);
+    free(h.ended);
     return st;
 }
 

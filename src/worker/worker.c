@@ -154,10 +154,12 @@ static void free_req(struct kvr_wreq *r)
     free(r);
 }
 
-/* key ended here with outcome: a forward for it in the next 60 s is a duplicate. */
-static void remember(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint64_t now)
+/* key ended here with outcome (silent: stopped for another worker's copy, so not ended in the
+ * fleet): a forward for it in the next 60 s is a duplicate. */
+static void remember(struct kvr_worker *w, uint64_t key, kvr_status outcome, bool silent,
+                     uint64_t now)
 {
-    if (kvr_recent_put(&w->recent, key, KVR_RECENT_ENDED, outcome, false, now) != KVR_OK)
+    if (kvr_recent_put(&w->recent, key, KVR_RECENT_ENDED, outcome, silent, now) != KVR_OK)
         w->c.dropped++;
 }
 
@@ -180,7 +182,7 @@ static void prune_kept(struct kvr_worker *w, uint64_t now)
 static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome, bool silent,
                    uint64_t now)
 {
-    remember(w, r->key, outcome, now);
+    remember(w, r->key, outcome, silent, now);
     HASH_DEL(w->reqs, r);
     w->nreqs--;
     if (silent || w->clashed) {
@@ -394,7 +396,7 @@ static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, u
     struct kvr_wreq r = {.key = key, .reply = (char *)reply, .request_id = q->request_id};
     chunk(w, &r, &tok, 1, 0, true);
     emit_done(w, key, KVR_OK, 1);
-    remember(w, key, KVR_OK, now);
+    remember(w, key, KVR_OK, false, now);
 }
 
 /* A forward whose cancel came first: ended at once (the client told unless silent), and the done
@@ -410,7 +412,7 @@ static void end_unborn(struct kvr_worker *w, const struct kvr_wire_request *q, u
         w->c.deadlines++;
     else
         w->c.cancelled++;
-    remember(w, key, why, now); /* replaces the cancel: a resend now is a duplicate */
+    remember(w, key, why, cancel->silent, now); /* replaces the cancel: a resend is a duplicate */
 }
 
 /* A forward for a key held or ended here: dropped, counted, never answered (an answer would be

@@ -405,7 +405,9 @@ Test(codec, events_round_trip)
              1000,
              false,
              0xfeedull,
-             12345},
+             12345,
+             (uint64_t[]){77, 78},
+             2},
         g;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
@@ -414,6 +416,9 @@ Test(codec, events_round_trip)
     cr_assert(eq(u64, g.info.capacity_blocks, 16384));
     cr_assert(eq(u32, g.ninflight, 3));
     cr_assert(eq(u64, g.inflight[2], 3));
+    cr_assert(eq(u32, g.nended, 2));
+    cr_assert(eq(u64, g.ended[1], 78));
+    cr_assert(eq(u64, g.instance, 0xfeed));
     kvr_wire_heartbeat_free(&g);
     h.info.id = 0;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
@@ -786,7 +791,8 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
         ids[i] = i + 1;
         blocks[i] = (struct kvr_kv_block){i + 1, i + 2};
     }
-    struct kvr_wire_heartbeat hb = {{.id = 7, .block_size = 64}, ids, n, 1000, false, 0, 0};
+    struct kvr_wire_heartbeat hb = {
+        {.id = 7, .block_size = 64}, ids, n, 1000, false, 0, 0, NULL, 0};
     struct kvr_wire_sync s = {"r1", false, ids, n, 0, 0, 1, 2};
     struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0};
     b->len = 0;
@@ -899,7 +905,7 @@ Test(codec, values_out_of_range_are_invalid)
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x05", 6), KVR_ERR_INVALID));
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x01", 6), KVR_OK));
     /* a heartbeat without a block size */
-    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false, 0, 0};
+    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false, 0, 0, NULL, 0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, dec_heartbeat(b.data, b.len), KVR_ERR_INVALID));
     /* pages with one bad record are refused whole: a decision naming no worker, an entry naming

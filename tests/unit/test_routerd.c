@@ -750,3 +750,24 @@ Test(routerd, a_router_that_was_stopped_does_not_blame_the_workers)
     cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER),
               "but a silence after it counts");
 }
+
+Test(routerd, a_heartbeat_ends_requests_whose_done_was_lost)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.l", "lost-done", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.l", "lost-done");
+    struct kvr_wire_heartbeat h = {.info = {.id = 1, .block_size = 64, .capacity_blocks = 4096},
+                                   .interval_ms = 1000,
+                                   .ended = &key,
+                                   .nended = 1};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    size_t mark = nsent;
+    kvr_events_on_message(&rd, "kv.default.ev.1.hb", b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, rd.pend.n, 0), "ended, not taken for never reached");
+    cr_assert(eq(int, count_to("_INBOX.l", mark, NULL), 0), "and its client is told nothing");
+    cr_assert(eq(u64, rd.n.ends_from_heartbeats, 1));
+    generate("_INBOX.l", "lost-done", 1, 128);
+    cr_assert(eq(u64, rd.n.resends_after_end, 1));
+}

@@ -538,3 +538,20 @@ Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
     kvr_worker_tick(&w, due);
     cr_assert(eq(int, chunks(mark, c, 16), 0), "ended long before this cut: not repeated");
 }
+
+Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
+{
+    forward(801, "a", 3, 0);
+    forward(802, "b", 3, 0);
+    cancel(802, KVR_ERR_CANCELLED, true); /* silent: another worker's, not ended in the fleet */
+    run();
+    size_t mark = nsent;
+    kvr_worker_heartbeat(&w);
+    cr_assert(eq(sz, nsent, mark + 1));
+    struct kvr_wire_heartbeat h;
+    cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[mark].data, sent[mark].len, &h), KVR_OK));
+    cr_assert(eq(u32, h.ninflight, 0));
+    cr_assert(eq(u32, h.nended, 1), "the finished one, not the one stopped silently");
+    cr_assert(eq(u64, h.ended[0], 801));
+    kvr_wire_heartbeat_free(&h);
+}
