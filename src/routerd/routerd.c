@@ -102,7 +102,9 @@ void kvr_routerd_destroy(struct kvr_routerd *d)
     kvr_link_stop_timer(&d->link);
     kvr_rd_flush(&d->rd);
     struct kvr_router_stats s;
+    pthread_mutex_lock(&d->rd.mu); /* the event stream still delivers until the link closes */
     kvr_router_stats(d->rd.core, &s);
+    pthread_mutex_unlock(&d->rd.mu);
     kvr_link_close(&d->link);
     kvr_log(KVR_LOG_INFO, "router_stopped",
             "decisions=%" PRIu64 " rejected=%" PRIu64 " inflight_left=%u", s.decisions, s.rejected,
