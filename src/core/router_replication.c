@@ -28,6 +28,12 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         r->st.unknown_worker++;
         return KVR_ERR_UNKNOWN_WORKER;
     }
+    /* a record from the wire: no request holds more blocks than its worker has (the output loop
+     * below runs once per block, under the caller's lock) nor a prompt longer than the limit */
+    uint64_t cap = w->capacity_blocks ? w->capacity_blocks : 65536u; /* unknown: a prompt's worth */
+    if (rec->output_blocks > cap || rec->nblocks > cap ||
+        rec->prompt_tokens > r->cfg.max_prompt_tokens)
+        return KVR_ERR_INVALID;
     if (kvr_active_find(&r->act, rec->request_id)) {
         r->st.duplicate_request++;
         return KVR_ERR_DUPLICATE;

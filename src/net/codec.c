@@ -282,6 +282,9 @@ const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st
     case KVR_ERR_MAX_TOKENS_TOO_LARGE:
         unit = "requested";
         break;
+    case KVR_ERR_FULL:
+        unit = "KV blocks needed for prompt and output";
+        break;
     case KVR_ERR_ID_TOO_LONG:
     case KVR_ERR_REPLY_TOO_LONG:
     case KVR_ERR_TOO_LARGE:

@@ -246,6 +246,8 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     kvr_status st = kvr_router_import(rd->core, &d->rec, now);
     if (st == KVR_ERR_UNKNOWN_WORKER)
         g->unknown_worker++;
+    else if (st == KVR_ERR_INVALID)
+        g->bad++; /* more blocks than its worker has: forged, or broken */
     else if (st == KVR_ERR_DUPLICATE)
         g->late++; /* already known, or its done came first */
     if (known || st != KVR_OK)

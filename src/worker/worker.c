@@ -446,6 +446,19 @@ static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, u
     return submit(w, q, key, reply, now);
 }
 
+/* Whether q can ever finish here: its prompt and output in the KV pool at once (else the engine
+ * would block everything behind it, or preempt it forever). KVR_ERR_FULL with the figures. */
+static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_request *q)
+{
+    uint32_t bs = w->cfg->engine.block_size;
+    uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs;
+    if (need <= w->cfg->engine.num_blocks)
+        return KVR_OK;
+    q->got = need;
+    q->limit = w->cfg->engine.num_blocks;
+    return KVR_ERR_FULL;
+}
+
 /* Under mu: a forward refused with st: its client is told (with the figures of a limit passed),
  * and the routers by a done event (when it names a request), so its booking goes at once. */
 static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
@@ -470,6 +483,8 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
     if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
         if (st == KVR_OK && !(reply && *reply))
             st = KVR_ERR_NO_REPLY;
+        if (st == KVR_OK)
+            st = fits_engine(w, &q);
         if (st == KVR_OK)
             st = take(w, &q, key, reply, t0);
         if (st != KVR_OK)

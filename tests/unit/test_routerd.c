@@ -771,3 +771,22 @@ Test(routerd, a_heartbeat_ends_requests_whose_done_was_lost)
     generate("_INBOX.l", "lost-done", 1, 128);
     cr_assert(eq(u64, rd.n.resends_after_end, 1));
 }
+
+Test(routerd, a_decision_with_more_blocks_than_its_worker_is_refused)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {99, 1, hashes, 2, 128, 0, true, UINT32_MAX};
+    struct kvr_buf b = {0};
+    cr_assert(
+        eq(int,
+           kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.f", "f", "forger", 1),
+           KVR_OK));
+    kvr_fleet_on_gossip(&rd, b.data, b.len); /* once a 2^32-step loop under the lock */
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, rd.pend.n, 0));
+    cr_assert(eq(u64, rd.fleet->bad, 1));
+    uint64_t blocks = 9;
+    kvr_router_worker_load(rd.core, 1, &blocks, NULL, NULL);
+    cr_assert(eq(u64, blocks, 0), "no phantom blocks");
+}

@@ -555,3 +555,20 @@ Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
     cr_assert(eq(u64, h.ended[0], 801));
     kvr_wire_heartbeat_free(&h);
 }
+
+Test(worker, a_request_its_pool_cannot_hold_is_refused_with_the_figures)
+{
+    cfg.max_output_tokens = 8192;
+    forward(901, "huge", 5000, 0); /* 64 + 5000 tokens: 317 blocks of 16, the pool has 256 */
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(0, c, 4), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_FULL));
+    cr_assert(not(eq(ptr, strstr(c[0].error, "317 KV blocks needed"), NULL)), "%s", c[0].error);
+    cr_assert(not(eq(ptr, strstr(c[0].error, "the limit is 256"), NULL)), "%s", c[0].error);
+    free_chunks(c, 1);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(0, d, 4), 1), "the routers free its booking at once");
+    cr_assert(eq(u32, d[0].status, KVR_ERR_FULL));
+    cr_assert(not(step()), "nothing for the engine");
+}
