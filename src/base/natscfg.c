@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "subject.h"
+
 void kvr_nats_config_default(struct kvr_nats_config *c, enum kvr_log_level level)
 {
     memset(c, 0, sizeof *c);
@@ -45,22 +47,9 @@ size_t kvr_nats_config_options(struct kvr_nats_config *c, struct kvr_opt *out)
     return KVR_NATS_OPTIONS;
 }
 
-/* One subject token: non-empty, short, printable, no wildcard, dot or space. */
-static bool token_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (!n || n > KVR_NATS_TOKEN_MAX)
-        return false;
-    for (; *s; s++)
-        if (*s == '*' || *s == '>' || *s == '.' || (unsigned char)*s <= 0x20 ||
-            (unsigned char)*s >= 0x7f)
-            return false;
-    return true;
-}
-
 kvr_status kvr_nats_config_check(const struct kvr_nats_config *c, char *why, size_t len)
 {
-    if (token_ok(c->ns) && token_ok(c->prefix))
+    if (kvr_token_ok(c->ns, KVR_NATS_TOKEN_MAX) && kvr_token_ok(c->prefix, KVR_NATS_TOKEN_MAX))
         return KVR_OK;
     snprintf(why, len, "--namespace and --prefix must be one subject token each (%d bytes at most)",
              KVR_NATS_TOKEN_MAX);

@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "kvr/policy.h"
 #include "log.h"
+#include "subject.h"
 
 #define POLICY_NAME(e, name, desc) name,
 static const char *const policy_names[] = {KVR_POLICY_LIST(POLICY_NAME) NULL};
@@ -134,14 +135,8 @@ kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
         for (char *p = c->id; *p; p++)
             *p = id_char(*p) ? *p : '_';
     }
-    const char *bad = NULL;
-    if (strlen(c->id) >= KVR_RD_ID_MAX)
-        bad = "--id is longer than 63 bytes";
-    for (const char *p = c->id; !bad && *p; p++)
-        if (!id_char(*p))
-            bad = "--id may hold letters, digits, '-' and '_' only";
-    if (bad) {
-        snprintf(why, len, "%s", bad);
+    if (!kvr_id_ok(c->id, KVR_RD_ID_MAX - 1)) {
+        snprintf(why, len, "--id takes 1 to %d letters, digits, '-' and '_'", KVR_RD_ID_MAX - 1);
         return KVR_ERR_INVALID;
     }
     return kvr_nats_config_check(&c->net, why, len);

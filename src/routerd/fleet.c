@@ -33,8 +33,10 @@ static struct kvr_peer *peer_get(struct kvr_rd *rd, const char *id)
 {
     struct kvr_fleet *g = rd->fleet;
     struct kvr_peer *p = NULL;
+    if (!kvr_id_ok(id, sizeof p->id - 1)) /* it names subjects (router.sync.<id>) and log lines */
+        return NULL;
     HASH_FIND_STR(g->peers, id, p);
-    if (p || g->npeers >= KVR_FLEET_MAX_PEERS || strlen(id) >= sizeof p->id)
+    if (p || g->npeers >= KVR_FLEET_MAX_PEERS)
         return p;
     p = calloc(1, sizeof *p);
     if (!p)
@@ -228,6 +230,12 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
                       bool repair)
 {
     struct kvr_fleet *g = rd->fleet;
+    /* its reply becomes a subject (an error to the client), its origin a peer */
+    if ((d->reply[0] && !kvr_subject_ok(d->reply, KVR_REPLY_MAX)) ||
+        !kvr_id_ok(d->origin, KVR_RD_ID_MAX - 1)) {
+        g->bad++;
+        return;
+    }
     struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
     if (known && !resolve(rd, known, d)) {
         g->late++; /* already known */

@@ -17,6 +17,7 @@
 #include "kvr/hash.h"
 #include "place.h"
 #include "state.h"
+#include "subject.h"
 #include "timer.h"
 
 /* --- the recording sink ---------------------------------------------------------------------- */
@@ -789,4 +790,29 @@ Test(routerd, a_decision_with_more_blocks_than_its_worker_is_refused)
     uint64_t blocks = 9;
     kvr_router_worker_load(rd.core, 1, &blocks, NULL, NULL);
     cr_assert(eq(u64, blocks, 0), "no phantom blocks");
+}
+
+Test(routerd, names_from_the_wire_are_checked_before_they_become_subjects)
+{
+    bool good =
+        kvr_subject_ok("_INBOX.abc.7", 64) && kvr_token_ok("r-1_x", 64) && kvr_id_ok("r-1", 64);
+    bool bad = kvr_subject_ok("a..b", 64) || kvr_subject_ok("a.*", 64) ||
+               kvr_subject_ok("a b", 64) || kvr_subject_ok(".a", 64) ||
+               kvr_subject_ok("a\r\nPUB x", 64) || kvr_subject_ok("abcd", 3) ||
+               kvr_id_ok("r.1", 64) || kvr_id_ok("", 64);
+    cr_assert(good && !bad);
+    heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_buf b = {0};
+    /* a hello whose router id would write a PUB of its own into this router's connection */
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "x 0\r\n\r\nPUB evil", 5, 9, true), KVR_OK));
+    size_t mark = nsent;
+    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    cr_assert(eq(u32, rd.fleet->npeers, 0), "no peer by that name");
+    cr_assert(eq(u64, rd.fleet->bad, 1));
+    cr_assert(eq(sz, nsent, mark), "nothing sent (a repair would have been asked of it)");
+    /* a decision whose reply subject is no subject */
+    peer_decision("peer", 1, 4343, 1, "_INBOX.x\r\nPUB evil 3\r\nabc");
+    cr_assert(eq(u32, rd.pend.n, 0));
+    cr_assert(eq(u64, rd.fleet->bad, 2));
+    kvr_buf_free(&b);
 }
