@@ -122,6 +122,13 @@ struct kvr_router_config {
 /* Fill c with the defaults documented in docs/architecture.md. */
 void kvr_router_config_default(struct kvr_router_config *c);
 
+/*
+ * Salt the core's hash tables with a secret, once per process, before any router is created:
+ * keys chosen by whoever can publish (block hashes, request keys) can then not be aimed at one
+ * probe run. 0, the default, keeps simulations reproducible; the daemons pass a random salt.
+ */
+void kvr_router_set_salt(uint64_t salt);
+
 /* Per-request overrides of the router's defaults; fields count only when their flag is set. */
 enum kvr_override_flags {
     KVR_OV_POLICY = 1u << 0,

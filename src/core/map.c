@@ -13,6 +13,13 @@
 
 #define MAP_MIN_CAP 16u
 
+uint64_t kvr_map_salt;
+
+void kvr_map_set_salt(uint64_t salt)
+{
+    kvr_map_salt = salt;
+}
+
 static struct kvr_map_slot *alloc_slots(uint32_t cap)
 {
     struct kvr_map_slot *s = kvr_bigmem_alloc((size_t)cap * sizeof *s);

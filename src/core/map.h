@@ -2,7 +2,9 @@
  * kvr_map: an open-addressing hash table from u64 keys to u32 values (linear probing,
  * backward-shift deletion, no tombstones). It is the hot lookup structure of the core: block
  * hash -> node, request id -> request, engine block id -> index entry. Keys may be any u64
- * (they are mixed before use); KVR_NIL is not a storable value. It grows at 70 % load and
+ * (they are mixed with the process's salt before use, so keys an attacker chose cannot be aimed
+ * at one probe run: the daemons set a random salt at start, the simulator keeps 0 and stays
+ * reproducible); KVR_NIL is not a storable value. It grows at 70 % load and
  * shrinks below 10 %, so its memory follows its contents. Single-threaded, like its owner.
  */
 #ifndef KVR_MAP_H
@@ -32,8 +34,14 @@ struct kvr_map {
 kvr_status kvr_map_init(struct kvr_map *m, uint32_t hint);
 void kvr_map_free(struct kvr_map *m);
 
+/* The salt every map mixes its keys with. Set it once, before any map holds a key. */
+extern uint64_t kvr_map_salt;
+void kvr_map_set_salt(uint64_t salt);
+
 static inline uint32_t kvr_map_pos(const struct kvr_map *m, uint64_t key)
 {
+    key ^= kvr_map_salt;
+    key *= 0x9e3779b97f4a7c15ull; /* the salt reaches every bit before the finalizer */
     key ^= key >> 33;
     key *= 0xff51afd7ed558ccdull;
     key ^= key >> 33;

@@ -15,6 +15,11 @@
 #include "grow.h"
 #include "router_int.h"
 
+void kvr_router_set_salt(uint64_t salt)
+{
+    kvr_map_set_salt(salt);
+}
+
 void kvr_router_config_default(struct kvr_router_config *c)
 {
     memset(c, 0, sizeof *c);

@@ -20,7 +20,7 @@ kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data
     kvr_status st = kvr_wire_decode_kv(data, len, &e);
     if (st != KVR_OK)
         return st;
-    if (e.worker_id && e.worker_id != wid)
+    if (e.worker_id != wid)
         st = KVR_ERR_INVALID; /* a worker speaks for itself only */
     else if (e.kind == KVR_WIRE_STORED)
         st = kvr_router_kv_stored(rd->core, wid, e.has_parent ? &e.parent : NULL, e.blocks,
@@ -82,7 +82,7 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
     kvr_status st = kvr_wire_decode_tokens(data, len, &t);
     if (st != KVR_OK)
         return st;
-    if (t.worker_id && t.worker_id != wid)
+    if (t.worker_id != wid)
         return KVR_ERR_INVALID;
     struct kvr_pending *p = kvr_pending_find(&rd->pend, t.key);
     if (p && p->worker_id && p->worker_id != wid) {
@@ -128,7 +128,7 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
     kvr_status st = kvr_wire_decode_done(data, len, &d);
     if (st != KVR_OK)
         return st;
-    if (d.worker_id && d.worker_id != wid)
+    if (d.worker_id != wid)
         return KVR_ERR_INVALID;
     return ended(rd, wid, d.key, (kvr_status)d.status, now);
 }

@@ -6,10 +6,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "clock.h"
 #include "grow.h"
 #include "log.h"
+
+static bool rd_salted; /* the core's hash salt is set (first kvr_rd_init of the process) */
 
 /* The core's callback: record, never act (the core must not be re-entered from here). */
 static void on_core_event(void *ctx, const struct kvr_event *ev)
@@ -35,6 +38,13 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     pthread_mutex_init(&rd->mu, NULL);
     struct kvr_router_config c = cfg->core;
     c.seed = c.seed ? c.seed : kvr_realtime_ns();
+    uint64_t salt = 0;
+    if (getrandom(&salt, sizeof salt, 0) != (ssize_t)sizeof salt)
+        salt = kvr_realtime_ns() * 0x9e3779b97f4a7c15ull; /* no entropy: at least not fixed */
+    if (!rd_salted) { /* once per process: maps made earlier keep working */
+        kvr_router_set_salt(salt);
+        rd_salted = true;
+    }
     c.on_event = on_core_event;
     c.event_ctx = rd;
     kvr_status st;

@@ -816,3 +816,18 @@ Test(routerd, names_from_the_wire_are_checked_before_they_become_subjects)
     cr_assert(eq(u64, rd.fleet->bad, 2));
     kvr_buf_free(&b);
 }
+
+Test(routerd, an_event_speaks_for_the_worker_of_its_subject_only)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.w", "mine", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.w", "mine");
+    struct kvr_buf b = {0};
+    for (uint64_t wid = 0; wid <= 2; wid += 2) { /* no worker id, another worker's id */
+        cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, KVR_OK, 8), KVR_OK));
+        kvr_events_on_message(&rd, "kv.default.ev.1.done", b.data, b.len);
+    }
+    kvr_buf_free(&b);
+    cr_assert(eq(u64, rd.ev_errors, 2), "both counted and dropped");
+    cr_assert(eq(u32, rd.pend.n, 1), "the request is still in flight");
+}
