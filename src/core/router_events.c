@@ -101,7 +101,9 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
     w->inv_capacity = info->capacity_blocks ? 1.0 / (double)info->capacity_blocks : 0.0;
     w->waiting = info->waiting;
     w->kv_usage = info->kv_usage;
-    w->timeout_ns = info->timeout_ns;
+    if (info->timeout_ns > w->timeout_ns) /* never shorter while it is known: one message cannot
+                                             make a live worker time out */
+        w->timeout_ns = info->timeout_ns;
     w->draining = info->draining;
     if (now > w->last_seen)
         w->last_seen = now;

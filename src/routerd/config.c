@@ -34,6 +34,10 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     c->sync_timeout_ns = 1 * KVR_NS_PER_S;
     c->drain_timeout_ns = c->core.queue_timeout_ns + KVR_NS_PER_S;
     c->booking_ttl_ns = 10 * KVR_NS_PER_S;
+    /* an interval from the wire neither keeps a phantom worker for good nor drops a live one at
+     * once (a worker is lost after 3.2 intervals; a known one's timeout never shrinks) */
+    c->heartbeat_min_ns = 50 * KVR_NS_PER_MS;
+    c->heartbeat_max_ns = 10 * KVR_NS_PER_S;
     c->gossip = true;
 }
 
@@ -107,6 +111,10 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
             "at start, wait this long (twice at most) for a peer's snapshot"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, settle queued requests for at most this long"),
+        NUM("heartbeat-min-ms", KVR_OPT_MS, &c->heartbeat_min_ns, 1, 3.6e6,
+            "a worker announcing a shorter heartbeat interval is judged by this one"),
+        NUM("heartbeat-max-ms", KVR_OPT_MS, &c->heartbeat_max_ns, 1, 3.6e6,
+            "... and one announcing a longer interval by this one"),
         NUM("booking-ttl-ms", KVR_OPT_MS, &c->booking_ttl_ns, 1, 3.6e6,
             "a booked select that no worker starts is dropped after this"),
         NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,

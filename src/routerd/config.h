@@ -29,6 +29,8 @@ struct kvr_rd_config {
     uint64_t sync_timeout_ns;      /* wait this long (twice at most) for a peer's snapshot */
     uint64_t drain_timeout_ns;     /* on SIGTERM, settle queued requests for at most this long */
     uint64_t booking_ttl_ns;       /* a booked select never forwarded is dropped after this */
+    uint64_t heartbeat_min_ns;     /* a worker's announced heartbeat interval, clamped to these */
+    uint64_t heartbeat_max_ns;     /* */
     uint64_t test_drop_gossip;     /* tests only: do not send every Nth decision (0: send all) */
     bool gossip;                   /* share decisions with the other routers */
 };

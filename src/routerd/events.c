@@ -60,13 +60,18 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
         kvr_wire_heartbeat_free(&h);
         return KVR_ERR_INVALID;
     }
-    h.info.timeout_ns = h.interval_ms ? (uint64_t)h.interval_ms * 3200000ull : 0;
+    /* a worker is lost after 3.2 of its intervals, within bounds: an interval from the wire
+     * neither keeps a phantom worker for good nor drops a live one at once */
+    uint64_t lo = rd->cfg->heartbeat_min_ns / KVR_NS_PER_MS,
+             hi = rd->cfg->heartbeat_max_ns / KVR_NS_PER_MS;
+    uint64_t ms = h.interval_ms < lo ? lo : h.interval_ms > hi ? hi : h.interval_ms;
+    h.info.timeout_ns = h.interval_ms ? ms * 3200000ull : 0;
     h.info.draining = h.draining;
     bool known = kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_OK;
     st = kvr_router_worker_seen(rd->core, &h.info, now);
     if (st == KVR_OK) {
-        if (h.interval_ms > rd->hb_interval_ms)
-            rd->hb_interval_ms = h.interval_ms;
+        if (h.interval_ms && ms > rd->hb_interval_ms)
+            rd->hb_interval_ms = (uint32_t)ms;
         ended_listed(rd, wid, h.ended, h.nended, now);
         kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
     }

@@ -88,6 +88,7 @@ static void setup(void)
     strcpy(cfg.id, "r1");
     cfg.core.seed = 7;
     cfg.hello_ns = 2 * KVR_NS_PER_MS;
+    cfg.heartbeat_min_ns = 1 * KVR_NS_PER_MS; /* workers that die within milliseconds */
     cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true; /* nobody to take a snapshot from */
@@ -256,7 +257,7 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
 Test(routerd, a_request_that_started_fails_to_its_client_once)
 {
     heartbeat(1, 4096, NULL, 0, 1);
-    heartbeat(2, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1);
     generate("_INBOX.c1", "started", 1, 256);
     const struct sent *fwd = NULL;
     int on1 = count_to("kv.default.worker.1.generate", 0, &fwd);
@@ -268,11 +269,8 @@ Test(routerd, a_request_that_started_fails_to_its_client_once)
     cr_assert(eq(int, kvr_wire_encode_tokens(&b, wid, key, KVR_WIRE_PREFILL_DONE), KVR_OK));
     kvr_events_on_message(&rd, subject, b.data, b.len); /* its first token: it started */
     kvr_buf_free(&b);
-    if (wid == 2) { /* make worker 2 the one that dies */
-        heartbeat(1, 4096, NULL, 0, 1000);
-        heartbeat(2, 4096, &key, 1, 1);
-    }
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    heartbeat(3 - wid, 4096, NULL, 0, 1); /* the other one lives on; the request's dies */
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     const struct sent *m = NULL;
@@ -830,4 +828,22 @@ Test(routerd, an_event_speaks_for_the_worker_of_its_subject_only)
     kvr_buf_free(&b);
     cr_assert(eq(u64, rd.ev_errors, 2), "both counted and dropped");
     cr_assert(eq(u32, rd.pend.n, 1), "the request is still in flight");
+}
+
+Test(routerd, a_heartbeat_interval_from_the_wire_is_bounded)
+{
+    cfg.heartbeat_min_ns = 50 * KVR_NS_PER_MS; /* the defaults */
+    cfg.heartbeat_max_ns = 10 * KVR_NS_PER_S;
+    heartbeat(7, 4096, NULL, 0, UINT32_MAX); /* a worker nobody runs, that would never time out */
+    heartbeat(8, 4096, NULL, 0, 500);        /* a live worker ... */
+    heartbeat(8, 4096, NULL, 0, 1);          /* ... and a forged beat that would drop it at once */
+    uint64_t t = kvr_now_ns();
+    kvr_timer_tick(&rd, t, true, false);
+    kvr_timer_tick(&rd, t + 100 * KVR_NS_PER_MS, true, false);
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 8, NULL, NULL, NULL), KVR_OK),
+              "a known worker's timeout never shrinks");
+    for (uint64_t ms = 500; ms <= 33000; ms += 500) /* ticks on time, no stall */
+        kvr_timer_tick(&rd, t + ms * KVR_NS_PER_MS, true, false);
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 7, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER),
+              "gone after 3.2 times the longest interval taken (10 s)");
 }
