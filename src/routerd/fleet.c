@@ -29,6 +29,30 @@ bool kvr_fleet_peer_alive(const struct kvr_rd *rd, const struct kvr_peer *p, uin
     return p && p->heard_ns && now - p->heard_ns < hello_ns(rd) * 7 / 2;
 }
 
+/* With the table full: forget the peer silent the longest, if it is silent now and no request
+ * names it as origin (made-up ids, or old incarnations' host-pid ids, do not fill it for good). */
+static bool evict_one(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = rd->fleet;
+    uint64_t now = kvr_now_ns();
+    struct kvr_peer *q, *tmp, *oldest = NULL;
+    HASH_ITER(hh, g->peers, q, tmp)
+    {
+        if (!kvr_fleet_peer_alive(rd, q, now) && (!oldest || q->heard_ns < oldest->heard_ns))
+            oldest = q;
+    }
+    if (!oldest)
+        return false;
+    for (const struct kvr_pending *r = rd->pend.head; r; r = r->hh.next)
+        if (r->origin == oldest)
+            return false;
+    HASH_DEL(g->peers, oldest);
+    free(oldest);
+    g->npeers--;
+    g->peers_evicted++;
+    return true;
+}
+
 static struct kvr_peer *peer_get(struct kvr_rd *rd, const char *id)
 {
     struct kvr_fleet *g = rd->fleet;
@@ -36,7 +60,7 @@ static struct kvr_peer *peer_get(struct kvr_rd *rd, const char *id)
     if (!kvr_id_ok(id, sizeof p->id - 1)) /* it names subjects (router.sync.<id>) and log lines */
         return NULL;
     HASH_FIND_STR(g->peers, id, p);
-    if (p || g->npeers >= KVR_FLEET_MAX_PEERS)
+    if (p || (g->npeers >= KVR_FLEET_MAX_PEERS && !evict_one(rd)))
         return p;
     p = calloc(1, sizeof *p);
     if (!p)
@@ -467,6 +491,7 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"sync_ms", g->sync_ms},
         {"peers", g->npeers},
         {"peers_alive", alive},
+        {"peers_evicted", g->peers_evicted},
         {"decided", g->decided},
         {"gossip_sent", g->sent},
         {"gossip_bytes", g->sent_bytes},

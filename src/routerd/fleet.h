@@ -6,9 +6,10 @@
  * answers a client whose request failed (its origin; when the origin is silent, the live router
  * with the smallest id, after a grace period). Snapshots and repairs travel in sync.c.
  *
- * Invariants: at most KVR_FLEET_MAX_PEERS peers, kept for the process's life (pending requests
- * point at them); a peer's epoch only grows; seqs this router sent are kept in a ring of
- * KVR_FLEET_RING for repairs. Everything here runs under the state mutex.
+ * Invariants: at most KVR_FLEET_MAX_PEERS peers, each kept while a pending request points at it
+ * (when the table is full, the one silent the longest that none points at is forgotten); a peer's
+ * epoch only grows; seqs this router sent are kept in a ring of KVR_FLEET_RING for repairs.
+ * Everything here runs under the state mutex.
  */
 #ifndef KVR_RD_FLEET_H
 #define KVR_RD_FLEET_H
@@ -61,6 +62,7 @@ struct kvr_fleet {
     uint64_t gaps, repairs_asked, repaired, lookups;       /* recovery */
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
+    uint64_t peers_evicted;                                /* silent ones, the table full */
 };
 
 /* Create rd->fleet (subjects from rd->cfg). */

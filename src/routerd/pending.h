@@ -21,7 +21,7 @@
 
 #include "kvr/status.h"
 
-struct kvr_peer; /* fleet.h: another router, kept for the process's life */
+struct kvr_peer; /* fleet.h: another router, kept while a pending request points at it */
 
 struct kvr_pending {
     uint64_t key;                  /* the fleet-wide id */

@@ -847,3 +847,23 @@ Test(routerd, a_heartbeat_interval_from_the_wire_is_bounded)
     cr_assert(eq(int, kvr_router_worker_load(rd.core, 7, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER),
               "gone after 3.2 times the longest interval taken (10 s)");
 }
+
+Test(routerd, made_up_router_ids_do_not_fill_the_peer_table_for_good)
+{
+    struct kvr_buf b = {0};
+    for (uint32_t i = 0; i < KVR_FLEET_MAX_PEERS; i++) { /* 1,024 hellos under made-up ids */
+        char id[32];
+        snprintf(id, sizeof id, "fake-%u", i);
+        cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, id, 5, 0, true), KVR_OK));
+        kvr_fleet_on_gossip(&rd, b.data, b.len);
+    }
+    cr_assert(eq(u32, rd.fleet->npeers, KVR_FLEET_MAX_PEERS));
+    kvr_sleep_ns(10 * KVR_NS_PER_MS); /* 3.5 hellos of 2 ms: they are all silent now */
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "real-router", 7, 0, true), KVR_OK));
+    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(eq(u64, rd.fleet->peers_evicted, 1));
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(rd.fleet->peers, "real-router", p);
+    cr_assert(not(eq(ptr, p, NULL)), "a router started later is heard");
+}
