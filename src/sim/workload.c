@@ -224,6 +224,7 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
             !json_uint(line, "\"output_length\"", &osl) ||
             (nids = json_ids(line, &w->ids, &w->nids, &idcap)) < 0 || isl == 0 ||
             isl > UINT32_MAX || osl == 0 || osl > UINT32_MAX ||
+            ts > UINT64_MAX / 1000000ull || /* milliseconds that would wrap in nanoseconds */
             (uint64_t)nids != (isl + KVR_TRACE_BLOCK - 1) / KVR_TRACE_BLOCK || first > UINT32_MAX) {
             st = KVR_ERR_MALFORMED;
             if (bad_line)

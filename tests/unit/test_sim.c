@@ -120,6 +120,12 @@ Test(sim, malformed_traces_are_refused_with_the_line)
     fclose(f);
     cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, &bad), KVR_ERR_MALFORMED));
     cr_assert(eq(u64, bad, 1));
+    f = fopen(path, "w"); /* a timestamp whose nanoseconds wrap */
+    fprintf(f, "{\"timestamp\": 18446744073709551, \"input_length\": 600, \"output_length\": 5, "
+               "\"hash_ids\": [1, 2]}\n");
+    fclose(f);
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, &bad), KVR_ERR_MALFORMED));
+    cr_assert(eq(u64, bad, 1));
     remove(path);
     cr_assert(eq(int, kvr_workload_load_trace(&w, "t", "/nonexistent/x", 0, 1, &bad), KVR_ERR_IO));
 }
