@@ -77,7 +77,7 @@ static bool set_opt(const struct kvr_opt *o, const char *v)
     double d;
     switch (o->type) {
     case KVR_OPT_STR:
-        if (strlen(v) >= KVR_OPT_STR_MAX)
+        if (strlen(v) >= KVR_OPT_STR_MAX || !in_range(o, (double)strlen(v)))
             return false;
         strcpy((char *)o->ptr, v);
         return true;
@@ -104,6 +104,8 @@ static bool set_opt(const struct kvr_opt *o, const char *v)
         return set_duration(o, v, 1e9);
     case KVR_OPT_ENUM:
         return set_enum(o, v);
+    case KVR_OPT_GROUP:
+        break;
     }
     return false;
 }
@@ -116,11 +118,40 @@ static void format_duration(uint64_t ns, uint64_t unit, char *buf, size_t len)
         snprintf(buf, len, "%.6g", (double)ns / (double)unit);
 }
 
+void kvr_url_redact(const char *urls, char *out, size_t len)
+{
+    size_t at = 0;
+    for (const char *u = urls; *u && at + 1 < len;) {
+        size_t n = strcspn(u, ","), host = 0;
+        const char *scheme = strstr(u, "://");
+        size_t from = scheme && (size_t)(scheme - u) < n ? (size_t)(scheme - u) + 3 : 0;
+        const char *atsign = memchr(u + from, '@', n - from);
+        if (atsign) { /* user:password@ or token@: keep the user, never the secret */
+            size_t info = (size_t)(atsign - u) - from;
+            const char *colon = memchr(u + from, ':', info);
+            size_t keep = colon ? (size_t)(colon - u) + 1 : from;
+            at += (size_t)snprintf(out + at, len - at, "%.*s***", (int)keep, u);
+            host = (size_t)(atsign - u);
+        }
+        if (at < len)
+            at += (size_t)snprintf(out + at, len - at, "%.*s%s", (int)(n - host), u + host,
+                                   u[n] ? "," : "");
+        u += n + (u[n] == ',');
+    }
+    if (len)
+        out[at < len ? at : len - 1] = 0;
+}
+
 void kvr_opt_format(const struct kvr_opt *o, char *buf, size_t len)
 {
     switch (o->type) {
     case KVR_OPT_STR:
-        snprintf(buf, len, "%s", (const char *)o->ptr);
+        if (o->secret) /* a password or a token: whether it is set, never what it is */
+            snprintf(buf, len, "%s", *(const char *)o->ptr ? "(set)" : "");
+        else if (o->urls)
+            kvr_url_redact((const char *)o->ptr, buf, len);
+        else
+            snprintf(buf, len, "%s", (const char *)o->ptr);
         break;
     case KVR_OPT_U32:
         snprintf(buf, len, "%" PRIu32, *(const uint32_t *)o->ptr);
@@ -143,7 +174,44 @@ void kvr_opt_format(const struct kvr_opt *o, char *buf, size_t len)
     case KVR_OPT_ENUM:
         snprintf(buf, len, "%s", o->choices[*(const int *)o->ptr]);
         break;
+    case KVR_OPT_GROUP:
+        snprintf(buf, len, "%s", "");
+        break;
     }
+}
+
+/* opts with every group expanded in place into flat (KVR_OPTS_MAX); the count. */
+static size_t flatten(const struct kvr_opt *opts, size_t n, struct kvr_opt *flat, size_t at)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (opts[i].type == KVR_OPT_GROUP)
+            at = flatten(opts[i].ptr, opts[i].nsub, flat, at);
+        else if (at < KVR_OPTS_MAX)
+            flat[at++] = opts[i];
+    }
+    return at;
+}
+
+/* What o accepts, for the message that refuses a value: "a finite number, 0 to 1e+06". */
+static void accepted(const struct kvr_opt *o, char *buf, size_t len)
+{
+    static const char *const what[] = {"text",
+                                       "a whole number",
+                                       "a whole number",
+                                       "a finite number",
+                                       "true or false",
+                                       "ms (>= 0)",
+                                       "seconds (>= 0)",
+                                       "one of ",
+                                       ""};
+    size_t at = (size_t)snprintf(buf, len, "%s", what[o->type]);
+    for (int i = 0; o->type == KVR_OPT_ENUM && o->choices[i] && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "|" : "", o->choices[i]);
+    if (at < len && o->type == KVR_OPT_STR)
+        at += (size_t)snprintf(buf + at, len - at, " of %.0f to %d bytes", o->min ? o->min : 0,
+                               o->max ? (int)o->max : KVR_OPT_STR_MAX - 1);
+    else if (at < len && (o->min != 0 || o->max != 0))
+        snprintf(buf + at, len - at, ", %.6g to %.6g", o->min, o->max);
 }
 
 static const struct kvr_opt *find_opt(const struct kvr_opt *opts, size_t n, const char *name,
@@ -157,15 +225,17 @@ static const struct kvr_opt *find_opt(const struct kvr_opt *opts, size_t n, cons
 
 static void type_hint(const struct kvr_opt *o, char *buf, size_t len)
 {
-    static const char *const hints[] = {"TEXT", "N", "N", "X", "", "MS", "S", ""};
+    static const char *const hints[] = {"TEXT", "N", "N", "X", "", "MS", "S", "", ""};
     size_t at = (size_t)snprintf(buf, len, "%s", hints[o->type]);
     for (int i = 0; o->type == KVR_OPT_ENUM && o->choices[i] && at < len; i++)
         at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "|" : "", o->choices[i]);
 }
 
-static void print_help(const struct kvr_opt *opts, size_t n, const char *program,
+static void print_help(const struct kvr_opt *table, size_t ntable, const char *program,
                        const char *summary)
 {
+    struct kvr_opt opts[KVR_OPTS_MAX];
+    size_t n = flatten(table, ntable, opts, 0);
     printf("usage: %s [options]\n%s\n\noptions (also as 'name = value' lines in a config file, "
            "or in the environment;\na flag beats the environment, which beats the file):\n",
            program, summary);
@@ -176,7 +246,7 @@ static void print_help(const struct kvr_opt *opts, size_t n, const char *program
         snprintf(left, sizeof left, "--%s%s%s", opts[i].name, *hint ? " " : "", hint);
         kvr_opt_format(&opts[i], value, sizeof value);
         char range[80] = "";
-        if (opts[i].min != 0 || opts[i].max != 0)
+        if (opts[i].type != KVR_OPT_STR && (opts[i].min != 0 || opts[i].max != 0))
             snprintf(range, sizeof range, "%.6g to %.6g; ", opts[i].min, opts[i].max);
         printf("  %-32s %s (%sdefault %s%s%s)\n", left, opts[i].help, range,
                *value ? value : "none", opts[i].env ? "; env " : "",
@@ -186,8 +256,10 @@ static void print_help(const struct kvr_opt *opts, size_t n, const char *program
     printf("  %-32s this text\n", "--help");
 }
 
-void kvr_opts_print(const struct kvr_opt *opts, size_t n, FILE *f)
+void kvr_opts_print(const struct kvr_opt *table, size_t ntable, FILE *f)
 {
+    struct kvr_opt opts[KVR_OPTS_MAX];
+    size_t n = flatten(table, ntable, opts, 0);
     for (size_t i = 0; i < n; i++) {
         char value[KVR_OPT_STR_MAX + 32];
         kvr_opt_format(&opts[i], value, sizeof value);
@@ -195,12 +267,20 @@ void kvr_opts_print(const struct kvr_opt *opts, size_t n, FILE *f)
     }
 }
 
-/* One config-file line (comments and blanks already stripped); false on an error. */
-static bool config_line(const struct kvr_opt *opts, size_t n, char *p, const char **why)
+/* "name: bad value 'v': takes ..." into why (a secret's value is not repeated). */
+static void refusal(const struct kvr_opt *o, const char *v, char *why, size_t len)
+{
+    char what[200];
+    accepted(o, what, sizeof what);
+    snprintf(why, len, "%s: bad value '%.64s': takes %s", o->name, o->secret ? "..." : v, what);
+}
+
+/* One config-file line (comments and blanks already stripped); false on an error, why filled. */
+static bool config_line(const struct kvr_opt *opts, size_t n, char *p, char *why, size_t len)
 {
     char *eq = strchr(p, '=');
     if (!eq) {
-        *why = "not 'name = value'";
+        snprintf(why, len, "not 'name = value'");
         return false;
     }
     size_t klen = strcspn(p, " \t=");
@@ -209,8 +289,14 @@ static bool config_line(const struct kvr_opt *opts, size_t n, char *p, const cha
     while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
         v[--vl] = 0;
     const struct kvr_opt *o = find_opt(opts, n, p, klen);
-    *why = !o ? "not an option (see --help)" : "bad value";
-    return o && set_opt(o, v);
+    if (!o) {
+        snprintf(why, len, "%.*s: not an option (see --help)", (int)klen, p);
+        return false;
+    }
+    if (set_opt(o, v))
+        return true;
+    refusal(o, v, why, len);
+    return false;
 }
 
 static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, const char *path)
@@ -227,8 +313,8 @@ static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, co
         lineno++;
         char *p = line + strspn(line, " \t");
         p[strcspn(p, "#\r\n")] = 0;
-        const char *why = NULL;
-        if (*p && !config_line(opts, n, p, &why)) {
+        char why[400];
+        if (*p && !config_line(opts, n, p, why, sizeof why)) {
             fprintf(stderr, "%s:%d: %s\n", path, lineno, why);
             rc = KVR_OPTS_BAD;
         }
@@ -259,20 +345,39 @@ static enum kvr_opts_result apply_flag(const struct kvr_opt *opts, size_t n, int
     else if (!v && *i + 1 < argc)
         v = argv[++*i];
     if (!v || !set_opt(o, v)) {
-        char hint[200];
-        type_hint(o, hint, sizeof hint);
-        fprintf(stderr, "%s: --%s %s%s\n", program, o->name,
-                v ? "has a bad value: " : "needs a value", v ? v : "");
-        if (*hint)
-            fprintf(stderr, "%s: --%s takes %s\n", program, o->name, hint);
+        char what[200];
+        accepted(o, what, sizeof what);
+        fprintf(stderr, "%s: --%s %s%.64s\n", program, o->name,
+                v ? "has a bad value: " : "needs a value",
+                !v          ? ""
+                : o->secret ? "..."
+                            : v);
+        fprintf(stderr, "%s: --%s takes %s\n", program, o->name, what);
         return KVR_OPTS_BAD;
     }
     return KVR_OPTS_GO;
 }
 
-enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *opts, size_t n, int argc, char **argv,
-                                    const char *program, const char *summary)
+/* The environment's values (after the file's, before the flags'). */
+static enum kvr_opts_result apply_env(const struct kvr_opt *opts, size_t n, const char *program)
 {
+    for (size_t i = 0; i < n; i++) {
+        const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
+        if (v && !set_opt(&opts[i], v)) {
+            char why[400];
+            refusal(&opts[i], v, why, sizeof why);
+            fprintf(stderr, "%s: %s (from %s)\n", program, why, opts[i].env);
+            return KVR_OPTS_BAD;
+        }
+    }
+    return KVR_OPTS_GO;
+}
+
+enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *table, size_t ntable, int argc,
+                                    char **argv, const char *program, const char *summary)
+{
+    struct kvr_opt opts[KVR_OPTS_MAX];
+    size_t n = flatten(table, ntable, opts, 0);
     const char *config = getenv("KVR_CONFIG");
     bool print = false;
     for (int i = 1; i < argc; i++) {
@@ -286,13 +391,8 @@ enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *opts, size_t n, int ar
     }
     if (config && *config && read_config(opts, n, config) != KVR_OPTS_GO)
         return KVR_OPTS_BAD;
-    for (size_t i = 0; i < n; i++) {
-        const char *v = opts[i].env ? getenv(opts[i].env) : NULL;
-        if (v && !set_opt(&opts[i], v)) {
-            fprintf(stderr, "%s: bad value in %s: %s\n", program, opts[i].env, v);
-            return KVR_OPTS_BAD;
-        }
-    }
+    if (apply_env(opts, n, program) != KVR_OPTS_GO)
+        return KVR_OPTS_BAD;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             i++;

@@ -26,7 +26,10 @@ enum kvr_opt_type {
     KVR_OPT_MS,     /* uint64_t nanoseconds, written in milliseconds */
     KVR_OPT_SEC,    /* uint64_t nanoseconds, written in seconds */
     KVR_OPT_ENUM,   /* int: the index of the value in choices */
+    KVR_OPT_GROUP,  /* const struct kvr_opt[nsub]: more options, as if listed here */
 };
+
+#define KVR_OPTS_MAX 128 /* options in one table, groups expanded */
 
 struct kvr_opt {
     const char *name;           /* --name, and the config-file key */
@@ -34,8 +37,12 @@ struct kvr_opt {
     enum kvr_opt_type type;     /* */
     void *ptr;                  /* where the value goes (see the types) */
     const char *help;           /* one line */
-    double min, max;            /* numbers: accepted range, inclusive; both 0: any */
+    double min, max;            /* numbers: accepted range, inclusive; both 0: any; KVR_OPT_STR:
+                                   its length in bytes */
     const char *const *choices; /* KVR_OPT_ENUM: the names, NULL-terminated */
+    bool secret;                /* KVR_OPT_STR: shown as "(set)", never as its value */
+    bool urls;                  /* KVR_OPT_STR: URLs, shown with kvr_url_redact */
+    size_t nsub;                /* KVR_OPT_GROUP: the entries at ptr */
 };
 
 /* What kvr_opts_parse says. */
@@ -56,7 +63,11 @@ enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *opts, size_t n, int ar
 /* Every option's value as config-file lines ("name = value"). */
 void kvr_opts_print(const struct kvr_opt *opts, size_t n, FILE *f);
 
-/* The value of one option as text (what --print-config writes) into buf. */
+/* The value of one option as text (what --print-config writes) into buf: "(set)" for a secret
+ * that is set, nothing for a group. */
 void kvr_opt_format(const struct kvr_opt *o, char *buf, size_t len);
+
+/* urls (comma-separated) with each URL's password, or token, replaced by "***". */
+void kvr_url_redact(const char *urls, char *out, size_t len);
 
 #endif

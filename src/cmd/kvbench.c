@@ -25,7 +25,7 @@ int main(int argc, char **argv)
         return r == KVR_OPTS_EXIT ? 0 : 2;
     kvr_log_init("kvbench", (enum kvr_log_level)cfg.net.log_level);
     kvr_status st;
-    struct kvr_client *client = kvr_client_create(cfg.net.urls, cfg.net.prefix, cfg.net.ns, &st);
+    struct kvr_client *client = kvr_client_create(&cfg.net, &st);
     if (!client) {
         fprintf(stderr, "kvbench: cannot connect to %s: %s\n", cfg.net.urls, kvr_status_str(st));
         kvr_client_shutdown();

@@ -261,9 +261,9 @@ static kvr_status subscribe(struct kvr_client *c)
     return kvr_nats_status(s);
 }
 
-struct kvr_client *kvr_client_create(const char *urls, const char *prefix, const char *ns,
-                                     kvr_status *st)
+struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_status *st)
 {
+    const char *prefix = net->prefix, *ns = net->ns;
     struct kvr_client *c = calloc(1, sizeof *c);
     if (!c) {
         *st = KVR_ERR_NOMEM;
@@ -283,9 +283,9 @@ struct kvr_client *kvr_client_create(const char *urls, const char *prefix, const
         snprintf(c->inbox, sizeof c->inbox, "_KVB.%s", inbox + 7); /* after "_INBOX." */
     natsInbox_Destroy(inbox);
     if (s == KVR_OK)
-        s = kvr_connect(urls, "kvbench", &c->nc_pub);
+        s = kvr_connect(net, "kvbench", &c->nc_pub);
     if (s == KVR_OK)
-        s = kvr_connect(urls, "kvbench-inbox", &c->nc_sub);
+        s = kvr_connect(net, "kvbench-inbox", &c->nc_sub);
     if (s == KVR_OK)
         s = subscribe(c);
     *st = s;

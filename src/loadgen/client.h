@@ -136,12 +136,11 @@ struct kvr_client {
 };
 
 /*
- * Connect to urls (comma-separated) and subscribe to a new inbox; requests go to
+ * Connect as net says (servers, credentials, TLS) and subscribe to a new inbox; requests go to
  * <prefix>.<ns>.generate, cancels to <prefix>.<ns>.cancel. NULL on failure, with *st saying why.
- * Strings are copied.
+ * net is read during the call only.
  */
-struct kvr_client *kvr_client_create(const char *urls, const char *prefix, const char *ns,
-                                     kvr_status *st);
+struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_status *st);
 /* Unsubscribe, close the connections, free everything; c may be NULL. */
 void kvr_client_destroy(struct kvr_client *c);
 /* Release nats.c's library state: after the last client is destroyed. */

@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "natscfg.h"
+#include "signals.h"
+
+#define RETRY_NS (250 * KVR_NS_PER_MS) /* between two failed first connects */
+
 kvr_status kvr_nats_status(natsStatus s)
 {
     switch (s) {
@@ -41,9 +46,10 @@ static bool log_cut(natsConnection *nc, const char *name)
 
 static void log_back(natsConnection *nc, const char *name)
 {
-    char url[256] = "";
+    char url[256] = "", shown[300];
     natsConnection_GetConnectedUrl(nc, url, sizeof url);
-    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", name, url);
+    kvr_url_redact(url, shown, sizeof shown);
+    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", name, shown);
 }
 
 static void on_disconnected(natsConnection *nc, void *closure)
@@ -97,8 +103,6 @@ static natsStatus options(natsOptions *o, const char **servers, int n, const cha
     if (s == NATS_OK)
         s = natsOptions_SetReconnectJitter(o, 100, 1000);
     if (s == NATS_OK)
-        s = natsOptions_SetRetryOnFailedConnect(o, true, NULL, NULL);
-    if (s == NATS_OK)
         s = natsOptions_SetMaxPendingMsgs(o, 1 << 20);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(o, 64 << 20);
@@ -113,9 +117,107 @@ static natsStatus options(natsOptions *o, const char **servers, int n, const cha
     return s;
 }
 
-static kvr_status connect(const char *urls, const char *name, const struct kvr_conn_hooks *h,
-                          natsConnection **out)
+/*
+ * An nkey seed file: nats.c needs the public key beside the seed, and cannot derive it, so the
+ * file holds both (what `nk -gen user -pubout` writes: the seed line, then the U... line).
+ */
+static natsStatus nkey_from_file(natsOptions *o, const char *path)
 {
+    char line[256], pub[128] = "";
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        kvr_log(KVR_LOG_ERROR, "nkey_seed_unreadable", "file=%s error=\"%s\"", path,
+                strerror(errno));
+        return NATS_INVALID_ARG;
+    }
+    while (!pub[0] && fgets(line, sizeof line, f)) {
+        line[strcspn(line, " \t\r\n")] = 0;
+        if (line[0] == 'U' && strlen(line) == 56)
+            snprintf(pub, sizeof pub, "%s", line);
+    }
+    fclose(f);
+    if (!pub[0]) {
+        kvr_log(KVR_LOG_ERROR, "nkey_seed_unreadable", "file=%s error=\"no public key line\"",
+                path);
+        return NATS_INVALID_ARG;
+    }
+    return natsOptions_SetNKeyFromSeed(o, pub, path);
+}
+
+/* Credentials and TLS from c (NULL: none). */
+static natsStatus secure(natsOptions *o, const struct kvr_nats_config *c)
+{
+    natsStatus s = NATS_OK;
+    if (!c)
+        return s;
+    if (c->user[0])
+        s = natsOptions_SetUserInfo(o, c->user, c->password[0] ? c->password : NULL);
+    if (s == NATS_OK && c->token[0])
+        s = natsOptions_SetToken(o, c->token);
+    if (s == NATS_OK && c->nkey_seed[0])
+        s = nkey_from_file(o, c->nkey_seed);
+    if (s == NATS_OK && c->creds[0])
+        s = natsOptions_SetUserCredentialsFromFiles(o, c->creds, NULL);
+    if (s == NATS_OK && (c->tls || c->tls_ca[0] || c->tls_cert[0]))
+        s = natsOptions_SetSecure(o, true);
+    if (s == NATS_OK && c->tls_ca[0])
+        s = natsOptions_LoadCATrustedCertificates(o, c->tls_ca);
+    if (s == NATS_OK && c->tls_cert[0])
+        s = natsOptions_LoadCertificatesChain(o, c->tls_cert, c->tls_key);
+    return s;
+}
+
+/* nats.c's text for the last failure on this thread, quotes made single: one log field. */
+static void last_error(natsStatus s, char *out, size_t len)
+{
+    natsStatus dummy;
+    const char *text = nats_GetLastError(&dummy);
+    snprintf(out, len, "%s", text && *text ? text : natsStatus_GetText(s));
+    for (char *p = out; *p; p++)
+        if (*p == '"' || *p == '\n')
+            *p = '\'';
+}
+
+/* Sleep ns, or less when a stop signal comes; whether one came. */
+static bool nap(uint64_t ns)
+{
+    for (uint64_t slept = 0; slept < ns && !kvr_signal_received(); slept += 10 * KVR_NS_PER_MS)
+        kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    return kvr_signal_received() != 0;
+}
+
+/*
+ * The first connect, tried every 250 ms: each failure logged with nats.c's reason, given up on
+ * a stop signal or after timeout_ns (0: never).
+ */
+static kvr_status first_connect(natsOptions *o, const char *shown, uint64_t timeout_ns,
+                                natsConnection **out)
+{
+    uint64_t t0 = kvr_now_ns();
+    char why[256];
+    for (uint32_t attempt = 1;; attempt++) {
+        natsStatus s = natsConnection_Connect(out, o);
+        if (s == NATS_OK)
+            return KVR_OK;
+        last_error(s, why, sizeof why);
+        kvr_log(KVR_LOG_WARN, "nats_connect_attempt", "urls=%s attempt=%u error=\"%s\"", shown,
+                attempt, why);
+        uint64_t spent = kvr_now_ns() - t0;
+        bool late = timeout_ns && spent + RETRY_NS > timeout_ns;
+        if (late || nap(RETRY_NS)) {
+            kvr_log(KVR_LOG_ERROR, "nats_connect_failed",
+                    "urls=%s attempts=%u waited_ms=%llu error=\"%s\" gave_up=%s", shown, attempt,
+                    (unsigned long long)(spent / KVR_NS_PER_MS), why,
+                    late ? "connect-timeout-ms" : "signal");
+            return late ? kvr_nats_status(s) : KVR_ERR_SHUTDOWN;
+        }
+    }
+}
+
+static kvr_status connect(const struct kvr_nats_config *c, const char *name,
+                          const struct kvr_conn_hooks *h, natsConnection **out)
+{
+    const char *urls = c->urls;
     const char *servers[32];
     char copy[2048];
     int nservers = 0;
@@ -125,32 +227,41 @@ static kvr_status connect(const char *urls, const char *name, const struct kvr_c
     for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && nservers < 32;
          t = strtok_r(NULL, ",", &save))
         servers[nservers++] = t;
-    if (!nservers)
+    if (!nservers) {
+        kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls= error=\"--nats names no server\"");
         return KVR_ERR_INVALID;
+    }
+    uint64_t timeout_ns = c->connect_timeout_ns;
+    char shown[2048], why[256];
+    kvr_url_redact(urls, shown, sizeof shown);
     natsOptions *o = NULL;
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
         s = options(o, servers, nservers, name, h);
+    if (s == NATS_OK && timeout_ns && timeout_ns < 2 * KVR_NS_PER_S) /* one attempt's share */
+        s = natsOptions_SetTimeout(o, (int64_t)(timeout_ns / KVR_NS_PER_MS) + 1);
     if (s == NATS_OK)
-        s = natsConnection_Connect(out, o);
-    natsOptions_Destroy(o);
-    if (s != NATS_OK) {
-        kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", urls,
-                natsStatus_GetText(s));
-        return kvr_nats_status(s);
+        s = secure(o, c);
+    kvr_status st = kvr_nats_status(s);
+    if (s != NATS_OK) { /* a bad setting, such as a CA file that cannot be read */
+        last_error(s, why, sizeof why);
+        kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", shown, why);
+    } else {
+        st = first_connect(o, shown, timeout_ns, out);
     }
-    return KVR_OK;
+    natsOptions_Destroy(o);
+    return st;
 }
 
-kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out)
+kvr_status kvr_connect(const struct kvr_nats_config *c, const char *name, natsConnection **out)
 {
-    return connect(urls, name, NULL, out);
+    return connect(c, name, NULL, out);
 }
 
-kvr_status kvr_connect_hooked(const char *urls, const struct kvr_conn_hooks *h,
+kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_conn_hooks *h,
                               natsConnection **out)
 {
-    return connect(urls, h->name, h, out);
+    return connect(c, h->name, h, out);
 }
 
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,

@@ -15,6 +15,7 @@
 #include "clock.h"
 #include "kvr/status.h"
 #include "log.h"
+#include "natscfg.h"
 #include "outbox.h"
 #include "subject.h"
 
@@ -28,13 +29,17 @@ kvr_status kvr_nats_status(natsStatus s);
 /* --- connections ----------------------------------------------------------------------------- */
 
 /*
- * Connect to urls (comma-separated, tried in order: the first is the preferred node) as name:
- * SendAsap, reconnect forever every 250 ms (with jitter), retry the first connect until it
- * succeeds, and log disconnects and reconnects.
+ * Connect to c->urls (comma-separated, tried in order: the first is the preferred node) as name,
+ * with c's credentials and TLS: SendAsap, reconnect forever every 250 ms (with jitter), and log
+ * disconnects and reconnects. The first connect is retried every 250 ms for at most
+ * c->connect_timeout_ns (0: until a stop signal): each failed attempt is logged at warn with
+ * nats.c's reason, a stop signal (kvr_signals_catch) ends the wait with KVR_ERR_SHUTDOWN, the
+ * timeout with the last failure's status. URLs are logged with their user:password part
+ * redacted. c is read during the call only.
  * name is borrowed for the connection's whole life (its callbacks may run after it is destroyed):
  * pass a string that outlives it.
  */
-kvr_status kvr_connect(const char *urls, const char *name, natsConnection **out);
+kvr_status kvr_connect(const struct kvr_nats_config *c, const char *name, natsConnection **out);
 
 /* What a connection's owner wants to hear besides the logs: its connection was cut (not closed
  * by its owner), and it is back. Called on nats.c's callback thread. */
@@ -47,7 +52,7 @@ struct kvr_conn_hooks {
 
 /* kvr_connect as h->name, calling h's hooks too; h is borrowed for the connection's whole life,
  * like the name. */
-kvr_status kvr_connect_hooked(const char *urls, const struct kvr_conn_hooks *h,
+kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_conn_hooks *h,
                               natsConnection **out);
 
 /*

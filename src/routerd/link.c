@@ -87,9 +87,9 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     l->rd = rd;
     snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
     snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
-    kvr_status st = kvr_connect(rd->cfg->net.urls, l->name_req, &l->nc_req);
+    kvr_status st = kvr_connect(&rd->cfg->net, l->name_req, &l->nc_req);
     if (st == KVR_OK)
-        st = kvr_connect(rd->cfg->net.urls, l->name_ev, &l->nc_ev);
+        st = kvr_connect(&rd->cfg->net, l->name_ev, &l->nc_ev);
     if (st == KVR_OK) {
         rd->sink = kvr_nats_sink(l->nc_req);
         /* a request is forwarded in a message of the same server: it must fit with the wrapper */

@@ -198,9 +198,9 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     snprintf(l->name_in, sizeof l->name_in, "kvworker-%" PRIu64 "-in", w->cfg->id);
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
     l->hooks_out = (struct kvr_conn_hooks){l->name_out, on_out_cut, on_out_back, l};
-    kvr_status st = kvr_connect(w->cfg->net.urls, l->name_in, &l->nc_in);
+    kvr_status st = kvr_connect(&w->cfg->net, l->name_in, &l->nc_in);
     if (st == KVR_OK)
-        st = kvr_connect_hooked(w->cfg->net.urls, &l->hooks_out, &l->nc_out);
+        st = kvr_connect_hooked(&w->cfg->net, &l->hooks_out, &l->nc_out);
     if (st != KVR_OK)
         return st;
     w->sink = kvr_nats_sink(l->nc_out);

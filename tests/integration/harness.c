@@ -353,6 +353,15 @@ bool h_nats_start(struct nats_srv *s, int port)
     return start_server(s, argv);
 }
 
+bool h_nats_start_conf(struct nats_srv *s, const char *conf)
+{
+    if (!make_dir(s))
+        return false;
+    char *argv[] = {"nats-server", "-c", (char *)conf,       "-a",   "127.0.0.1", "-p", "-1",
+                    "-m",          "-1", "--ports_file_dir", s->dir, NULL};
+    return start_server(s, argv);
+}
+
 bool h_nats_start_node(struct nats_srv *s, int port, const char *name, const struct nats_srv *seed)
 {
     if (!make_dir(s))

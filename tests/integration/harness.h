@@ -49,6 +49,8 @@ struct nats_srv {
 
 /* Start nats-server (port 0: ephemeral); waits until it accepts clients. false on failure. */
 bool h_nats_start(struct nats_srv *s, int port);
+/* Start nats-server with the config file conf (ephemeral ports); false on failure. */
+bool h_nats_start_conf(struct nats_srv *s, const char *conf);
 /*
  * Start a cluster node named name (cluster "kvr", ephemeral cluster port) routing to seed's cluster
  * URL (seed NULL: it is the seed), on client port port (0: ephemeral).

@@ -173,3 +173,79 @@ Test(opts, help_shows_each_default, .init = setup)
               text);
     cr_assert(strstr(text, "(default 1.5)") != NULL, "%s", text);
 }
+
+/* --- the shared NATS options (src/base/natscfg) ------------------------------------------- */
+
+#include "natscfg.h"
+
+/* Parse argv over a fresh kvr_nats_config; the result, --print-config's text in out. */
+static enum kvr_opts_result nats_parse(struct kvr_nats_config *c, int argc, char **argv)
+{
+    struct kvr_opt t[KVR_NATS_OPTIONS];
+    kvr_nats_config_default(c, KVR_LOG_INFO);
+    size_t n = kvr_nats_config_options(c, t);
+    return kvr_opts_parse(t, n, argc, argv, "t", "a test");
+}
+
+Test(natscfg, secrets_are_never_printed, .init = cr_redirect_stdout)
+{
+    static struct kvr_nats_config c;
+    char *argv[] = {"t",
+                    "--nats",
+                    "nats://bob:pw1@h:1,tok2@h:2",
+                    "--user",
+                    "bob",
+                    "--password",
+                    "pw3",
+                    "--token",
+                    "tok4",
+                    "--print-config"};
+    cr_assert(eq(int, nats_parse(&c, 10, argv), KVR_OPTS_EXIT));
+    cr_assert(eq(str, c.password, "pw3"));
+    fflush(stdout);
+    char out[4096] = "";
+    FILE *f = cr_get_redirected_stdout();
+    size_t len = fread(out, 1, sizeof out - 1, f);
+    out[len] = 0;
+    cr_expect(strstr(out, "password = (set)\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "token = (set)\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "nats = nats://bob:***@h:1,***@h:2\n") != NULL, "%s", out);
+    cr_expect(strstr(out, "pw") == NULL && strstr(out, "tok2") == NULL, "%s", out);
+}
+
+Test(natscfg, an_empty_nats_is_refused)
+{
+    static struct kvr_nats_config c;
+    char *argv[] = {"t", "--nats", ""};
+    cr_expect(eq(int, nats_parse(&c, 3, argv), KVR_OPTS_BAD));
+    char why[200];
+    strcpy(c.urls, " , ");
+    cr_expect(eq(int, kvr_nats_config_check(&c, why, sizeof why), KVR_ERR_INVALID));
+    cr_expect(strstr(why, "--nats") != NULL, "%s", why);
+}
+
+Test(natscfg, credentials_that_clash_are_refused)
+{
+    static struct kvr_nats_config c;
+    char why[200];
+    char *argv[] = {"t", "--token", "x", "--user", "u"};
+    cr_assert(eq(int, nats_parse(&c, 5, argv), KVR_OPTS_GO));
+    cr_expect(eq(int, kvr_nats_config_check(&c, why, sizeof why), KVR_ERR_INVALID));
+    char *argv2[] = {"t", "--tls-cert", "c.pem"};
+    cr_assert(eq(int, nats_parse(&c, 3, argv2), KVR_OPTS_GO));
+    cr_expect(eq(int, kvr_nats_config_check(&c, why, sizeof why), KVR_ERR_INVALID));
+}
+
+Test(opts, inf_and_nan_are_refused)
+{
+    static double x = 1;
+    const struct kvr_opt t[] = {
+        {.name = "w", .type = KVR_OPT_DOUBLE, .ptr = &x, .help = "w", .min = 0, .max = 1e6}};
+    const char *bad[] = {"inf", "-inf", "nan", "1e400", "infinity"};
+    for (int i = 0; i < 5; i++) {
+        char *argv[] = {"t", "--w", (char *)bad[i]};
+        cr_expect(eq(int, kvr_opts_parse(t, 1, 3, argv, "t", "a test"), KVR_OPTS_BAD), "%s",
+                  bad[i]);
+        cr_expect(eq(dbl, x, 1.0), "%s changed the value", bad[i]);
+    }
+}
