@@ -108,7 +108,7 @@ static uint64_t probes(const uint64_t *keys, uint32_t n)
 
 Test(map, keys_aimed_at_one_slot_scatter_once_salted)
 {
-    enum { N = 20000 };
+    enum { N = 5000 };
     uint64_t *aimed = malloc(N * sizeof *aimed), *random = malloc(N * sizeof *random);
     struct kvr_rng rng;
     kvr_rng_seed(&rng, 11);
