@@ -60,6 +60,14 @@ void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *rep
         r->dropped++; /* out of memory: the client will resend */
 }
 
+void kvr_reply_refuse(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                      const struct kvr_wire_request *q, kvr_status st)
+{
+    char detail[128];
+    struct kvr_reply_why why = {.detail = kvr_wire_request_why(q, st, detail, sizeof detail)};
+    kvr_reply_fail(r, out, reply, q->request_id, st, &why);
+}
+
 void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
                      const char *request_id, kvr_status st)
 {

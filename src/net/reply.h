@@ -55,6 +55,13 @@ struct kvr_reply_why {
  */
 void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
                     const char *request_id, kvr_status st, const struct kvr_reply_why *why);
+struct kvr_wire_request; /* codec.h */
+
+/* Request q (as its decoder left it) refused with st: kvr_reply_fail with the figures of the limit
+ * it passed, if any (kvr_wire_request_why). */
+void kvr_reply_refuse(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
+                      const struct kvr_wire_request *q, kvr_status st);
+
 /* The same with nothing more to say. */
 void kvr_reply_error(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,
                      const char *request_id, kvr_status st);

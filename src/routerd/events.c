@@ -46,40 +46,6 @@ static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wir
                 rd->cfg->core.block_size);
 }
 
-static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, uint32_t n,
-                         uint64_t now);
-
-static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
-                            uint64_t now)
-{
-    struct kvr_wire_heartbeat h;
-    kvr_status st = kvr_wire_decode_heartbeat(data, len, &h);
-    if (st != KVR_OK)
-        return st;
-    if (h.info.id != wid) {
-        kvr_wire_heartbeat_free(&h);
-        return KVR_ERR_INVALID;
-    }
-    /* a worker is lost after 3.2 of its intervals, within bounds: an interval from the wire
-     * neither keeps a phantom worker for good nor drops a live one at once */
-    uint64_t lo = rd->cfg->heartbeat_min_ns / KVR_NS_PER_MS,
-             hi = rd->cfg->heartbeat_max_ns / KVR_NS_PER_MS;
-    uint64_t ms = h.interval_ms < lo ? lo : h.interval_ms > hi ? hi : h.interval_ms;
-    h.info.timeout_ns = h.interval_ms ? ms * 3200000ull : 0;
-    h.info.draining = h.draining;
-    bool known = kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_OK;
-    st = kvr_router_worker_seen(rd->core, &h.info, now);
-    if (st == KVR_OK) {
-        if (h.interval_ms && ms > rd->hb_interval_ms)
-            rd->hb_interval_ms = (uint32_t)ms;
-        ended_listed(rd, wid, h.ended, h.nended, now);
-        kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
-    }
-    log_join(rd, wid, &h, st, known);
-    kvr_wire_heartbeat_free(&h);
-    return st;
-}
-
 static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
                          uint64_t now)
 {
@@ -150,6 +116,37 @@ static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, 
             ended(rd, wid, keys[i], KVR_OK, now);
         }
     }
+}
+
+static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                            uint64_t now)
+{
+    struct kvr_wire_heartbeat h;
+    kvr_status st = kvr_wire_decode_heartbeat(data, len, &h);
+    if (st != KVR_OK)
+        return st;
+    if (h.info.id != wid) {
+        kvr_wire_heartbeat_free(&h);
+        return KVR_ERR_INVALID;
+    }
+    /* a worker is lost after 3.2 of its intervals, within bounds: an interval from the wire
+     * neither keeps a phantom worker for good nor drops a live one at once */
+    uint64_t lo = rd->cfg->heartbeat_min_ns / KVR_NS_PER_MS,
+             hi = rd->cfg->heartbeat_max_ns / KVR_NS_PER_MS;
+    uint64_t ms = h.interval_ms < lo ? lo : h.interval_ms > hi ? hi : h.interval_ms;
+    h.info.timeout_ns = h.interval_ms ? ms * 3200000ull : 0;
+    h.info.draining = h.draining;
+    bool known = kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_OK;
+    st = kvr_router_worker_seen(rd->core, &h.info, now);
+    if (st == KVR_OK) {
+        if (h.interval_ms && ms > rd->hb_interval_ms)
+            rd->hb_interval_ms = (uint32_t)ms;
+        ended_listed(rd, wid, h.ended, h.nended, now);
+        kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
+    }
+    log_join(rd, wid, &h, st, known);
+    kvr_wire_heartbeat_free(&h);
+    return st;
 }
 
 /* Under mu: one worker event. */

@@ -227,16 +227,16 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
         return false; /* the same decision again (a snapshot, a repair) */
     rd->n.conflicts++;
     bool peer = peer_stands(rd, p, d);
+    uint64_t kept = peer ? d->rec.worker_id : p->worker_id;
     uint64_t loser = peer ? p->worker_id : d->rec.worker_id;
     bool mine = !p->origin; /* this router decided p: it stops whichever worker lost */
-    if (loser && loser != (peer ? d->rec.worker_id : p->worker_id) && (mine || peer))
+    if (loser && loser != kept && (mine || peer))
         kvr_send_cancel(rd, p->key, loser, KVR_ERR_CANCELLED, true);
     char id[128], origin[96];
     kvr_log(KVR_LOG_INFO, "decision_conflict",
             "request=\"%s\" key=%016" PRIx64 " kept_worker=%" PRIu64 " other_worker=%" PRIu64
             " kept_origin=\"%s\"",
-            kvr_log_safe(id, sizeof id, p->request_id), p->key,
-            peer ? d->rec.worker_id : p->worker_id, loser,
+            kvr_log_safe(id, sizeof id, p->request_id), p->key, kept, loser,
             kvr_log_safe(origin, sizeof origin,
                          peer ? d->origin : (p->origin ? p->origin->id : rd->cfg->id)));
     if (!peer)

@@ -94,15 +94,6 @@ static kvr_status fits(const struct kvr_rd *rd, const char *reply, size_t len,
     return KVR_OK;
 }
 
-/* Under mu: refuse a request with st, its figures in the text. */
-static void refuse(struct kvr_rd *rd, struct kvr_reply *ep, const char *reply,
-                   const struct kvr_wire_request *q, kvr_status st)
-{
-    char detail[128];
-    struct kvr_reply_why why = {.detail = kvr_wire_request_why(q, st, detail, sizeof detail)};
-    kvr_reply_fail(ep, &rd->out, reply, q->request_id, st, &why);
-}
-
 void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
 {
     uint64_t t0 = kvr_now_ns();
@@ -114,7 +105,7 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     if (st == KVR_OK)
         st = route(rd, &q, kvr_pending_key(reply, q.request_id), reply, data, len);
     if (st != KVR_OK)
-        refuse(rd, &rd->generate, reply, &q, st);
+        kvr_reply_refuse(&rd->generate, &rd->out, reply, &q, st);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->generate, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);

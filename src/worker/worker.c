@@ -464,9 +464,7 @@ static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_reques
 static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
                    const char *reply, kvr_status st)
 {
-    char detail[128];
-    struct kvr_reply_why why = {.detail = kvr_wire_request_why(q, st, detail, sizeof detail)};
-    kvr_reply_fail(&w->generate, &w->out, reply, q->request_id, st, &why);
+    kvr_reply_refuse(&w->generate, &w->out, reply, q, st);
     if (key)
         emit_done(w, key, st, 0);
 }

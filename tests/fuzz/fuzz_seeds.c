@@ -74,19 +74,14 @@ static void events(void)
     check(kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "req-1",
                                                              .tokens = tokens,
                                                              .ntokens = 3,
-                                                             .final = false,
-                                                             .error = KVR_OK,
                                                              .worker_id = 7,
                                                              .cached_tokens = 32}),
           "response");
     put("response", 0, &b);
     check(kvr_wire_encode_chunk(&b, &(struct kvr_wire_chunk){.request_id = "req-1",
-                                                             .tokens = NULL,
-                                                             .ntokens = 0,
                                                              .final = true,
                                                              .error = KVR_ERR_OVERLOADED,
-                                                             .worker_id = 0,
-                                                             .cached_tokens = 0}),
+                                                             .worker_id = 0}),
           "response");
     put("response", 1, &b);
     struct kvr_kv_block blocks[4] = {{1, 0x1111}, {2, 0x2222}, {3, 0x3333}, {4, 0x4444}};
