@@ -62,6 +62,11 @@ static void group_options(struct kvr_nats_config *c)
          .help = "exit when the first connect has not succeeded by then (0: retry forever)",
          .min = 0,
          .max = 8.64e7},
+        {.name = "inbox-prefix",
+         .env = "KVR_NATS_INBOX_PREFIX",
+         .type = KVR_OPT_STR,
+         .ptr = c->inbox_prefix,
+         .help = "reply subjects start with it (subscribe permissions: <prefix>.>)"},
     };
     memcpy(c->group, t, sizeof t);
 }
@@ -126,6 +131,11 @@ kvr_status kvr_nats_config_check(const struct kvr_nats_config *c, char *why, siz
     }
     if (clash) {
         snprintf(why, len, "%s", clash);
+        return KVR_ERR_INVALID;
+    }
+    if (c->inbox_prefix[0] && !kvr_subject_ok(c->inbox_prefix, KVR_NATS_INBOX_MAX)) {
+        snprintf(why, len, "--inbox-prefix must be a subject without wildcards (%d bytes at most)",
+                 KVR_NATS_INBOX_MAX);
         return KVR_ERR_INVALID;
     }
     if (kvr_token_ok(c->ns, KVR_NATS_TOKEN_MAX) && kvr_token_ok(c->prefix, KVR_NATS_TOKEN_MAX))

@@ -1,9 +1,9 @@
 /*
  * Where a NATS program connects, as whom, and how it logs: the settings kvrouter, kvworker and
  * kvbench share, with their defaults, their options (--nats, --namespace, --prefix, --log-level,
- * then a group with the credentials, TLS and --connect-timeout-ms; each also from the environment)
- * and their check. Start-up only.
- * kvr_connect (src/net/util.h) takes the whole struct: where, as whom, with what TLS.
+ * then a group with the credentials, TLS, --connect-timeout-ms and --inbox-prefix; each also from
+ * the environment) and their check. Start-up only. kvr_connect (src/net/util.h) takes the whole
+ * struct: where, as whom, with what TLS.
  */
 #ifndef KVR_NATSCFG_H
 #define KVR_NATSCFG_H
@@ -19,7 +19,9 @@
 #define KVR_NATS_TOKEN_MAX                                                                         \
     64 /* bytes of the namespace and of the prefix (one subject token each) */
 
-#define KVR_NATS_CONN_OPTIONS 10 /* the group: credentials, TLS, connect timeout */
+#define KVR_NATS_INBOX_MAX 128 /* bytes of --inbox-prefix */
+
+#define KVR_NATS_CONN_OPTIONS 11 /* the group: credentials, TLS, connect timeout, inbox prefix */
 
 struct kvr_nats_config {
     char urls[KVR_OPT_STR_MAX];   /* server URLs, comma-separated, preferred first */
@@ -28,15 +30,16 @@ struct kvr_nats_config {
     int log_level;                /* enum kvr_log_level */
     /* as whom: at most one of user (+ password), token, nkey seed file, .creds file */
     char user[KVR_OPT_STR_MAX];
-    char password[KVR_OPT_STR_MAX];  /* secret: never logged nor printed */
-    char token[KVR_OPT_STR_MAX];     /* secret: never logged nor printed */
-    char nkey_seed[KVR_OPT_STR_MAX]; /* path of an nkey seed file */
-    char creds[KVR_OPT_STR_MAX];     /* path of a .creds file (user JWT and nkey seed) */
-    bool tls;                        /* require TLS (implied by the three files below) */
-    char tls_ca[KVR_OPT_STR_MAX];    /* CA bundle the server's certificate is checked against */
-    char tls_cert[KVR_OPT_STR_MAX];  /* mutual TLS: the client's certificate chain ... */
-    char tls_key[KVR_OPT_STR_MAX];   /* ... and its private key */
-    uint64_t connect_timeout_ns;     /* the first connect gives up after this (0: never) */
+    char password[KVR_OPT_STR_MAX];     /* secret: never logged nor printed */
+    char token[KVR_OPT_STR_MAX];        /* secret: never logged nor printed */
+    char nkey_seed[KVR_OPT_STR_MAX];    /* path of an nkey seed file */
+    char creds[KVR_OPT_STR_MAX];        /* path of a .creds file (user JWT and nkey seed) */
+    bool tls;                           /* require TLS (implied by the three files below) */
+    char tls_ca[KVR_OPT_STR_MAX];       /* CA bundle the server's certificate is checked against */
+    char tls_cert[KVR_OPT_STR_MAX];     /* mutual TLS: the client's certificate chain ... */
+    char tls_key[KVR_OPT_STR_MAX];      /* ... and its private key */
+    uint64_t connect_timeout_ns;        /* the first connect gives up after this (0: never) */
+    char inbox_prefix[KVR_OPT_STR_MAX]; /* nats.c's inboxes (and kvbench's streams) under it */
     struct kvr_opt group[KVR_NATS_CONN_OPTIONS]; /* the options over the fields above */
 };
 

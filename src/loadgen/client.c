@@ -251,7 +251,7 @@ static void on_chunk(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
 
 static kvr_status subscribe(struct kvr_client *c)
 {
-    char wild[160];
+    char wild[sizeof c->inbox + 2];
     snprintf(wild, sizeof wild, "%s.>", c->inbox);
     natsStatus s = natsConnection_Subscribe(&c->sub, c->nc_sub, wild, on_chunk, c);
     if (s == NATS_OK)
@@ -259,6 +259,17 @@ static kvr_status subscribe(struct kvr_client *c)
     if (s == NATS_OK)
         s = natsConnection_Flush(c->nc_sub);
     return kvr_nats_status(s);
+}
+
+/* "<prefix>.<nuid>" into buf. */
+static kvr_status new_inbox(const char *prefix, char *buf, size_t len)
+{
+    natsInbox *inbox = NULL;
+    kvr_status s = kvr_nats_status(natsInbox_Create(&inbox));
+    if (s == KVR_OK && (size_t)snprintf(buf, len, "%s.%s", prefix, inbox + 7) >= len)
+        s = KVR_ERR_INVALID; /* inbox + 7: the nuid, after "_INBOX." */
+    natsInbox_Destroy(inbox);
+    return s;
 }
 
 struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_status *st)
@@ -276,12 +287,10 @@ struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_stat
                            kvr_subject(c->subj_cancel, sizeof c->subj_cancel, prefix, ns, "cancel")
                        ? KVR_OK
                        : KVR_ERR_INVALID;
-    natsInbox *inbox = NULL;
+    snprintf(c->ask_prefix, sizeof c->ask_prefix, "%.*s", KVR_NATS_INBOX_MAX,
+             net->inbox_prefix[0] ? net->inbox_prefix : "_INBOX");
     if (s == KVR_OK)
-        s = kvr_nats_status(natsInbox_Create(&inbox));
-    if (s == KVR_OK)
-        snprintf(c->inbox, sizeof c->inbox, "_KVB.%s", inbox + 7); /* after "_INBOX." */
-    natsInbox_Destroy(inbox);
+        s = new_inbox(net->inbox_prefix[0] ? net->inbox_prefix : "_KVB", c->inbox, sizeof c->inbox);
     if (s == KVR_OK)
         s = kvr_connect(net, "kvbench", &c->nc_pub);
     if (s == KVR_OK)
@@ -294,6 +303,11 @@ struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_stat
         return NULL;
     }
     return c;
+}
+
+bool kvr_client_ask_inbox(const struct kvr_client *c, char *buf, size_t len)
+{
+    return new_inbox(c->ask_prefix, buf, len) == KVR_OK;
 }
 
 void kvr_client_unsubscribe(natsSubscription *sub)
@@ -368,7 +382,7 @@ void kvr_client_end(struct kvr_client *c)
 /* Under mu: request i's reply subject in this batch. */
 static void reply_of(const struct kvr_client *c, uint32_t i, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s.%u.%u", c->inbox, c->batch, i);
+    snprintf(buf, len, "%.159s.%u.%u", c->inbox, c->batch, i); /* 181 bytes at most */
 }
 
 const char *kvr_client_reply(struct kvr_client *c, uint32_t i, char *buf, size_t len)

@@ -113,7 +113,8 @@ struct kvr_client {
     natsConnection *nc_pub;      /* requests go out here */
     natsConnection *nc_sub;      /* the inbox subscription's connection */
     natsSubscription *sub;       /* <inbox>.> */
-    char inbox[128];             /* unique to this client */
+    char inbox[160];             /* unique to this client: <inbox prefix or _KVB>.<nuid> */
+    char ask_prefix[160];        /* other inboxes: <ask_prefix>.<nuid> (--inbox-prefix, _INBOX) */
     char subj_gen[256];          /* the routers' generate subject */
     char subj_cancel[256];       /* the routers' cancel subject */
     pthread_mutex_t send_mu;     /* the encoder and buf */
@@ -143,6 +144,9 @@ struct kvr_client {
 struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_status *st);
 /* Unsubscribe, close the connections, free everything; c may be NULL. */
 void kvr_client_destroy(struct kvr_client *c);
+
+/* A fresh inbox for a request-reply on the client's connections, under its inbox prefix. */
+bool kvr_client_ask_inbox(const struct kvr_client *c, char *buf, size_t len);
 /* Release nats.c's library state: after the last client is destroyed. */
 void kvr_client_shutdown(void);
 /*

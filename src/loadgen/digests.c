@@ -39,14 +39,11 @@ static bool digest_of(const char *data, size_t len, char *out)
 /* Subscribe to a new inbox on the client's connection and ask the routers; NULL on failure. */
 static natsSubscription *ask(const struct kvr_bench_config *cfg, struct kvr_client *c)
 {
-    char subj[256], inbox[64];
-    natsInbox *ib = NULL;
+    char subj[256], inbox[192];
     natsSubscription *sub = NULL;
     if (!kvr_subject(subj, sizeof subj, cfg->net.prefix, cfg->net.ns, "router.digest") ||
-        natsInbox_Create(&ib) != NATS_OK)
+        !kvr_client_ask_inbox(c, inbox, sizeof inbox))
         return NULL;
-    snprintf(inbox, sizeof inbox, "%s", ib);
-    natsInbox_Destroy(ib);
     if (natsConnection_SubscribeSync(&sub, c->nc_sub, inbox) != NATS_OK ||
         natsConnection_Flush(c->nc_sub) != NATS_OK ||
         natsConnection_PublishRequest(c->nc_pub, subj, inbox, "", 0) != NATS_OK) {
@@ -251,7 +248,11 @@ static void rs_window(struct resend *rs)
 static uint64_t rs_queue(struct resend *rs)
 {
     uint32_t routers = 0;
-    uint64_t q = kvr_fleet_queue_len(rs->client->nc_pub, rs->client->nc_sub, RS_STATS_NS, &routers);
+    char inbox[192];
+    uint64_t q = kvr_client_ask_inbox(rs->client, inbox, sizeof inbox)
+                     ? kvr_fleet_queue_len(rs->client->nc_pub, rs->client->nc_sub, inbox,
+                                           RS_STATS_NS, &routers)
+                     : 0;
     struct row *r = &rs->rows[rs->t];
     r->queue_max = q > r->queue_max ? q : r->queue_max;
     return q;

@@ -14,7 +14,7 @@
  * (trials, how many were resent in the phase named, double answers, spurious finals, missing or
  * extra tokens, failures, requests two routers placed) and exits 1 if any trial was answered
  * twice, spuriously, with the wrong tokens, or not at all. The phases are seen, not guessed: the
- * routers' decisions on <prefix>.<ns>.router.gossip (kvr_watch) say a request was placed, and
+ * routers' decisions on <prefix>.<ns>.router.gossip.* (kvr_watch) say a request was placed, and
  * their $SRV.STATS queue_len that the fleet is saturated; "queued" fills every worker's KV with
  * background requests (a quarter of a worker's capacity each) and cancels them once the trials
  * are resent. Runs on the owner's thread, which polls the trials every 200 us.

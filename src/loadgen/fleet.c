@@ -93,18 +93,12 @@ static uint64_t queue_len_of(const char *data, size_t len)
     return q;
 }
 
-uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, uint64_t wait_ns,
-                             uint32_t *routers)
+uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const char *inbox,
+                             uint64_t wait_ns, uint32_t *routers)
 {
-    char inbox[64];
-    natsInbox *ib = NULL;
     natsSubscription *s = NULL;
     uint64_t q = 0;
     *routers = 0;
-    if (natsInbox_Create(&ib) != NATS_OK)
-        return 0;
-    snprintf(inbox, sizeof inbox, "%s", ib);
-    natsInbox_Destroy(ib);
     if (natsConnection_SubscribeSync(&s, sub, inbox) != NATS_OK ||
         natsConnection_Flush(sub) != NATS_OK ||
         natsConnection_PublishRequest(pub, "$SRV.STATS.kvrouter", inbox, "", 0) != NATS_OK) {
@@ -201,7 +195,7 @@ kvr_status kvr_watch_start(struct kvr_watch *w, natsConnection *nc, const char *
     w->map = calloc(size, sizeof *w->map);
     char gossip[256], done[256];
     kvr_status st = w->items && w->map ? KVR_OK : KVR_ERR_NOMEM;
-    if (st == KVR_OK && (!kvr_subject(gossip, sizeof gossip, prefix, ns, "router.gossip") ||
+    if (st == KVR_OK && (!kvr_subject(gossip, sizeof gossip, prefix, ns, "router.gossip.*") ||
                          !kvr_subject(done, sizeof done, prefix, ns, "ev.*.done")))
         st = KVR_ERR_INVALID;
     if (st == KVR_OK)

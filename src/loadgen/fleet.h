@@ -7,7 +7,7 @@
  * dropped). Written on nats.c's delivery thread under mu while discovering; read by the owner
  * after kvr_fleet_discover returns.
  *
- * kvr_watch: per request key, the routers' decisions (kv.<ns>.router.gossip: which worker, when,
+ * kvr_watch: per request key, the routers' decisions (kv.<ns>.router.gossip.*: which worker, when,
  * how many times) and the workers' done events (kv.<ns>.ev.*.done: when, with what status), for
  * the resend and cancel modes. The keys are the fleet's own (kvr_client_key), so kvbench matches
  * what the routers and workers publish without decoding their forwards. Slots are set by the
@@ -43,11 +43,11 @@ uint32_t kvr_fleet_discover(struct kvr_fleet *f, natsConnection *nc, const char 
                             const char *ns, uint64_t wait_ns);
 
 /*
- * Ask every router for $SRV.STATS.kvrouter (requests on pub, answers on sub) and collect the
- * answers for wait_ns: the sum of their queue_len, and in *routers how many answered.
+ * Ask every router for $SRV.STATS.kvrouter (requests on pub, answers on sub, to inbox) and collect
+ * the answers for wait_ns: the sum of their queue_len, and in *routers how many answered.
  */
-uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, uint64_t wait_ns,
-                             uint32_t *routers);
+uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const char *inbox,
+                             uint64_t wait_ns, uint32_t *routers);
 
 /* One watched request. Times are kvr_now_ns() of arrival here. */
 struct kvr_watch_item {
@@ -69,7 +69,7 @@ struct kvr_watch {
     uint32_t n;                   /* */
     uint32_t *map;                /* open addressing: key -> slot + 1 (0: empty), mask + 1 */
     uint32_t mask;                /* */
-    natsSubscription *gossip;     /* kv.<ns>.router.gossip */
+    natsSubscription *gossip;     /* kv.<ns>.router.gossip.* */
     natsSubscription *done;       /* kv.<ns>.ev.*.done */
     uint64_t decisions, doneev;   /* every decision and done event heard, watched or not */
 };

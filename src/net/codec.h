@@ -88,6 +88,7 @@
 #define KVR_WIRE_KV_MAX (KVR_WIRE_STORED_BLOCKS_MAX * 24u + KVR_WIRE_SLACK)
 /* A Heartbeat: its inflight and ended keys, packed uint64s. */
 #define KVR_WIRE_HEARTBEAT_MAX ((KVR_WIRE_INFLIGHT_MAX + KVR_WIRE_ENDED_MAX) * 10u + KVR_WIRE_SLACK)
+#define KVR_WIRE_REBIND_MAX    16384u /* keys in one RebindAsk */
 /* A GenerateResponse: its tokens and its error text. */
 #define KVR_WIRE_RESPONSE_MAX                                                                      \
     (KVR_WIRE_RESPONSE_TOKENS_MAX * 5u + KVR_ERROR_TEXT_MAX + KVR_WIRE_SLACK)
@@ -265,6 +266,22 @@ kvr_status kvr_wire_encode_worker_cancel(struct kvr_buf *b, const struct kvr_wir
 /* A zero key, or a reason other than the two: KVR_ERR_INVALID. */
 kvr_status kvr_wire_decode_worker_cancel(const void *buf, size_t len,
                                          struct kvr_wire_worker_cancel *out);
+/* A worker's RebindAsk: the keys of the streams it is about to repeat after a cut. */
+struct kvr_wire_rebind_ask {
+    uint64_t worker_id;
+    uint64_t *keys; /* owned when decoded */
+    uint32_t nkeys; /* at most KVR_WIRE_REBIND_MAX */
+};
+kvr_status kvr_wire_encode_rebind_ask(struct kvr_buf *b, const struct kvr_wire_rebind_ask *r);
+/* A zero worker id: KVR_ERR_INVALID; more than KVR_WIRE_REBIND_MAX keys: KVR_ERR_TOO_LARGE. */
+kvr_status kvr_wire_decode_rebind_ask(const void *buf, size_t len, struct kvr_wire_rebind_ask *out);
+void kvr_wire_rebind_ask_free(struct kvr_wire_rebind_ask *r);
+
+/* A router's WorkerRebind of key (published with the client's reply subject as its reply). */
+kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id);
+/* A zero key: KVR_ERR_INVALID. */
+kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key);
+
 kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request, size_t len,
                                           bool book);
 /* key: the booking's (0 when not booked); router_id: who answers; detail: NULL or the error's

@@ -265,6 +265,79 @@ kvr_status kvr_wire_decode_worker_cancel(const void *buf, size_t len,
     return st;
 }
 
+/* --- rebinds after a worker's cut ---------------------------------------------------------- */
+
+kvr_status kvr_wire_encode_rebind_ask(struct kvr_buf *b, const struct kvr_wire_rebind_ask *r)
+{
+    Kvrouter__V1__RebindAsk m = KVROUTER__V1__REBIND_ASK__INIT;
+    m.worker_id = r->worker_id;
+    m.n_request_keys = r->nkeys;
+    m.request_keys = (uint64_t *)r->keys;
+    return kvr_codec_pack(b, &m.base);
+}
+
+void kvr_wire_rebind_ask_free(struct kvr_wire_rebind_ask *r)
+{
+    free(r->keys);
+    memset(r, 0, sizeof *r);
+}
+
+kvr_status kvr_wire_decode_rebind_ask(const void *buf, size_t len, struct kvr_wire_rebind_ask *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len > (size_t)KVR_WIRE_REBIND_MAX * 9u + KVR_WIRE_SLACK)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__RebindAsk *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__rebind_ask__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = KVR_OK;
+    if (m->n_request_keys > KVR_WIRE_REBIND_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    else if (m->worker_id == 0)
+        st = KVR_ERR_INVALID;
+    else if (!(out->keys = kvr_codec_array(m->n_request_keys, sizeof *out->keys)))
+        st = KVR_ERR_NOMEM;
+    if (st == KVR_OK && m->n_request_keys)
+        memcpy(out->keys, m->request_keys, m->n_request_keys * sizeof *out->keys);
+    out->worker_id = m->worker_id;
+    out->nkeys = st == KVR_OK ? (uint32_t)m->n_request_keys : 0;
+    kvrouter__v1__rebind_ask__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_rebind_ask_free(out);
+    return st;
+}
+
+kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id)
+{
+    Kvrouter__V1__WorkerRebind m = KVROUTER__V1__WORKER_REBIND__INIT;
+    m.request_key = key;
+    m.router_id = (char *)(router_id ? router_id : "");
+    return kvr_codec_pack(b, &m.base);
+}
+
+kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key)
+{
+    *key = 0;
+    if (len > KVR_WIRE_SMALL_EVENT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    struct kvr_codec_alloc a;
+    kvr_status why;
+    Kvrouter__V1__WorkerRebind *m =
+        kvr_codec_unpack(&a, &kvrouter__v1__worker_rebind__descriptor, buf, len, &why);
+    if (!m)
+        return why;
+    kvr_status st = m->request_key ? KVR_OK : KVR_ERR_INVALID;
+    if (st == KVR_OK && strlen(kvr_codec_str(m->router_id)) > KVR_ROUTER_ID_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    if (st == KVR_OK)
+        *key = m->request_key;
+    kvrouter__v1__worker_rebind__free_unpacked(m, &a.pc);
+    return st;
+}
+
 /* --- event encoders ---------------------------------------------------------------------- */
 
 kvr_status kvr_wire_encode_stored(struct kvr_buf *b, uint64_t worker_id, uint64_t seq,

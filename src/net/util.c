@@ -144,7 +144,7 @@ static natsStatus nkey_from_file(natsOptions *o, const char *path)
     return natsOptions_SetNKeyFromSeed(o, pub, path);
 }
 
-/* Credentials and TLS from c (NULL: none). */
+/* Credentials, TLS and the inbox prefix from c (NULL: none). */
 static natsStatus secure(natsOptions *o, const struct kvr_nats_config *c)
 {
     natsStatus s = NATS_OK;
@@ -164,6 +164,8 @@ static natsStatus secure(natsOptions *o, const struct kvr_nats_config *c)
         s = natsOptions_LoadCATrustedCertificates(o, c->tls_ca);
     if (s == NATS_OK && c->tls_cert[0])
         s = natsOptions_LoadCertificatesChain(o, c->tls_cert, c->tls_key);
+    if (s == NATS_OK && c->inbox_prefix[0])
+        s = natsOptions_SetCustomInboxPrefix(o, c->inbox_prefix);
     return s;
 }
 

@@ -13,6 +13,7 @@
 #include "fleet.h"
 #include "log.h"
 #include "place.h"
+#include "rebind.h"
 
 kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
 {
@@ -79,8 +80,10 @@ static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_statu
         rd->n.stale_events++; /* the done of a copy stopped in favour of another worker's */
         return KVR_OK;
     }
-    if (p)
+    if (p) {
+        kvr_rebind_keep(rd, p, now); /* its final may be repeated after a cut */
         kvr_pending_drop(&rd->pend, p);
+    }
     /* its worker sent the client its final chunk: a resend from now on is ignored. Not so when it
      * was stopped in favour of another worker's copy (ERR_SUPERSEDED), whose decision this router
      * has not heard yet: that one is still on (its decision arrives as new); nor after a worker's
@@ -162,6 +165,8 @@ static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const
         return tokens(rd, wid, data, len, now);
     if (!strcmp(kind, "done"))
         return done(rd, wid, data, len, now);
+    if (!strcmp(kind, "rebind"))
+        return kvr_rebind_on_ask(rd, wid, data, len, now);
     return KVR_ERR_MALFORMED;
 }
 

@@ -89,7 +89,8 @@ kvr_status kvr_fleet_create(struct kvr_rd *rd)
     rd->fleet = g;
     g->epoch = kvr_realtime_ns();
     const char *id = rd->cfg->id;
-    bool ok = subject_of(rd, g->subj_gossip, sizeof g->subj_gossip, "gossip", NULL) &&
+    bool ok = subject_of(rd, g->subj_gossip, sizeof g->subj_gossip, "gossip", id) &&
+              subject_of(rd, g->subj_gossip_all, sizeof g->subj_gossip_all, "gossip", "*") &&
               subject_of(rd, g->subj_lookup, sizeof g->subj_lookup, "lookup", NULL) &&
               subject_of(rd, g->subj_digest, sizeof g->subj_digest, "digest", NULL) &&
               subject_of(rd, g->subj_sync, sizeof g->subj_sync, "sync", id) &&
@@ -315,9 +316,17 @@ static void apply_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m, siz
     }
     g->received++;
     g->received_bytes += len;
-    if (m->epoch < p->epoch) {
+    if (m->epoch < p->epoch && kvr_fleet_peer_alive(rd, p, now)) {
         g->stale++; /* from an earlier incarnation, overtaken by its restart */
         return;
+    }
+    if (m->epoch < p->epoch) { /* the newer one fell silent while this one talks: a forgery, or
+                                  a clock set back; heard again, so a forged epoch holds only
+                                  while its forger keeps sending */
+        kvr_log(KVR_LOG_WARN, "peer_epoch_back", "peer=%s", p->id);
+        g->epochs_back++;
+        p->epoch = m->epoch;
+        p->next_seq = m->kind == KVR_WIRE_GOSSIP_HELLO ? m->seq + 1 : m->seq;
     }
     bool hello = m->kind == KVR_WIRE_GOSSIP_HELLO;
     if (m->epoch > p->epoch) {
@@ -353,10 +362,16 @@ static void own_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m)
     kvr_log(KVR_LOG_WARN, "router_id_clash", "id=%s (another router uses this id)", rd->cfg->id);
 }
 
-void kvr_fleet_on_gossip(struct kvr_rd *rd, const void *data, size_t len)
+void kvr_fleet_on_gossip(struct kvr_rd *rd, const char *subject, const void *data, size_t len)
 {
     struct kvr_wire_gossip m;
     kvr_status st = kvr_wire_decode_gossip(data, len, &m);
+    const char *dot = subject ? strrchr(subject, '.') : NULL;
+    bool forged = st == KVR_OK && (!dot || strcmp(dot + 1, m.router_id));
+    if (forged) {
+        kvr_wire_gossip_free(&m); /* under another router's id than its subject's */
+        st = KVR_ERR_INVALID;
+    }
     pthread_mutex_lock(&rd->mu);
     if (st != KVR_OK)
         rd->fleet->bad++;
@@ -365,8 +380,11 @@ void kvr_fleet_on_gossip(struct kvr_rd *rd, const void *data, size_t len)
     else
         apply_gossip(rd, &m, len);
     pthread_mutex_unlock(&rd->mu);
+    char safe[160];
     if (st != KVR_OK)
-        kvr_log(KVR_LOG_WARN, "gossip_dropped", "bytes=%zu error=\"%s\"", len, kvr_status_str(st));
+        kvr_log(KVR_LOG_WARN, "gossip_dropped", "subject=\"%s\" bytes=%zu error=\"%s\"",
+                kvr_log_safe(safe, sizeof safe, subject ? subject : ""), len,
+                forged ? "router id is not the subject's" : kvr_status_str(st));
     else
         kvr_wire_gossip_free(&m);
     kvr_rd_flush(rd);
@@ -521,6 +539,9 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"conflicts", rd->n.conflicts},
         {"superseded", rd->n.superseded},
         {"stale_events", rd->n.stale_events},
+        {"peer_epochs_back", g->epochs_back},
+        {"rebinds_sent", rd->n.rebinds_sent},
+        {"rebinds_unknown", rd->n.rebinds_unknown},
     };
     json_object_set_new(obj, "synced", json_boolean(g->synced));
     json_object_set_new(obj, "gossip_bytes_per_decision",

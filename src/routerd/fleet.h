@@ -55,6 +55,8 @@ struct kvr_fleet {
     uint64_t sync_deadline;           /* give up then (gossip and heartbeats fill in) */
     uint64_t sync_ms;                 /* how long the start-up snapshot took */
     char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
+    char subj_gossip_all[256]; /* router.gossip.*: every router's */
+    uint64_t epochs_back;      /* a peer's older epoch taken back: its newer one fell silent */
     /* counters */
     uint64_t decided, sent, sent_bytes, dropped_by_knob;   /* decisions gossiped */
     uint64_t received, received_bytes, bad, stale;         /* gossip from peers */
@@ -99,8 +101,10 @@ void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *
 /* Periodic work: hellos, orphans whose grace is over. */
 void kvr_fleet_tick(struct kvr_rd *rd, uint64_t now);
 
-/* A message on the gossip subject (takes mu; publishes). */
-void kvr_fleet_on_gossip(struct kvr_rd *rd, const void *data, size_t len);
+/* A message on a gossip subject (<prefix>.<ns>.router.gossip.<router id>): its router id must be
+ * the subject's last token, so a server's publish permissions can fence each router to its own
+ * id (takes mu; publishes). */
+void kvr_fleet_on_gossip(struct kvr_rd *rd, const char *subject, const void *data, size_t len);
 
 /* The replication counters and the state digest, as members of obj. */
 void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj);

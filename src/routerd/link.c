@@ -49,7 +49,7 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
 static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
-    kvr_fleet_on_gossip(l->rd, DATA(msg));
+    kvr_fleet_on_gossip(l->rd, natsMsg_GetSubject(msg), DATA(msg));
     natsMsg_Destroy(msg);
 }
 
@@ -131,7 +131,7 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "ev.>");
     natsStatus s = subscribe(&l->sub_ev, l->nc_ev, subj, NULL, on_event, l);
     if (s == NATS_OK)
-        s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip, NULL, on_gossip, l);
+        s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip_all, NULL, on_gossip, l);
     if (s == NATS_OK)
         s = subscribe(&l->sub_pages, l->nc_ev, g->subj_pages, NULL, on_page, l);
     if (s == NATS_OK)

@@ -60,13 +60,14 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     rd->lim = (struct kvr_wire_limits){c.max_prompt_tokens, cfg->max_output_tokens};
     snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->net.prefix,
              cfg->net.ns);
-    return KVR_OK;
+    return kvr_kept_init(&rd->kept);
 }
 
 void kvr_rd_free(struct kvr_rd *rd)
 {
     kvr_router_destroy(rd->core);
     kvr_pending_clear(&rd->pend);
+    kvr_kept_free(&rd->kept);
     kvr_recent_free(&rd->recent);
     kvr_outbox_free(&rd->out);
     kvr_buf_free(&rd->buf);

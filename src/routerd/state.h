@@ -22,6 +22,7 @@
 #include "buf.h"
 #include "codec.h"
 #include "config.h"
+#include "kept.h"
 #include "kvr/router.h"
 #include "outbox.h"
 #include "pending.h"
@@ -44,6 +45,8 @@ struct kvr_rd_counts {
     uint64_t ends_from_heartbeats; /* requests ended by a heartbeat's list: their done was lost */
     uint64_t forwards_failed;      /* forwards that could not be published */
     uint64_t bookings_expired;     /* booked selects never started */
+    uint64_t rebinds_sent;         /* WorkerRebinds sent for a worker's RebindAsk */
+    uint64_t rebinds_unknown;      /* keys it listed not booked on it here: skipped */
 };
 
 /* A core event recorded by the callback, handled after the core call (kvr_place_settle). */
@@ -84,6 +87,7 @@ struct kvr_rd {
     struct kvr_reply select;          /* the select endpoint's, under mu */
     struct kvr_wire_limits lim;       /* decoding limits (constant after init) */
     struct kvr_fleet *fleet;          /* replication (fleet.c), under mu */
+    struct kvr_kept kept;             /* ended requests' reply subjects (rebinds), under mu */
     struct kvr_rd_deferred *deferred; /* core events to handle, under mu */
     uint32_t ndeferred, capdeferred;  /* */
     uint64_t deferred_lost;           /* core events lost to memory shortage (logged) */

@@ -30,6 +30,13 @@ static void on_cancel(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     natsMsg_Destroy(msg);
 }
 
+static void on_rebind(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_wk_link *l = ctx;
+    kvr_worker_on_rebind(l->w, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+}
+
 static void on_hello(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_wk_link *l = ctx;
@@ -61,6 +68,9 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"late_cancels", c->late_cancels},
              {"bad_cancels", c->bad_cancels},
              {"repeats", c->repeats},
+             {"rebind_asks", c->rebind_asks},
+             {"rebinds", c->rebinds},
+             {"rebinds_bad", c->rebinds_bad},
              {"dropped", c->dropped},
              {"recent", w->recent.n},
              {"recent_evicted", w->recent.evicted},
@@ -170,10 +180,19 @@ static kvr_status subscribe(struct kvr_wk_link *l)
         s = natsConnection_Subscribe(&l->sub_cancel, l->nc_in, w->subj_cancel, on_cancel, l);
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(l->sub_cancel, -1, -1);
+    /* forwards (and rebinds) on the connection the tokens go out on: a server that lets workers
+     * answer clients by response permission only grants it to the connection that received the
+     * client's reply subject */
     if (s == NATS_OK)
-        s = natsConnection_Subscribe(&l->sub_gen, l->nc_in, w->subj_gen, on_generate, l);
+        s = natsConnection_Subscribe(&l->sub_gen, l->nc_out, w->subj_gen, on_generate, l);
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(l->sub_gen, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_Subscribe(&l->sub_rebind, l->nc_out, w->subj_rebind, on_rebind, l);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(l->sub_rebind, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_Flush(l->nc_out);
     char srv[3][256];
     kvr_service_subjects(&l->svc, srv);
     for (int i = 0; i < 3 && s == NATS_OK; i++)
@@ -244,8 +263,8 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
         kvr_worker_flush(l->w);
     if (l->nc_out)
         natsConnection_FlushTimeout(l->nc_out, 2000);
-    natsSubscription *subs[] = {l->sub_gen,    l->sub_cancel, l->sub_hello, l->sub_hb,
-                                l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
+                                l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         if (subs[i]) {
             natsSubscription_Unsubscribe(subs[i]);

@@ -1,11 +1,14 @@
 /*
- * The simulated worker's NATS link: two connections (requests in; tokens, events and heartbeats
- * out: NATS-NOTES.md), the subscriptions (generate, cancel, hello, its own heartbeat subject for
- * the id clash, $SRV as service "kvworker" with its generate endpoint's requests, errors by code
- * and the worker's counters), the engine and heartbeat threads, and the drain. Before it takes a
- * single request it asks its hello subject whether another process has its id. The outgoing
- * connection tells the worker when it is cut and when it is back (the streams' repeat). The
- * only part of the worker that includes <nats.h>.
+ * The simulated worker's NATS link: two connections (NATS-NOTES.md: heavy traffic in and out on
+ * one connection locked it up). The outgoing one publishes the tokens, events and heartbeats and
+ * receives the forwards and rebinds, since a server that lets workers answer clients by response
+ * permission only (allow_responses) grants it to the connection that received the client's reply
+ * subject; the other takes cancels, hellos, its own heartbeat subject (the id clash) and $SRV as
+ * service "kvworker" (its generate endpoint's requests, errors by code and the worker's counters).
+ * It runs the engine and heartbeat threads, and the drain. Before it takes a single request it
+ * asks its hello subject whether another process has its id. The outgoing connection tells the
+ * worker when it is cut and when it is back (the rebind asks and the streams' repeat). The only
+ * part of the worker that includes <nats.h>.
  */
 #ifndef KVR_WK_LINK_H
 #define KVR_WK_LINK_H
@@ -25,7 +28,7 @@ struct kvr_wk_link {
     struct kvr_worker *w;           /* borrowed; the outgoing connection's callbacks use it */
     struct kvr_service svc;         /* */
     natsConnection *nc_in, *nc_out; /* */
-    natsSubscription *sub_gen, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
+    natsSubscription *sub_gen, *sub_rebind, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
     pthread_t engine, heartbeat;     /* */
     bool threads;                    /* started */
     char name_in[64], name_out[64];  /* connection names (they outlive the connections) */

@@ -48,8 +48,13 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
     for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next)
         h.inflight[h.ninflight++] = r->key;
     h.ended = malloc(KVR_WIRE_ENDED_MAX * sizeof *h.ended);
-    if (h.ended) /* the requests that ended since two beats ago, newest kept when over the cap */
-        h.nended = ended_since(w, kvr_now_ns() - 2 * w->cfg->heartbeat_ns, h.ended);
+    /* the requests that ended since two beats ago, newest kept when over the cap; after a cut,
+     * also those that ended from two beats before it: their done events may be lost with it */
+    uint64_t now = kvr_now_ns(), since = now - 2 * w->cfg->heartbeat_ns;
+    if (now < w->list_until && w->list_from < since)
+        since = w->list_from;
+    if (h.ended)
+        h.nended = ended_since(w, since, h.ended);
     kvr_status st = kvr_wire_encode_heartbeat(&w->buf, &h);
     free(h.inflight);
     free(h.ended);
@@ -135,8 +140,12 @@ void kvr_worker_on_disconnected(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     w->cut = true;
+    uint64_t now = kvr_now_ns();
     if (!w->cut_at) /* a second cut before the repeat: the repeat covers both */
-        w->cut_at = kvr_now_ns();
+        w->cut_at = now;
+    if (now >= w->list_until) /* not still listing since an earlier cut */
+        w->list_from = now - 2 * w->cfg->heartbeat_ns;
+    w->list_until = UINT64_MAX;
     w->repeat_at = 0;
     pthread_mutex_unlock(&w->mu);
 }
@@ -145,9 +154,69 @@ void kvr_worker_on_reconnected(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     w->cut = false;
+    uint64_t now = kvr_now_ns();
+    w->list_until = now + KVR_WK_LIST_AFTER_CUT_NS;
     if (w->cut_at) { /* clients reconnect too: give them a moment to subscribe again */
-        w->repeat_at = kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS;
+        w->repeat_at = now + KVR_WK_REPEAT_DELAY_NS;
+        w->ask_at = now + KVR_WK_REPEAT_DELAY_NS / 2;
+        kvr__worker_ask_rebind(w);
         pthread_cond_signal(&w->cv);
     }
+    pthread_mutex_unlock(&w->mu);
+    kvr_worker_flush(w);
+}
+
+/* Queue one RebindAsk of keys[0..n) (n may be 0: nothing). */
+static void ask(struct kvr_worker *w, uint64_t *keys, uint32_t n)
+{
+    if (!n)
+        return;
+    struct kvr_wire_rebind_ask a = {w->cfg->id, keys, n};
+    kvr__worker_emit(w, w->subj_ask, kvr_wire_encode_rebind_ask(&w->buf, &a));
+    w->c.rebind_asks++;
+}
+
+void kvr__worker_ask_rebind(struct kvr_worker *w)
+{
+    uint64_t *keys = malloc(KVR_WIRE_REBIND_MAX * sizeof *keys);
+    uint32_t n = 0;
+    if (!keys || w->clashed) {
+        w->c.dropped += !keys;
+        free(keys);
+        return;
+    }
+    for (struct kvr_wreq *r = w->kept; r; r = r->next) {
+        if (kvr__worker_repeats(r, w->cut_at))
+            keys[n++] = r->key;
+        if (n == KVR_WIRE_REBIND_MAX) {
+            ask(w, keys, n);
+            n = 0;
+        }
+    }
+    for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next) {
+        if (kvr__worker_repeats(r, w->cut_at))
+            keys[n++] = r->key;
+        if (n == KVR_WIRE_REBIND_MAX) {
+            ask(w, keys, n);
+            n = 0;
+        }
+    }
+    ask(w, keys, n);
+    free(keys);
+}
+
+void kvr_worker_on_rebind(struct kvr_worker *w, const void *data, size_t len)
+{
+    uint64_t key;
+    kvr_status st = kvr_wire_decode_worker_rebind(data, len, &key);
+    uint64_t now = kvr_now_ns();
+    pthread_mutex_lock(&w->mu);
+    struct kvr_wreq *held = NULL;
+    if (st == KVR_OK)
+        HASH_FIND(hh, w->reqs, &key, sizeof key, held);
+    if (held || (st == KVR_OK && kvr_recent_find(&w->recent, key, now))) /* held, or ended */
+        w->c.rebinds++;
+    else
+        w->c.rebinds_bad++; /* harmless: the server granted a right for a stream not here */
     pthread_mutex_unlock(&w->mu);
 }

@@ -243,15 +243,15 @@ static bool subjects(struct kvr_worker *w)
     const char *p = w->cfg->net.prefix, *ns = w->cfg->net.ns;
     char tail[128];
     bool ok = true;
-    static const char *const ev[] = {"kv", "tokens", "done", "hb"};
-    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done, w->subj_hb};
-    for (int i = 0; i < 4; i++) {
+    static const char *const ev[] = {"kv", "tokens", "done", "hb", "rebind"};
+    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done, w->subj_hb, w->subj_ask};
+    for (int i = 0; i < 5; i++) {
         snprintf(tail, sizeof tail, "ev.%" PRIu64 ".%s", w->cfg->id, ev[i]);
         ok &= kvr_subject(dst[i], sizeof w->subj_kv, p, ns, tail);
     }
-    static const char *const own[] = {"generate", "cancel", "hello"};
-    char *mine[] = {w->subj_gen, w->subj_cancel, w->subj_hello};
-    for (int i = 0; i < 3; i++) {
+    static const char *const own[] = {"generate", "cancel", "hello", "rebind"};
+    char *mine[] = {w->subj_gen, w->subj_cancel, w->subj_hello, w->subj_rebind};
+    for (int i = 0; i < 4; i++) {
         snprintf(tail, sizeof tail, "worker.%" PRIu64 ".%s", w->cfg->id, own[i]);
         ok &= kvr_subject(mine[i], sizeof w->subj_gen, p, ns, tail);
     }
@@ -555,22 +555,29 @@ static void expire(struct kvr_worker *w, uint64_t now)
     }
 }
 
+bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at)
+{
+    uint64_t from = cut_at > KVR_WK_KEPT_NS ? cut_at - KVR_WK_KEPT_NS : 0;
+    if (r->ntoks != r->produced)
+        return false; /* short of its tokens (memory ran out): it cannot be repeated */
+    return r->ended_at ? r->ended_at >= from : r->ntoks > 0;
+}
+
 /* The repeat after a cut, once due at now: every stream open at the cut or since, and those that
  * ended in the KVR_WK_KEPT_NS before it (a final lost in the cut is lost with them). */
 static void repeat_due(struct kvr_worker *w, uint64_t now)
 {
     if (!w->repeat_at || now < w->repeat_at || w->cut || w->clashed)
         return;
-    uint64_t from = w->cut_at > KVR_WK_KEPT_NS ? w->cut_at - KVR_WK_KEPT_NS : 0;
-    uint32_t n = 0; /* a stream short of its tokens (memory ran out) cannot be repeated */
+    uint32_t n = 0;
     for (struct kvr_wreq *r = w->kept; r; r = r->next) {
-        if (r->ended_at >= from && r->ntoks == r->produced) {
+        if (kvr__worker_repeats(r, w->cut_at)) {
             repeat(w, r);
             n++;
         }
     }
     for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next) {
-        if (r->ntoks && r->ntoks == r->produced) {
+        if (kvr__worker_repeats(r, w->cut_at)) {
             repeat(w, r);
             n++;
         }
@@ -584,16 +591,21 @@ static void repeat_due(struct kvr_worker *w, uint64_t now)
 static void housekeep(struct kvr_worker *w, uint64_t now)
 {
     expire(w, now);
+    if (w->ask_at && now >= w->ask_at && !w->cut) { /* again, for routers that were cut too */
+        kvr__worker_ask_rebind(w);
+        w->ask_at = 0;
+    }
     repeat_due(w, now);
     prune_kept(w, now);
     kvr_recent_expire(&w->recent, now);
 }
 
-/* When something is next due (a deadline, the repeat), 0 when nothing is. */
+/* When something is next due (a deadline, the rebind ask, the repeat), 0 when nothing is. */
 static uint64_t next_due(struct kvr_worker *w)
 {
     uint64_t d = next_deadline(w), r = w->cut ? 0 : w->repeat_at;
-    return d && r ? (d < r ? d : r) : d | r;
+    uint64_t next = d && r ? (d < r ? d : r) : d | r, a = w->cut ? 0 : w->ask_at;
+    return next && a ? (next < a ? next : a) : next | a;
 }
 
 uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now)

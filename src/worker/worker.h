@@ -23,6 +23,13 @@
  * stream's tokens while it is open (at most its max_tokens) and for KVR_WK_KEPT_NS after it ends
  * (until the repeat, during a cut), within a budget.
  *
+ * Rebinds: on a server that lets a worker answer clients only by response permission
+ * (allow_responses), the right to answer a client belongs to the connection that received its
+ * request, and is lost in a cut. So when the outgoing connection, which receives the forwards, is
+ * back, the worker lists the streams it is about to repeat in RebindAsks (ev.<id>.rebind); each
+ * router that knows one as booked here answers with a WorkerRebind carrying the client's reply
+ * subject, which renews the right, before the repeat is due.
+ *
  * Worker id clash: each process has a random instance and its start time; one that sees the
  * heartbeat of another instance under its id yields if it is the younger (kvr_worker_yields):
  * it publishes nothing more at all (the older serves the same forwards) and stops.
@@ -51,8 +58,10 @@
 
 #define KVR_WK_REPEAT_DELAY_NS (1000ull * 1000000ull) /* from the reconnect to the repeat */
 #define KVR_WK_KEPT_NS         (2000ull * 1000000ull) /* an ended stream is kept this long */
-#define KVR_WK_KEPT_MAX        65536u                 /* ended streams kept at most */
-#define KVR_WK_KEPT_TOKENS     (1u << 22)             /* and their tokens at most (16 MB) */
+#define KVR_WK_LIST_AFTER_CUT_NS                                                                   \
+    (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
+#define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
+#define KVR_WK_KEPT_TOKENS (1u << 22) /* and their tokens at most (16 MB) */
 
 struct kvr_wreq {
     uint64_t key;            /* the router's key for the request: the engine's request id */
@@ -92,6 +101,9 @@ struct kvr_wk_counters {
     uint64_t late_cancels;  /* cancels for a key that had ended: nothing to do */
     uint64_t bad_cancels;   /* WorkerCancels that did not decode */
     uint64_t repeats;       /* streams repeated after a cut */
+    uint64_t rebind_asks;   /* RebindAsks sent after a cut */
+    uint64_t rebinds;       /* WorkerRebinds received for a stream kept here */
+    uint64_t rebinds_bad;   /* ... that did not decode, or for a key not kept here */
     uint64_t dropped;       /* messages not made (out of memory) */
 };
 
@@ -120,10 +132,12 @@ struct kvr_worker {
     uint64_t kept_tokens;              /* */
     uint64_t cut_at;                   /* a cut's start (monotonic ns), 0: none since the repeat */
     uint64_t repeat_at;                /* when the repeat is due; 0: none (or still cut) */
+    uint64_t ask_at;                   /* when the second RebindAsk is due; 0: none */
+    uint64_t list_from, list_until;    /* heartbeats list what ended since list_from until then */
     bool cut;                          /* the outgoing connection is down, under mu */
     bool clashed;                      /* yielded to an older instance: silent, under mu */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
-    char subj_cancel[256], subj_hello[256];
+    char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256];
 };
 
 /* Set up w for cfg (borrowed) publishing through sink; draws the instance. */
@@ -135,6 +149,9 @@ void kvr_worker_free(struct kvr_worker *w);
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len);
 /* A WorkerCancel data[0..len) (takes mu; publishes). */
 void kvr_worker_on_cancel(struct kvr_worker *w, const void *data, size_t len);
+/* A router's WorkerRebind data[0..len) (takes mu): its delivery renewed the right to answer the
+ * stream's client; counted. */
+void kvr_worker_on_rebind(struct kvr_worker *w, const void *data, size_t len);
 /* Someone asks whether this id is taken: answer at reply with the current heartbeat. */
 void kvr_worker_on_hello(struct kvr_worker *w, const char *reply);
 /* A heartbeat on the worker's own heartbeat subject: another instance under its id is a clash,
@@ -163,7 +180,8 @@ void kvr_worker_heartbeat(struct kvr_worker *w);
 
 /* The outgoing connection was cut: the streams open now or ending from now on will be repeated. */
 void kvr_worker_on_disconnected(struct kvr_worker *w);
-/* It is back: the repeat is due KVR_WK_REPEAT_DELAY_NS from now. */
+/* It is back: RebindAsks now and half a repeat delay later, the repeat KVR_WK_REPEAT_DELAY_NS from
+ * now (publishes). */
 void kvr_worker_on_reconnected(struct kvr_worker *w);
 
 /* Take no new requests (the heartbeat says so). */
@@ -181,5 +199,9 @@ void kvr_worker_flush(struct kvr_worker *w);
 /* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
  * after a yield nothing is queued. */
 void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
+/* Whether r is repeated after the cut that started at cut_at. */
+bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
+/* Queue the RebindAsks for the streams the repeat will cover. */
+void kvr__worker_ask_rebind(struct kvr_worker *w);
 
 #endif

@@ -41,6 +41,18 @@ static void announce(struct kvr_rd *rd, uint64_t wid)
     kvr_buf_free(&b);
 }
 
+/* A gossip message on the subject of the router id it names (any other is dropped at once). */
+static void gossip_in(struct kvr_rd *rd, const uint8_t *p, size_t n)
+{
+    struct kvr_wire_gossip g;
+    char subject[600] = "kv.default.router.gossip.?";
+    if (kvr_wire_decode_gossip(p, n, &g) == KVR_OK) {
+        snprintf(subject, sizeof subject, "kv.default.router.gossip.%s", g.router_id);
+        kvr_wire_gossip_free(&g);
+    }
+    kvr_fleet_on_gossip(rd, subject, p, n);
+}
+
 static void one(struct kvr_rd *rd, const struct kvr_service *svc, uint8_t kind, const uint8_t *p,
                 size_t n)
 {
@@ -56,11 +68,13 @@ static void one(struct kvr_rd *rd, const struct kvr_service *svc, uint8_t kind, 
         break;
     case 2:
     case 3:
-        snprintf(subject, sizeof subject, "kv.default.ev.%u.%s", 1u + variant, events[kind >> 6]);
+        /* worker 4's "hb" slot carries its rebind asks */
+        snprintf(subject, sizeof subject, "kv.default.ev.%u.%s", 1u + variant,
+                 (kind >> 6) == 3 && variant == 3 ? "rebind" : events[kind >> 6]);
         kvr_events_on_message(rd, subject, p, n);
         break;
     case 4:
-        kvr_fleet_on_gossip(rd, p, n);
+        gossip_in(rd, p, n);
         break;
     case 5:
         kvr_sync_on_request(rd, "_INBOX.f", p, n);

@@ -280,7 +280,7 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     h_worker(urls(0), "1", 20, 500, NULL);
     h_until_served(nc, GEN, 1, 15000);
     const char junk[] = "\xff\xff\xff not protobuf";
-    natsConnection_Publish(nc, "kv.default.router.gossip", junk, sizeof junk);
+    natsConnection_Publish(nc, "kv.default.router.gossip.stranger", junk, sizeof junk);
     natsConnection_PublishRequest(nc, "kv.default.router.sync.r1", "_INBOX.nobody", junk,
                                   sizeof junk);
     natsConnection_PublishRequest(nc, "kv.default.router.lookup", "_INBOX.nobody", junk,
@@ -294,7 +294,7 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
                  kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id",
                                                  "stranger", 0),
                  KVR_OK));
-    natsConnection_Publish(nc, "kv.default.router.gossip", b.data, (int)b.len);
+    natsConnection_Publish(nc, "kv.default.router.gossip.stranger", b.data, (int)b.len);
     /* a full snapshot asked by a stranger is served (to its reply subject) */
     struct kvr_wire_sync q = {.router_id = "stranger", .full = true, .token = 7};
     cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));

@@ -61,13 +61,25 @@ static int count_to(const char *subject, size_t from, const struct sent **last)
     return n;
 }
 
+/* A gossip message as its router publishes it: on the subject named by its router id. */
+static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
+{
+    struct kvr_wire_gossip g;
+    char subject[600] = "kv.default.router.gossip.?";
+    if (kvr_wire_decode_gossip(data, len, &g) == KVR_OK) {
+        snprintf(subject, sizeof subject, "kv.default.router.gossip.%s", g.router_id);
+        kvr_wire_gossip_free(&g);
+    }
+    kvr_fleet_on_gossip(r, subject, data, len);
+}
+
 /* Gossiped decisions (not hellos) since index from. */
 static int decisions_since(size_t from)
 {
     int n = 0;
     for (size_t i = from; i < nsent; i++) {
         struct kvr_wire_gossip g;
-        if (strcmp(sent[i].subject, "kv.default.router.gossip") ||
+        if (strncmp(sent[i].subject, "kv.default.router.gossip.", 25) ||
             kvr_wire_decode_gossip(sent[i].data, sent[i].len, &g) != KVR_OK)
             continue;
         n += g.kind == KVR_WIRE_GOSSIP_DECISION;
@@ -307,7 +319,7 @@ static void peer_decision(const char *peer, uint64_t seq, uint64_t key, uint64_t
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, peer, 5, seq, &rec, reply, "orphan", peer, 0),
                  KVR_OK));
-    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    gossip_in(&rd, b.data, b.len);
     kvr_buf_free(&b);
 }
 
@@ -341,7 +353,7 @@ Test(routerd, a_live_origin_answers_its_own_failed_requests)
     for (int i = 0; i < 3; i++) {
         kvr_sleep_ns(4 * KVR_NS_PER_MS);
         cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "a-peer", 5, 1, true), KVR_OK));
-        kvr_fleet_on_gossip(&rd, b.data, b.len);
+        gossip_in(&rd, b.data, b.len);
         kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     }
     kvr_buf_free(&b);
@@ -525,7 +537,7 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.d", "twice",
                                                  "peer", p->decided_ns - 1),
                  KVR_OK));
-    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    gossip_in(&rd, b.data, b.len);
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)mine);
     const struct sent *m = NULL;
@@ -539,7 +551,7 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
     cr_assert(eq(u32, rd.pend.n, 1));
     cr_assert(eq(u64, rd.n.stale_events, 1));
     /* the same decision again (a repair) is no conflict; a later one loses */
-    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    gossip_in(&rd, b.data, b.len);
     cr_assert(eq(u64, rd.n.conflicts, 1));
     worker_done(theirs, key);
     cr_assert(eq(u32, rd.pend.n, 0));
@@ -781,7 +793,7 @@ Test(routerd, a_decision_with_more_blocks_than_its_worker_is_refused)
         eq(int,
            kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.f", "f", "forger", 1),
            KVR_OK));
-    kvr_fleet_on_gossip(&rd, b.data, b.len); /* once a 2^32-step loop under the lock */
+    gossip_in(&rd, b.data, b.len); /* once a 2^32-step loop under the lock */
     kvr_buf_free(&b);
     cr_assert(eq(u32, rd.pend.n, 0));
     cr_assert(eq(u64, rd.fleet->bad, 1));
@@ -804,7 +816,7 @@ Test(routerd, names_from_the_wire_are_checked_before_they_become_subjects)
     /* a hello whose router id would write a PUB of its own into this router's connection */
     cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "x 0\r\n\r\nPUB evil", 5, 9, true), KVR_OK));
     size_t mark = nsent;
-    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    gossip_in(&rd, b.data, b.len);
     cr_assert(eq(u32, rd.fleet->npeers, 0), "no peer by that name");
     cr_assert(eq(u64, rd.fleet->bad, 1));
     cr_assert(eq(sz, nsent, mark), "nothing sent (a repair would have been asked of it)");
@@ -855,15 +867,97 @@ Test(routerd, made_up_router_ids_do_not_fill_the_peer_table_for_good)
         char id[32];
         snprintf(id, sizeof id, "fake-%u", i);
         cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, id, 5, 0, true), KVR_OK));
-        kvr_fleet_on_gossip(&rd, b.data, b.len);
+        gossip_in(&rd, b.data, b.len);
     }
     cr_assert(eq(u32, rd.fleet->npeers, KVR_FLEET_MAX_PEERS));
     kvr_sleep_ns(10 * KVR_NS_PER_MS); /* 3.5 hellos of 2 ms: they are all silent now */
     cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "real-router", 7, 0, true), KVR_OK));
-    kvr_fleet_on_gossip(&rd, b.data, b.len);
+    gossip_in(&rd, b.data, b.len);
     kvr_buf_free(&b);
     cr_assert(eq(u64, rd.fleet->peers_evicted, 1));
     struct kvr_peer *p = NULL;
     HASH_FIND_STR(rd.fleet->peers, "real-router", p);
     cr_assert(not(eq(ptr, p, NULL)), "a router started later is heard");
+}
+
+/* Worker wid's RebindAsk for keys, published on the events subject of worker subj_wid. */
+static void rebind_ask(uint64_t subj_wid, uint64_t wid, uint64_t *keys, uint32_t n)
+{
+    struct kvr_wire_rebind_ask a = {wid, keys, n};
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.rebind", (unsigned long long)subj_wid);
+    cr_assert(eq(int, kvr_wire_encode_rebind_ask(&b, &a), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_worker_back_from_a_cut_is_rebound_to_its_own_clients_only)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    generate("_INBOX.c1", "req-1", 1, 64);
+    uint64_t key = kvr_pending_key("_INBOX.c1", "req-1");
+    uint64_t w = count_to("kv.default.worker.1.generate", 0, NULL) ? 1 : 2, o = 3 - w;
+    char mine[64], other[64];
+    snprintf(mine, sizeof mine, "kv.default.worker.%llu.rebind", (unsigned long long)w);
+    snprintf(other, sizeof other, "kv.default.worker.%llu.rebind", (unsigned long long)o);
+    uint64_t keys[2] = {key, 999};
+    size_t mark = nsent;
+    rebind_ask(w, w, keys, 2);
+    const struct sent *rb = NULL;
+    cr_assert(eq(int, count_to(mine, mark, &rb), 1));
+    cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"), "the client's reply: the server's grant");
+    uint64_t got = 0;
+    cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got), KVR_OK));
+    cr_assert(eq(u64, got, key));
+    cr_assert(eq(u64, rd.n.rebinds_unknown, 1), "a key nobody booked is skipped");
+    /* it ended just before the cut: its final may be repeated, so it is still rebound */
+    worker_done(w, key);
+    mark = nsent;
+    rebind_ask(w, w, keys, 1);
+    cr_assert(eq(int, count_to(mine, mark, &rb), 1));
+    cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"));
+    /* another worker asking for it gets nothing; nor does one speaking for another */
+    mark = nsent;
+    rebind_ask(o, o, keys, 1);
+    uint64_t errors = rd.ev_errors;
+    rebind_ask(o, w, keys, 1);
+    cr_assert(eq(int, count_to(mine, mark, NULL), 0));
+    cr_assert(eq(int, count_to(other, mark, NULL), 0));
+    cr_assert(eq(u64, rd.n.rebinds_unknown, 2));
+    cr_assert(eq(u64, rd.ev_errors, errors + 1), "a payload for another worker is dropped");
+    cr_assert(eq(u64, rd.n.rebinds_sent, 2));
+}
+
+Test(routerd, gossip_under_another_routers_id_than_its_subjects_is_dropped)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "victim", 5, 1, true), KVR_OK));
+    kvr_fleet_on_gossip(&rd, "kv.default.router.gossip.forger", b.data, b.len);
+    cr_assert(eq(u64, rd.fleet->bad, 1));
+    cr_assert(eq(u32, rd.fleet->npeers, 0), "no peer made from it");
+    kvr_fleet_on_gossip(&rd, "kv.default.router.gossip.victim", b.data, b.len);
+    cr_assert(eq(u32, rd.fleet->npeers, 1));
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_forged_newer_epoch_holds_only_while_its_forger_keeps_sending)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 1, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 9, 1, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len); /* the forgery: a "restart" */
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 2, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    cr_assert(eq(u64, rd.fleet->stale, 1), "while the newer epoch talks, the older is stale");
+    kvr_sleep_ns(8 * cfg.hello_ns); /* the forger is silent past 3.5 hello intervals */
+    gossip_in(&rd, b.data, b.len);
+    cr_assert(eq(u64, rd.fleet->epochs_back, 1), "the real router is heard again");
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(rd.fleet->peers, "peer", p);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u64, p->epoch, 5));
+    kvr_buf_free(&b);
 }

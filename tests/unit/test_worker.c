@@ -58,6 +58,25 @@ static int chunks(size_t from, struct kvr_wire_response *out, int max)
     return n;
 }
 
+/* Keys listed by the RebindAsks published since index from, into keys; returns how many asks. */
+static int rebind_asks(size_t from, uint64_t *keys, uint32_t max, uint32_t *nkeys)
+{
+    int n = 0;
+    *nkeys = 0;
+    for (size_t i = from; i < nsent; i++) {
+        struct kvr_wire_rebind_ask a;
+        if (strcmp(sent[i].subject, "kv.default.ev.3.rebind"))
+            continue;
+        cr_assert(eq(int, kvr_wire_decode_rebind_ask(sent[i].data, sent[i].len, &a), KVR_OK));
+        cr_assert(eq(u64, a.worker_id, 3));
+        for (uint32_t k = 0; k < a.nkeys && *nkeys < max; k++)
+            keys[(*nkeys)++] = a.keys[k];
+        kvr_wire_rebind_ask_free(&a);
+        n++;
+    }
+    return n;
+}
+
 static void free_chunks(struct kvr_wire_response *c, int n)
 {
     for (int i = 0; i < n; i++)
@@ -467,11 +486,21 @@ Test(worker, after_a_cut_each_open_stream_is_repeated_from_position_0)
     struct kvr_wire_response c[16];
     cr_assert(eq(int, chunks(mark, c, 16), 2), "chunks go on (NATS buffers them)");
     free_chunks(c, 2);
+    mark = nsent;
     kvr_worker_on_reconnected(&w);
+    uint64_t keys[4];
+    uint32_t nkeys;
+    cr_assert(eq(int, rebind_asks(mark, keys, 4, &nkeys), 1), "rebinds asked for at once");
+    cr_assert(eq(u32, nkeys, 1));
+    cr_assert(eq(u64, keys[0], 801));
     mark = nsent;
     uint64_t due = kvr_worker_tick(&w, kvr_now_ns());
     cr_assert(gt(u64, due, 0));
     cr_assert(eq(sz, nsent, mark), "the repeat waits");
+    due = kvr_worker_tick(&w, due);
+    cr_assert(eq(int, rebind_asks(mark, keys, 4, &nkeys), 1), "and asked again half-way");
+    cr_assert(eq(int, chunks(mark, c, 16), 0), "the repeat still waits");
+    cr_assert(gt(u64, due, 0));
     cr_assert(eq(u64, kvr_worker_tick(&w, due), 0), "nothing due after it");
     cr_assert(eq(int, chunks(mark, c, 16), 1));
     cr_assert(eq(u32, c[0].position, 0));
@@ -571,4 +600,57 @@ Test(worker, a_request_its_pool_cannot_hold_is_refused_with_the_figures)
     cr_assert(eq(int, dones(0, d, 4), 1), "the routers free its booking at once");
     cr_assert(eq(u32, d[0].status, KVR_ERR_FULL));
     cr_assert(not(step()), "nothing for the engine");
+}
+
+/* The ended keys of the last heartbeat published since index from (0 when none). */
+static uint32_t last_heartbeat_ended(size_t from, uint64_t *keys, uint32_t max)
+{
+    uint32_t n = 0;
+    for (size_t i = from; i < nsent; i++) {
+        struct kvr_wire_heartbeat h;
+        if (strcmp(sent[i].subject, HB))
+            continue;
+        cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[i].data, sent[i].len, &h), KVR_OK));
+        for (n = 0; n < h.nended && n < max; n++)
+            keys[n] = h.ended[n];
+        kvr_wire_heartbeat_free(&h);
+    }
+    return n;
+}
+
+Test(worker, after_a_cut_heartbeats_list_what_ended_during_it)
+{
+    kvr_worker_free(&w);
+    cfg.heartbeat_ns = 5 * KVR_NS_PER_MS;
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    uint64_t keys[8];
+    forward(901, "a", 2, 0);
+    run();
+    kvr_sleep_ns(4 * cfg.heartbeat_ns);
+    size_t mark = nsent;
+    kvr_worker_heartbeat(&w);
+    cr_assert(eq(u32, last_heartbeat_ended(mark, keys, 8), 0), "two intervals ago: not listed");
+    forward(902, "b", 2, 0);
+    kvr_worker_on_disconnected(&w);
+    run(); /* its done event goes into the cut */
+    kvr_sleep_ns(4 * cfg.heartbeat_ns);
+    kvr_worker_on_reconnected(&w);
+    mark = nsent;
+    kvr_worker_heartbeat(&w);
+    cr_assert(eq(u32, last_heartbeat_ended(mark, keys, 8), 1), "ended during the cut: listed");
+    cr_assert(eq(u64, keys[0], 902));
+}
+
+Test(worker, a_rebind_is_counted_for_a_stream_here_only)
+{
+    forward(911, "a", 20, 0);
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 911, "r1"), KVR_OK));
+    kvr_worker_on_rebind(&w, b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 912, "r1"), KVR_OK));
+    kvr_worker_on_rebind(&w, b.data, b.len);
+    kvr_worker_on_rebind(&w, "\xff\xff", 2);
+    cr_assert(eq(u64, w.c.rebinds, 1));
+    cr_assert(eq(u64, w.c.rebinds_bad, 2));
+    kvr_buf_free(&b);
 }

@@ -1,0 +1,41 @@
+/*
+ * The reply subjects of the last KVR_KEPT_MAX requests that ended here, by key, with the worker
+ * that served each and when it ended: what a rebind after a worker's cut needs of a request that
+ * ended just before it (rebind.h). A fixed ring, the oldest reused first; lookups hash the key.
+ * Pure; not thread-safe (the router's state mutex covers it).
+ */
+#ifndef KVR_RD_KEPT_H
+#define KVR_RD_KEPT_H
+
+#include <stdint.h>
+
+#include <uthash.h>
+
+#include "kvr/status.h"
+
+#define KVR_KEPT_MAX 4096u /* ended requests whose reply subject is kept */
+
+struct kvr_kept_item {
+    uint64_t key;       /* 0: the slot is free */
+    uint64_t worker_id; /* where it ran */
+    uint64_t at;        /* when it ended (monotonic ns) */
+    char *reply;        /* the client's reply subject (owned) */
+    UT_hash_handle hh;  /* by key */
+};
+
+struct kvr_kept {
+    struct kvr_kept_item *slots; /* KVR_KEPT_MAX, reused oldest first */
+    uint32_t next;               /* the slot the next one takes */
+    struct kvr_kept_item *head;  /* uthash head over the used slots */
+};
+
+kvr_status kvr_kept_init(struct kvr_kept *k);
+void kvr_kept_free(struct kvr_kept *k);
+
+/* key ended on worker_id at now: keep reply (owned from now on; freed when its slot is reused). */
+void kvr_kept_put(struct kvr_kept *k, uint64_t key, uint64_t worker_id, char *reply, uint64_t now);
+
+/* The entry of key, or NULL. */
+const struct kvr_kept_item *kvr_kept_find(const struct kvr_kept *k, uint64_t key);
+
+#endif

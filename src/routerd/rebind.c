@@ -1,0 +1,58 @@
+/*
+ * Rebinds after a worker's cut.
+ */
+#define _DEFAULT_SOURCE
+#include "rebind.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "codec.h"
+
+void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now)
+{
+    if (!p->reply || !p->worker_id)
+        return; /* a booked select's client forwards it, and resends renew the right */
+    kvr_kept_put(&rd->kept, p->key, p->worker_id, p->reply, now);
+    p->reply = NULL;
+}
+
+/* The reply subject of key if it is (or just was) booked on wid here, else NULL. */
+static const char *reply_of(struct kvr_rd *rd, uint64_t wid, uint64_t key, uint64_t now)
+{
+    const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
+    if (p)
+        return p->worker_id == wid ? p->reply : NULL;
+    const struct kvr_kept_item *it = kvr_kept_find(&rd->kept, key);
+    return it && it->worker_id == wid && now - it->at <= KVR_REBIND_KEPT_NS ? it->reply : NULL;
+}
+
+kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                             uint64_t now)
+{
+    struct kvr_wire_rebind_ask a;
+    kvr_status st = kvr_wire_decode_rebind_ask(data, len, &a);
+    if (st != KVR_OK)
+        return st;
+    if (a.worker_id != wid) {
+        kvr_wire_rebind_ask_free(&a);
+        return KVR_ERR_INVALID; /* a worker speaks for itself only */
+    }
+    char subject[600];
+    snprintf(subject, sizeof subject, "%s%" PRIu64 ".rebind", rd->subj_worker, wid);
+    for (uint32_t i = 0; i < a.nkeys; i++) {
+        const char *reply = reply_of(rd, wid, a.keys[i], now);
+        if (!reply) {
+            rd->n.rebinds_unknown++;
+            continue;
+        }
+        if (kvr_wire_encode_worker_rebind(&rd->buf, a.keys[i], rd->cfg->id) == KVR_OK) {
+            kvr_outbox_add_request(&rd->out, subject, reply, rd->buf.data, rd->buf.len);
+            rd->n.rebinds_sent++;
+        } else {
+            rd->out.dropped++;
+        }
+    }
+    kvr_wire_rebind_ask_free(&a);
+    return KVR_OK;
+}

@@ -1,0 +1,32 @@
+/*
+ * Rebinds after a worker's cut. A worker fenced by allow_responses may answer a client only on
+ * the connection that received the client's request (or a message with the client's reply
+ * subject as its reply). When its outgoing connection is cut and comes back, it lists the streams
+ * it is about to repeat (RebindAsk on <prefix>.<ns>.ev.<wid>.rebind); this router answers each
+ * key it knows as booked on that worker with a WorkerRebind to <prefix>.<ns>.worker.<wid>.rebind
+ * whose NATS reply is the client's, which renews the worker's right to answer that client.
+ *
+ * A key is known while its request is pending here, and for KVR_REBIND_KEPT_NS after it ended
+ * (the worker repeats streams that ended just before the cut, whose final may have been lost):
+ * the reply subjects of the last KVR_KEPT_MAX ended requests are kept for that (kept.h). A key
+ * listed that is booked on another worker, or unknown, is counted and skipped: a worker gets a
+ * rebind only for its own clients. Under the state mutex.
+ */
+#ifndef KVR_RD_REBIND_H
+#define KVR_RD_REBIND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "state.h"
+
+#define KVR_REBIND_KEPT_NS (5000ull * 1000000ull) /* an ended request is rebound this long */
+
+/* Under mu: p ended on its worker at now; keep its reply subject (taken from p) for a rebind. */
+void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
+
+/* Under mu: worker wid's RebindAsk data[0..len): queue a WorkerRebind for each key booked on it. */
+kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                             uint64_t now);
+
+#endif
