@@ -57,3 +57,11 @@ bool kvr_id_ok(const char *s, size_t max)
     }
     return n > 0;
 }
+
+bool kvr_reply_usable(const char *reply, const char *prefix)
+{
+    if (!reply || !*reply || *reply == '$')
+        return false;
+    size_t n = strlen(prefix);
+    return !(n && !strncmp(reply, prefix, n) && reply[n] == '.');
+}

@@ -20,4 +20,9 @@ bool kvr_subject_ok(const char *s, size_t max);
 /* An id (a router's): non-empty, at most max bytes of letters, digits, '-' and '_'. */
 bool kvr_id_ok(const char *s, size_t max);
 
+/* A client's reply subject the fleet may answer at: non-empty, not under "<prefix>." (the
+ * fleets' own subjects, any namespace) and not a system subject ("$..."); answering anything else
+ * would let a client make a router or worker publish into them. */
+bool kvr_reply_usable(const char *reply, const char *prefix);
+
 #endif

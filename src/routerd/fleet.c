@@ -256,7 +256,8 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
 {
     struct kvr_fleet *g = rd->fleet;
     /* its reply becomes a subject (an error to the client), its origin a peer */
-    if ((d->reply[0] && !kvr_subject_ok(d->reply, KVR_REPLY_MAX)) ||
+    if ((d->reply[0] && (!kvr_subject_ok(d->reply, KVR_REPLY_MAX) ||
+                         !kvr_reply_usable(d->reply, rd->cfg->net.prefix))) ||
         !kvr_id_ok(d->origin, KVR_RD_ID_MAX - 1)) {
         g->bad++;
         return;

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "place.h"
 #include "send.h"
+#include "subject.h"
 
 _Static_assert(KVR_PENDING_REPLY_MAX == KVR_REPLY_MAX && KVR_PENDING_ID_MAX == KVR_REQUEST_ID_MAX,
                "a request key covers the longest reply subject and id the fleet takes");
@@ -99,6 +100,8 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     uint64_t t0 = kvr_now_ns();
     struct kvr_wire_request q;
     kvr_status st = kvr_wire_decode_generate(data, len, &rd->lim, &q);
+    if (!kvr_reply_usable(reply, rd->cfg->net.prefix))
+        reply = NULL; /* never answered: counted as ERR_NO_REPLY, dropped */
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK)
         st = fits(rd, reply, len, &q);
@@ -156,6 +159,10 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     struct kvr_decision d;
     uint64_t key = 0;
     char detail[128] = "";
+    if (!kvr_reply_usable(reply, rd->cfg->net.prefix)) {
+        reply = NULL; /* never answered (nor booked): counted as ERR_NO_REPLY, dropped */
+        st = st == KVR_OK ? KVR_ERR_NO_REPLY : st;
+    }
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX) {
         q.got = strlen(reply);

@@ -477,9 +477,11 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
     uint64_t key = 0;
     uint32_t overlap = 0;
     kvr_status st = kvr_wire_decode_worker_generate(data, len, &lim, &q, &key, &overlap);
+    if (!kvr_reply_usable(reply, w->cfg->net.prefix))
+        reply = NULL; /* never answered: the fleet's own subjects, or none */
     pthread_mutex_lock(&w->mu);
     if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
-        if (st == KVR_OK && !(reply && *reply))
+        if (st == KVR_OK && !reply)
             st = KVR_ERR_NO_REPLY;
         if (st == KVR_OK)
             st = fits_engine(w, &q);

@@ -961,3 +961,21 @@ Test(routerd, a_forged_newer_epoch_holds_only_while_its_forger_keeps_sending)
     cr_assert(eq(u64, p->epoch, 5));
     kvr_buf_free(&b);
 }
+
+Test(routerd, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    const char *bad[] = {"kv.default.ev.1.done", "kv.other.router.gossip.r9", "$SRV.PING"};
+    for (int i = 0; i < 3; i++) {
+        size_t mark = nsent;
+        generate(bad[i], "evil", 1, 64);
+        cr_assert(eq(sz, nsent, mark), "nothing published for %s", bad[i]);
+        select_request(bad[i], "evil", true);
+        cr_assert(eq(sz, nsent, mark), "nor for its select");
+    }
+    cr_assert(eq(u32, rd.pend.n, 0), "nothing booked");
+    cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_REPLY], 3));
+    cr_assert(eq(u64, rd.select.by_code[KVR_ERR_NO_REPLY], 3));
+    generate("kvx.reply", "fine", 1, 64); /* only the prefix's own tokens are refused */
+    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+}

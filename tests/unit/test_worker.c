@@ -654,3 +654,21 @@ Test(worker, a_rebind_is_counted_for_a_stream_here_only)
     cr_assert(eq(u64, w.c.rebinds_bad, 2));
     kvr_buf_free(&b);
 }
+
+Test(worker, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
+{
+    uint32_t toks[64];
+    for (uint32_t i = 0; i < 64; i++)
+        toks[i] = 7 + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, "evil", toks, 64, 4, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, 931, 0, "r1", 0), KVR_OK));
+    kvr_worker_on_generate(&w, "kv.default.ev.2.done", b.data, b.len); /* another worker's */
+    run();
+    for (size_t i = 0; i < nsent; i++)
+        cr_assert(not(eq(str, sent[i].subject, "kv.default.ev.2.done")));
+    cr_assert(eq(u32, w.nreqs, 0), "not taken");
+    cr_assert(eq(u64, w.generate.by_code[KVR_ERR_NO_REPLY], 1));
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
