@@ -9,6 +9,7 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler
   libxxhash-dev uthash-dev libcriterion-dev libjansson-dev
   valgrind clang-format gnuplot-nox curl procps
+  openssl               # tests/pki/make-pki.sh: the integration tests' CA and certificates
   clang libclang-rt-dev # scripts/test.sh's fuzz stage: clang and its libFuzzer/ASan runtimes
   nodejs                # scripts/test.sh's js stage (tests/js), with npm:
 )

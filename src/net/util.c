@@ -192,8 +192,19 @@ static bool nap(uint64_t ns)
  * The first connect, tried every 250 ms: each failure logged with nats.c's reason, given up on
  * a stop signal or after timeout_ns (0: never).
  */
-static kvr_status first_connect(natsOptions *o, const char *shown, uint64_t timeout_ns,
-                                natsConnection **out)
+/* What to add to a failed attempt's reason: a TLS server that wants a client certificate closes
+ * the connection after the handshake (TLS 1.3), which nats.c 3.4.1 reports only as a missing PONG.
+ */
+static const char *hint_for(const struct kvr_nats_config *c, const char *why)
+{
+    bool tls = c && (c->tls || c->tls_ca[0]);
+    if (tls && !c->tls_cert[0] && strstr(why, "PONG"))
+        return " hint=\"the server may require a client certificate: --tls-cert and --tls-key\"";
+    return "";
+}
+
+static kvr_status first_connect(natsOptions *o, const struct kvr_nats_config *c, const char *shown,
+                                uint64_t timeout_ns, natsConnection **out)
 {
     uint64_t t0 = kvr_now_ns();
     char why[256];
@@ -202,14 +213,14 @@ static kvr_status first_connect(natsOptions *o, const char *shown, uint64_t time
         if (s == NATS_OK)
             return KVR_OK;
         last_error(s, why, sizeof why);
-        kvr_log(KVR_LOG_WARN, "nats_connect_attempt", "urls=%s attempt=%u error=\"%s\"", shown,
-                attempt, why);
+        kvr_log(KVR_LOG_WARN, "nats_connect_attempt", "urls=%s attempt=%u error=\"%s\"%s", shown,
+                attempt, why, hint_for(c, why));
         uint64_t spent = kvr_now_ns() - t0;
         bool late = timeout_ns && spent + RETRY_NS > timeout_ns;
         if (late || nap(RETRY_NS)) {
             kvr_log(KVR_LOG_ERROR, "nats_connect_failed",
-                    "urls=%s attempts=%u waited_ms=%llu error=\"%s\" gave_up=%s", shown, attempt,
-                    (unsigned long long)(spent / KVR_NS_PER_MS), why,
+                    "urls=%s attempts=%u waited_ms=%llu error=\"%s\"%s gave_up=%s", shown, attempt,
+                    (unsigned long long)(spent / KVR_NS_PER_MS), why, hint_for(c, why),
                     late ? "connect-timeout-ms" : "signal");
             return late ? kvr_nats_status(s) : KVR_ERR_SHUTDOWN;
         }
@@ -249,7 +260,7 @@ static kvr_status connect(const struct kvr_nats_config *c, const char *name,
         last_error(s, why, sizeof why);
         kvr_log(KVR_LOG_ERROR, "nats_connect_failed", "urls=%s error=\"%s\"", shown, why);
     } else {
-        st = first_connect(o, shown, timeout_ns, out);
+        st = first_connect(o, c, shown, timeout_ns, out);
     }
     natsOptions_Destroy(o);
     return st;

@@ -624,13 +624,24 @@ natsConnection *h_connect(const char *url)
     return nc;
 }
 
+/* h_inbox_prefix's ("": natsInbox_Create's _INBOX) */
+static char inbox_prefix[128];
+
+/* A fresh reply subject: _INBOX.<nuid>, or <inbox_prefix>.<nuid>. */
+static void new_inbox(char *out, size_t len)
+{
+    natsInbox *ib = NULL;
+    natsInbox_Create(&ib);
+    int n = inbox_prefix[0] ? snprintf(out, len, "%s.%s", inbox_prefix, ib + strlen("_INBOX."))
+                            : snprintf(out, len, "%s", ib);
+    cr_assert(n > 0 && (size_t)n < len, "an inbox over %zu bytes", len);
+    natsInbox_Destroy(ib);
+}
+
 static bool start_sub(natsConnection *nc, struct h_req *q, char *inbox, size_t len)
 {
     memset(q, 0, sizeof *q);
-    natsInbox *ib = NULL;
-    natsInbox_Create(&ib);
-    snprintf(inbox, len, "%s", ib);
-    natsInbox_Destroy(ib);
+    new_inbox(inbox, len);
     if (natsConnection_SubscribeSync(&q->sub, nc, inbox) != NATS_OK)
         return false;
     natsSubscription_SetPendingLimits(q->sub, -1, -1);
@@ -829,9 +840,9 @@ uint64_t h_json_u64(json_t *obj, const char *path)
 
 int h_digests(natsConnection *nc, struct h_digest *out, int max, int wait_ms)
 {
-    natsInbox *ib = NULL;
+    char ib[192];
     natsSubscription *sub = NULL;
-    natsInbox_Create(&ib);
+    new_inbox(ib, sizeof ib);
     int n = 0;
     if (natsConnection_SubscribeSync(&sub, nc, ib) == NATS_OK &&
         natsConnection_PublishRequest(nc, "kv.default.router.digest", ib, "", 0) == NATS_OK) {
@@ -860,7 +871,6 @@ int h_digests(natsConnection *nc, struct h_digest *out, int max, int wait_ms)
         }
     }
     natsSubscription_Destroy(sub);
-    natsInbox_Destroy(ib);
     return n;
 }
 
@@ -955,4 +965,22 @@ bool h_http_get(const char *url, char *buf, size_t len)
     buf[got] = 0;
     close(fd);
     return ok && strstr(buf, " 200 ") != NULL;
+}
+
+void h_inbox_prefix(const char *prefix)
+{
+    snprintf(inbox_prefix, sizeof inbox_prefix, "%s", prefix ? prefix : "");
+}
+
+bool h_log_has(pid_t pid, const char *needle)
+{
+    struct proc *p = proc_of(pid);
+    FILE *f = p ? fopen(p->log, "r") : NULL;
+    if (!f)
+        return false;
+    static char buf[1 << 20];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    return strstr(buf, needle) != NULL;
 }

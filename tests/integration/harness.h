@@ -203,4 +203,45 @@ void h_sleep_ms(int ms);
 /* GET url (monitoring), into buf; false on failure. */
 bool h_http_get(const char *url, char *buf, size_t len);
 
+/* --- TLS, credentials, permissions -------------------------------------------------------- */
+
+/* How a test's own client connects: fields left NULL are not used. */
+struct h_conn {
+    const char *user, *password;
+    const char *nkey_pub, *nkey_seed; /* an nkey user: its public key and its seed file */
+    const char *creds;                /* a .creds file (user JWT and seed) */
+    const char *tls_ca;               /* TLS: the server's certificate checked against this CA */
+    const char *tls_cert, *tls_key;   /* mutual TLS: the client's certificate and key */
+    const char *inbox_prefix;         /* the connection's request inboxes (<prefix>.<nuid>...) */
+    natsErrHandler on_error;          /* asynchronous errors (permission violations) */
+    void *closure;                    /* on_error's */
+};
+
+/* Connect to url as c says, else as h_connect does; NULL (the reason printed) on failure. */
+natsConnection *h_connect_with(const char *url, const struct h_conn *c);
+/*
+ * The reply subjects h_send, h_send_raw and h_digests (and what calls them) subscribe to start
+ * with prefix (<prefix>.<nuid>); NULL: natsInbox_Create's _INBOX.<nuid>, the default.
+ */
+void h_inbox_prefix(const char *prefix);
+/* A fresh directory /tmp/kvr_it_<test pid>_<what>_XXXXXX into out. Asserts. */
+void h_tmpdir(char *out, size_t len, const char *what);
+/* Remove dir (one that h_tmpdir made; nothing else) and everything in it. */
+void h_rmdir(const char *dir);
+/*
+ * A fresh test PKI in dir (tests/pki/make-pki.sh): ca.pem, server.pem and server-key.pem (for
+ * 127.0.0.1), client.pem and client-key.pem, other-ca.pem. Asserts, with the script's output.
+ */
+void h_pki(const char *dir);
+/*
+ * Fresh nkeys, JWTs and .creds files in dir (tests/pki/make-nats-keys.sh, which runs npm ci in
+ * tests/js first when its node_modules is missing): user.nk, user.pub, stranger.nk,
+ * operator.conf, user.creds, stranger.creds. Asserts, with the script's output.
+ */
+void h_nats_keys(const char *dir);
+/* Whether the log of process pid (one the harness started, a nats-server too) has needle. */
+bool h_log_has(pid_t pid, const char *needle);
+/* The first line of file path into out (without its newline); false when unreadable. */
+bool h_first_line(const char *path, char *out, size_t len);
+
 #endif
