@@ -100,6 +100,7 @@ struct kvr_router_config {
     double busy_threshold;          /* busy above this fraction of capacity in blocks; 0: off */
     uint64_t busy_prefill_tokens;   /* busy above this many queued prefill tokens; 0: off */
     uint32_t max_prompt_tokens;     /* longer prompts are refused */
+    uint32_t max_output_tokens;     /* bounds an imported request's output blocks */
     uint32_t max_inflight;          /* bound on requests in flight across all workers */
     uint32_t queue_max;             /* requests that may wait while every worker is busy; 0: none */
     uint64_t queue_timeout_ns;      /* how long a request may wait before "overloaded" */

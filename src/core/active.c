@@ -189,15 +189,21 @@ kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t n
     return KVR_OK;
 }
 
-kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now)
+kvr_status kvr_active_output_blocks(struct kvr_active *a, uint64_t id, uint32_t n, uint64_t now)
 {
     uint32_t h = touch(a, id, now);
     if (h == KVR_NIL)
         return KVR_ERR_UNKNOWN_REQUEST;
     struct kvr_active_req *r = req(a, h);
-    r->extra++;
-    a->w[r->slot].blocks++;
+    n = n < UINT32_MAX - r->extra ? n : UINT32_MAX - r->extra;
+    r->extra += n;
+    a->w[r->slot].blocks += n;
     return KVR_OK;
+}
+
+kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now)
+{
+    return kvr_active_output_blocks(a, id, 1, now);
 }
 
 static void remove_handle(struct kvr_active *a, uint32_t h)

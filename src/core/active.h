@@ -71,6 +71,8 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
 /* Lifecycle events; KVR_ERR_UNKNOWN_REQUEST when id is not in flight. */
 kvr_status kvr_active_prefill_done(struct kvr_active *a, uint64_t id, uint64_t now);
 kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t now);
+/* n output blocks at once (an imported request's count so far); saturates. */
+kvr_status kvr_active_output_blocks(struct kvr_active *a, uint64_t id, uint32_t n, uint64_t now);
 kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id);
 
 /* Call fn for every request in flight (none may be added or removed meanwhile). */

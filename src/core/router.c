@@ -41,6 +41,7 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->busy_threshold = 0.95;
     c->busy_prefill_tokens = 0;
     c->max_prompt_tokens = 1u << 20;
+    c->max_output_tokens = 1u << 16;
     c->max_inflight = 1u << 20;
     c->queue_max = 1024;
     c->queue_timeout_ns = 5ull * 1000000000ull;
@@ -62,7 +63,7 @@ static bool config_valid(const struct kvr_router_config *c)
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
            c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
            c->temperature >= 0 && c->batch_tokens > 0 && c->busy_threshold >= 0 &&
-           c->max_prompt_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
+           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
            c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
 }
 

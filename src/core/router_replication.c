@@ -28,10 +28,13 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         r->st.unknown_worker++;
         return KVR_ERR_UNKNOWN_WORKER;
     }
-    /* a record from the wire: no request holds more blocks than its worker has (the output loop
-     * below runs once per block, under the caller's lock) nor a prompt longer than the limit */
+    /* a record from the wire: no request holds more blocks than its worker has, nor more than the
+     * prompt and output limits allow (a capacity is from the wire too) */
     uint64_t cap = w->capacity_blocks ? w->capacity_blocks : 65536u; /* unknown: a prompt's worth */
+    uint64_t bs = r->cfg.block_size;
     if (rec->output_blocks > cap || rec->nblocks > cap ||
+        rec->nblocks > r->cfg.max_prompt_tokens / bs + 1 ||
+        rec->output_blocks > r->cfg.max_output_tokens / bs + 2 ||
         rec->prompt_tokens > r->cfg.max_prompt_tokens)
         return KVR_ERR_INVALID;
     if (kvr_active_find(&r->act, rec->request_id)) {
@@ -61,8 +64,8 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     uint32_t out = rec->output_blocks;
     if (had_early && early.outblocks > out)
         out = early.outblocks;
-    for (uint32_t i = 0; i < out; i++)
-        kvr_active_output_block(&r->act, rec->request_id, now);
+    if (out)
+        kvr_active_output_blocks(&r->act, rec->request_id, out, now);
     return KVR_OK;
 }
 
@@ -158,8 +161,11 @@ kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_
         r->st.unknown_worker++;
         return KVR_ERR_UNKNOWN_WORKER;
     }
+    /* a TTL from the wire: no longer than this router's own (an entry that outlived it would
+     * stall the expiry of those behind it), and no sum that wraps */
+    uint64_t ttl = rec->ttl_left_ns < r->cfg.index_ttl_ns ? rec->ttl_left_ns : r->cfg.index_ttl_ns;
     return kvr_index_import(&r->ix, kvr_registry_slot(&r->reg, w), rec->seq, rec->has_engine,
-                            rec->engine_id, now + rec->ttl_left_ns);
+                            rec->engine_id, now + ttl);
 }
 
 static int cmp_u64(const void *a, const void *b)

@@ -52,10 +52,12 @@
  * one prompt's worth: the default 1M-token prompt limit in the default 64-token blocks is 16384
  * blocks; 65536 allows 16-token blocks.
  */
-#define KVR_WIRE_STORED_BLOCKS_MAX   65536u /* blocks in a Stored event: one run of a sequence */
+/* blocks in a Stored event: a run of a sequence, split by the worker past this so that applying one
+ * holds a router's mutex about a millisecond */
+#define KVR_WIRE_STORED_BLOCKS_MAX   4096u
 #define KVR_WIRE_DECISION_BLOCKS_MAX 65536u /* block hashes in a Decision: one per prompt block */
-/* Ids in a Removed event: one engine step's evictions, at most the capacity (16384 by default). */
-#define KVR_WIRE_REMOVED_IDS_MAX 65536u
+/* Ids in a Removed event: one engine step's evictions, split by the worker past this. */
+#define KVR_WIRE_REMOVED_IDS_MAX 4096u
 /* Request keys in a Heartbeat: the requests one worker holds (it runs max_seqs, 256 by default,
  * and queues the rest); 65536 keys are 640 KB, under NATS's default 1 MB payload. */
 #define KVR_WIRE_INFLIGHT_MAX 65536u
@@ -65,8 +67,9 @@
 #define KVR_WIRE_SYNC_KEYS_MAX KVR_WIRE_INFLIGHT_MAX
 /* Seqs in a repair range (to_seq - from_seq); more, or a backwards range: KVR_ERR_INVALID. */
 #define KVR_WIRE_SYNC_RANGE_MAX 1000000u
-/* Decisions, and separately entries, in a SyncPage: a page is cut at ~256 KB, under 7000. */
-#define KVR_WIRE_PAGE_ITEMS_MAX 65536u
+/* Decisions, and separately entries, in a SyncPage: a sender cuts a page at ~256 KB or this many
+ * records of a kind, so that applying one holds the receiver's mutex about a millisecond. */
+#define KVR_WIRE_PAGE_ITEMS_MAX 512u
 /* Candidates in a SelectResponse: the router's default max_workers. */
 #define KVR_WIRE_CANDIDATES_MAX 65536u
 /* Tokens in one GenerateResponse chunk (workers send one): the default max_output_tokens. */

@@ -175,14 +175,15 @@ bool kvr_events_bad(kvr_status st)
     return st == KVR_ERR_MALFORMED || st == KVR_ERR_INVALID || st == KVR_ERR_TOO_LARGE;
 }
 
-bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind)
+bool kvr_events_parse_subject(const char *ev_prefix, const char *subject, uint64_t *worker_id,
+                              const char **kind)
 {
-    const char *dot = strrchr(subject, '.');
-    if (!dot || dot == subject)
+    size_t k = strlen(ev_prefix);
+    if (strncmp(subject, ev_prefix, k))
         return false;
-    const char *start = dot;
-    while (start > subject && start[-1] != '.')
-        start--;
+    const char *start = subject + k, *dot = strchr(start, '.');
+    if (!dot || strchr(dot + 1, '.') || !dot[1])
+        return false; /* exactly <prefix>.<ns>.ev.<id>.<kind>: no token more, none less */
     size_t n = (size_t)(dot - start);
     char digits[24];
     if (n == 0 || n >= sizeof digits || start[0] == '0')
@@ -208,7 +209,7 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
     kvr_status st = KVR_ERR_MALFORMED;
     bool counted = false;
     pthread_mutex_lock(&rd->mu);
-    if (kvr_events_parse_subject(subject, &wid, &kind)) {
+    if (kvr_events_parse_subject(rd->subj_ev, subject, &wid, &kind)) {
         st = apply(rd, wid, kind, data, len);
         kvr_place_settle(rd);
     }

@@ -22,7 +22,10 @@ kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t worker_id, const void
 /* Whether a worker event's status makes it a bad event (counted in ev_errors and dropped). */
 bool kvr_events_bad(kvr_status st);
 
-/* The worker id in kv.<ns>.ev.<id>.<kind> and a pointer to <kind>; false if malformed. */
-bool kvr_events_parse_subject(const char *subject, uint64_t *worker_id, const char **kind);
+/* The worker id in <ev_prefix><id>.<kind> (ev_prefix "<prefix>.<ns>.ev.") and a pointer to
+ * <kind>; false if malformed: another prefix, an id with a sign or a leading zero, or a token more
+ * or less (kv.<ns>.ev.1.7.hb would otherwise speak for worker 7 with worker 1's rights). */
+bool kvr_events_parse_subject(const char *ev_prefix, const char *subject, uint64_t *worker_id,
+                              const char **kind);
 
 #endif

@@ -45,6 +45,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
         kvr_router_set_salt(salt);
         rd_salted = true;
     }
+    c.max_output_tokens = cfg->max_output_tokens;
     c.on_event = on_core_event;
     c.event_ctx = rd;
     kvr_status st;
@@ -60,6 +61,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     rd->lim = (struct kvr_wire_limits){c.max_prompt_tokens, cfg->max_output_tokens};
     snprintf(rd->subj_worker, sizeof rd->subj_worker, "%s.%s.worker.", cfg->net.prefix,
              cfg->net.ns);
+    snprintf(rd->subj_ev, sizeof rd->subj_ev, "%s.%s.ev.", cfg->net.prefix, cfg->net.ns);
     return kvr_kept_init(&rd->kept);
 }
 

@@ -104,6 +104,7 @@ struct kvr_rd {
     uint64_t stalls;                  /* ticks far later than due: the router was stopped */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
     char subj_worker[528];            /* "<prefix>.<ns>.worker." */
+    char subj_ev[528];                /* "<prefix>.<ns>.ev." */
 };
 
 /* Set up rd for cfg (borrowed, must outlive it) publishing through sink: the core and tables. */

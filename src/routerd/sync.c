@@ -12,8 +12,12 @@
 #include "events.h"
 #include "fleet.h"
 #include "log.h"
+#include "subject.h"
 
 #define SYNC_PAGE_BYTES (256u * 1024u) /* a page, well under NATS's 1 MB payload */
+/* and at most this many records of a kind: a page is applied under the receiver's mutex, which
+ * one message should hold for about a millisecond at most (KVR_WIRE_PAGE_ITEMS_MAX) */
+#define SYNC_PAGE_ITEMS KVR_WIRE_PAGE_ITEMS_MAX
 #define SYNC_TRIES      2
 
 /* --- serving ------------------------------------------------------------------------------- */
@@ -46,14 +50,15 @@ static void pager_record(void *ctx, const struct kvr_request_record *rec)
                               p ? p->decided_ns : 0) != KVR_OK)
         return;
     pg->records++;
-    if (pg->page.approx > SYNC_PAGE_BYTES)
+    if (pg->page.approx > SYNC_PAGE_BYTES || pg->page.ndecisions >= SYNC_PAGE_ITEMS)
         pager_flush(pg, false);
 }
 
 static void pager_entry(void *ctx, const struct kvr_index_record *rec)
 {
     struct pager *pg = ctx;
-    if (kvr_page_add_entry(&pg->page, rec) == KVR_OK && pg->page.approx > SYNC_PAGE_BYTES)
+    if (kvr_page_add_entry(&pg->page, rec) == KVR_OK &&
+        (pg->page.approx > SYNC_PAGE_BYTES || pg->page.nentries >= SYNC_PAGE_ITEMS))
         pager_flush(pg, false);
 }
 
@@ -91,6 +96,18 @@ static void serve(struct kvr_rd *rd, const struct kvr_wire_sync *q, struct pager
     }
 }
 
+/* Whether reply is the pages subject of the router the request names: pages list clients' reply
+ * subjects and ids, so they go to a router's own subject only (which permissions fence). */
+static bool to_a_router(const struct kvr_rd *rd, const struct kvr_wire_sync *q, const char *reply)
+{
+    char want[600], tail[320];
+    if (!reply || !kvr_id_ok(q->router_id, KVR_RD_ID_MAX - 1))
+        return false;
+    snprintf(tail, sizeof tail, "router.pages.%s", q->router_id);
+    return kvr_subject(want, sizeof want, rd->cfg->net.prefix, rd->cfg->net.ns, tail) &&
+           !strcmp(reply, want);
+}
+
 void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
 {
     struct kvr_wire_sync q;
@@ -98,7 +115,7 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
     struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
     kvr_page_init(&pg.page);
     pthread_mutex_lock(&rd->mu);
-    if (st != KVR_OK || !reply || !*reply)
+    if (st != KVR_OK || !to_a_router(rd, &q, reply))
         rd->fleet->bad++;
     else
         serve(rd, &q, &pg);
@@ -162,12 +179,13 @@ void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
     uint64_t token = 0;
     pthread_mutex_lock(&rd->mu);
     struct kvr_fleet *g = rd->fleet;
-    /* while a snapshot is awaited, pages are taken as its (repair pages carry no index entries) */
+    /* while a snapshot is awaited, the pages with its token are its: their index entries are
+     * taken (repair pages, and anyone else's, carry none that count) */
     uint64_t expect = g->syncing ? g->sync_token : 0;
-    struct page_ctx c = {rd, kvr_now_ns(), expect != 0};
-    if (expect && g->resync &&
-        kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) == KVR_OK &&
-        token == expect) { /* the snapshot's index replaces the one with holes in it */
+    bool ours = expect && kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) ==
+                              KVR_OK && token == expect;
+    struct page_ctx c = {rd, kvr_now_ns(), ours};
+    if (ours && g->resync) { /* the snapshot's index replaces the one with holes in it */
         kvr_router_index_clear(rd->core);
         g->resync = false;
     }

@@ -67,6 +67,7 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"early_cancels", c->early_cancels},
              {"late_cancels", c->late_cancels},
              {"bad_cancels", c->bad_cancels},
+             {"bad_heartbeats", c->bad_heartbeats},
              {"repeats", c->repeats},
              {"rebind_asks", c->rebind_asks},
              {"rebinds", c->rebinds},

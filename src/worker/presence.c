@@ -108,8 +108,12 @@ static void yield(struct kvr_worker *w, const struct kvr_wire_heartbeat *h)
 void kvr_worker_on_heartbeat(struct kvr_worker *w, const void *data, size_t len)
 {
     struct kvr_wire_heartbeat h;
-    if (kvr_wire_decode_heartbeat(data, len, &h) != KVR_OK)
+    if (kvr_wire_decode_heartbeat(data, len, &h) != KVR_OK) {
+        pthread_mutex_lock(&w->mu);
+        w->c.bad_heartbeats++; /* on its own heartbeat subject: counted, dropped */
+        pthread_mutex_unlock(&w->mu);
         return;
+    }
     pthread_mutex_lock(&w->mu);
     if (h.info.id == w->cfg->id && h.instance != w->instance && !w->clashed) {
         if (kvr_worker_yields(w->started_ns, w->instance, h.started_ns, h.instance)) {

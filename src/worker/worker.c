@@ -41,18 +41,27 @@ static void emit_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, ui
                      kvr_wire_encode_done(&w->buf, w->cfg->id, key, (uint32_t)outcome, tokens));
 }
 
+/* A run of stored blocks, in events of KVR_WIRE_STORED_BLOCKS_MAX at most, each the parent of
+ * the next (a router applies one event under its lock). */
 static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_block *b, size_t n)
 {
     struct kvr_worker *w = ctx;
-    kvr__worker_emit(w, w->subj_kv,
-                     kvr_wire_encode_stored(&w->buf, w->cfg->id, ++w->event_seq, parent, b, n));
+    for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_STORED_BLOCKS_MAX) {
+        size_t k = n - i < KVR_WIRE_STORED_BLOCKS_MAX ? n - i : KVR_WIRE_STORED_BLOCKS_MAX;
+        const uint64_t *p = i ? &b[i - 1].engine_id : parent;
+        kvr__worker_emit(w, w->subj_kv,
+                         kvr_wire_encode_stored(&w->buf, w->cfg->id, ++w->event_seq, p, b + i, k));
+    }
 }
 
 static void on_removed(void *ctx, const uint64_t *ids, size_t n)
 {
     struct kvr_worker *w = ctx;
-    kvr__worker_emit(w, w->subj_kv,
-                     kvr_wire_encode_removed(&w->buf, w->cfg->id, ++w->event_seq, ids, n));
+    for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_REMOVED_IDS_MAX) {
+        size_t k = n - i < KVR_WIRE_REMOVED_IDS_MAX ? n - i : KVR_WIRE_REMOVED_IDS_MAX;
+        kvr__worker_emit(w, w->subj_kv,
+                         kvr_wire_encode_removed(&w->buf, w->cfg->id, ++w->event_seq, ids + i, k));
+    }
 }
 
 static struct kvr_wreq *find(struct kvr_worker *w, uint64_t key)

@@ -93,18 +93,19 @@ KVR_HEAP_DEFINE(kvr_wk_deadlines, struct kvr_wk_deadline, kvr_wk_deadline_less)
 
 /* What $SRV.STATS shows beyond the endpoint's counts. */
 struct kvr_wk_counters {
-    uint64_t served;        /* requests finished by the engine */
-    uint64_t duplicates;    /* forwards dropped: the key was held or ended in the last 60 s */
-    uint64_t cancelled;     /* requests ended by a WorkerCancel (held, or remembered first) */
-    uint64_t deadlines;     /* requests ended by their deadline */
-    uint64_t early_cancels; /* cancels remembered for a key not yet here */
-    uint64_t late_cancels;  /* cancels for a key that had ended: nothing to do */
-    uint64_t bad_cancels;   /* WorkerCancels that did not decode */
-    uint64_t repeats;       /* streams repeated after a cut */
-    uint64_t rebind_asks;   /* RebindAsks sent after a cut */
-    uint64_t rebinds;       /* WorkerRebinds received for a stream kept here */
-    uint64_t rebinds_bad;   /* ... that did not decode, or for a key not kept here */
-    uint64_t dropped;       /* messages not made (out of memory) */
+    uint64_t served;         /* requests finished by the engine */
+    uint64_t duplicates;     /* forwards dropped: the key was held or ended in the last 60 s */
+    uint64_t cancelled;      /* requests ended by a WorkerCancel (held, or remembered first) */
+    uint64_t deadlines;      /* requests ended by their deadline */
+    uint64_t early_cancels;  /* cancels remembered for a key not yet here */
+    uint64_t late_cancels;   /* cancels for a key that had ended: nothing to do */
+    uint64_t bad_cancels;    /* WorkerCancels that did not decode */
+    uint64_t bad_heartbeats; /* messages on its own heartbeat subject that did not decode */
+    uint64_t repeats;        /* streams repeated after a cut */
+    uint64_t rebind_asks;    /* RebindAsks sent after a cut */
+    uint64_t rebinds;        /* WorkerRebinds received for a stream kept here */
+    uint64_t rebinds_bad;    /* ... that did not decode, or for a key not kept here */
+    uint64_t dropped;        /* messages not made (out of memory) */
 };
 
 struct kvr_worker {

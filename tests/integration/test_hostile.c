@@ -1,0 +1,262 @@
+/*
+ * Issue 10's attacks on a live fleet (a real nats-server on 127.0.0.1, the real kvrouter and
+ * kvworker), where the live fleet matters: forged gossip that would inject a PUB or lock the
+ * router up, event subjects that name no worker, a request no worker can ever finish, forged
+ * bookings that fill a worker, names refused at start, and (still open, fenced only by subject
+ * permissions) a snapshot asked by anyone. A spy connection subscribed to ">" sees every
+ * message on the server: nothing goes to a subject the attacker chose.
+ */
+#define _GNU_SOURCE /* memmem */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "harness.h"
+
+static struct nats_srv srv;
+static natsConnection *nc;
+
+static void setup(void)
+{
+    h_setup(&srv, 1, &nc);
+}
+
+static void teardown(void)
+{
+    h_teardown(&nc);
+}
+
+TestSuite(hostile, .init = setup, .fini = teardown, .timeout = 120);
+
+static void publish(const char *subject, const struct kvr_buf *b)
+{
+    cr_assert(eq(int, natsConnection_Publish(nc, subject, b->data, (int)b->len), NATS_OK));
+}
+
+/* A counter of the (one) router's $SRV.STATS: its generate endpoint's, at path. */
+static uint64_t router_stat(const char *path)
+{
+    json_t *stats = h_stats(nc, 3000);
+    uint64_t v = h_json_u64(h_endpoint(stats, "generate"), path);
+    json_decref(stats);
+    return v;
+}
+
+/* Read the spy's messages for ms; how many there were, and how many went to subject evil... */
+static int spy_read(natsSubscription *spy, int ms, int *evil, int *gossip)
+{
+    int n = 0;
+    natsMsg *m = NULL;
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    while (h_now_ms() < end && natsSubscription_NextMsg(&m, spy, 50) == NATS_OK) {
+        const char *s = natsMsg_GetSubject(m);
+        n++;
+        *evil += !strncmp(s, "evil", 4);
+        *gossip += !strncmp(s, "kv.default.router.gossip.r1", 27);
+        natsMsg_Destroy(m);
+    }
+    return n;
+}
+
+/* Forged gossip on a live router: ids and replies that would inject a PUB, a decision that would
+ * hold its lock for 40 s. Nothing reaches "evil", each is counted, the next request is served. */
+static void forge_gossip(void)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_hello(&b, "x 0\r\n\r\nPUB evil 5\r\nhello", 5, 9, true),
+                 KVR_OK));
+    publish("kv.default.router.gossip.x", &b); /* its id is not its subject's */
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec,
+                                                 "_INBOX.x\r\nPUB evil 3\r\nabc", "c", "peer", 1),
+                 KVR_OK));
+    publish("kv.default.router.gossip.peer", &b);
+    rec.request_id = 4243;
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 2, &rec, "_INBOX.y", "c",
+                                                 "evil\r\nPUB evil 1\r\nx", 1),
+                 KVR_OK));
+    publish("kv.default.router.gossip.peer", &b);
+    rec = (struct kvr_request_record){4244, 1, h, 2, 128, 0, true, UINT32_MAX};
+    cr_assert(
+        eq(int, kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &rec, "_INBOX.z", "c", "peer", 1),
+           KVR_OK));
+    publish("kv.default.router.gossip.peer", &b);
+    kvr_buf_free(&b);
+}
+
+/* Worker 7's heartbeat on subjects whose worker id is no canonical number. */
+static void forge_event_subjects(void)
+{
+    struct kvr_wire_heartbeat hb = {.info = {.id = 7, .block_size = 64, .capacity_blocks = 64},
+                                    .interval_ms = 500};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
+    publish("kv.default.ev.+7.hb", &b);
+    publish("kv.default.ev.007.hb", &b);
+    publish("kv.default.ev.-1.hb", &b);
+    kvr_buf_free(&b);
+}
+
+Test(hostile, forged_gossip_injects_nothing_and_holds_no_lock)
+{
+    natsConnection *spy_nc = h_connect(srv.url);
+    natsSubscription *spy = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&spy, spy_nc, ">"), NATS_OK));
+    natsSubscription_SetPendingLimits(spy, -1, -1);
+    cr_assert(eq(int, natsConnection_Flush(spy_nc), NATS_OK));
+    h_worker(srv.url, "1", 10, 200, NULL);
+    h_router(srv.url, "r1", H_ARGS("--hello-ms", "200"));
+    h_until_served(nc, H_GEN, 1, 20000);
+    forge_gossip();
+    forge_event_subjects();
+    natsConnection_Flush(nc);
+    uint64_t t0 = h_now_ms();
+    struct h_result r = h_ask(nc, H_GEN, "after", 3, 0, 256, 4, 10000);
+    cr_assert(r.final && r.error_code == 0, "served after the forgeries (error %u)", r.error_code);
+    cr_log_info("the request after the forged gossip: first token %llu ms, done %llu ms",
+                (unsigned long long)r.first_ms, (unsigned long long)(h_now_ms() - t0));
+    int evil = 0, gossip = 0;
+    int n = spy_read(spy, 700, &evil, &gossip);
+    cr_assert(eq(int, evil, 0), "a message went to an attacker's subject");
+    cr_assert(gt(int, gossip, 0), "the spy sees the router's own gossip (%d messages)", n);
+    cr_assert(eq(u64, router_stat("data.replication.gossip_bad"), 4), "each forgery counted");
+    cr_assert(eq(u64, router_stat("data.replication.imported"), 0));
+    cr_assert(eq(u64, router_stat("data.bad_events"), 3), "the three subjects counted");
+    cr_assert(eq(u64, router_stat("data.workers"), 1), "no worker 7");
+    natsSubscription_Destroy(spy);
+    natsConnection_Destroy(spy_nc);
+    h_end();
+}
+
+Test(hostile, a_request_no_worker_can_finish_is_refused_with_its_figures)
+{
+    h_worker(srv.url, "1", 10, 200, NULL); /* 16,384 blocks of 64 tokens */
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, H_GEN, 1, 20000);
+    /* 990,000 prompt tokens and 65,536 out: one NATS message, within the router's limits */
+    struct h_result r = h_ask(nc, H_GEN, "unfinishable", 1, 0, 990000, 65536, 20000);
+    cr_assert(r.final, "answered");
+    cr_assert(eq(u32, r.error_code, KVR_ERR_FULL));
+    cr_assert(r.error_header, "with the service error headers");
+    cr_assert(eq(u64, r.worker_id, 1), "by the worker");
+    r = h_ask(nc, H_GEN, "next", 2, 0, 256, 4, 10000);
+    cr_assert(r.final && r.error_code == 0, "the worker serves on (error %u)", r.error_code);
+    uint64_t inflight = 1; /* the done events follow the final chunks: a moment later */
+    for (int i = 0; i < 100 && inflight; i++, h_sleep_ms(20))
+        inflight = router_stat("data.inflight");
+    cr_assert(eq(u64, inflight, 0), "both bookings freed by the worker's done events");
+    h_end();
+}
+
+Test(hostile, forged_bookings_that_fill_a_worker_go_with_its_heartbeats)
+{
+    h_worker(srv.url, "1", 10, 200, H_ARGS("--num-blocks", "64")); /* capacity 64 blocks */
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, H_GEN, 1, 20000);
+    uint64_t h[1] = {11};
+    struct kvr_request_record rec = {4242, 1, h, 1, 64, 0, true, 63}; /* all 64 blocks */
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.nobody", "c",
+                                                 "forger", 1),
+                 KVR_OK));
+    publish("kv.default.router.gossip.forger", &b);
+    kvr_buf_free(&b);
+    natsConnection_Flush(nc);
+    h_sleep_ms(50);
+    cr_assert(eq(u64, router_stat("data.replication.imported"), 1), "the forgery is taken");
+    struct h_result r = h_ask(nc, H_GEN, "real", 1, 0, 128, 4, 10000);
+    cr_assert(r.final && r.error_code == 0, "served (error %u)", r.error_code);
+    cr_log_info("a request behind a forged booking of the whole worker: first token %llu ms",
+                (unsigned long long)r.first_ms);
+    cr_assert(eq(u64, router_stat("data.replication.reconciled"), 1),
+              "dropped: the worker's heartbeats never listed it");
+    h_end();
+}
+
+/* Once open: a subject with a token more than kv.<ns>.ev.<id>.<kind> was taken as the worker of
+ * its next-to-last token, so a worker allowed to publish on kv.<ns>.ev.1.> spoke for worker 7 on
+ * kv.<ns>.ev.1.7.hb. Now it is a bad event, dropped. */
+Test(hostile, a_worker_cannot_speak_for_another_through_a_longer_subject)
+{
+    h_worker(srv.url, "1", 10, 200, NULL);
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, H_GEN, 1, 20000);
+    struct kvr_wire_heartbeat hb = {.info = {.id = 7, .block_size = 64, .capacity_blocks = 64},
+                                    .interval_ms = 500};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
+    publish("kv.default.ev.1.7.hb", &b); /* under worker 1's subjects */
+    kvr_buf_free(&b);
+    natsConnection_Flush(nc);
+    uint64_t bad = 0;
+    for (int i = 0; i < 100 && !bad; i++, h_sleep_ms(20))
+        bad = router_stat("data.bad_events");
+    cr_assert(eq(u64, bad, 1), "dropped, counted");
+    cr_assert(eq(u64, router_stat("data.workers"), 1), "no worker 7");
+    h_end();
+}
+
+/* The program's log of our n-th process called name, into buf. */
+static const char *log_of(const char *name, int n, char *buf, size_t len)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kvr_it_%d_%s_%d.log", (int)getpid(), name, n);
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, len - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[got] = 0;
+    return buf;
+}
+
+Test(hostile, names_that_are_no_subject_token_are_refused_at_start)
+{
+    char buf[4096];
+    pid_t p = h_router(srv.url, "r1", H_ARGS("--namespace", "*"));
+    cr_assert(eq(int, h_wait(p, 5000), 2), "kvrouter --namespace '*' exits 2");
+    cr_assert(not(eq(ptr, strstr(log_of("kvrouter", 1, buf, sizeof buf), "--namespace"), NULL)),
+              "%s", buf);
+    p = h_worker(srv.url, "1", 10, 200, H_ARGS("--namespace", "a.>"));
+    cr_assert(eq(int, h_wait(p, 5000), 2), "kvworker --namespace 'a.>' exits 2");
+    p = h_router(srv.url, "r 1", NULL);
+    cr_assert(eq(int, h_wait(p, 5000), 2), "kvrouter --id 'r 1' exits 2");
+    cr_assert(not(eq(ptr, strstr(log_of("kvrouter", 2, buf, sizeof buf), "--id"), NULL)), "%s",
+              buf);
+    h_end();
+}
+
+/* Once open: anyone could ask a router for its snapshot, whose pages list every in-flight
+ * client's reply subject and request id. Now pages go only to the asking router's own pages
+ * subject (which permissions fence to routers). */
+Test(hostile, a_snapshot_is_not_served_to_an_inbox)
+{
+    h_worker(srv.url, "1", 1, 200, NULL); /* real time: the request stays in flight */
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, H_GEN, 1, 20000);
+    struct h_req victim;
+    cr_assert(h_send(nc, H_GEN, &victim, "secret-id", 4, 0, 256, 500));
+    cr_assert(ne(u64, h_first_worker(&victim, 5000), 0), "the victim's stream started");
+    struct kvr_wire_sync q = {.router_id = "r9", .full = true, .token = 5};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    natsMsg *m = NULL;
+    cr_assert(not(eq(int,
+                     natsConnection_Request(&m, nc, "kv.default.router.sync.r1", b.data, (int)b.len,
+                                            1000),
+                     NATS_OK)),
+              "no answer to a stranger's inbox");
+    cr_assert(ge(u64, router_stat("data.replication.gossip_bad"), 1), "counted");
+    cr_assert(eq(u64, router_stat("data.replication.snapshots_served"), 0));
+    kvr_buf_free(&b);
+    natsSubscription_Destroy(victim.sub);
+    h_end();
+}

@@ -1,0 +1,351 @@
+/*
+ * Bad inputs on the worker event stream a router follows (kv.<ns>.ev.<id>.<kind>: kv, tokens,
+ * done, hb), through kvr_events_on_message: subjects that name no worker canonically, payloads
+ * that speak for another worker, do not decode or are over a cap (all counted as bad_events in
+ * $SRV.STATS), events naming nothing known (counted where they are), events out of order, and
+ * the forgeries a router cannot tell from its workers' own (still open: subject permissions).
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fleet.h"
+#include "kvr/hash.h"
+#include "kvrouter.pb-c.h"
+#include "pending.h"
+#include "test_hostile_rig.h"
+
+TestSuite(hostile_events, .init = hr_setup, .fini = hr_teardown, .timeout = 60);
+
+/* A heartbeat of worker wid as bytes (block size bs, capacity 4096, interval 1000 ms). */
+static void hb_bytes(struct kvr_buf *b, uint64_t wid, uint32_t bs)
+{
+    struct kvr_wire_heartbeat h = {.info = {.id = wid, .block_size = bs, .capacity_blocks = 4096},
+                                   .interval_ms = 1000};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(b, &h), KVR_OK));
+}
+
+static bool known(uint64_t wid)
+{
+    return kvr_router_worker_load(hr_rd.core, wid, NULL, NULL, NULL) == KVR_OK;
+}
+
+/* data on subject: counted as one bad event more, and nothing published. */
+static void bad(const char *row, const char *subject, const void *data, size_t len)
+{
+    uint64_t before = hr_stat("data.bad_events");
+    size_t mark = hr_nsent;
+    hr_event(subject, data, len);
+    cr_assert(eq(u64, hr_stat("data.bad_events"), before + 1), "%s (%s): counted", row, subject);
+    cr_assert(eq(sz, hr_nsent, mark), "%s: nothing published", row);
+}
+
+Test(hostile_events, a_subject_names_its_worker_in_canonical_digits_only)
+{
+    static const char *const subjects[] = {
+        "kv.default.ev.+7.hb",
+        "kv.default.ev.007.hb",
+        "kv.default.ev.-1.hb",
+        "kv.default.ev.0.hb",
+        "kv.default.ev.0x7.hb",
+        "kv.default.ev. 7.hb",
+        "kv.default.ev.18446744073709551615.hb", /* 2^64-1 */
+        "kv.default.ev.18446744073709551616.hb", /* 2^64: would wrap to 0 */
+        "kv.default.ev.99999999999999999999999.hb",
+        "kv.default.ev.7.hb.x", /* the kind is the last token */
+        "kv.default.ev.7",
+        "kv.default.ev..hb",
+        "kv.default.ev.7.nope", /* no such kind */
+    };
+    struct kvr_buf b = {0};
+    hb_bytes(&b, 7, 64);
+    for (size_t i = 0; i < sizeof subjects / sizeof subjects[0]; i++)
+        bad("a worker id or kind that is none", subjects[i], b.data, b.len);
+    cr_assert(not(known(7)), "worker 7 was never announced");
+    hr_event("kv.default.ev.7.hb", b.data, b.len);
+    cr_assert(known(7), "its own subject announces it");
+    kvr_buf_free(&b);
+}
+
+/* Once open: the id was taken from the token before the kind, whatever came before it, so a
+ * worker allowed to publish on kv.<ns>.ev.9.> could speak for worker 7 on kv.<ns>.ev.9.7.hb. A
+ * subject must be exactly <prefix>.<ns>.ev.<id>.<kind>. */
+Test(hostile_events, a_subject_with_a_token_more_or_less_is_dropped)
+{
+    struct kvr_buf b = {0};
+    hb_bytes(&b, 7, 64);
+    bad("a token more", "kv.default.ev.9.7.hb", b.data, b.len);
+    bad("a token less", "kv.default.ev.hb", b.data, b.len);
+    bad("another namespace", "kv.other.ev.7.hb", b.data, b.len);
+    cr_assert(not(known(7)));
+    cr_assert(not(known(9)));
+    kvr_buf_free(&b);
+}
+
+Test(hostile_events, a_payload_speaks_for_the_worker_of_its_subject_only)
+{
+    struct kvr_buf b = {0};
+    hb_bytes(&b, 7, 64);
+    hr_event("kv.default.ev.7.hb", b.data, b.len);
+    hb_bytes(&b, 8, 64);
+    bad("heartbeat of worker 8 on worker 7's subject", "kv.default.ev.7.hb", b.data, b.len);
+    struct kvr_kv_block blk = {1, 2};
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, 8, 1, NULL, &blk, 1), KVR_OK));
+    bad("stored", "kv.default.ev.7.kv", b.data, b.len);
+    uint64_t id = 1;
+    cr_assert(eq(int, kvr_wire_encode_removed(&b, 8, 2, &id, 1), KVR_OK));
+    bad("removed", "kv.default.ev.7.kv", b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_cleared(&b, 8, 3), KVR_OK));
+    bad("cleared", "kv.default.ev.7.kv", b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_tokens(&b, 8, 55, KVR_WIRE_PREFILL_DONE), KVR_OK));
+    bad("tokens", "kv.default.ev.7.tokens", b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 8, 55, KVR_OK, 1), KVR_OK));
+    bad("done", "kv.default.ev.7.done", b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 0, 55, KVR_OK, 1), KVR_OK));
+    bad("done naming no worker", "kv.default.ev.7.done", b.data, b.len);
+    cr_assert(not(known(8)));
+    kvr_buf_free(&b);
+}
+
+static void pack(struct kvr_buf *b, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    cr_assert(eq(int, kvr_buf_reserve(b, n + 1), KVR_OK));
+    b->len = protobuf_c_message_pack(m, b->data);
+}
+
+Test(hostile_events, payloads_that_do_not_decode_or_are_over_a_cap_are_counted)
+{
+    struct kvr_buf b = {0};
+    hb_bytes(&b, 7, 64);
+    hr_event("kv.default.ev.7.hb", b.data, b.len);
+    bad("truncated heartbeat", "kv.default.ev.7.hb", b.data, b.len - 2);
+    uint8_t junk[2048];
+    memset(junk, 0xff, sizeof junk);
+    static const char *const kinds[] = {"hb", "kv", "tokens", "done"};
+    for (int i = 0; i < 4; i++) {
+        char s[64];
+        snprintf(s, sizeof s, "kv.default.ev.7.%s", kinds[i]);
+        bad("junk bytes", s, junk, 16);
+    }
+    bad("a tokens event of 2,048 bytes (cap 1,024)", "kv.default.ev.7.tokens", junk, sizeof junk);
+    Kvrouter__V1__TokensEvent t = KVROUTER__V1__TOKENS_EVENT__INIT;
+    t.worker_id = 7;
+    t.request_key = 55;
+    t.kind = 7; /* no such kind */
+    pack(&b, &t.base);
+    bad("tokens kind 7", "kv.default.ev.7.tokens", b.data, b.len);
+    Kvrouter__V1__KvEvent e = KVROUTER__V1__KV_EVENT__INIT;
+    e.worker_id = 7; /* and no event in it */
+    pack(&b, &e.base);
+    bad("a KvEvent without its event", "kv.default.ev.7.kv", b.data, b.len);
+    hb_bytes(&b, 7, 0);
+    bad("heartbeat block size 0", "kv.default.ev.7.hb", b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(hostile_events, repeated_fields_over_their_caps_are_counted)
+{
+    uint32_t n = KVR_WIRE_INFLIGHT_MAX + 1;
+    uint64_t *keys = calloc(n, sizeof *keys);
+    for (uint32_t i = 0; i < n; i++)
+        keys[i] = 1000 + i;
+    struct kvr_wire_heartbeat h = {.info = {.id = 7, .block_size = 64, .capacity_blocks = 4096},
+                                   .interval_ms = 1000,
+                                   .inflight = keys,
+                                   .ninflight = n};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    bad("heartbeat with 65,537 keys in flight", "kv.default.ev.7.hb", b.data, b.len);
+    h.ninflight = 0;
+    h.ended = keys;
+    h.nended = KVR_WIRE_ENDED_MAX + 1;
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    bad("heartbeat with 16,385 ended keys", "kv.default.ev.7.hb", b.data, b.len);
+    cr_assert(not(known(7)));
+    hr_heartbeat(7, 4096, NULL, 0, 1000);
+    struct kvr_kv_block *blk = calloc(KVR_WIRE_STORED_BLOCKS_MAX + 1, sizeof *blk);
+    for (uint32_t i = 0; i <= KVR_WIRE_STORED_BLOCKS_MAX; i++)
+        blk[i] = (struct kvr_kv_block){i + 1, i * 7919u};
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, 7, 1, NULL, blk, KVR_WIRE_STORED_BLOCKS_MAX + 1),
+                 KVR_OK));
+    bad("stored event with 65,537 blocks", "kv.default.ev.7.kv", b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 0));
+    free(blk);
+    free(keys);
+    kvr_buf_free(&b);
+}
+
+Test(hostile_events, events_naming_nothing_known_are_counted_where_they_are)
+{
+    hr_heartbeat(7, 4096, NULL, 0, 1000);
+    struct kvr_buf b = {0};
+    struct kvr_kv_block blk = {1, 2};
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, 9, 1, NULL, &blk, 1), KVR_OK));
+    hr_event("kv.default.ev.9.kv", b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.unknown_worker_events"), 1), "a worker never announced");
+    cr_assert(eq(int, kvr_wire_encode_tokens(&b, 7, 55, KVR_WIRE_OUTPUT_BLOCK), KVR_OK));
+    hr_event("kv.default.ev.7.tokens", b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.unknown_request_events"), 1), "a request never decided");
+    cr_assert(eq(u64, hr_stat("data.replication.early_events"), 1), "kept 60 s for its decision");
+    uint64_t parent = 12345, ids[3] = {77, 78, 79};
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, 7, 2, &parent, &blk, 1), KVR_OK));
+    hr_event("kv.default.ev.7.kv", b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_removed(&b, 7, 3, ids, 3), KVR_OK));
+    hr_event("kv.default.ev.7.kv", b.data, b.len);
+    struct kvr_router_stats s;
+    kvr_router_stats(hr_rd.core, &s); /* the index's counters are not in $SRV.STATS */
+    cr_assert(eq(u64, s.index.unknown_parent, 1), "a parent never stored: the event refused");
+    cr_assert(eq(u64, s.index.unknown_block, 3), "ids never stored: skipped");
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 0));
+    hb_bytes(&b, 8, 32); /* the router's blocks are 64 tokens */
+    hr_event("kv.default.ev.8.hb", b.data, b.len);
+    kvr_router_stats(hr_rd.core, &s);
+    cr_assert(not(known(8)), "a worker with other blocks is refused (logged worker_refused)");
+    cr_assert(eq(u64, s.bad_block_size, 1));
+    cr_assert(eq(u64, hr_stat("data.bad_events"), 0), "none of these is a bad event");
+    kvr_buf_free(&b);
+}
+
+Test(hostile_events, a_heartbeat_of_unknown_keys_asks_the_peers_a_bounded_question)
+{
+    enum { N = 1000 };
+    uint64_t keys[N];
+    for (uint32_t i = 0; i < N; i++)
+        keys[i] = 0xabc0000ull + i;
+    hr_heartbeat(7, 4096, keys, N, 1000);
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count("kv.default.router.lookup", 0, &m), 1), "one lookup");
+    struct kvr_wire_sync q;
+    cr_assert(eq(int, kvr_wire_decode_sync(m->data, m->len, &q), KVR_OK));
+    cr_assert(eq(u32, q.nkeys, 256), "at most 256 keys asked");
+    kvr_wire_sync_free(&q);
+    cr_assert(eq(u64, hr_stat("data.replication.lookups"), 1));
+}
+
+Test(hostile_events, events_out_of_order_are_absorbed)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 1, 4242, KVR_OK, 3), KVR_OK));
+    hr_event("kv.default.ev.1.done", b.data, b.len); /* before its decision */
+    hr_event("kv.default.ev.1.done", b.data, b.len); /* and twice */
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.late", "peer");
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "its done came first: over");
+    cr_assert(eq(u64, hr_stat("data.replication.already_known"), 1));
+    cr_assert(eq(u64, hr_stat("data.replication.conflicts"), 1));
+    cr_assert(eq(int, hr_count("kv.default.worker.1.cancel", 0, NULL), 1),
+              "taken for a paused router's copy: its worker stopped silently");
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.late", "peer"); /* the same decision again, a repair */
+    cr_assert(eq(u64, hr_stat("data.replication.already_known"), 2), "refused every time");
+    cr_assert(eq(u64, hr_stat("data.bad_events"), 0));
+    kvr_buf_free(&b);
+}
+
+/* The Stored event of worker wid for the 2 blocks of the prompt hr_generate makes from base. */
+static void stored_prompt(uint64_t wid, uint32_t base)
+{
+    uint32_t t[128];
+    for (uint32_t i = 0; i < 128; i++)
+        t[i] = base * 1000 + i;
+    struct kvr_kv_block blk[2] = {{1, kvr_hash_block(t, 64)}, {2, kvr_hash_block(t + 64, 64)}};
+    struct kvr_buf b = {0};
+    char s[64];
+    snprintf(s, sizeof s, "kv.default.ev.%llu.kv", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, wid, 1, NULL, blk, 2), KVR_OK));
+    hr_event(s, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* Still open: KV events are believed. One forged Stored event makes a worker look as if it held a
+ * prompt, and the router sends that prompt's requests there. */
+Test(hostile_events, still_open_a_forged_stored_event_steers_routing)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_heartbeat(2, 4096, NULL, 0, 1000);
+    for (uint64_t wid = 1; wid <= 2; wid++) {
+        uint32_t base = 10 + (uint32_t)wid;
+        stored_prompt(wid, base); /* forged: neither ever computed it */
+        char id[16], subject[64];
+        snprintf(id, sizeof id, "steer-%u", base);
+        hr_generate("_INBOX.s", id, base, 128, 8);
+        snprintf(subject, sizeof subject, "kv.default.worker.%llu.generate",
+                 (unsigned long long)wid);
+        const struct hr_sent *m = NULL;
+        cr_assert(eq(int, hr_count(subject, 0, &m), 1), "sent where the forgery says");
+        struct kvr_wire_limits lim = {1 << 20, 1 << 16};
+        struct kvr_wire_request q;
+        uint64_t key;
+        uint32_t overlap = 0;
+        cr_assert(eq(int,
+                     kvr_wire_decode_worker_generate(m->data, m->len, &lim, &q, &key, &overlap),
+                     KVR_OK));
+        kvr_wire_request_free(&q);
+        cr_assert(eq(u32, overlap, 2), "expecting both blocks cached");
+    }
+}
+
+/* Still open: a done event is believed. A forged one ends a live request in every router: its
+ * booking goes (the worker looks idle) and the client's resend is ignored as ended. */
+Test(hostile_events, still_open_a_forged_done_ends_a_live_request)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_generate("_INBOX.v", "live", 1, 128, 8);
+    uint64_t key = kvr_pending_key("_INBOX.v", "live");
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 1, key, KVR_OK, 0), KVR_OK));
+    hr_event("kv.default.ev.1.done", b.data, b.len); /* forged */
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "no longer in flight here");
+    hr_generate("_INBOX.v", "live", 1, 128, 8);
+    cr_assert(eq(u64, hr_stat("data.resends_after_end"), 1), "the resend is ignored");
+    cr_assert(eq(int, hr_count("kv.default.worker.1.generate", 0, NULL), 1));
+}
+
+/* A RebindAsk of worker wid for n keys, on worker sub's subject. */
+static void rebind_ask(uint64_t wid, uint64_t sub, const uint64_t *keys, uint32_t n)
+{
+    struct kvr_wire_rebind_ask a = {.worker_id = wid, .keys = (uint64_t *)keys, .nkeys = n};
+    struct kvr_buf b = {0};
+    char s[64];
+    snprintf(s, sizeof s, "kv.default.ev.%llu.rebind", (unsigned long long)sub);
+    cr_assert(eq(int, kvr_wire_encode_rebind_ask(&b, &a), KVR_OK));
+    hr_event(s, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(hostile_events, a_rebind_ask_gets_a_worker_its_own_clients_only)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_heartbeat(7, 4096, NULL, 0, 1000);
+    uint8_t junk[16];
+    memset(junk, 0xff, sizeof junk);
+    bad("junk", "kv.default.ev.7.rebind", junk, sizeof junk);
+    uint64_t *keys = calloc(KVR_WIRE_REBIND_MAX + 1, sizeof *keys);
+    for (uint32_t i = 0; i <= KVR_WIRE_REBIND_MAX; i++)
+        keys[i] = 1000 + i;
+    size_t mark = hr_nsent;
+    rebind_ask(8, 7, keys, 1); /* worker 8's ask on worker 7's subject */
+    rebind_ask(0, 7, keys, 1);
+    rebind_ask(7, 7, keys, KVR_WIRE_REBIND_MAX + 1);
+    cr_assert(eq(u64, hr_stat("data.bad_events"), 4), "junk, another worker's, none's, too many");
+    hr_generate("_INBOX.theirs", "client", 1, 128, 8);
+    uint64_t theirs = kvr_pending_key("_INBOX.theirs", "client");
+    uint64_t wid = kvr_pending_find(&hr_rd.pend, theirs)->worker_id, other = wid == 1 ? 7 : 1;
+    keys[0] = theirs;
+    rebind_ask(other, other, keys, 3); /* the other worker asks for this client, and 2 unknowns */
+    cr_assert(eq(u64, hr_stat("data.replication.rebinds_unknown"), 3));
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.worker.%llu.rebind", (unsigned long long)other);
+    cr_assert(eq(int, hr_count(subject, mark, NULL), 0), "nothing for it");
+    rebind_ask(wid, wid, keys, 1); /* its own worker's */
+    snprintf(subject, sizeof subject, "kv.default.worker.%llu.rebind", (unsigned long long)wid);
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count(subject, mark, &m), 1));
+    cr_assert(eq(str, m->reply, "_INBOX.theirs"), "with its client's inbox as reply");
+    free(keys);
+}

@@ -1,0 +1,361 @@
+/*
+ * Bad inputs on the subjects routers speak among themselves: kv.<ns>.router.gossip (decisions,
+ * hellos), router.sync.<id> and router.lookup (SyncRequests), router.pages.<id> (SyncPages);
+ * and the names an operator gives (--namespace, --prefix, --id). Counted as gossip_bad in
+ * $SRV.STATS (data.replication) unless noted; each case is a row of docs/hostile-inputs.md.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "fleet.h"
+#include "kvrouter.pb-c.h"
+#include "natscfg.h"
+#include "sync.h"
+#include "test_hostile_rig.h"
+
+TestSuite(hostile_fleet, .init = hr_setup, .fini = hr_teardown, .timeout = 60);
+
+static void pack(struct kvr_buf *b, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    cr_assert(eq(int, kvr_buf_reserve(b, n + 1), KVR_OK));
+    b->len = protobuf_c_message_pack(m, b->data);
+}
+
+/* data on the gossip subject counts one more gossip_bad and changes nothing. */
+static void bad_gossip(const char *row, const void *data, size_t len)
+{
+    uint64_t before = hr_stat("data.replication.gossip_bad");
+    size_t mark = hr_nsent;
+    hr_on_gossip("peer", data, len);
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), before + 1), "%s", row);
+    cr_assert(eq(sz, hr_nsent, mark), "%s: nothing published", row);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "%s: nothing imported", row);
+}
+
+static uint64_t hashes[KVR_WIRE_DECISION_BLOCKS_MAX + 1]; /* 512 KB */
+
+/* A Gossip decision from "peer" (epoch 5, seq 1) as the protobuf-c structs, to alter. */
+static void decision(Kvrouter__V1__Gossip *g, Kvrouter__V1__Decision *d)
+{
+    *g = (Kvrouter__V1__Gossip)KVROUTER__V1__GOSSIP__INIT;
+    *d = (Kvrouter__V1__Decision)KVROUTER__V1__DECISION__INIT;
+    for (uint32_t i = 0; i <= KVR_WIRE_DECISION_BLOCKS_MAX; i++)
+        hashes[i] = 0x1234567800000000ull + i;
+    d->request_key = 4242;
+    d->worker_id = 1;
+    d->block_hashes = hashes;
+    d->n_block_hashes = 2;
+    d->prompt_tokens = 128;
+    d->reply = "_INBOX.x";
+    d->request_id = "c";
+    d->origin = "peer";
+    g->router_id = "peer";
+    g->epoch = 5;
+    g->seq = 1;
+    g->body_case = KVROUTER__V1__GOSSIP__BODY_DECISION;
+    g->decision = d;
+}
+
+Test(hostile_fleet, gossip_that_does_not_decode_or_is_over_a_cap_is_counted)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    uint8_t junk[32];
+    memset(junk, 0xff, sizeof junk);
+    bad_gossip("junk", junk, sizeof junk);
+    bad_gossip("empty payload: no body", "", 0);
+    Kvrouter__V1__Gossip g;
+    Kvrouter__V1__Decision d;
+    struct kvr_buf b = {0};
+    decision(&g, &d);
+    pack(&b, &g.base);
+    bad_gossip("truncated", b.data, b.len - 4);
+    char big[300];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    static const char *const rows[] = {
+        "request key 0",        "worker 0",         "overlap over its blocks", "65,537 hashes",
+        "request id 299 bytes", "origin 299 bytes", "reply 1,025 bytes",
+    };
+    char reply[1100] = "_INBOX.";
+    memset(reply + 7, 'r', 1018);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        decision(&g, &d);
+        d.request_key = i == 0 ? 0 : d.request_key;
+        d.worker_id = i == 1 ? 0 : d.worker_id;
+        d.overlap_blocks = i == 2 ? 3 : 0;
+        d.n_block_hashes = i == 3 ? KVR_WIRE_DECISION_BLOCKS_MAX + 1 : 2;
+        d.request_id = i == 4 ? big : d.request_id;
+        d.origin = i == 5 ? big : d.origin;
+        d.reply = i == 6 ? reply : d.reply;
+        pack(&b, &g.base);
+        bad_gossip(rows[i], b.data, b.len);
+    }
+    decision(&g, &d);
+    g.body_case = KVROUTER__V1__GOSSIP__BODY__NOT_SET;
+    pack(&b, &g.base);
+    bad_gossip("a router id and no body", b.data, b.len);
+    uint8_t *huge = calloc(1, KVR_WIRE_GOSSIP_MAX + 1);
+    bad_gossip("over 659,456 bytes", huge, KVR_WIRE_GOSSIP_MAX + 1);
+    free(huge);
+    kvr_buf_free(&b);
+}
+
+Test(hostile_fleet, gossip_checked_against_what_this_router_knows)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {777, 9, h, 2, 128, 0, false, 0}; /* worker 9: unknown */
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.x", "peer");
+    cr_assert(eq(u64, hr_stat("data.replication.import_unknown_worker"), 1));
+    rec.worker_id = 1;
+    hr_gossip("peer", 5, 2, &rec, "_INBOX.x", "peer");
+    hr_gossip("peer", 5, 3, &rec, "_INBOX.x", "peer"); /* the same decision again */
+    cr_assert(eq(u64, hr_stat("data.replication.already_known"), 1));
+    cr_assert(eq(u32, hr_rd.pend.n, 1));
+    hr_hello("peer", 4, 9); /* an earlier incarnation */
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_stale"), 1));
+    hr_log_begin();
+    hr_hello("r1", 5, 1);                  /* this router's own id, another epoch */
+    hr_hello("r1", hr_rd.fleet->epoch, 1); /* its own echo: nothing */
+    const char *log = hr_log_end();
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 1), "the clash counted once");
+    cr_assert(not(eq(ptr, strstr(log, "router_id_clash"), NULL)), "and logged: %s", log);
+}
+
+Test(hostile_fleet, a_seq_from_far_ahead_asks_a_bounded_repair)
+{
+    hr_hello("peer", 5, 1);
+    size_t mark = hr_nsent;
+    hr_hello("peer", 5, UINT64_MAX); /* "I sent 2^64 - 1 decisions" */
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count("kv.default.router.sync.peer", mark, &m), 1), "one question");
+    struct kvr_wire_sync q;
+    cr_assert(eq(int, kvr_wire_decode_sync(m->data, m->len, &q), KVR_OK));
+    cr_assert(eq(u64, q.to_seq - q.from_seq + 1, 4096), "for the last 4,096 only");
+    kvr_wire_sync_free(&q);
+    cr_assert(eq(u64, hr_stat("data.replication.gaps"), 4096));
+    uint64_t h[2] = {11, 12};
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_request_record rec = {888, 1, h, 2, 128, 0, false, 0};
+    hr_gossip("peer", 5, 1ull << 63, &rec, "_INBOX.x", "peer"); /* a decision from far ahead */
+    cr_assert(eq(u32, hr_rd.pend.n, 1), "taken; the gap asked for");
+    cr_assert(le(u64, hr_stat("data.replication.gaps"), 2 * 4096));
+}
+
+/* A SyncRequest q (with reply) to this router: it counts one more gossip_bad, answers nothing. */
+static void bad_sync(const char *row, const char *reply, const void *data, size_t len)
+{
+    uint64_t before = hr_stat("data.replication.gossip_bad");
+    size_t mark = hr_nsent;
+    kvr_sync_on_request(&hr_rd, reply, data, len);
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), before + 1), "%s", row);
+    cr_assert(eq(sz, hr_nsent, mark), "%s: nothing sent", row);
+}
+
+Test(hostile_fleet, sync_requests_that_are_bad_are_counted_and_unanswered)
+{
+    uint8_t junk[32];
+    memset(junk, 0xff, sizeof junk);
+    bad_sync("junk", "_INBOX.q", junk, sizeof junk);
+    struct kvr_buf b = {0};
+    struct kvr_wire_sync q = {.full = true};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("no reply subject", NULL, b.data, b.len);
+    q = (struct kvr_wire_sync){.from_seq = 10, .to_seq = 9};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("a backwards range", "_INBOX.q", b.data, b.len);
+    q = (struct kvr_wire_sync){.from_seq = 1, .to_seq = 2000000};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("a range of 2,000,000", "_INBOX.q", b.data, b.len);
+    uint64_t *keys = calloc(KVR_WIRE_SYNC_KEYS_MAX + 1, sizeof *keys);
+    for (uint32_t i = 0; i <= KVR_WIRE_SYNC_KEYS_MAX; i++)
+        keys[i] = i + 1;
+    q = (struct kvr_wire_sync){.keys = keys, .nkeys = KVR_WIRE_SYNC_KEYS_MAX + 1};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("65,537 keys", "_INBOX.q", b.data, b.len);
+    char big[300];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    q = (struct kvr_wire_sync){.router_id = big, .full = true};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("router id 299 bytes", "_INBOX.q", b.data, b.len);
+    q = (struct kvr_wire_sync){.router_id = "q", .full = true};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    bad_sync("a reply that is not the asker's pages subject", "_INBOX.q", b.data, b.len);
+    const char *pages = "kv.default.router.pages.q";
+    size_t mark = hr_nsent;
+    q = (struct kvr_wire_sync){.router_id = "q", .keys = keys, .nkeys = 100}; /* unknown keys */
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    kvr_sync_on_request(&hr_rd, pages, b.data, b.len);
+    q = (struct kvr_wire_sync){.router_id = "q", .from_seq = 1, .to_seq = 5, .epoch = 1};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK)); /* not this epoch */
+    kvr_sync_on_request(&hr_rd, pages, b.data, b.len);
+    cr_assert(eq(sz, hr_nsent, mark), "unknown keys, another epoch: silence");
+    q = (struct kvr_wire_sync){
+        .router_id = "q", .from_seq = 1, .to_seq = 1000000, .epoch = hr_rd.fleet->epoch};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    uint64_t t0 = hr_now();
+    kvr_sync_on_request(&hr_rd, pages, b.data, b.len);
+    cr_log_info("a repair of 1,000,000 seqs never sent: %.1f us", (double)(hr_now() - t0) / 1e3);
+    cr_assert(eq(int, hr_count(pages, mark, NULL), 1), "the widest repair: one last page");
+    free(keys);
+    kvr_buf_free(&b);
+}
+
+/* A SyncPage with the given decisions and entries, as bytes. */
+static void page(struct kvr_buf *b, Kvrouter__V1__Decision **d, size_t nd,
+                 Kvrouter__V1__IndexEntry **e, size_t ne, uint64_t token)
+{
+    Kvrouter__V1__SyncPage p = KVROUTER__V1__SYNC_PAGE__INIT;
+    p.decisions = d;
+    p.n_decisions = nd;
+    p.entries = e;
+    p.n_entries = ne;
+    p.token = token;
+    pack(b, &p.base);
+}
+
+static void bad_page(const char *row, const void *data, size_t len)
+{
+    uint64_t before = hr_stat("data.replication.gossip_bad");
+    kvr_sync_on_page(&hr_rd, data, len);
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), before + 1), "%s", row);
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 0), "%s: no entry taken", row);
+}
+
+Test(hostile_fleet, pages_with_one_bad_record_are_refused_whole)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_rd.fleet->syncing = true; /* a snapshot awaited: pages' entries are taken */
+    hr_rd.fleet->sync_token = 77;
+    uint8_t junk[32];
+    memset(junk, 0xff, sizeof junk);
+    bad_page("junk", junk, sizeof junk);
+    Kvrouter__V1__Gossip g;
+    Kvrouter__V1__Decision good, zero, *ds[2] = {&good, &zero};
+    decision(&g, &good);
+    decision(&g, &zero);
+    zero.request_key = 0;
+    struct kvr_buf b = {0};
+    page(&b, ds, 2, NULL, 0, 77);
+    bad_page("a decision with key 0 beside a good one", b.data, b.len);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "the good one is not taken either");
+    Kvrouter__V1__IndexEntry e = KVROUTER__V1__INDEX_ENTRY__INIT, *es = &e;
+    e.seq = 99;
+    e.ttl_left_ms = 1000; /* worker 0 */
+    page(&b, NULL, 0, &es, 1, 77);
+    bad_page("an entry of worker 0", b.data, b.len);
+    e.worker_id = 1;
+    e.ttl_left_ms = UINT64_MAX / 1000000 + 1; /* nanoseconds would wrap */
+    page(&b, NULL, 0, &es, 1, 77);
+    bad_page("ttl_left_ms * 1e6 over 2^64", b.data, b.len);
+    e.ttl_left_ms = 1000;
+    Kvrouter__V1__IndexEntry **many = calloc(KVR_WIRE_PAGE_ITEMS_MAX + 1, sizeof *many);
+    for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++)
+        many[i] = &e;
+    page(&b, NULL, 0, many, KVR_WIRE_PAGE_ITEMS_MAX + 1, 77);
+    bad_page("65,537 entries", b.data, b.len);
+    free(many);
+    uint8_t *huge = calloc(1, KVR_WIRE_PAGE_MAX + 1);
+    bad_page("over 8 MiB", huge, KVR_WIRE_PAGE_MAX + 1);
+    free(huge);
+    good.reply = "_INBOX.*";
+    page(&b, ds, 1, NULL, 0, 77);
+    bad_page("a decision whose reply is a wildcard", b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* Once open: an imported TTL entry's time left was taken as it came: the longest wrapped and
+ * expired at once, a 31-year one outlived everything behind it. Now it is clamped to this
+ * router's own TTL (120 s). */
+Test(hostile_fleet, an_imported_ttl_is_bounded_by_the_routers_own)
+{
+    hr_cfg.core.approximate = true;
+    hr_cfg.core.worker_timeout_ns = 0;
+    kvr_fleet_destroy(&hr_rd);
+    kvr_rd_free(&hr_rd);
+    hr_start();
+    hr_heartbeat(1, 4096, NULL, 0, 0); /* no interval: never timed out (worker_timeout 0) */
+    hr_rd.fleet->syncing = true;
+    hr_rd.fleet->sync_token = 77;
+    Kvrouter__V1__IndexEntry e = KVROUTER__V1__INDEX_ENTRY__INIT, *es = &e;
+    e.worker_id = 1;
+    e.seq = 0xaaaa;
+    e.ttl_left_ms = UINT64_MAX / 1000000; /* the longest taken */
+    struct kvr_buf b = {0};
+    page(&b, NULL, 0, &es, 1, 77);
+    kvr_sync_on_page(&hr_rd, b.data, b.len);
+    kvr_router_tick(hr_rd.core, hr_now());
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 1), "taken, and not expired at once");
+    e.seq = 0xbbbb;
+    e.ttl_left_ms = 1000000000000ull; /* 31 years */
+    page(&b, NULL, 0, &es, 1, 77);
+    kvr_sync_on_page(&hr_rd, b.data, b.len);
+    e.seq = 0xcccc; /* a page of another token: its entries are not the snapshot's */
+    page(&b, NULL, 0, &es, 1, 78);
+    kvr_sync_on_page(&hr_rd, b.data, b.len);
+    hr_generate("_INBOX.a", "approx", 1, 128, 8); /* its 2 blocks: TTL entries of 120 s */
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 4));
+    kvr_router_tick(hr_rd.core, hr_now() + 121 * KVR_NS_PER_S);
+    cr_assert(eq(u64, hr_stat("data.index_entries"), 0), "all gone after 120 s");
+    kvr_buf_free(&b);
+}
+
+Test(hostile_fleet, made_up_router_ids_hold_the_peer_table_only_while_they_talk)
+{
+    hr_cfg.hello_ns = 100 * KVR_NS_PER_MS; /* silent after 350 ms */
+    kvr_fleet_destroy(&hr_rd);
+    kvr_rd_free(&hr_rd);
+    hr_start();
+    for (uint32_t i = 0; i < KVR_FLEET_MAX_PEERS; i++) { /* 1,024 hellos under made-up ids */
+        char id[32];
+        snprintf(id, sizeof id, "fake-%u", i);
+        hr_hello(id, 5, 0);
+    }
+    cr_assert(eq(u64, hr_stat("data.replication.peers"), KVR_FLEET_MAX_PEERS));
+    hr_hello("real-router", 7, 0); /* while they all still talk: not heard */
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 1));
+    cr_assert(eq(u64, hr_stat("data.replication.peers_evicted"), 0));
+    kvr_sleep_ns(400 * KVR_NS_PER_MS);
+    hr_hello("real-router", 7, 0);
+    cr_assert(eq(u64, hr_stat("data.replication.peers_evicted"), 1), "a silent one goes");
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(hr_rd.fleet->peers, "real-router", p);
+    cr_assert(not(eq(ptr, p, NULL)), "and the real router is heard");
+}
+
+Test(hostile_fleet, names_from_the_command_line_are_one_token_each)
+{
+    static const char *const bad_ns[] = {"*", ">", "a.b", "a b", "", "a\r\nb", "\x01"};
+    char why[256];
+    for (size_t i = 0; i < sizeof bad_ns / sizeof bad_ns[0] + 1; i++) {
+        struct kvr_nats_config c;
+        kvr_nats_config_default(&c, KVR_LOG_INFO);
+        if (i < sizeof bad_ns / sizeof bad_ns[0])
+            snprintf(c.ns, sizeof c.ns, "%s", bad_ns[i]);
+        else
+            memset(c.ns, 'n', 65), c.ns[65] = 0; /* over 64 bytes */
+        why[0] = 0;
+        cr_assert(eq(int, kvr_nats_config_check(&c, why, sizeof why), KVR_ERR_INVALID),
+                  "--namespace \"%s\"", c.ns);
+        cr_assert(not(eq(ptr, strstr(why, "--namespace"), NULL)), "%s", why);
+    }
+    struct kvr_nats_config c;
+    kvr_nats_config_default(&c, KVR_LOG_INFO);
+    strcpy(c.prefix, "kv.*");
+    cr_assert(eq(int, kvr_nats_config_check(&c, why, sizeof why), KVR_ERR_INVALID), "--prefix");
+    static const char *const bad_ids[] = {"a.b", "r 1", "r*", ">", "r\n"};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
+        struct kvr_rd_config rc;
+        kvr_rd_config_default(&rc);
+        snprintf(rc.id, sizeof rc.id, "%s", bad_ids[i]);
+        cr_assert(eq(int, kvr_rd_config_check(&rc, why, sizeof why), KVR_ERR_INVALID),
+                  "--id \"%s\"", bad_ids[i]);
+        cr_assert(not(eq(ptr, strstr(why, "--id"), NULL)), "%s", why);
+    }
+}
