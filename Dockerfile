@@ -26,7 +26,7 @@ RUN bash scripts/build.sh build --buildtype=release -Dtests=false \
 FROM ${DEBIAN_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
-    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 >/dev/null \
+    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 >/dev/null \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /opt/kvrouter \
        --shell /usr/sbin/nologin kvr

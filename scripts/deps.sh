@@ -8,6 +8,8 @@ packages=(
   libnats-dev nats-server
   libprotobuf-c-dev protobuf-c-compiler
   libxxhash-dev uthash-dev libcriterion-dev libjansson-dev
+  libmicrohttpd-dev     # src/net/httpd.c: /metrics, /healthz, /readyz
+  prometheus            # promtool (tests/unit/test_prom.c: promtool check metrics)
   valgrind clang-format gnuplot-nox curl procps
   openssl               # tests/pki/make-pki.sh: the integration tests' CA and certificates
   clang libclang-rt-dev # scripts/test.sh's fuzz stage: clang and its libFuzzer/ASan runtimes

@@ -229,6 +229,8 @@ struct kvr_router_stats {
     uint64_t late_decisions;    /* imported decisions refused: their done came first */
     uint64_t early_events;      /* events that came before their decision (kept a while) */
     uint64_t reconciled;        /* requests dropped because their worker did not hold them */
+    uint64_t routed_blocks;     /* prompt blocks of the requests this router routed */
+    uint64_t routed_overlap;    /* ... of which its decisions expected cached on their worker */
     struct kvr_index_counters index;
     uint32_t workers;       /* registered now */
     uint32_t inflight;      /* requests in flight now */
@@ -384,6 +386,20 @@ void kvr_router_digest(struct kvr_router *r, struct kvr_digest *out);
 
 /* Requests waiting for a worker that is not busy (cheap; for deciding when to tick). */
 uint32_t kvr_router_queue_len(const struct kvr_router *r);
+
+/* One registered worker as the router sees it: what it announced and what is predicted. */
+struct kvr_worker_view {
+    uint64_t id;
+    uint64_t capacity_blocks; /* announced; 0: unknown */
+    uint64_t active_blocks;   /* predicted: the blocks its in-flight requests hold */
+    uint64_t prefill_tokens;  /* predicted: prompt tokens still to prefill */
+    uint32_t inflight;        /* requests booked on it */
+    uint32_t waiting;         /* its own queue length (reported) */
+    double kv_usage;          /* its own KV utilisation in [0, 1] (reported) */
+    bool draining;            /* */
+};
+/* The registered workers, in join order, into out (at most max); returns how many there are. */
+uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *out, uint32_t max);
 
 /* Predicted load of one worker (for reports and tests). KVR_ERR_UNKNOWN_WORKER if absent. */
 kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id,

@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "procstat.h"
 #include "signals.h"
 #include "util.h"
 #include "routerd.h"
@@ -27,6 +28,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvrouter: %s\n", why);
         return 2;
     }
+    kvr_procstat_start();
     kvr_log_init("kvrouter", (enum kvr_log_level)cfg.net.log_level);
     kvr_signals_catch();
     kvr_status st;

@@ -63,8 +63,8 @@ static bool config_valid(const struct kvr_router_config *c)
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
            c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
            c->temperature >= 0 && c->batch_tokens > 0 && c->busy_threshold >= 0 &&
-           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
-           c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
+           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 &&
+           c->max_workers > 0 && c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
@@ -229,4 +229,22 @@ kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id
     if (inflight)
         *inflight = aw->nreqs;
     return KVR_OK;
+}
+
+uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *out, uint32_t max)
+{
+    for (uint32_t i = 0; i < r->reg.nlive && i < max; i++) {
+        uint32_t slot = r->reg.order[i];
+        const struct kvr_worker *w = &r->reg.by_slot[slot];
+        const struct kvr_active_worker *aw = &r->act.w[slot];
+        out[i] = (struct kvr_worker_view){.id = w->id,
+                                          .capacity_blocks = w->capacity_blocks,
+                                          .active_blocks = aw->blocks,
+                                          .prefill_tokens = aw->prefill,
+                                          .inflight = aw->nreqs,
+                                          .waiting = w->waiting,
+                                          .kv_usage = w->kv_usage,
+                                          .draining = w->draining};
+    }
+    return r->reg.nlive;
 }

@@ -381,6 +381,8 @@ kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req,
     if (st != KVR_OK)
         return refuse(r, st);
     r->st.decisions++;
+    r->st.routed_blocks += out->prompt_blocks;
+    r->st.routed_overlap += out->overlap_blocks;
     return KVR_OK;
 }
 

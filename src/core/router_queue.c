@@ -106,6 +106,8 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
         pop_head(r);
         if (st == KVR_OK) {
             r->st.decisions++;
+            r->st.routed_blocks += d.prompt_blocks;
+            r->st.routed_overlap += d.overlap_blocks;
             kvr__router_emit(r, KVR_EV_PLACED, q->id, d.worker_id, KVR_OK, &d);
         } else {
             kvr__router_emit(r, KVR_EV_REJECTED, q->id, 0, st, NULL);

@@ -22,6 +22,7 @@ void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns)
 {
     r->requests++;
     r->processing_ns += elapsed_ns;
+    kvr_prom_hist_observe(&r->latency, elapsed_ns);
 }
 
 static void count_error(struct kvr_reply *r, kvr_status st, bool dropped, const char *request_id)

@@ -16,6 +16,7 @@
 #include "kvr/router.h"
 #include "kvr/status.h"
 #include "outbox.h"
+#include "prom.h"
 
 /* KVR_REPLY_CODES: one more than the largest status value (codes are appended in order). */
 #define KVR_REPLY_SLOT(name, value, text) KVR_REPLY_SLOT_##name = value,
@@ -31,6 +32,7 @@ struct kvr_reply {
     uint64_t dropped;                  /* errors nobody could be told of (no reply subject) */
     uint64_t by_code[KVR_REPLY_CODES]; /* errors by kvr_status */
     uint64_t processing_ns;            /* time spent deciding, for $SRV.STATS */
+    struct kvr_prom_hist latency;      /* ... and its distribution, for the metrics */
     kvr_status last;                   /* the last error */
     struct kvr_buf buf;                /* encoding scratch (owned) */
 };

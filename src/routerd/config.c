@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "httpd.h"
 #include "kvr/policy.h"
 #include "log.h"
 #include "subject.h"
@@ -119,6 +120,13 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
             "a booked select that no worker starts is dropped after this"),
         NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,
             "tests only: do not send every Nth decision (0: send all)"),
+        NUM("test-stall-ms", KVR_OPT_MS, &c->test_stall_ns, 0, 60000,
+            "tests only: a message on <prefix>.<ns>.router.stall holds the state lock this long"),
+        {.name = "metrics-addr",
+         .env = "KVR_METRICS_ADDR",
+         .type = KVR_OPT_STR,
+         .ptr = c->metrics_addr,
+         .help = "serve /metrics, /healthz, /readyz on HOST:PORT (IPv4 or [IPv6]; none: off)"},
     };
     _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] <= KVR_RD_OPTIONS,
                    "KVR_RD_OPTIONS too small");
@@ -147,5 +155,7 @@ kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
         snprintf(why, len, "--id takes 1 to %d letters, digits, '-' and '_'", KVR_RD_ID_MAX - 1);
         return KVR_ERR_INVALID;
     }
+    if (c->metrics_addr[0] && kvr_httpd_check_addr(c->metrics_addr, why, len) != KVR_OK)
+        return KVR_ERR_INVALID;
     return kvr_nats_config_check(&c->net, why, len);
 }

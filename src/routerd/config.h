@@ -32,13 +32,16 @@ struct kvr_rd_config {
     uint64_t heartbeat_min_ns;     /* a worker's announced heartbeat interval, clamped to these */
     uint64_t heartbeat_max_ns;     /* */
     uint64_t test_drop_gossip;     /* tests only: do not send every Nth decision (0: send all) */
+    uint64_t test_stall_ns;        /* tests only: a message on router.stall holds the state lock
+                                      this long (0: no such subject) */
+    char metrics_addr[KVR_OPT_STR_MAX]; /* HOST:PORT of /metrics, /healthz, /readyz ("": none) */
     bool gossip;                   /* share decisions with the other routers */
 };
 
 void kvr_rd_config_default(struct kvr_rd_config *c);
 
 /* The option table over c, into out (at least KVR_RD_OPTIONS entries); returns the count. */
-#define KVR_RD_OPTIONS 32
+#define KVR_RD_OPTIONS 34
 size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out);
 
 /*

@@ -53,6 +53,18 @@ static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     natsMsg_Destroy(msg);
 }
 
+/* Tests only (--test-stall-ms): hold the state mutex, as a handler stuck inside it would. */
+static void on_stall(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    natsMsg_Destroy(msg);
+    pthread_mutex_lock(&l->rd->mu);
+    kvr_log(KVR_LOG_WARN, "test_stall", "ms=%llu",
+            (unsigned long long)(l->rd->cfg->test_stall_ns / KVR_NS_PER_MS));
+    kvr_sleep_ns(l->rd->cfg->test_stall_ns);
+    pthread_mutex_unlock(&l->rd->mu);
+}
+
 static void on_page(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
@@ -143,6 +155,9 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "cancel");
     if (s == NATS_OK) /* every router: the one that holds the request acts */
         s = subscribe(&l->sub_cancel, l->nc_req, subj, NULL, on_cancel, l);
+    kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "router.stall");
+    if (s == NATS_OK && c->test_stall_ns)
+        s = subscribe(&l->sub_stall, l->nc_req, subj, NULL, on_stall, l);
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_ev);
     if (s == NATS_OK)
@@ -232,13 +247,45 @@ void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms)
             natsSubscription_WaitForDrainCompletion(subs[i], timeout_ms);
 }
 
+static uint64_t reconnects_of(natsConnection *nc)
+{
+    natsStatistics *st = NULL;
+    uint64_t n = 0;
+    if (nc && natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
+    natsStatistics_Destroy(st);
+    return n;
+}
+
+void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p)
+{
+    kvr_prom_family(p, "kvrouter_nats_reconnects_total", KVR_PROM_COUNTER,
+                    "Reconnects of each NATS connection.");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "requests"}, 1,
+                 reconnects_of(l->nc_req));
+    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "events"}, 1, reconnects_of(l->nc_ev));
+    natsSubscription *subs[] = {l->sub_ev,   l->sub_gossip, l->sub_pages,
+                                l->sub_sync, l->sub_lookup, l->sub_digest,
+                                l->sub_gen,  l->sub_sel,    l->sub_cancel};
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        int64_t d = 0;
+        if (subs[i] && natsSubscription_GetDropped(subs[i], &d) == NATS_OK && d > 0)
+            dropped += (uint64_t)d;
+    }
+    kvr_prom_counter(p, "kvrouter_nats_dropped_messages_total",
+                     "Messages the client library dropped (a slow consumer's pending limit).",
+                     dropped);
+}
+
 void kvr_link_close(struct kvr_link *l)
 {
     if (l->nc_req)
         natsConnection_FlushTimeout(l->nc_req, 2000);
     natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages,  l->sub_sync,
                                 l->sub_lookup, l->sub_digest, l->sub_gen,    l->sub_sel,
-                                l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+                                l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2],
+                                l->sub_stall};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         if (subs[i]) {
             natsSubscription_Unsubscribe(subs[i]);

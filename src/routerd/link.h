@@ -13,6 +13,7 @@
 
 #include <nats/nats.h>
 
+#include "prom.h"
 #include "service.h"
 #include "state.h"
 
@@ -25,7 +26,7 @@ struct kvr_link {
     struct kvr_service svc;         /* the $SRV description */
     natsConnection *nc_req, *nc_ev; /* */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
-    natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3];
+    natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3], *sub_stall;
     natsStatistics *stats;            /* timer thread only */
     uint64_t reconnects;              /* of the events connection, as last seen (timer thread) */
     pthread_t timer;                  /* */
@@ -45,6 +46,8 @@ kvr_status kvr_link_start_timer(struct kvr_link *l);
 void kvr_link_stop_timer(struct kvr_link *l);
 /* Drain the request subscriptions (the queue group's other members take new requests). */
 void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms);
+/* The connections' figures (reconnects, messages dropped as a slow consumer) into p. */
+void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p);
 /* Flush what is buffered, unsubscribe and close everything. */
 void kvr_link_close(struct kvr_link *l);
 

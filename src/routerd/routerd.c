@@ -9,14 +9,18 @@
 
 #include "clock.h"
 #include "fleet.h"
+#include "httpd.h"
 #include "link.h"
 #include "log.h"
+#include "metrics.h"
 #include "place.h"
+#include "procstat.h"
 #include "sync.h"
 
 struct kvr_routerd {
     struct kvr_rd rd;
     struct kvr_link link;
+    struct kvr_httpd *http; /* --metrics-addr; NULL: none */
 };
 
 static kvr_status no_sink(void *ctx, const struct kvr_outmsg *m)
@@ -64,9 +68,53 @@ static void warm_up(struct kvr_rd *rd)
     }
 }
 
+/* --- the operators' endpoints (on the HTTP server's threads) ------------------------------- */
+
+static kvr_status http_metrics(void *ctx, struct kvr_buf *out)
+{
+    struct kvr_routerd *d = ctx;
+    struct kvr_prom p;
+    kvr_prom_begin(&p, out);
+    kvr_status st = kvr_rd_metrics(&d->rd, &p);
+    if (st != KVR_OK)
+        return st;
+    char why[160];
+    kvr_prom_gauge(&p, "kvrouter_ready", "1 when /readyz answers ready.",
+                   kvr_rd_ready(&d->rd, why, sizeof why) ? 1 : 0);
+    kvr_link_metrics(&d->link, &p);
+    struct kvr_procstat ps;
+    kvr_procstat_read(&ps);
+    return kvr_prom_process(&p, &ps);
+}
+
+static bool http_ready(void *ctx, char *why, size_t len)
+{
+    struct kvr_routerd *d = ctx;
+    return kvr_rd_ready(&d->rd, why, len);
+}
+
+static kvr_status start_http(struct kvr_routerd *d)
+{
+    const char *addr = d->rd.cfg->metrics_addr;
+    if (!addr[0])
+        return KVR_OK;
+    struct kvr_httpd_config c = {.addr = addr};
+    struct kvr_httpd_hooks h = {.metrics = http_metrics, .readyz = http_ready, .ctx = d};
+    char why[256];
+    kvr_status st = kvr_httpd_start(&c, &h, &d->http, why, sizeof why);
+    if (st != KVR_OK)
+        kvr_log(KVR_LOG_ERROR, "http_failed", "addr=%s error=\"%s\"", addr, why);
+    else
+        kvr_log(KVR_LOG_INFO, "http_listening", "addr=%s port=%u", addr,
+                (unsigned)kvr_httpd_port(d->http));
+    return st;
+}
+
 kvr_status kvr_routerd_start(struct kvr_routerd *d)
 {
-    kvr_status st = kvr_link_connect(&d->link, &d->rd);
+    kvr_status st = start_http(d);
+    if (st == KVR_OK)
+        st = kvr_link_connect(&d->link, &d->rd);
     if (st == KVR_OK)
         st = kvr_link_listen(&d->link);
     if (st != KVR_OK)
@@ -99,6 +147,7 @@ void kvr_routerd_destroy(struct kvr_routerd *d)
 {
     if (!d)
         return;
+    kvr_httpd_stop(d->http); /* its hooks read the state and the link */
     kvr_link_stop_timer(&d->link);
     kvr_rd_flush(&d->rd);
     struct kvr_router_stats s;

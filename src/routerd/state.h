@@ -16,6 +16,7 @@
 #define KVR_RD_STATE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -102,6 +103,8 @@ struct kvr_rd {
     bool blind;                       /* the events connection is down (timer thread only) */
     uint64_t last_tick;               /* the previous tick (timer thread only) */
     uint64_t stalls;                  /* ticks far later than due: the router was stopped */
+    _Atomic uint64_t alive_ns;        /* the last tick that got the mutex (monotonic ns; read
+                                         without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
     char subj_worker[528];            /* "<prefix>.<ns>.worker." */
     char subj_ev[528];                /* "<prefix>.<ns>.ev." */

@@ -4,6 +4,8 @@
 #define _DEFAULT_SOURCE
 #include "timer.h"
 
+#include <stdatomic.h>
+
 #include <inttypes.h>
 
 #include "clock.h"
@@ -17,6 +19,7 @@
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut)
 {
     pthread_mutex_lock(&rd->mu);
+    atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
     rd->last_tick = now;
     if (late > KVR_TIMER_STALL_NS + rd->cfg->tick_ns) {

@@ -1,0 +1,204 @@
+/*
+ * The router's metrics and readiness.
+ */
+#define _DEFAULT_SOURCE
+#include "metrics.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "clock.h"
+#include "fleet.h"
+
+/* mu within KVR_RD_LOCK_WAIT_NS, or false. */
+static bool lock_soon(struct kvr_rd *rd)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* pthread_mutex_timedlock's clock */
+    uint64_t at = (uint64_t)ts.tv_sec * KVR_NS_PER_S + (uint64_t)ts.tv_nsec + KVR_RD_LOCK_WAIT_NS;
+    ts = (struct timespec){(time_t)(at / KVR_NS_PER_S), (long)(at % KVR_NS_PER_S)};
+    return pthread_mutex_timedlock(&rd->mu, &ts) == 0;
+}
+
+static void counter(struct kvr_prom *p, const char *name, const char *help, uint64_t v)
+{
+    kvr_prom_counter(p, name, help, v);
+}
+
+/* One endpoint's requests, errors by code and latency. */
+static void endpoint(struct kvr_prom *p, const struct kvr_reply *r, int family)
+{
+    struct kvr_prom_label ep = {"endpoint", r->endpoint};
+    if (family == 0) {
+        kvr_prom_u64(p, &ep, 1, r->requests);
+        return;
+    }
+    if (family == 2) {
+        kvr_prom_histogram(p, &ep, 1, &r->latency);
+        return;
+    }
+    for (int c = 1; c < KVR_REPLY_CODES; c++) {
+        if (!r->by_code[c])
+            continue;
+        struct kvr_prom_label l[2] = {ep, {"code", kvr_status_name((kvr_status)c) + 4}};
+        kvr_prom_u64(p, l, 2, r->by_code[c]);
+    }
+}
+
+static void endpoints(struct kvr_prom *p, const struct kvr_rd *rd)
+{
+    static const struct {
+        const char *name, *help;
+        enum kvr_prom_type type;
+    } f[3] = {
+        {"kvrouter_requests_total", "Requests answered or refused, by endpoint.", KVR_PROM_COUNTER},
+        {"kvrouter_errors_total", "Errors by endpoint and ErrorCode (answered or dropped).",
+         KVR_PROM_COUNTER},
+        {"kvrouter_decision_seconds", "Time to decide and book a request, by endpoint.",
+         KVR_PROM_HISTOGRAM},
+    };
+    for (int i = 0; i < 3; i++) {
+        kvr_prom_family(p, f[i].name, f[i].type, f[i].help);
+        endpoint(p, &rd->generate, i);
+        endpoint(p, &rd->select, i);
+    }
+}
+
+/* Each worker's figures, labelled by its id. */
+static void workers(struct kvr_prom *p, const struct kvr_rd *rd)
+{
+    uint32_t n = kvr_router_workers(rd->core, NULL, 0);
+    struct kvr_worker_view *v = n ? malloc(n * sizeof *v) : NULL;
+    n = v ? kvr_router_workers(rd->core, v, n) : 0;
+    static const char *const f[][2] = {
+        {"kvrouter_worker_active_blocks", "Predicted KV blocks its in-flight requests hold."},
+        {"kvrouter_worker_inflight_requests", "Requests booked on it."},
+        {"kvrouter_worker_prefill_tokens", "Predicted prompt tokens it has still to prefill."},
+        {"kvrouter_worker_capacity_blocks", "KV blocks it announced (0: unknown)."},
+        {"kvrouter_worker_kv_usage_ratio", "KV usage it reported, 0 to 1."},
+        {"kvrouter_worker_waiting_requests", "Its queue length, as it reported it."},
+        {"kvrouter_worker_draining", "1 while it announces it is shutting down."},
+    };
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        kvr_prom_family(p, f[k][0], KVR_PROM_GAUGE, f[k][1]);
+        for (uint32_t i = 0; i < n; i++) {
+            char id[24];
+            snprintf(id, sizeof id, "%" PRIu64, v[i].id);
+            struct kvr_prom_label l = {"worker", id};
+            double x[] = {
+                (double)v[i].active_blocks,   (double)v[i].inflight, (double)v[i].prefill_tokens,
+                (double)v[i].capacity_blocks, v[i].kv_usage,         (double)v[i].waiting,
+                v[i].draining ? 1.0 : 0.0};
+            kvr_prom_f64(p, &l, 1, x[k]);
+        }
+    }
+    free(v);
+}
+
+static void core(struct kvr_prom *p, const struct kvr_rd *rd)
+{
+    struct kvr_router_stats s;
+    kvr_router_stats(rd->core, &s);
+    counter(p, "kvrouter_decisions_total", "Requests routed and booked here.", s.decisions);
+    counter(p, "kvrouter_queued_total", "Requests that had to wait for a worker.", s.queued);
+    counter(p, "kvrouter_rejected_total", "Requests refused by the core (any reason).", s.rejected);
+    counter(p, "kvrouter_routed_blocks_total", "Prompt blocks of the requests routed here.",
+            s.routed_blocks);
+    counter(p, "kvrouter_routed_overlap_blocks_total",
+            "Prompt blocks the decisions expected cached on their worker (predicted overlap).",
+            s.routed_overlap);
+    kvr_prom_gauge(p, "kvrouter_queue_depth", "Requests waiting for a worker.", s.queue_len);
+    kvr_prom_gauge(p, "kvrouter_inflight_requests", "Requests in flight, fleet-wide as known here.",
+                   s.inflight);
+    kvr_prom_gauge(p, "kvrouter_workers", "Workers registered.", s.workers);
+    kvr_prom_gauge(p, "kvrouter_active_blocks", "Predicted active KV blocks over all workers.",
+                   (double)s.active_blocks);
+    kvr_prom_gauge(p, "kvrouter_index_entries", "Worker-block entries in the prefix index.",
+                   s.index_entries);
+    kvr_prom_gauge(p, "kvrouter_memory_bytes", "Heap held by the routing core.",
+                   (double)s.memory_bytes);
+    counter(p, "kvrouter_bad_events_total", "Worker events dropped as malformed or forged.",
+            rd->ev_errors);
+    counter(p, "kvrouter_failed_requests_total", "In-flight requests failed by a worker's loss.",
+            s.failed_requests);
+    counter(p, "kvrouter_outbox_dropped_total", "Messages that could not be made (memory).",
+            rd->out.dropped);
+    counter(p, "kvrouter_stalls_total",
+            "Housekeeping ticks far later than due (the router was "
+            "stopped).",
+            rd->stalls);
+}
+
+static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
+{
+    const struct kvr_fleet *g = rd->fleet;
+    uint64_t now = kvr_now_ns(), alive = 0;
+    const struct kvr_peer *q, *tmp;
+    HASH_ITER(hh, g->peers, q, tmp) alive += kvr_fleet_peer_alive(rd, q, now);
+    counter(p, "kvrouter_gossip_sent_total", "Decisions gossiped to the peers.", g->sent);
+    counter(p, "kvrouter_gossip_received_total", "Gossip messages received from peers.",
+            g->received);
+    kvr_prom_family(p, "kvrouter_gossip_bytes_total", KVR_PROM_COUNTER,
+                    "Gossip bytes, by direction.");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"direction", "sent"}, 1, g->sent_bytes);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"direction", "received"}, 1, g->received_bytes);
+    counter(p, "kvrouter_gossip_bad_total", "Replication messages dropped as malformed or forged.",
+            g->bad);
+    counter(p, "kvrouter_replication_gaps_total", "Gaps seen in peers' decision sequences.",
+            g->gaps);
+    counter(p, "kvrouter_replication_repaired_total", "Decisions recovered by repairs.",
+            g->repaired);
+    counter(p, "kvrouter_replication_resyncs_total", "Snapshots taken again after a cut.",
+            g->resyncs);
+    kvr_prom_gauge(p, "kvrouter_peers", "Peer routers known.", g->npeers);
+    kvr_prom_gauge(p, "kvrouter_peers_alive", "Peer routers heard within 3.5 hellos.",
+                   (double)alive);
+    kvr_prom_gauge(p, "kvrouter_synced", "1 once the start-up snapshot is applied.",
+                   g->synced ? 1 : 0);
+}
+
+kvr_status kvr_rd_metrics(struct kvr_rd *rd, struct kvr_prom *p)
+{
+    if (!lock_soon(rd))
+        return KVR_ERR_TIMEOUT; /* the decision path is stuck: 503, and /readyz says so */
+    endpoints(p, rd);
+    core(p, rd);
+    workers(p, rd);
+    if (rd->fleet)
+        replication(p, rd);
+    pthread_mutex_unlock(&rd->mu);
+    return kvr_prom_end(p);
+}
+
+bool kvr_rd_ready(struct kvr_rd *rd, char *why, size_t len)
+{
+    uint64_t tick = atomic_load_explicit(&rd->alive_ns, memory_order_relaxed), now = kvr_now_ns();
+    if (!tick) {
+        snprintf(why, len, "starting: connecting, warming up or taking a snapshot");
+        return false;
+    }
+    if (now - tick > KVR_RD_READY_STALL_NS) {
+        snprintf(why, len, "the decision path has not run for %" PRIu64 " ms",
+                 (uint64_t)((now - tick) / KVR_NS_PER_MS));
+        return false;
+    }
+    if (!lock_soon(rd)) {
+        snprintf(why, len, "the state lock is held over %llu ms",
+                 (unsigned long long)(KVR_RD_LOCK_WAIT_NS / KVR_NS_PER_MS));
+        return false;
+    }
+    struct kvr_router_stats s;
+    kvr_router_stats(rd->core, &s);
+    const char *no = !rd->serving                      ? "not serving yet (warming up or draining)"
+                     : rd->fleet && !rd->fleet->synced ? "waiting for a peer's snapshot"
+                     : !s.workers                      ? "no worker seen"
+                                                       : NULL;
+    pthread_mutex_unlock(&rd->mu);
+    if (no)
+        snprintf(why, len, "%s", no);
+    return !no;
+}
