@@ -23,8 +23,6 @@
 #include "service.h"
 #include "subject.h"
 
-struct hr_sent hr_sent[HR_MAX_SENT];
-size_t hr_nsent;
 struct kvr_rd_config hr_cfg;
 struct kvr_rd hr_rd;
 
@@ -33,28 +31,11 @@ struct kvr_rd hr_rd;
 /* Every subject the daemon publishes to must be one: no space, CR, LF, wildcard or empty token. */
 static kvr_status record(void *ctx, const struct kvr_outmsg *m)
 {
-    (void)ctx;
-    cr_assert(lt(sz, hr_nsent, (size_t)HR_MAX_SENT));
     cr_assert(kvr_subject_ok(m->subject, 4096), "published to a subject that is none: \"%s\"",
               m->subject);
     bool reply_ok = !m->reply || !*m->reply || kvr_subject_ok(m->reply, 4096);
     cr_assert(reply_ok, "a reply subject that is none: \"%s\"", m->reply);
-    struct hr_sent *s = &hr_sent[hr_nsent++];
-    s->subject = strdup(m->subject);
-    s->reply = strdup(m->reply ? m->reply : "");
-    s->data = malloc(m->len + 1);
-    memcpy(s->data, m->data, m->len);
-    s->data[m->len] = 0;
-    s->len = m->len;
-    s->err = m->err;
-    return KVR_OK;
-}
-
-static void hr_sent_free(struct hr_sent *s)
-{
-    free(s->subject);
-    free(s->reply);
-    free(s->data);
+    return rec_record(ctx, m);
 }
 
 void hr_start(void)
@@ -82,33 +63,7 @@ void hr_teardown(void)
 {
     kvr_fleet_destroy(&hr_rd);
     kvr_rd_free(&hr_rd);
-    for (size_t i = 0; i < hr_nsent; i++)
-        hr_sent_free(&hr_sent[i]);
-    hr_nsent = 0;
-}
-
-int hr_count(const char *subject, size_t from, const struct hr_sent **last)
-{
-    int n = 0;
-    for (size_t i = from; i < hr_nsent; i++) {
-        if (!strcmp(hr_sent[i].subject, subject)) {
-            n++;
-            if (last)
-                *last = &hr_sent[i];
-        }
-    }
-    return n;
-}
-
-uint32_t hr_error_in(const struct hr_sent *m)
-{
-    struct kvr_wire_response r;
-    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
-    cr_assert(r.final, "an error is a final chunk");
-    uint32_t code = r.error_code;
-    cr_assert(eq(u32, (uint32_t)m->err, code), "the service error header carries the code");
-    kvr_wire_response_free(&r);
-    return code;
+    rec_reset();
 }
 
 const char *hr_error_text(const struct hr_sent *m, char *buf, size_t len)
@@ -158,8 +113,7 @@ uint64_t hr_stat(const char *path)
     kvr_api_on_srv(&hr_rd, &svc, "$SRV.STATS.kvrouter", STATS_REPLY);
     cr_assert(eq(sz, hr_nsent, mark + 1), "one STATS answer");
     json_t *stats = json_loadb((const char *)hr_sent[mark].data, hr_sent[mark].len, 0, NULL);
-    hr_sent_free(&hr_sent[mark]);
-    hr_nsent = mark;
+    rec_truncate(mark);
     cr_assert(stats != NULL, "STATS is JSON");
     const char *rest = path;
     json_t *base = root(stats, path, &rest);
@@ -180,17 +134,9 @@ uint64_t hr_stat(const char *path)
 void hr_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                   uint32_t interval_ms)
 {
-    struct kvr_wire_heartbeat h = {
-        .info = {.id = wid, .block_size = 64, .capacity_blocks = capacity},
-        .inflight = (uint64_t *)keys,
-        .ninflight = n,
-        .interval_ms = interval_ms};
-    struct kvr_buf b = {0};
-    char subject[64];
-    snprintf(subject, sizeof subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
-    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
-    kvr_events_on_message(&hr_rd, subject, b.data, b.len);
-    kvr_buf_free(&b);
+    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms);
+    kvr_events_on_message(&hr_rd, e.subject, e.b.data, e.b.len);
+    kvr_buf_free(&e.b);
 }
 
 void hr_event(const char *subject, const void *data, size_t len)

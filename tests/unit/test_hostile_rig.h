@@ -14,20 +14,15 @@
 
 #include "buf.h"
 #include "codec.h"
+#include "rec.h"
 #include "state.h"
 
-/* What the daemon published. */
-struct hr_sent {
-    char *subject; /* owned */
-    char *reply;   /* owned; "" for none */
-    uint8_t *data;
-    size_t len;
-    kvr_status err;
-};
-
-#define HR_MAX_SENT 8192
-extern struct hr_sent hr_sent[HR_MAX_SENT];
-extern size_t hr_nsent;
+/* What the daemon published: the recorder's (rec.h), under the rig's names (struct hr_sent is
+ * struct rec_sent, hr_count rec_count, hr_error_in rec_error_in). */
+#define hr_sent     rec_sent
+#define hr_nsent    rec_nsent
+#define hr_count    rec_count
+#define hr_error_in rec_error_in
 
 extern struct kvr_rd_config hr_cfg;
 extern struct kvr_rd hr_rd;
@@ -39,10 +34,6 @@ void hr_start(void);
 /* .fini */
 void hr_teardown(void);
 
-/* Messages to subject since index from; the last one in *last (may be NULL). */
-int hr_count(const char *subject, size_t from, const struct hr_sent **last);
-/* The error code of the final chunk m (asserted: final, service header carries the code). */
-uint32_t hr_error_in(const struct hr_sent *m);
 /* The error text of the final chunk m, into buf. */
 const char *hr_error_text(const struct hr_sent *m, char *buf, size_t len);
 

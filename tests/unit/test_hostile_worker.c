@@ -16,31 +16,11 @@
 #include "codec.h"
 #include "kvrouter.pb-c.h"
 #include "log.h"
+#include "rec.h"
 #include "worker.h"
 
 #define REPLY "_INBOX.client.1"
 #define DONE  "kv.default.ev.3.done"
-
-struct sent {
-    char subject[1100];
-    uint8_t *data;
-    size_t len;
-};
-
-static struct sent sent[1024];
-static size_t nsent;
-
-static kvr_status record(void *ctx, const struct kvr_outmsg *m)
-{
-    (void)ctx;
-    cr_assert(lt(sz, nsent, sizeof sent / sizeof sent[0]));
-    struct sent *s = &sent[nsent++];
-    snprintf(s->subject, sizeof s->subject, "%s", m->subject);
-    s->data = malloc(m->len + 1);
-    memcpy(s->data, m->data, m->len);
-    s->len = m->len;
-    return KVR_OK;
-}
 
 static struct kvr_wk_config cfg;
 static struct kvr_worker w;
@@ -49,13 +29,13 @@ static uint32_t *prompt = small; /* the tokens of every prompt (1,048,577 in the
 
 static void start(void)
 {
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
 }
 
 /* The worker as kvworker runs it by default (16,384 blocks of 64 tokens), id 3. */
 static void setup(void)
 {
-    nsent = 0;
+    rec_reset();
     kvr_log_init("test_hostile_worker", KVR_LOG_ERROR);
     kvr_wk_config_default(&cfg);
     cfg.id = 3;
@@ -68,8 +48,7 @@ static void setup(void)
 static void teardown(void)
 {
     kvr_worker_free(&w);
-    for (size_t i = 0; i < nsent; i++)
-        free(sent[i].data);
+    rec_reset();
     if (prompt != small)
         free(prompt);
 }
@@ -108,17 +87,17 @@ static void forward_bytes(struct kvr_buf *b, uint64_t key, uint32_t n, uint32_t 
 static bool refused(const char *row, const char *reply, const void *data, size_t len,
                     uint32_t *code, char *text, size_t tlen)
 {
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_on_generate(&w, reply, data, len);
     int chunks = 0, dones = 0;
-    for (size_t i = mark; i < nsent; i++) {
-        if (!strcmp(sent[i].subject, DONE)) {
+    for (size_t i = mark; i < rec_nsent; i++) {
+        if (!strcmp(rec_sent[i].subject, DONE)) {
             dones++;
             continue;
         }
-        cr_assert(eq(str, sent[i].subject, (char *)reply), "%s: to the client only", row);
+        cr_assert(eq(str, rec_sent[i].subject, (char *)reply), "%s: to the client only", row);
         struct kvr_wire_response r;
-        cr_assert(eq(int, kvr_wire_decode_response(sent[i].data, sent[i].len, &r), KVR_OK));
+        cr_assert(eq(int, kvr_wire_decode_response(rec_sent[i].data, rec_sent[i].len, &r), KVR_OK));
         cr_assert(r.final, "%s: a final chunk", row);
         *code = r.error_code;
         snprintf(text, tlen, "%s", r.error);
@@ -192,12 +171,12 @@ Test(hostile_worker, unfinishable_a_prompt_or_prompt_and_output_over_the_pool_is
     refused("prompt + output over the pool", REPLY, b.data, b.len, &code, text, sizeof text);
     cr_assert(eq(u32, code, KVR_ERR_FULL), "%s", text);
     cr_assert(idle());
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     forward_bytes(&b, 13, 960, 64); /* 1,024 tokens: exactly the pool */
     kvr_worker_on_generate(&w, REPLY, b.data, b.len);
     int steps = run();
     cr_assert(eq(u64, w.c.served, 1), "what fits finishes");
-    cr_assert(gt(sz, nsent, mark + 64), "its 64 tokens streamed");
+    cr_assert(gt(sz, rec_nsent, mark + 64), "its 64 tokens streamed");
     cr_assert(idle());
     cr_log_info("a request of exactly the pool: done in %d engine steps", steps);
     kvr_buf_free(&b);
@@ -244,16 +223,16 @@ Test(hostile_worker, forwards_that_are_bad_are_answered_with_their_code)
     refused_with("bytes over its cap", REPLY, huge,
                  kvr_wire_request_cap(&(struct kvr_wire_limits){4096, 256}) + 1, KVR_ERR_TOO_LARGE);
     free(huge);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     forward_bytes(&b, 26, 64, 8);
     kvr_worker_on_generate(&w, NULL, b.data, b.len); /* no reply subject */
     forward_bytes(&b, 27, 64, 8);
     kvr_worker_on_generate(&w, "kv.default.ev.3.kv", b.data, b.len); /* the fleet's own */
     forward_bytes(&b, 28, 64, 8);
     kvr_worker_on_generate(&w, "$SYS.REQ.SERVER.PING", b.data, b.len); /* a system subject */
-    cr_assert(eq(sz, nsent, mark + 3), "only their done events");
-    for (size_t i = mark; i < nsent; i++)
-        cr_assert(eq(str, sent[i].subject, DONE));
+    cr_assert(eq(sz, rec_nsent, mark + 3), "only their done events");
+    for (size_t i = mark; i < rec_nsent; i++)
+        cr_assert(eq(str, rec_sent[i].subject, DONE));
     cr_assert(eq(u64, w.generate.dropped, 3));
     cr_assert(eq(u64, w.generate.by_code[KVR_ERR_NO_REPLY], 3));
     cr_assert(idle(), "none of them reached the engine");
@@ -267,9 +246,9 @@ Test(hostile_worker, forwards_that_are_odd_are_absorbed_or_served)
     struct kvr_buf b = {0}, g = {0};
     forward_bytes(&b, 31, 64, 4);
     kvr_worker_on_generate(&w, REPLY, b.data, b.len);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_on_generate(&w, REPLY, b.data, b.len); /* the same forward again */
-    cr_assert(eq(sz, nsent, mark), "absorbed: no second stream");
+    cr_assert(eq(sz, rec_nsent, mark), "absorbed: no second stream");
     cr_assert(eq(u64, w.c.duplicates, 1));
     cr_assert(eq(int, kvr_wire_encode_generate(&g, "late", prompt, 64, 4, NULL), KVR_OK));
     cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, 32, 0, "r1", UINT32_MAX),
@@ -304,14 +283,14 @@ Test(hostile_worker, cancels_that_are_bad_are_counted_and_change_nothing)
     kvr_worker_on_generate(&w, REPLY, b.data, b.len);
     uint8_t junk[16];
     memset(junk, 0xff, sizeof junk);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_on_cancel(&w, junk, sizeof junk);
     cancel_raw(0, KVR_ERR_CANCELLED);
     cancel_raw(41, KVR_OK);
     cancel_raw(41, KVR_ERR_WORKER_LOST);
     cancel_raw(41, 9999);
     cr_assert(eq(u64, w.c.bad_cancels, 5), "junk, key 0, and reasons other than the two");
-    cr_assert(eq(sz, nsent, mark), "nothing said");
+    cr_assert(eq(sz, rec_nsent, mark), "nothing said");
     cr_assert(eq(u32, w.nreqs, 1), "the request goes on");
     cancel_raw(4242, KVR_ERR_CANCELLED); /* a key not here: remembered for its forward */
     cr_assert(eq(u64, w.c.early_cancels, 1));
@@ -354,24 +333,24 @@ Test(hostile_worker, still_open_one_forged_heartbeat_silences_a_live_worker)
     cr_assert(not(kvr_worker_clashed(&w)));
     heartbeat_from(3, w.instance ^ 1, 1); /* forged: "worker 3, started in 1970" */
     cr_assert(kvr_worker_clashed(&w), "it yields");
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     struct kvr_buf b = {0};
     forward_bytes(&b, 51, 64, 8);
     kvr_worker_on_generate(&w, REPLY, b.data, b.len);
     kvr_worker_heartbeat(&w);
-    cr_assert(eq(sz, nsent, mark), "and says nothing more: no chunk, no heartbeat");
+    cr_assert(eq(sz, rec_nsent, mark), "and says nothing more: no chunk, no heartbeat");
     kvr_buf_free(&b);
 }
 
 Test(hostile_worker, hellos_and_rebinds_that_name_nothing_change_nothing)
 {
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_on_hello(&w, NULL); /* no reply subject: nobody to answer */
     kvr_worker_on_hello(&w, "");
-    cr_assert(eq(sz, nsent, mark));
+    cr_assert(eq(sz, rec_nsent, mark));
     kvr_worker_on_hello(&w, "_INBOX.anyone"); /* anyone may ask: its heartbeat */
-    cr_assert(eq(sz, nsent, mark + 1));
-    cr_assert(eq(str, sent[mark].subject, "_INBOX.anyone"));
+    cr_assert(eq(sz, rec_nsent, mark + 1));
+    cr_assert(eq(str, rec_sent[mark].subject, "_INBOX.anyone"));
     uint8_t junk[16];
     memset(junk, 0xff, sizeof junk);
     kvr_worker_on_rebind(&w, junk, sizeof junk);
@@ -382,5 +361,5 @@ Test(hostile_worker, hellos_and_rebinds_that_name_nothing_change_nothing)
     kvr_worker_on_rebind(&w, b.data, b.len);
     kvr_buf_free(&b);
     cr_assert(eq(u64, w.c.rebinds_bad, 2), "counted (rebinds_bad)");
-    cr_assert(eq(sz, nsent, mark + 1), "nothing said");
+    cr_assert(eq(sz, rec_nsent, mark + 1), "nothing said");
 }

@@ -16,50 +16,10 @@
 #include "intake.h"
 #include "kvr/hash.h"
 #include "place.h"
+#include "rec.h"
 #include "state.h"
 #include "subject.h"
 #include "timer.h"
-
-/* --- the recording sink ---------------------------------------------------------------------- */
-
-struct sent {
-    char subject[256];
-    char reply[256];
-    uint8_t *data;
-    size_t len;
-    kvr_status err;
-};
-
-static struct sent sent[4096];
-static size_t nsent;
-
-static kvr_status record(void *ctx, const struct kvr_outmsg *m)
-{
-    (void)ctx;
-    cr_assert(lt(sz, nsent, sizeof sent / sizeof sent[0]));
-    struct sent *s = &sent[nsent++];
-    snprintf(s->subject, sizeof s->subject, "%s", m->subject);
-    snprintf(s->reply, sizeof s->reply, "%s", m->reply ? m->reply : "");
-    s->data = malloc(m->len + 1);
-    memcpy(s->data, m->data, m->len);
-    s->len = m->len;
-    s->err = m->err;
-    return KVR_OK;
-}
-
-/* Messages sent to subject since index from; the last one in *last. */
-static int count_to(const char *subject, size_t from, const struct sent **last)
-{
-    int n = 0;
-    for (size_t i = from; i < nsent; i++) {
-        if (!strcmp(sent[i].subject, subject)) {
-            n++;
-            if (last)
-                *last = &sent[i];
-        }
-    }
-    return n;
-}
 
 /* A gossip message as its router publishes it: on the subject named by its router id. */
 static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
@@ -77,10 +37,10 @@ static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
 static int decisions_since(size_t from)
 {
     int n = 0;
-    for (size_t i = from; i < nsent; i++) {
+    for (size_t i = from; i < rec_nsent; i++) {
         struct kvr_wire_gossip g;
-        if (strncmp(sent[i].subject, "kv.default.router.gossip.", 25) ||
-            kvr_wire_decode_gossip(sent[i].data, sent[i].len, &g) != KVR_OK)
+        if (strncmp(rec_sent[i].subject, "kv.default.router.gossip.", 25) ||
+            kvr_wire_decode_gossip(rec_sent[i].data, rec_sent[i].len, &g) != KVR_OK)
             continue;
         n += g.kind == KVR_WIRE_GOSSIP_DECISION;
         kvr_wire_gossip_free(&g);
@@ -95,13 +55,13 @@ static struct kvr_rd rd;
 
 static void setup(void)
 {
-    nsent = 0;
+    rec_reset();
     kvr_rd_config_default(&cfg);
     strcpy(cfg.id, "r1");
     cfg.core.seed = 7;
     cfg.hello_ns = 2 * KVR_NS_PER_MS;
     cfg.heartbeat_min_ns = 1 * KVR_NS_PER_MS; /* workers that die within milliseconds */
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true; /* nobody to take a snapshot from */
     rd.serving = true;
@@ -111,8 +71,7 @@ static void teardown(void)
 {
     kvr_fleet_destroy(&rd);
     kvr_rd_free(&rd);
-    for (size_t i = 0; i < nsent; i++)
-        free(sent[i].data);
+    rec_reset();
 }
 
 TestSuite(routerd, .init = setup, .fini = teardown, .timeout = 30);
@@ -123,7 +82,7 @@ static void busy_above_half(void)
     cfg.core.busy_threshold = 0.5;
     kvr_fleet_destroy(&rd);
     kvr_rd_free(&rd);
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true;
     rd.serving = true;
@@ -132,17 +91,9 @@ static void busy_above_half(void)
 static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                       uint32_t interval_ms)
 {
-    struct kvr_wire_heartbeat h = {
-        .info = {.id = wid, .block_size = 64, .capacity_blocks = capacity},
-        .inflight = (uint64_t *)keys,
-        .ninflight = n,
-        .interval_ms = interval_ms};
-    struct kvr_buf b = {0};
-    char subject[64];
-    snprintf(subject, sizeof subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
-    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
-    kvr_events_on_message(&rd, subject, b.data, b.len);
-    kvr_buf_free(&b);
+    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms);
+    kvr_events_on_message(&rd, e.subject, e.b.data, e.b.len);
+    kvr_buf_free(&e.b);
 }
 
 /* Worker wid's done event for key, with status st. */
@@ -174,26 +125,14 @@ static void generate(const char *reply, const char *id, uint32_t base, uint32_t 
     free(t);
 }
 
-/* The error code in the final chunk m carries (and that it has the service error header). */
-static uint32_t error_in(const struct sent *m)
-{
-    struct kvr_wire_response r;
-    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
-    cr_assert(r.final, "an error is a final chunk");
-    uint32_t code = r.error_code;
-    cr_assert(eq(u32, (uint32_t)m->err, code), "the service error header carries the code");
-    kvr_wire_response_free(&r);
-    return code;
-}
-
 /* --- tests ----------------------------------------------------------------------------------- */
 
 Test(routerd, a_request_is_forwarded_booked_and_gossiped)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.c1", "req-1", 1, 256);
-    const struct sent *fwd = NULL;
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, &fwd), 1));
+    const struct rec_sent *fwd = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, &fwd), 1));
     cr_assert(eq(str, (char *)fwd->reply, "_INBOX.c1"), "the client's reply subject is kept");
     struct kvr_wire_request q;
     uint64_t key = 0;
@@ -216,31 +155,31 @@ Test(routerd, a_resend_is_absorbed_not_routed_twice)
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.c1", "same", 1, 128);
     generate("_INBOX.c1", "same", 1, 128);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
     cr_assert(eq(u64, rd.fleet->resends, 1));
     cr_assert(eq(u64, rd.generate.errors, 0), "a resend is no error");
     generate("_INBOX.c2", "same", 1, 128); /* another client may use the same id */
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 2));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2));
 }
 
 Test(routerd, every_refusal_is_answered_and_counted_by_code)
 {
     generate("_INBOX.c1", "nobody", 1, 64);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.c1", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_NO_WORKERS));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.c1", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_NO_WORKERS));
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.c2", "empty", 1, 0);
-    cr_assert(eq(int, count_to("_INBOX.c2", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_EMPTY_PROMPT));
+    cr_assert(eq(int, rec_count("_INBOX.c2", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_EMPTY_PROMPT));
     uint8_t junk[32];
     memset(junk, 0xff, sizeof junk);
     kvr_intake_generate(&rd, "_INBOX.c3", junk, sizeof junk);
-    cr_assert(eq(int, count_to("_INBOX.c3", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_MALFORMED));
-    size_t before = nsent;
+    cr_assert(eq(int, rec_count("_INBOX.c3", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_MALFORMED));
+    size_t before = rec_nsent;
     generate(NULL, "no-reply", 1, 64); /* nobody to answer: counted, dropped */
-    cr_assert(eq(sz, nsent, before), "nothing is published without a reply subject");
+    cr_assert(eq(sz, rec_nsent, before), "nothing is published without a reply subject");
     cr_assert(eq(u64, rd.generate.errors, 4));
     cr_assert(eq(u64, rd.generate.dropped, 1));
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_WORKERS], 1));
@@ -254,14 +193,14 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
 {
     heartbeat(1, 4096, NULL, 0, 1); /* a 1 ms interval: removed after 3.2 ms of silence */
     generate("_INBOX.c1", "moves", 1, 256);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
     heartbeat(2, 4096, NULL, 0, 1000);
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_timer_tick(&rd, kvr_now_ns(), true, false); /* worker 1 times out */
-    cr_assert(eq(int, count_to("kv.default.worker.2.generate", mark, NULL), 1),
+    cr_assert(eq(int, rec_count("kv.default.worker.2.generate", mark, NULL), 1),
               "placed again on the live worker");
-    cr_assert(eq(int, count_to("_INBOX.c1", 0, NULL), 0), "the client hears no error");
+    cr_assert(eq(int, rec_count("_INBOX.c1", 0, NULL), 0), "the client hears no error");
     cr_assert(eq(u64, rd.placed_again, 1));
     cr_assert(eq(int, decisions_since(mark), 1), "the new decision");
 }
@@ -271,8 +210,8 @@ Test(routerd, a_request_that_started_fails_to_its_client_once)
     heartbeat(1, 4096, NULL, 0, 1);
     heartbeat(2, 4096, NULL, 0, 1);
     generate("_INBOX.c1", "started", 1, 256);
-    const struct sent *fwd = NULL;
-    int on1 = count_to("kv.default.worker.1.generate", 0, &fwd);
+    const struct rec_sent *fwd = NULL;
+    int on1 = rec_count("kv.default.worker.1.generate", 0, &fwd);
     uint64_t wid = on1 ? 1 : 2;
     uint64_t key = kvr_pending_key("_INBOX.c1", "started");
     struct kvr_buf b = {0};
@@ -285,9 +224,9 @@ Test(routerd, a_request_that_started_fails_to_its_client_once)
     heartbeat(3 - wid, 4096, NULL, 0, 1); /* the other one lives on; the request's dies */
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.c1", 0, &m), 1), "exactly one answer");
-    cr_assert(eq(u32, error_in(m), KVR_ERR_WORKER_LOST));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.c1", 0, &m), 1), "exactly one answer");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_WORKER_LOST));
     cr_assert(eq(u64, rd.placed_again, 0));
     cr_assert(eq(u32, rd.pend.n, 0));
 }
@@ -297,14 +236,14 @@ Test(routerd, a_queued_request_is_forwarded_when_load_frees)
     busy_above_half();
     heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks of 64 tokens: busy above 4 */
     generate("_INBOX.a", "first", 1, 320);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
     generate("_INBOX.b", "second", 2, 320);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1), "it waits");
-    cr_assert(eq(int, count_to("_INBOX.b", 0, NULL), 0), "waiting is no error");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "it waits");
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, NULL), 0), "waiting is no error");
     cr_assert(eq(u32, rd.pend.n, 2));
     worker_done(1, kvr_pending_key("_INBOX.a", "first"));
-    const struct sent *fwd = NULL;
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, &fwd), 2), "placed");
+    const struct rec_sent *fwd = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, &fwd), 2), "placed");
     cr_assert(eq(str, (char *)fwd->reply, "_INBOX.b"));
     cr_assert(eq(int, decisions_since(0), 2));
 }
@@ -332,13 +271,13 @@ Test(routerd, an_orphan_is_answered_after_its_grace_by_the_smallest_live_id)
     cr_assert(eq(u64, rd.fleet->imported, 1));
     kvr_sleep_ns(12 * KVR_NS_PER_MS); /* the peer is silent for 3.5 hellos; worker 1 too */
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
-    cr_assert(eq(int, count_to("_INBOX.o", 0, NULL), 0), "not within the grace period");
+    cr_assert(eq(int, rec_count("_INBOX.o", 0, NULL), 0), "not within the grace period");
     cr_assert(eq(u32, rd.pend.norphans, 1));
     kvr_sleep_ns(20 * KVR_NS_PER_MS); /* 8 hellos */
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.o", 0, &m), 1), "answered once its grace is over");
-    cr_assert(eq(u32, error_in(m), KVR_ERR_WORKER_LOST));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.o", 0, &m), 1), "answered once its grace is over");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_WORKER_LOST));
     cr_assert(eq(u64, rd.fleet->orphans_answered, 1));
     cr_assert(eq(u32, rd.pend.n, 0));
 }
@@ -357,7 +296,7 @@ Test(routerd, a_live_origin_answers_its_own_failed_requests)
         kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     }
     kvr_buf_free(&b);
-    cr_assert(eq(int, count_to("_INBOX.p", 0, NULL), 0));
+    cr_assert(eq(int, rec_count("_INBOX.p", 0, NULL), 0));
     cr_assert(eq(u32, rd.pend.n, 0), "dropped here: its origin tells the client");
 }
 
@@ -367,8 +306,8 @@ Test(routerd, a_gossip_gap_asks_its_origin_for_a_repair)
     peer_decision("peer", 1, 1001, 1, "_INBOX.x");
     peer_decision("peer", 4, 1004, 1, "_INBOX.y"); /* 2 and 3 never came */
     cr_assert(eq(u64, rd.fleet->gaps, 2));
-    const struct sent *ask = NULL;
-    cr_assert(eq(int, count_to("kv.default.router.sync.peer", 0, &ask), 1));
+    const struct rec_sent *ask = NULL;
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", 0, &ask), 1));
     struct kvr_wire_sync q;
     cr_assert(eq(int, kvr_wire_decode_sync(ask->data, ask->len, &q), KVR_OK));
     cr_assert(eq(u64, q.from_seq, 2));
@@ -392,7 +331,7 @@ Test(routerd, forged_and_malformed_events_are_counted_and_dropped)
     kvr_buf_free(&b);
     cr_assert(eq(u64, rd.ev_errors, 5));
     generate("_INBOX.ok", "still", 1, 64);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1), "still serving");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "still serving");
 }
 
 Test(routerd, a_booked_select_is_pending_and_gossiped)
@@ -405,8 +344,8 @@ Test(routerd, a_booked_select_is_pending_and_gossiped)
     cr_assert(eq(int, kvr_wire_encode_generate(&req, "sel", t, 128, 4, NULL), KVR_OK));
     cr_assert(eq(int, kvr_wire_encode_select_request(&sel, req.data, req.len, true), KVR_OK));
     kvr_intake_select(&rd, "_INBOX.s", sel.data, sel.len);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 1));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.s", 0, &m), 1));
     uint64_t wid = 0, key = 0;
     uint32_t overlap, ncand, code = 99;
     cr_assert(eq(
@@ -418,7 +357,7 @@ Test(routerd, a_booked_select_is_pending_and_gossiped)
     cr_assert(eq(u32, rd.pend.n, 1));
     cr_assert(eq(int, decisions_since(0), 1));
     kvr_intake_select(&rd, "_INBOX.s", sel.data, sel.len); /* the same booked again */
-    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 2));
+    cr_assert(eq(int, rec_count("_INBOX.s", 0, &m), 2));
     cr_assert(eq(
         int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
         KVR_OK));
@@ -452,11 +391,11 @@ Test(routerd, a_request_key_covers_the_whole_reply_subject_and_id)
     memset(longer, 'z', 1099);
     memcpy(longer, "_INBOX.", 7);
     longer[1099] = 0;
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     generate(longer, "too-long", 1, 64);
-    cr_assert(eq(sz, nsent, mark + 1),
+    cr_assert(eq(sz, rec_nsent, mark + 1),
               "one answer, to the client (its subject is cut in the record)");
-    cr_assert(eq(u32, error_in(&sent[mark]), KVR_ERR_REPLY_TOO_LONG),
+    cr_assert(eq(u32, rec_error_in(&rec_sent[mark]), KVR_ERR_REPLY_TOO_LONG),
               "a reply subject peers cannot take is refused");
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_REPLY_TOO_LONG], 1));
 }
@@ -464,7 +403,7 @@ Test(routerd, a_request_key_covers_the_whole_reply_subject_and_id)
 /* --- the client contract (docs/protocol.md) ----------------------------------------------- */
 
 /* The chunk m as decoded (free it). */
-static struct kvr_wire_response chunk(const struct sent *m)
+static struct kvr_wire_response chunk(const struct rec_sent *m)
 {
     struct kvr_wire_response r;
     cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
@@ -484,12 +423,12 @@ Test(routerd, a_resend_after_the_end_is_ignored)
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.e", "done-once", 1, 128);
     worker_done(1, kvr_pending_key("_INBOX.e", "done-once"));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     generate("_INBOX.e", "done-once", 1, 128);
-    cr_assert(eq(sz, nsent, mark), "no second forward, no chunk: the client has its final");
+    cr_assert(eq(sz, rec_nsent, mark), "no second forward, no chunk: the client has its final");
     cr_assert(eq(u64, rd.n.resends_after_end, 1));
     generate("_INBOX.e", "another", 1, 128);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", mark, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", mark, NULL), 1));
 }
 
 Test(routerd, a_cancel_reaches_the_worker_or_the_queue_or_waits_for_its_request)
@@ -498,26 +437,26 @@ Test(routerd, a_cancel_reaches_the_worker_or_the_queue_or_waits_for_its_request)
     heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks: one 320-token request makes it busy */
     generate("_INBOX.a", "running", 1, 320);
     generate("_INBOX.b", "queued", 2, 320);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
     cancel_request("_INBOX.a", "running");
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("kv.default.worker.1.cancel", 0, &m), 1), "its worker is told");
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, &m), 1), "its worker is told");
     struct kvr_wire_worker_cancel c;
     cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
     cr_assert(eq(u64, c.key, kvr_pending_key("_INBOX.a", "running")));
     cr_assert(eq(int, c.reason, KVR_ERR_CANCELLED));
     cr_assert(not(c.silent));
     cancel_request("_INBOX.b", "queued"); /* waiting here: this router answers */
-    cr_assert(eq(int, count_to("_INBOX.b", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_CANCELLED));
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_CANCELLED));
     cr_assert(eq(u32, kvr_router_queue_len(rd.core), 0));
     cancel_request("_INBOX.c", "early"); /* before its request */
     generate("_INBOX.c", "early", 3, 64);
-    cr_assert(eq(int, count_to("_INBOX.c", 0, &m), 1), "answered at once");
-    cr_assert(eq(u32, error_in(m), KVR_ERR_CANCELLED));
+    cr_assert(eq(int, rec_count("_INBOX.c", 0, &m), 1), "answered at once");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_CANCELLED));
     generate("_INBOX.c", "early", 3, 64);
-    cr_assert(eq(int, count_to("_INBOX.c", 0, NULL), 1), "once");
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("_INBOX.c", 0, NULL), 1), "once");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
 }
 
 Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
@@ -540,8 +479,8 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
     gossip_in(&rd, b.data, b.len);
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)mine);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to(subject, 0, &m), 1), "this router stops its own worker");
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count(subject, 0, &m), 1), "this router stops its own worker");
     struct kvr_wire_worker_cancel c;
     cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
     cr_assert(c.silent, "without a chunk: the client hears the other worker only");
@@ -578,10 +517,11 @@ Test(routerd, a_queued_request_fails_at_once_when_the_last_worker_leaves)
     cr_assert(eq(u32, kvr_router_queue_len(rd.core), 1));
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.b", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_NO_WORKERS), "not overloaded after the queue timeout");
-    cr_assert(eq(int, count_to("_INBOX.a", 0, &m), 1));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_NO_WORKERS),
+              "not overloaded after the queue timeout");
+    cr_assert(eq(int, rec_count("_INBOX.a", 0, &m), 1));
     struct kvr_wire_response r = chunk(m);
     cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
     cr_assert(eq(u64, r.worker_id, 1), "worker lost names the worker");
@@ -603,12 +543,12 @@ Test(routerd, a_deadline_ends_a_queued_request)
     memcpy(b.data + b.len, deadline, sizeof deadline);
     kvr_intake_generate(&rd, "_INBOX.h", b.data, b.len + sizeof deadline);
     kvr_buf_free(&b);
-    cr_assert(eq(int, count_to("_INBOX.h", 0, NULL), 0), "it waits");
+    cr_assert(eq(int, rec_count("_INBOX.h", 0, NULL), 0), "it waits");
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.h", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_DEADLINE));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.h", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_DEADLINE));
 }
 
 static void select_request(const char *reply, const char *id, bool book)
@@ -629,18 +569,18 @@ Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
     cfg.booking_ttl_ns = 5 * KVR_NS_PER_MS;
     heartbeat(1, 4096, NULL, 0, 1000);
     select_request("_INBOX.s", "look", false);
-    const struct sent *m = NULL;
+    const struct rec_sent *m = NULL;
     uint64_t wid, key = 1;
     uint32_t overlap, ncand, code;
-    cr_assert(eq(int, count_to("_INBOX.s", 0, &m), 1));
+    cr_assert(eq(int, rec_count("_INBOX.s", 0, &m), 1));
     cr_assert(eq(
         int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
         KVR_OK));
     cr_assert(eq(u64, key, 0), "nothing booked, no key");
     cr_assert(eq(u32, rd.pend.n, 0));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     select_request("_INBOX.s", "book", true);
-    cr_assert(eq(int, count_to("_INBOX.s", mark, &m), 1));
+    cr_assert(eq(int, rec_count("_INBOX.s", mark, &m), 1));
     cr_assert(eq(
         int, kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
         KVR_OK));
@@ -657,10 +597,10 @@ Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
 static kvr_status refuse_forwards(void *ctx, const struct kvr_outmsg *m)
 {
     if (strstr(m->subject, ".worker.") && strstr(m->subject, ".generate")) {
-        (void)record(ctx, m);
+        (void)rec_record(ctx, m);
         return KVR_ERR_TOO_LARGE;
     }
-    return record(ctx, m);
+    return rec_record(ctx, m);
 }
 
 Test(routerd, a_forward_that_cannot_be_published_fails_at_once)
@@ -669,9 +609,9 @@ Test(routerd, a_forward_that_cannot_be_published_fails_at_once)
     rd.forward_failed = kvr_place_forward_failed;
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.f", "heavy", 1, 128);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.f", 0, &m), 1), "the client hears at once");
-    cr_assert(eq(u32, error_in(m), KVR_ERR_TOO_LARGE));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.f", 0, &m), 1), "the client hears at once");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_TOO_LARGE));
     cr_assert(eq(u32, rd.pend.n, 0));
     cr_assert(eq(u64, rd.n.forwards_failed, 1));
     uint32_t inflight = 9;
@@ -691,8 +631,8 @@ Test(routerd, a_decision_for_a_request_that_ended_is_stopped)
     peer_decision("sleepy", 1, key, other, "_INBOX.z");
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)other);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to(subject, 0, &m), 1), "the copy is stopped");
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count(subject, 0, &m), 1), "the copy is stopped");
     struct kvr_wire_worker_cancel c;
     cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
     cr_assert(c.silent);
@@ -708,11 +648,11 @@ Test(routerd, a_copy_stopped_for_another_worker_has_not_ended)
     uint64_t mine = kvr_pending_find(&rd.pend, key)->worker_id, theirs = mine == 1 ? 2 : 1;
     /* the peer's decision stood and it stopped this router's copy before its gossip came here */
     worker_ended(mine, key, KVR_ERR_SUPERSEDED);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     char subject[64];
     peer_decision("peer", 1, key, theirs, "_INBOX.y");
     snprintf(subject, sizeof subject, "kv.default.worker.%llu.cancel", (unsigned long long)theirs);
-    cr_assert(eq(int, count_to(subject, mark, NULL), 0), "the copy that stands is not stopped");
+    cr_assert(eq(int, rec_count(subject, mark, NULL), 0), "the copy that stands is not stopped");
     cr_assert(eq(u32, rd.pend.n, 1), "it is in flight, on the peer's worker");
     generate("_INBOX.y", "raced", 1, 128);
     cr_assert(eq(u64, rd.fleet->resends, 1), "and a resend is absorbed");
@@ -722,7 +662,7 @@ static int io_failures; /* forwards still to fail with an i/o error */
 
 static kvr_status flaky_forwards(void *ctx, const struct kvr_outmsg *m)
 {
-    kvr_status st = record(ctx, m);
+    kvr_status st = rec_record(ctx, m);
     if (strstr(m->subject, ".worker.") && strstr(m->subject, ".generate") && io_failures > 0) {
         io_failures--;
         return KVR_ERR_IO;
@@ -737,15 +677,15 @@ Test(routerd, a_forward_lost_to_the_connection_is_placed_again)
     io_failures = 1;
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.g", "bumpy", 1, 128);
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 2), "sent again");
-    cr_assert(eq(int, count_to("_INBOX.g", 0, NULL), 0), "the client is told nothing");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "sent again");
+    cr_assert(eq(int, rec_count("_INBOX.g", 0, NULL), 0), "the client is told nothing");
     cr_assert(eq(u32, rd.pend.n, 1));
     cr_assert(eq(u64, rd.placed_again, 1));
     io_failures = 3; /* every placement fails: then the client hears */
     generate("_INBOX.g", "doomed", 2, 128);
-    const struct sent *m = NULL;
-    cr_assert(eq(int, count_to("_INBOX.g", 0, &m), 1));
-    cr_assert(eq(u32, error_in(m), KVR_ERR_IO));
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.g", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_IO));
 }
 
 Test(routerd, a_router_that_was_stopped_does_not_blame_the_workers)
@@ -773,11 +713,11 @@ Test(routerd, a_heartbeat_ends_requests_whose_done_was_lost)
                                    .nended = 1};
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_events_on_message(&rd, "kv.default.ev.1.hb", b.data, b.len);
     kvr_buf_free(&b);
     cr_assert(eq(u32, rd.pend.n, 0), "ended, not taken for never reached");
-    cr_assert(eq(int, count_to("_INBOX.l", mark, NULL), 0), "and its client is told nothing");
+    cr_assert(eq(int, rec_count("_INBOX.l", mark, NULL), 0), "and its client is told nothing");
     cr_assert(eq(u64, rd.n.ends_from_heartbeats, 1));
     generate("_INBOX.l", "lost-done", 1, 128);
     cr_assert(eq(u64, rd.n.resends_after_end, 1));
@@ -815,11 +755,11 @@ Test(routerd, names_from_the_wire_are_checked_before_they_become_subjects)
     struct kvr_buf b = {0};
     /* a hello whose router id would write a PUB of its own into this router's connection */
     cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "x 0\r\n\r\nPUB evil", 5, 9, true), KVR_OK));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     gossip_in(&rd, b.data, b.len);
     cr_assert(eq(u32, rd.fleet->npeers, 0), "no peer by that name");
     cr_assert(eq(u64, rd.fleet->bad, 1));
-    cr_assert(eq(sz, nsent, mark), "nothing sent (a repair would have been asked of it)");
+    cr_assert(eq(sz, rec_nsent, mark), "nothing sent (a repair would have been asked of it)");
     /* a decision whose reply subject is no subject */
     peer_decision("peer", 1, 4343, 1, "_INBOX.x\r\nPUB evil 3\r\nabc");
     cr_assert(eq(u32, rd.pend.n, 0));
@@ -898,15 +838,15 @@ Test(routerd, a_worker_back_from_a_cut_is_rebound_to_its_own_clients_only)
     heartbeat(2, 4096, NULL, 0, 1000);
     generate("_INBOX.c1", "req-1", 1, 64);
     uint64_t key = kvr_pending_key("_INBOX.c1", "req-1");
-    uint64_t w = count_to("kv.default.worker.1.generate", 0, NULL) ? 1 : 2, o = 3 - w;
+    uint64_t w = rec_count("kv.default.worker.1.generate", 0, NULL) ? 1 : 2, o = 3 - w;
     char mine[64], other[64];
     snprintf(mine, sizeof mine, "kv.default.worker.%llu.rebind", (unsigned long long)w);
     snprintf(other, sizeof other, "kv.default.worker.%llu.rebind", (unsigned long long)o);
     uint64_t keys[2] = {key, 999};
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     rebind_ask(w, w, keys, 2);
-    const struct sent *rb = NULL;
-    cr_assert(eq(int, count_to(mine, mark, &rb), 1));
+    const struct rec_sent *rb = NULL;
+    cr_assert(eq(int, rec_count(mine, mark, &rb), 1));
     cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"), "the client's reply: the server's grant");
     uint64_t got = 0;
     cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got), KVR_OK));
@@ -914,17 +854,17 @@ Test(routerd, a_worker_back_from_a_cut_is_rebound_to_its_own_clients_only)
     cr_assert(eq(u64, rd.n.rebinds_unknown, 1), "a key nobody booked is skipped");
     /* it ended just before the cut: its final may be repeated, so it is still rebound */
     worker_done(w, key);
-    mark = nsent;
+    mark = rec_nsent;
     rebind_ask(w, w, keys, 1);
-    cr_assert(eq(int, count_to(mine, mark, &rb), 1));
+    cr_assert(eq(int, rec_count(mine, mark, &rb), 1));
     cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"));
     /* another worker asking for it gets nothing; nor does one speaking for another */
-    mark = nsent;
+    mark = rec_nsent;
     rebind_ask(o, o, keys, 1);
     uint64_t errors = rd.ev_errors;
     rebind_ask(o, w, keys, 1);
-    cr_assert(eq(int, count_to(mine, mark, NULL), 0));
-    cr_assert(eq(int, count_to(other, mark, NULL), 0));
+    cr_assert(eq(int, rec_count(mine, mark, NULL), 0));
+    cr_assert(eq(int, rec_count(other, mark, NULL), 0));
     cr_assert(eq(u64, rd.n.rebinds_unknown, 2));
     cr_assert(eq(u64, rd.ev_errors, errors + 1), "a payload for another worker is dropped");
     cr_assert(eq(u64, rd.n.rebinds_sent, 2));
@@ -967,15 +907,15 @@ Test(routerd, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
     heartbeat(1, 4096, NULL, 0, 1000);
     const char *bad[] = {"kv.default.ev.1.done", "kv.other.router.gossip.r9", "$SRV.PING"};
     for (int i = 0; i < 3; i++) {
-        size_t mark = nsent;
+        size_t mark = rec_nsent;
         generate(bad[i], "evil", 1, 64);
-        cr_assert(eq(sz, nsent, mark), "nothing published for %s", bad[i]);
+        cr_assert(eq(sz, rec_nsent, mark), "nothing published for %s", bad[i]);
         select_request(bad[i], "evil", true);
-        cr_assert(eq(sz, nsent, mark), "nor for its select");
+        cr_assert(eq(sz, rec_nsent, mark), "nor for its select");
     }
     cr_assert(eq(u32, rd.pend.n, 0), "nothing booked");
     cr_assert(eq(u64, rd.generate.by_code[KVR_ERR_NO_REPLY], 3));
     cr_assert(eq(u64, rd.select.by_code[KVR_ERR_NO_REPLY], 3));
     generate("kvx.reply", "fine", 1, 64); /* only the prefix's own tokens are refused */
-    cr_assert(eq(int, count_to("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
 }

@@ -14,6 +14,7 @@
 #include "clock.h"
 #include "codec.h"
 #include "log.h"
+#include "rec.h"
 #include "recent.h"
 #include "worker.h"
 
@@ -21,38 +22,16 @@
 #define DONE  "kv.default.ev.3.done"
 #define HB    "kv.default.ev.3.hb"
 
-/* --- the recording sink ---------------------------------------------------------------------- */
-
-struct sent {
-    char subject[256];
-    uint8_t *data;
-    size_t len;
-};
-
-static struct sent sent[4096];
-static size_t nsent;
-
-static kvr_status record(void *ctx, const struct kvr_outmsg *m)
-{
-    (void)ctx;
-    cr_assert(lt(sz, nsent, sizeof sent / sizeof sent[0]));
-    struct sent *s = &sent[nsent++];
-    snprintf(s->subject, sizeof s->subject, "%s", m->subject);
-    s->data = malloc(m->len + 1);
-    memcpy(s->data, m->data, m->len);
-    s->len = m->len;
-    return KVR_OK;
-}
-
 /* The chunks sent to the client since index from, decoded into out (at most max); their count. */
 static int chunks(size_t from, struct kvr_wire_response *out, int max)
 {
     int n = 0;
-    for (size_t i = from; i < nsent; i++) {
-        if (strcmp(sent[i].subject, REPLY))
+    for (size_t i = from; i < rec_nsent; i++) {
+        if (strcmp(rec_sent[i].subject, REPLY))
             continue;
         cr_assert(lt(int, n, max));
-        cr_assert(eq(int, kvr_wire_decode_response(sent[i].data, sent[i].len, &out[n]), KVR_OK));
+        cr_assert(
+            eq(int, kvr_wire_decode_response(rec_sent[i].data, rec_sent[i].len, &out[n]), KVR_OK));
         n++;
     }
     return n;
@@ -63,11 +42,12 @@ static int rebind_asks(size_t from, uint64_t *keys, uint32_t max, uint32_t *nkey
 {
     int n = 0;
     *nkeys = 0;
-    for (size_t i = from; i < nsent; i++) {
+    for (size_t i = from; i < rec_nsent; i++) {
         struct kvr_wire_rebind_ask a;
-        if (strcmp(sent[i].subject, "kv.default.ev.3.rebind"))
+        if (strcmp(rec_sent[i].subject, "kv.default.ev.3.rebind"))
             continue;
-        cr_assert(eq(int, kvr_wire_decode_rebind_ask(sent[i].data, sent[i].len, &a), KVR_OK));
+        cr_assert(
+            eq(int, kvr_wire_decode_rebind_ask(rec_sent[i].data, rec_sent[i].len, &a), KVR_OK));
         cr_assert(eq(u64, a.worker_id, 3));
         for (uint32_t k = 0; k < a.nkeys && *nkeys < max; k++)
             keys[(*nkeys)++] = a.keys[k];
@@ -87,11 +67,12 @@ static void free_chunks(struct kvr_wire_response *c, int n)
 static int dones(size_t from, struct kvr_wire_done *out, int max)
 {
     int n = 0;
-    for (size_t i = from; i < nsent; i++) {
-        if (strcmp(sent[i].subject, DONE))
+    for (size_t i = from; i < rec_nsent; i++) {
+        if (strcmp(rec_sent[i].subject, DONE))
             continue;
         cr_assert(lt(int, n, max));
-        cr_assert(eq(int, kvr_wire_decode_done(sent[i].data, sent[i].len, &out[n]), KVR_OK));
+        cr_assert(
+            eq(int, kvr_wire_decode_done(rec_sent[i].data, rec_sent[i].len, &out[n]), KVR_OK));
         n++;
     }
     return n;
@@ -105,7 +86,7 @@ static uint64_t vt; /* the engine's virtual time */
 
 static void setup(void)
 {
-    nsent = 0;
+    rec_reset();
     kvr_log_init("test_worker", KVR_LOG_ERROR);
     kvr_wk_config_default(&cfg);
     cfg.id = 3;
@@ -113,15 +94,14 @@ static void setup(void)
     cfg.engine.block_size = 16;
     cfg.max_prompt_tokens = 4096;
     cfg.max_output_tokens = 64;
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     vt = kvr_now_ns();
 }
 
 static void teardown(void)
 {
     kvr_worker_free(&w);
-    for (size_t i = 0; i < nsent; i++)
-        free(sent[i].data);
+    rec_reset();
 }
 
 TestSuite(worker, .init = setup, .fini = teardown, .timeout = 30);
@@ -205,7 +185,7 @@ Test(worker, positions_count_the_tokens_and_the_first_chunk_names_the_cache)
     cr_assert(eq(u32, d[0].status, KVR_OK));
     cr_assert(eq(u32, d[0].output_tokens, 5));
 
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     forward(102, "b", 3, 0); /* the same prompt: 3 of its 4 blocks are cached (one token is
                                 always computed) */
     run();
@@ -231,7 +211,7 @@ Test(worker, cancel_of_a_held_request_ends_its_stream_and_frees_its_blocks)
     struct kvr_engine_stats s;
     kvr_engine_stats(w.eng, &s);
     cr_assert(gt(u32, s.active_blocks, 0));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     cancel(201, KVR_ERR_CANCELLED, false);
     struct kvr_wire_response c[4];
     cr_assert(eq(int, chunks(mark, c, 4), 1));
@@ -246,7 +226,7 @@ Test(worker, cancel_of_a_held_request_ends_its_stream_and_frees_its_blocks)
     assert_engine_empty();
     cr_assert(eq(u64, w.c.cancelled, 1));
 
-    mark = nsent;
+    mark = rec_nsent;
     run();
     cancel(201, KVR_ERR_CANCELLED, false); /* again: it has ended, nothing more */
     cr_assert(eq(int, chunks(mark, c, 4), 0), "no chunk after the final");
@@ -257,7 +237,7 @@ Test(worker, cancel_of_a_held_request_ends_its_stream_and_frees_its_blocks)
 Test(worker, cancel_before_the_forward_ends_it_on_arrival)
 {
     cancel(301, KVR_ERR_CANCELLED, false);
-    cr_assert(eq(sz, nsent, 0), "a cancel alone says nothing");
+    cr_assert(eq(sz, rec_nsent, 0), "a cancel alone says nothing");
     cr_assert(eq(u64, w.c.early_cancels, 1));
     forward(301, "a", 20, 0);
     struct kvr_wire_response c[4];
@@ -273,9 +253,9 @@ Test(worker, cancel_before_the_forward_ends_it_on_arrival)
     assert_engine_empty();
     cr_assert(not(step()), "never generated");
 
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     forward(301, "a", 20, 0); /* a resend: it has ended */
-    cr_assert(eq(sz, nsent, mark));
+    cr_assert(eq(sz, rec_nsent, mark));
     cr_assert(eq(u64, w.c.duplicates, 1));
 }
 
@@ -283,7 +263,7 @@ Test(worker, a_silent_cancel_sends_no_chunk_but_the_done_event)
 {
     forward(401, "a", 20, 0);
     step();
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     cancel(401, KVR_ERR_CANCELLED, true);
     struct kvr_wire_response c[4];
     cr_assert(eq(int, chunks(mark, c, 4), 0), "another worker serves the stream");
@@ -294,7 +274,7 @@ Test(worker, a_silent_cancel_sends_no_chunk_but_the_done_event)
     cr_assert(eq(u32, d[0].output_tokens, 1));
     assert_engine_empty();
 
-    mark = nsent; /* the same, when the cancel comes first */
+    mark = rec_nsent; /* the same, when the cancel comes first */
     cancel(402, KVR_ERR_CANCELLED, true);
     forward(402, "b", 20, 0);
     cr_assert(eq(int, chunks(mark, c, 4), 0));
@@ -314,7 +294,7 @@ Test(worker, a_deadline_ends_the_request)
     uint64_t now = kvr_now_ns();
     uint64_t next = kvr_worker_tick(&w, now);
     cr_assert(gt(u64, next, now), "a minute to go");
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     cr_assert(eq(u64, kvr_worker_tick(&w, next + 1), 0), "passed: none left");
     struct kvr_wire_response c[4];
     cr_assert(eq(int, chunks(mark, c, 4), 1));
@@ -340,9 +320,9 @@ Test(worker, a_deadline_ends_the_request)
 Test(worker, duplicates_are_absorbed_without_a_chunk)
 {
     forward(601, "a", 3, 0);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     forward(601, "a", 3, 0); /* held */
-    cr_assert(eq(sz, nsent, mark), "nothing said");
+    cr_assert(eq(sz, rec_nsent, mark), "nothing said");
     cr_assert(eq(u64, w.c.duplicates, 1));
     run();
     struct kvr_wire_response c[16];
@@ -351,9 +331,9 @@ Test(worker, duplicates_are_absorbed_without_a_chunk)
     for (int i = 0; i < n; i++)
         cr_assert(eq(int, c[i].final, i == 3));
     free_chunks(c, n);
-    mark = nsent;
+    mark = rec_nsent;
     forward(601, "a", 3, 0); /* finished */
-    cr_assert(eq(sz, nsent, mark));
+    cr_assert(eq(sz, rec_nsent, mark));
     cr_assert(eq(u64, w.c.duplicates, 2));
     cr_assert(not(step()), "not generated again");
     struct kvr_wire_done d[4];
@@ -421,21 +401,21 @@ Test(worker, a_clash_makes_the_younger_silent)
     heartbeat_from(3, 7, 2000); /* a younger one: it yields, this one stays */
     heartbeat_from(3, 6, 1000); /* a tie with a larger instance: this one stays too */
     cr_assert(not(kvr_worker_clashed(&w)));
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     step();
-    cr_assert(gt(sz, nsent, mark), "still serving");
+    cr_assert(gt(sz, rec_nsent, mark), "still serving");
 
     heartbeat_from(3, 4, 1000); /* a tie with a smaller instance: this one yields */
     cr_assert(kvr_worker_clashed(&w));
     cr_assert(kvr_worker_stopping(&w));
-    mark = nsent;
+    mark = rec_nsent;
     run();                                 /* what it holds runs on, unheard */
     cancel(701, KVR_ERR_CANCELLED, false); /* no chunk, no done event */
     forward(702, "b", 3, 0);               /* takes nothing */
     kvr_worker_heartbeat(&w);
     kvr_worker_on_hello(&w, "_INBOX.asker");
     kvr_worker_tick(&w, kvr_now_ns());
-    cr_assert(eq(sz, nsent, mark), "nothing at all after the yield");
+    cr_assert(eq(sz, rec_nsent, mark), "nothing at all after the yield");
 }
 
 Test(worker, hello_and_heartbeat_name_the_instance)
@@ -445,12 +425,13 @@ Test(worker, hello_and_heartbeat_name_the_instance)
     forward(751, "a", 20, 0);
     kvr_worker_on_hello(&w, "_INBOX.asker");
     kvr_worker_heartbeat(&w);
-    cr_assert(eq(sz, nsent, 2));
-    cr_assert(eq(str, sent[0].subject, "_INBOX.asker"));
-    cr_assert(eq(str, sent[1].subject, HB));
+    cr_assert(eq(sz, rec_nsent, 2));
+    cr_assert(eq(str, rec_sent[0].subject, "_INBOX.asker"));
+    cr_assert(eq(str, rec_sent[1].subject, HB));
     for (int i = 0; i < 2; i++) {
         struct kvr_wire_heartbeat h;
-        cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[i].data, sent[i].len, &h), KVR_OK));
+        cr_assert(
+            eq(int, kvr_wire_decode_heartbeat(rec_sent[i].data, rec_sent[i].len, &h), KVR_OK));
         cr_assert(eq(u64, h.info.id, 3));
         cr_assert(eq(u64, h.instance, w.instance));
         cr_assert(eq(u64, h.started_ns, w.started_ns));
@@ -480,23 +461,23 @@ Test(worker, after_a_cut_each_open_stream_is_repeated_from_position_0)
     for (int i = 0; i < 3; i++)
         step();
     kvr_worker_on_disconnected(&w);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     step();
     step();
     struct kvr_wire_response c[16];
     cr_assert(eq(int, chunks(mark, c, 16), 2), "chunks go on (NATS buffers them)");
     free_chunks(c, 2);
-    mark = nsent;
+    mark = rec_nsent;
     kvr_worker_on_reconnected(&w);
     uint64_t keys[4];
     uint32_t nkeys;
     cr_assert(eq(int, rebind_asks(mark, keys, 4, &nkeys), 1), "rebinds asked for at once");
     cr_assert(eq(u32, nkeys, 1));
     cr_assert(eq(u64, keys[0], 801));
-    mark = nsent;
+    mark = rec_nsent;
     uint64_t due = kvr_worker_tick(&w, kvr_now_ns());
     cr_assert(gt(u64, due, 0));
-    cr_assert(eq(sz, nsent, mark), "the repeat waits");
+    cr_assert(eq(sz, rec_nsent, mark), "the repeat waits");
     due = kvr_worker_tick(&w, due);
     cr_assert(eq(int, rebind_asks(mark, keys, 4, &nkeys), 1), "and asked again half-way");
     cr_assert(eq(int, chunks(mark, c, 16), 0), "the repeat still waits");
@@ -507,7 +488,7 @@ Test(worker, after_a_cut_each_open_stream_is_repeated_from_position_0)
     cr_assert(eq(u32, c[0].ntokens, 5), "every token so far");
     cr_assert(not(c[0].final));
     free_chunks(c, 1);
-    mark = nsent;
+    mark = rec_nsent;
     run();
     int n = chunks(mark, c, 16);
     cr_assert(eq(int, n, 6), "5 more tokens and the final");
@@ -532,7 +513,7 @@ Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
     cancel(852, KVR_ERR_CANCELLED, false);
     cancel(853, KVR_ERR_CANCELLED, true);
     kvr_worker_on_reconnected(&w);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
     struct kvr_wire_response c[16];
     int n = chunks(mark, c, 16);
@@ -554,7 +535,7 @@ Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
     free_chunks(c, n);
     uint64_t errors = w.generate.errors;
     cut_and_back();
-    mark = nsent;
+    mark = rec_nsent;
     kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
     cr_assert(eq(int, chunks(mark, c, 16), 3), "a second cut: repeated again");
     free_chunks(c, 3);
@@ -563,7 +544,7 @@ Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
     kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_KEPT_NS + KVR_WK_REPEAT_DELAY_NS);
     cr_assert(eq(u32, w.nkept, 0), "kept for a while only");
     uint64_t due = cut_and_back();
-    mark = nsent;
+    mark = rec_nsent;
     kvr_worker_tick(&w, due);
     cr_assert(eq(int, chunks(mark, c, 16), 0), "ended long before this cut: not repeated");
 }
@@ -574,11 +555,12 @@ Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
     forward(802, "b", 3, 0);
     cancel(802, KVR_ERR_CANCELLED, true); /* silent: another worker's, not ended in the fleet */
     run();
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_heartbeat(&w);
-    cr_assert(eq(sz, nsent, mark + 1));
+    cr_assert(eq(sz, rec_nsent, mark + 1));
     struct kvr_wire_heartbeat h;
-    cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[mark].data, sent[mark].len, &h), KVR_OK));
+    cr_assert(
+        eq(int, kvr_wire_decode_heartbeat(rec_sent[mark].data, rec_sent[mark].len, &h), KVR_OK));
     cr_assert(eq(u32, h.ninflight, 0));
     cr_assert(eq(u32, h.nended, 1), "the finished one, not the one stopped silently");
     cr_assert(eq(u64, h.ended[0], 801));
@@ -606,11 +588,12 @@ Test(worker, a_request_its_pool_cannot_hold_is_refused_with_the_figures)
 static uint32_t last_heartbeat_ended(size_t from, uint64_t *keys, uint32_t max)
 {
     uint32_t n = 0;
-    for (size_t i = from; i < nsent; i++) {
+    for (size_t i = from; i < rec_nsent; i++) {
         struct kvr_wire_heartbeat h;
-        if (strcmp(sent[i].subject, HB))
+        if (strcmp(rec_sent[i].subject, HB))
             continue;
-        cr_assert(eq(int, kvr_wire_decode_heartbeat(sent[i].data, sent[i].len, &h), KVR_OK));
+        cr_assert(
+            eq(int, kvr_wire_decode_heartbeat(rec_sent[i].data, rec_sent[i].len, &h), KVR_OK));
         for (n = 0; n < h.nended && n < max; n++)
             keys[n] = h.ended[n];
         kvr_wire_heartbeat_free(&h);
@@ -622,12 +605,12 @@ Test(worker, after_a_cut_heartbeats_list_what_ended_during_it)
 {
     kvr_worker_free(&w);
     cfg.heartbeat_ns = 5 * KVR_NS_PER_MS;
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     uint64_t keys[8];
     forward(901, "a", 2, 0);
     run();
     kvr_sleep_ns(4 * cfg.heartbeat_ns);
-    size_t mark = nsent;
+    size_t mark = rec_nsent;
     kvr_worker_heartbeat(&w);
     cr_assert(eq(u32, last_heartbeat_ended(mark, keys, 8), 0), "two intervals ago: not listed");
     forward(902, "b", 2, 0);
@@ -635,7 +618,7 @@ Test(worker, after_a_cut_heartbeats_list_what_ended_during_it)
     run(); /* its done event goes into the cut */
     kvr_sleep_ns(4 * cfg.heartbeat_ns);
     kvr_worker_on_reconnected(&w);
-    mark = nsent;
+    mark = rec_nsent;
     kvr_worker_heartbeat(&w);
     cr_assert(eq(u32, last_heartbeat_ended(mark, keys, 8), 1), "ended during the cut: listed");
     cr_assert(eq(u64, keys[0], 902));
@@ -665,8 +648,8 @@ Test(worker, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
     cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, 931, 0, "r1", 0), KVR_OK));
     kvr_worker_on_generate(&w, "kv.default.ev.2.done", b.data, b.len); /* another worker's */
     run();
-    for (size_t i = 0; i < nsent; i++)
-        cr_assert(not(eq(str, sent[i].subject, "kv.default.ev.2.done")));
+    for (size_t i = 0; i < rec_nsent; i++)
+        cr_assert(not(eq(str, rec_sent[i].subject, "kv.default.ev.2.done")));
     cr_assert(eq(u32, w.nreqs, 0), "not taken");
     cr_assert(eq(u64, w.generate.by_code[KVR_ERR_NO_REPLY], 1));
     kvr_buf_free(&g);

@@ -1,0 +1,56 @@
+/*
+ * The unit tests' recording sink: a struct kvr_sink (src/base/outbox.h) whose publish keeps a
+ * copy of every message (what a daemon would have published) in rec_sent, in order, so a test
+ * drives a state machine through its handlers and reads back what it said. One recorder a test
+ * executable; rec_reset in each test's .fini frees what it holds. Also what more than one of those
+ * tests builds alike from the wire codec alone (rec.c links with every daemon's tests).
+ */
+#ifndef KVR_TEST_REC_H
+#define KVR_TEST_REC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "kvr/status.h"
+#include "outbox.h"
+
+/* One message as published. */
+struct rec_sent {
+    char *subject; /* owned */
+    char *reply;   /* owned; "" for none */
+    uint8_t *data; /* owned; NUL-terminated after its len bytes */
+    size_t len;
+    kvr_status err;
+};
+
+#define REC_MAX 8192
+extern struct rec_sent rec_sent[REC_MAX];
+extern size_t rec_nsent;
+
+/* kvr_sink.publish: a copy of m at rec_sent[rec_nsent++] (at most REC_MAX, asserted); KVR_OK. */
+kvr_status rec_record(void *ctx, const struct kvr_outmsg *m);
+
+/* Free the messages from index mark on and forget them (rec_nsent = mark). */
+void rec_truncate(size_t mark);
+/* Free every message recorded (rec_nsent = 0). */
+void rec_reset(void);
+
+/* Messages to subject since index from; the last one in *last (may be NULL). */
+int rec_count(const char *subject, size_t from, const struct rec_sent **last);
+
+/* The error code of the final chunk m (asserted: final, service header carries the code). */
+uint32_t rec_error_in(const struct rec_sent *m);
+
+/* A message for a handler: its subject and bytes (kvr_buf_free(&e.b) after). */
+struct rec_event {
+    char subject[64];
+    struct kvr_buf b;
+};
+
+/* Worker wid's heartbeat (block size 64) on its subject kv.<ns>.ev.<wid>.hb of namespace
+ * "default", with the n keys it holds and its interval. */
+struct rec_event rec_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
+                               uint32_t interval_ms);
+
+#endif
