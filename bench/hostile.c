@@ -251,7 +251,8 @@ static void make_entries(struct kvr_buf *b, uint32_t n)
     struct kvr_page pg;
     kvr_page_init(&pg);
     for (uint32_t i = 0; i < n; i++) {
-        struct kvr_index_record e = {1 + i % WORKERS, kvr_mix64(serial++), true, serial, 0};
+        uint64_t seq = kvr_mix64(serial++);
+        struct kvr_index_record e = {1 + i % WORKERS, seq, true, serial, 0};
         kvr_page_add_entry(&pg, &e);
     }
     kvr_page_encode(&pg, b, false, 77);
