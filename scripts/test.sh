@@ -106,7 +106,7 @@ stage_fuzz() {
     CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
       -Dtests=false ${CI:+-Dwerror=true} >/dev/null
   fi
-  ninja -C build-fuzz >/dev/null
+  ninja -C build-fuzz >build-fuzz/ninja.log || { tail -40 build-fuzz/ninja.log; return 1; }
   FUZZ_SECONDS=${FUZZ_SECONDS:-5} meson test -C build-fuzz --suite fuzz --print-errorlogs \
     --num-processes 2
 }
