@@ -31,15 +31,19 @@ static uint64_t count_fds(void)
     return n ? n - 1 : 0; /* less the one opendir holds */
 }
 
-void kvr_procstat_read(struct kvr_procstat *out)
+double kvr_procstat_cpu_seconds(void)
 {
     struct rusage u;
-    *out = (struct kvr_procstat){.start_seconds = started};
-    if (!getrusage(RUSAGE_SELF, &u)) {
-        out->cpu_seconds = (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
-                           (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
-        out->max_rss_bytes = (uint64_t)u.ru_maxrss * 1024u;
-    }
+    if (getrusage(RUSAGE_SELF, &u))
+        return 0;
+    return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
+           (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
+}
+
+void kvr_procstat_read(struct kvr_procstat *out)
+{
+    *out =
+        (struct kvr_procstat){.start_seconds = started, .cpu_seconds = kvr_procstat_cpu_seconds()};
     FILE *f = fopen("/proc/self/statm", "r");
     unsigned long long pages = 0, resident = 0;
     if (f && fscanf(f, "%llu %llu", &pages, &resident) == 2)
@@ -56,8 +60,6 @@ kvr_status kvr_prom_process(struct kvr_prom *p, const struct kvr_procstat *s)
     kvr_prom_f64(p, NULL, 0, s->cpu_seconds);
     kvr_prom_gauge(p, "process_resident_memory_bytes", "Resident memory size in bytes.",
                    (double)s->rss_bytes);
-    kvr_prom_gauge(p, "process_max_resident_memory_bytes", "Peak resident memory size in bytes.",
-                   (double)s->max_rss_bytes);
     kvr_prom_gauge(p, "process_open_fds", "Number of open file descriptors.", (double)s->open_fds);
     kvr_prom_gauge(p, "process_start_time_seconds",
                    "Start time of the process since unix epoch in seconds.", s->start_seconds);

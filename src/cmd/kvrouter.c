@@ -23,7 +23,7 @@ int main(int argc, char **argv)
         kvr_opts_parse(table, n, argc, argv, "kvrouter", "The KV-cache-aware LLM request router.");
     if (rc != KVR_OPTS_GO)
         return rc == KVR_OPTS_EXIT ? 0 : 2;
-    char why[160];
+    char why[256];
     if (kvr_rd_config_check(&cfg, why, sizeof why) != KVR_OK) {
         fprintf(stderr, "kvrouter: %s\n", why);
         return 2;

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "link.h"
 #include "log.h"
+#include "procstat.h"
 #include "signals.h"
 #include "util.h"
 
@@ -32,11 +33,12 @@ int main(int argc, char **argv)
                                              "A simulated LLM inference worker on NATS.");
     if (rc != KVR_OPTS_GO)
         return rc == KVR_OPTS_EXIT ? 0 : 2;
-    char why[160];
+    char why[256]; /* an address check explains itself at length */
     if (kvr_wk_config_check(&cfg, why, sizeof why) != KVR_OK) {
         fprintf(stderr, "kvworker: %s\n", why);
         return 2;
     }
+    kvr_procstat_start();
     kvr_log_init("kvworker", (enum kvr_log_level)cfg.net.log_level);
     kvr_signals_catch();
     kvr_status st = kvr_worker_init(&w, &cfg, (struct kvr_sink){discard, NULL});

@@ -93,12 +93,11 @@ static uint64_t queue_len_of(const char *data, size_t len)
     return q;
 }
 
-uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const char *inbox,
-                             uint64_t wait_ns, uint32_t *routers)
+uint32_t kvr_fleet_srv_stats(natsConnection *pub, natsConnection *sub, const char *inbox,
+                             uint64_t wait_ns, kvr_fleet_answer_fn fn, void *ctx)
 {
     natsSubscription *s = NULL;
-    uint64_t q = 0;
-    *routers = 0;
+    uint32_t n = 0;
     if (natsConnection_SubscribeSync(&s, sub, inbox) != NATS_OK ||
         natsConnection_Flush(sub) != NATS_OK ||
         natsConnection_PublishRequest(pub, "$SRV.STATS.kvrouter", inbox, "", 0) != NATS_OK) {
@@ -110,11 +109,24 @@ uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const cha
         natsMsg *m = NULL;
         if (natsSubscription_NextMsg(&m, s, (int64_t)((end - now) / KVR_NS_PER_MS + 1)) != NATS_OK)
             break;
-        q += queue_len_of(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
-        (*routers)++;
+        fn(ctx, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+        n++;
         natsMsg_Destroy(m);
     }
     natsSubscription_Destroy(s);
+    return n;
+}
+
+static void add_queue_len(void *ctx, const char *data, size_t len)
+{
+    *(uint64_t *)ctx += queue_len_of(data, len);
+}
+
+uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const char *inbox,
+                             uint64_t wait_ns, uint32_t *routers)
+{
+    uint64_t q = 0;
+    *routers = kvr_fleet_srv_stats(pub, sub, inbox, wait_ns, add_queue_len, &q);
     return q;
 }
 

@@ -13,7 +13,8 @@
  * what the routers and workers publish without decoding their forwards. Slots are set by the
  * owner and filled on nats.c's delivery threads, all under mu.
  *
- * kvr_fleet_queue_len: what the routers' $SRV.STATS say is waiting in their queues.
+ * kvr_fleet_srv_stats: the routers' $SRV.STATS answers; kvr_fleet_queue_len: what they say is
+ * waiting in their queues.
  */
 #ifndef KVR_FLEET_H
 #define KVR_FLEET_H
@@ -42,10 +43,18 @@ void kvr_fleet_free(struct kvr_fleet *f);
 uint32_t kvr_fleet_discover(struct kvr_fleet *f, natsConnection *nc, const char *prefix,
                             const char *ns, uint64_t wait_ns);
 
+/* One router's $SRV.STATS answer data[0..len) (not NUL-terminated; borrowed for the call). */
+typedef void (*kvr_fleet_answer_fn)(void *ctx, const char *data, size_t len);
+
 /*
- * Ask every router for $SRV.STATS.kvrouter (requests on pub, answers on sub, to inbox) and collect
- * the answers for wait_ns: the sum of their queue_len, and in *routers how many answered.
+ * Ask every router for $SRV.STATS.kvrouter (requests on pub, answers on sub, to inbox) and hand
+ * each answer that comes within wait_ns to fn, on this thread. Returns how many came; 0 also when
+ * the request could not be sent.
  */
+uint32_t kvr_fleet_srv_stats(natsConnection *pub, natsConnection *sub, const char *inbox,
+                             uint64_t wait_ns, kvr_fleet_answer_fn fn, void *ctx);
+
+/* kvr_fleet_srv_stats: the sum of the answers' queue_len, and in *routers how many answered. */
 uint64_t kvr_fleet_queue_len(natsConnection *pub, natsConnection *sub, const char *inbox,
                              uint64_t wait_ns, uint32_t *routers);
 

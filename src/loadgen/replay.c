@@ -14,6 +14,7 @@
 #include "../sim/workload.h"
 #include "codec.h"
 #include "fleet.h"
+#include "routers.h"
 #include "stats.h"
 
 struct replay {
@@ -26,7 +27,9 @@ struct replay {
     uint64_t run;                             /* distinguishes request ids across runs */
     enum kvr_policy policy;                   /* this run's override */
     uint32_t workers, num_blocks, block_size; /* the hit-rate reference's fleet */
-    struct kvr_contract contract[KVR_POLICY_COUNT]; /* what each run broke of the contract */
+    struct kvr_contract contract[KVR_POLICY_COUNT];   /* what each run broke of the contract */
+    struct kvr_routers_run routers[KVR_POLICY_COUNT]; /* the routers' own figures of each run */
+    struct kvr_routers_poll *polls; /* [2]: their answers before and after a run */
 };
 
 /* The client's encoder: request i of this run, with the policy override. */
@@ -175,6 +178,7 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
     rp->policy = policy;
     rp->run++;
     rp->wl.seed = cfg->seed + 7919 * (rp->run - 1);
+    kvr_routers_poll(c, cfg->net.prefix, cfg->net.ns, &rp->polls[0]);
     if (kvr_client_begin(c, rp->wl.nreqs, rp->closed, encode, rp, rp->outs + 16) != KVR_OK)
         return 1;
     uint64_t t0 = kvr_now_ns();
@@ -195,12 +199,15 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
                 resent, (uint64_t)(cfg->resend_ns / KVR_NS_PER_MS));
     kvr_sleep_ns(cfg->linger_ns); /* a second final or stream may still be on its way */
     kvr_client_contract(c, 0, rp->wl.nreqs, &rp->contract[rp->run - 1]);
+    kvr_routers_poll(c, cfg->net.prefix, cfg->net.ns, &rp->polls[1]);
+    kvr_routers_diff(&rp->polls[0], &rp->polls[1], &rp->routers[rp->run - 1]);
     int rc = collect(rp, policy, load, t0, res);
     kvr_client_end(c);
     return rc;
 }
 
-static void print_row(const struct kvr_sim_result *r, const struct kvr_contract *k)
+static void print_row(const struct kvr_sim_result *r, const struct kvr_contract *k,
+                      const struct kvr_routers_run *rr)
 {
     char line[512];
     printf("%-18s load=%-6g ttft_ms mean=%.1f p50=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.2f "
@@ -216,6 +223,8 @@ static void print_row(const struct kvr_sim_result *r, const struct kvr_contract 
     if (k->double_finals)
         printf("%-18s finals after the answer: %s\n", kvr_policy_name(r->policy),
                kvr_contract_codes(k->late, line, sizeof line));
+    printf("%-18s routers: %s\n", kvr_policy_name(r->policy),
+           kvr_routers_format(rr, line, sizeof line));
     fflush(stdout);
 }
 
@@ -252,11 +261,63 @@ static void contract_json(FILE *f, const struct kvr_contract *k)
     }
 }
 
+/* The "contract" and "routers" arrays (one object per run) as JSON object members. */
+static void runs_json(FILE *f, const struct replay *rp, const struct kvr_sim_result *res, size_t n)
+{
+    fprintf(f, "  \"contract\": [\n");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "    {\"policy\": \"%s\", ", kvr_policy_name(res[i].policy));
+        contract_json(f, &rp->contract[i]);
+        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "  ],\n  \"routers\": [\n");
+    for (size_t i = 0; i < n; i++) {
+        fprintf(f, "    {\"policy\": \"%s\", ", kvr_policy_name(res[i].policy));
+        kvr_routers_json(f, &rp->routers[i]);
+        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "  ]\n");
+}
+
+/* report.md's tables of the same. */
+static void runs_md(FILE *f, const struct replay *rp, const struct kvr_sim_result *res, size_t n)
+{
+    fprintf(f,
+            "\n## Client contract (docs/protocol.md)\n\nRequests whose streams broke it, "
+            "counted by the client after each request's answer; repeated finals and filled "
+            "gaps are allowed (a worker's cut connection).\n\n| policy | requests | finished | "
+            "double finals | second streams (tokens) | two workers | spurious finals | "
+            "missing tokens | extra tokens | no responders | unanswered | repeated finals | "
+            "gaps filled |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct kvr_contract *k = &rp->contract[i];
+        fprintf(f, "| %s | %u | %u | %u | %u (%llu) | %u | %u | %u | %u | %u | %u | %u | %u |\n",
+                kvr_policy_name(res[i].policy), k->requests, k->finished, k->double_finals,
+                k->second_streams, (unsigned long long)k->second_tokens, k->two_workers,
+                k->spurious_finals, k->missing_tokens, k->extra_tokens, k->no_responders,
+                k->unanswered, k->repeat_finals, k->gaps_filled);
+    }
+    fprintf(f, "\n## The routers' own figures ($SRV.STATS.kvrouter)\n\nEach router's difference "
+               "between just before and just after the run, summed over the routers that "
+               "answered (one new or restarted meanwhile counted from its start).\n\n| policy | "
+               "routers | decisions | errors | CPU s | gossip sent |\n"
+               "|---|---:|---:|---|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct kvr_routers_run *r = &rp->routers[i];
+        char errs[512], bytes[32];
+        fprintf(f, "| %s | %u | %llu | %s | %.2f | %s |\n", kvr_policy_name(res[i].policy),
+                r->answered, (unsigned long long)r->decisions,
+                kvr_routers_errors(r, errs, sizeof errs), r->cpu_seconds,
+                kvr_routers_bytes(r->gossip_bytes, bytes, sizeof bytes));
+    }
+}
+
 /*
- * report.json gets a "contract" array (one object per run) before its closing brace, report.md a
- * table: what each run's streams broke of docs/protocol.md. 0, or -1 when a file would not do.
+ * report.json gets a "contract" and a "routers" array (one object per run) before its closing
+ * brace, report.md their tables: what each run's streams broke of docs/protocol.md, and the
+ * routers' own figures of each run. 0, or -1 when a file would not do.
  */
-static int append_contract(const struct replay *rp, const struct kvr_sim_result *res, size_t n)
+static int append_runs(const struct replay *rp, const struct kvr_sim_result *res, size_t n)
 {
     char path[4096], *text = NULL;
     snprintf(path, sizeof path, "%s/report.json", rp->cfg->out);
@@ -276,33 +337,15 @@ static int append_contract(const struct replay *rp, const struct kvr_sim_result 
     }
     while (brace > text && (brace[-1] == '\n' || brace[-1] == ' '))
         brace--;
-    fprintf(f, "%.*s,\n  \"contract\": [\n", (int)(brace - text), text);
-    for (size_t i = 0; i < n; i++) {
-        fprintf(f, "    {\"policy\": \"%s\", ", kvr_policy_name(res[i].policy));
-        contract_json(f, &rp->contract[i]);
-        fprintf(f, "}%s\n", i + 1 < n ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
+    fprintf(f, "%.*s,\n", (int)(brace - text), text);
+    runs_json(f, rp, res, n);
+    fprintf(f, "}\n");
     free(text);
     int rc = fclose(f) ? -1 : 0;
     snprintf(path, sizeof path, "%s/report.md", rp->cfg->out);
     if (rc || !(f = fopen(path, "a")))
         return -1;
-    fprintf(f,
-            "\n## Client contract (docs/protocol.md)\n\nRequests whose streams broke it, "
-            "counted by the client after each request's answer; repeated finals and filled "
-            "gaps are allowed (a worker's cut connection).\n\n| policy | requests | finished | "
-            "double finals | second streams (tokens) | two workers | spurious finals | "
-            "missing tokens | extra tokens | no responders | unanswered | repeated finals | "
-            "gaps filled |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (size_t i = 0; i < n; i++) {
-        const struct kvr_contract *k = &rp->contract[i];
-        fprintf(f, "| %s | %u | %u | %u | %u (%llu) | %u | %u | %u | %u | %u | %u | %u | %u |\n",
-                kvr_policy_name(res[i].policy), k->requests, k->finished, k->double_finals,
-                k->second_streams, (unsigned long long)k->second_tokens, k->two_workers,
-                k->spurious_finals, k->missing_tokens, k->extra_tokens, k->no_responders,
-                k->unanswered, k->repeat_finals, k->gaps_filled);
-    }
+    runs_md(f, rp, res, n);
     return fclose(f) ? -1 : 0;
 }
 
@@ -322,7 +365,7 @@ static void write_report(const struct replay *rp, const struct kvr_sim_result *r
         kvr_sim_hit_ceiling(&rp->wl, rp->block_size, (uint64_t)rp->workers * rp->num_blocks,
                             &meta.hit_ceiling_capacity);
     kvr_mkdir_p(cfg->out);
-    if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK || append_contract(rp, res, n))
+    if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK || append_runs(rp, res, n))
         fprintf(stderr, "kvbench: cannot write %s/report.json\n", cfg->out);
     else if (kvr_report_plots(cfg->out, &meta, res, n) != KVR_OK)
         fprintf(stderr, "kvbench: plots not drawn (is gnuplot installed?)\n");
@@ -341,7 +384,7 @@ static int run_policies(struct replay *rp)
     for (size_t p = 0; p < np && rc == 0; p++) {
         rc = run_policy(rp, cfg->policy[p], load, &res[p]);
         if (rc == 0)
-            print_row(&res[p], &rp->contract[p]);
+            print_row(&res[p], &rp->contract[p], &rp->routers[p]);
     }
     if (rc == 0) {
         if (np >= 2)
@@ -362,13 +405,15 @@ int kvr_replay_run(const struct kvr_bench_config *cfg, struct kvr_client *client
                         .client = client,
                         .workers = cfg->workers,
                         .num_blocks = cfg->num_blocks,
-                        .block_size = cfg->block_size};
-    int rc = load_workload(&rp);
+                        .block_size = cfg->block_size,
+                        .polls = calloc(2, sizeof(struct kvr_routers_poll))};
+    int rc = rp.polls ? load_workload(&rp) : 1;
     if (rc == 0) {
         discover(&rp);
         rc = run_policies(&rp);
     }
     kvr_workload_free(&rp.wl);
     free(rp.tok);
+    free(rp.polls);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fleet.h"
+#include "procstat.h"
 #include "subject.h"
 
 void kvr_api_init(struct kvr_service *s, struct kvr_rd *rd)
@@ -83,6 +84,8 @@ static json_t *core_data(struct kvr_rd *rd)
     };
     for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
         kvr_json_u64(o, v[i].name, v[i].value);
+    if (o) /* the process's CPU, for kvbench's per-run figures */
+        json_object_set_new(o, "cpu_seconds", json_real(kvr_procstat_cpu_seconds()));
     json_t *rep = json_object();
     if (o && rep) {
         kvr_fleet_stats(rd, rep);

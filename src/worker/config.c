@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "httpd.h"
 #include "log.h"
 
 void kvr_wk_config_default(struct kvr_wk_config *c)
@@ -73,6 +74,11 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
             "larger max_tokens refused"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, wait this long for the requests held"),
+        {.name = "metrics-addr",
+         .env = "KVR_METRICS_ADDR",
+         .type = KVR_OPT_STR,
+         .ptr = c->metrics_addr,
+         .help = "serve /metrics, /healthz, /readyz on HOST:PORT (IPv4 or [IPv6]; none: off)"},
     };
     _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] <= KVR_WK_OPTIONS,
                    "KVR_WK_OPTIONS too small");
@@ -89,5 +95,7 @@ kvr_status kvr_wk_config_check(struct kvr_wk_config *c, char *why, size_t len)
         snprintf(why, len, "--id must be below 2^63");
         return KVR_ERR_INVALID;
     }
+    if (c->metrics_addr[0] && kvr_httpd_check_addr(c->metrics_addr, why, len) != KVR_OK)
+        return KVR_ERR_INVALID;
     return kvr_nats_config_check(&c->net, why, len);
 }

@@ -16,14 +16,15 @@
 #include "opts.h"
 
 struct kvr_wk_config {
-    struct kvr_nats_config net;      /* where to connect, the subjects, logs */
-    uint64_t id;                     /* worker id, non-zero; 0 until checked: random */
-    struct kvr_engine_config engine; /* the simulated engine */
-    uint32_t max_prompt_tokens;      /* longer prompts refused */
-    uint32_t max_output_tokens;      /* larger max_tokens refused */
-    uint64_t heartbeat_ns;           /* heartbeat period */
-    uint64_t drain_timeout_ns;       /* on SIGTERM, wait this long for the requests held */
-    bool null_mode;                  /* answer every request at once */
+    struct kvr_nats_config net;         /* where to connect, the subjects, logs */
+    uint64_t id;                        /* worker id, non-zero; 0 until checked: random */
+    struct kvr_engine_config engine;    /* the simulated engine */
+    uint32_t max_prompt_tokens;         /* longer prompts refused */
+    uint32_t max_output_tokens;         /* larger max_tokens refused */
+    uint64_t heartbeat_ns;              /* heartbeat period */
+    uint64_t drain_timeout_ns;          /* on SIGTERM, wait this long for the requests held */
+    bool null_mode;                     /* answer every request at once */
+    char metrics_addr[KVR_OPT_STR_MAX]; /* HOST:PORT of /metrics, /healthz, /readyz ("": none) */
 };
 
 void kvr_wk_config_default(struct kvr_wk_config *c);

@@ -11,6 +11,8 @@
 #include "clock.h"
 #include "codec.h"
 #include "log.h"
+#include "metrics.h"
+#include "procstat.h"
 #include "util.h"
 
 /* --- deliveries ------------------------------------------------------------------------------ */
@@ -128,6 +130,99 @@ static void *heartbeat_thread(void *arg)
     return NULL;
 }
 
+/* --- the operators' endpoints (on the HTTP server's threads) ------------------------------- */
+
+static uint64_t reconnects_of(natsConnection *nc)
+{
+    natsStatistics *st = NULL;
+    uint64_t n = 0;
+    if (nc && natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
+    natsStatistics_Destroy(st);
+    return n;
+}
+
+/* The NATS families: reconnects per connection, messages the library dropped (0 until live). */
+static void nats_metrics(struct kvr_wk_link *l, struct kvr_prom *p)
+{
+    bool live = atomic_load_explicit(&l->live, memory_order_acquire);
+    kvr_prom_family(p, "kvworker_nats_reconnects_total", KVR_PROM_COUNTER,
+                    "Reconnects of each NATS connection (in: cancels, hellos, $SRV; out: "
+                    "forwards, tokens, events).");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "in"}, 1,
+                 live ? reconnects_of(l->nc_in) : 0);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "out"}, 1,
+                 live ? reconnects_of(l->nc_out) : 0);
+    natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
+                                l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    uint64_t dropped = 0;
+    for (size_t i = 0; live && i < sizeof subs / sizeof subs[0]; i++) {
+        int64_t d = 0;
+        if (subs[i] && natsSubscription_GetDropped(subs[i], &d) == NATS_OK && d > 0)
+            dropped += (uint64_t)d;
+    }
+    kvr_prom_counter(p, "kvworker_nats_dropped_messages_total",
+                     "Messages the client library dropped (a slow consumer's pending limit).",
+                     dropped);
+}
+
+/* Both connections made and connected, else false with why. */
+static bool links_up(struct kvr_wk_link *l, char *why, size_t len)
+{
+    if (!atomic_load_explicit(&l->live, memory_order_acquire)) {
+        snprintf(why, len, "starting: connecting to NATS, asking whether its id is free");
+        return false;
+    }
+    bool in = natsConnection_Status(l->nc_in) == NATS_CONN_STATUS_CONNECTED;
+    bool out = natsConnection_Status(l->nc_out) == NATS_CONN_STATUS_CONNECTED;
+    if (!in || !out)
+        snprintf(why, len, "NATS connection %s down (reconnecting)",
+                 !in && !out ? "in and out"
+                 : !in       ? "in"
+                             : "out");
+    return in && out;
+}
+
+static bool http_ready(void *ctx, char *why, size_t len)
+{
+    struct kvr_wk_link *l = ctx;
+    return links_up(l, why, len) && kvr_wk_ready(l->w, why, len);
+}
+
+static kvr_status http_metrics(void *ctx, struct kvr_buf *out)
+{
+    struct kvr_wk_link *l = ctx;
+    struct kvr_prom p;
+    kvr_prom_begin(&p, out);
+    kvr_status st = kvr_wk_metrics(l->w, &p);
+    if (st != KVR_OK)
+        return st;
+    char why[KVR_HTTPD_WHY_MAX];
+    kvr_prom_gauge(&p, "kvworker_ready", "1 when /readyz answers ready.",
+                   http_ready(l, why, sizeof why) ? 1 : 0);
+    nats_metrics(l, &p);
+    struct kvr_procstat ps;
+    kvr_procstat_read(&ps);
+    return kvr_prom_process(&p, &ps);
+}
+
+static kvr_status start_http(struct kvr_wk_link *l)
+{
+    const char *addr = l->w->cfg->metrics_addr;
+    if (!addr[0])
+        return KVR_OK;
+    struct kvr_httpd_config c = {.addr = addr};
+    struct kvr_httpd_hooks h = {.metrics = http_metrics, .readyz = http_ready, .ctx = l};
+    char why[256];
+    kvr_status st = kvr_httpd_start(&c, &h, &l->http, why, sizeof why);
+    if (st != KVR_OK)
+        kvr_log(KVR_LOG_ERROR, "http_failed", "addr=%s error=\"%s\"", addr, why);
+    else
+        kvr_log(KVR_LOG_INFO, "http_listening", "addr=%s port=%u", addr,
+                (unsigned)kvr_httpd_port(l->http));
+    return st;
+}
+
 /* --- connections ----------------------------------------------------------------------------- */
 
 /* The outgoing connection's cut and return, on the library's callback thread. */
@@ -218,7 +313,9 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     snprintf(l->name_in, sizeof l->name_in, "kvworker-%" PRIu64 "-in", w->cfg->id);
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
     l->hooks_out = (struct kvr_conn_hooks){l->name_out, on_out_cut, on_out_back, l};
-    kvr_status st = kvr_connect(&w->cfg->net, l->name_in, &l->nc_in);
+    kvr_status st = start_http(l);
+    if (st == KVR_OK)
+        st = kvr_connect(&w->cfg->net, l->name_in, &l->nc_in);
     if (st == KVR_OK)
         st = kvr_connect_hooked(&w->cfg->net, &l->hooks_out, &l->nc_out);
     if (st != KVR_OK)
@@ -226,6 +323,10 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     w->sink = kvr_nats_sink(l->nc_out);
     if ((st = ask_hello(l)) != KVR_OK || (st = subscribe(l)) != KVR_OK)
         return st;
+    pthread_mutex_lock(&w->mu);
+    w->serving = true;
+    pthread_mutex_unlock(&w->mu);
+    atomic_store_explicit(&l->live, true, memory_order_release);
     if (pthread_create(&l->engine, NULL, engine_thread, l))
         return KVR_ERR_NOMEM;
     if (pthread_create(&l->heartbeat, NULL, heartbeat_thread, l)) {
@@ -255,6 +356,8 @@ void kvr_wk_link_drain(struct kvr_wk_link *l)
 
 void kvr_wk_link_close(struct kvr_wk_link *l)
 {
+    kvr_httpd_stop(l->http); /* its hooks read the worker and the connections */
+    l->http = NULL;
     if (l->threads) {
         kvr_worker_stop(l->w);
         pthread_join(l->engine, NULL);

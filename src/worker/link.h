@@ -7,17 +7,22 @@
  * service "kvworker" (its generate endpoint's requests, errors by code and the worker's counters).
  * It runs the engine and heartbeat threads, and the drain. Before it takes a single request it
  * asks its hello subject whether another process has its id. The outgoing connection tells the
- * worker when it is cut and when it is back (the rebind asks and the streams' repeat). The only
- * part of the worker that includes <nats.h>.
+ * worker when it is cut and when it is back (the rebind asks and the streams' repeat). With
+ * --metrics-addr it also runs the operators' HTTP server (src/net/httpd.h) from before it connects
+ * until it closes: /metrics (the worker's families, metrics.h, then kvworker_ready, its NATS
+ * connections' reconnects and dropped messages, process_*), /healthz, and /readyz (both
+ * connections up, then kvr_wk_ready). The only part of the worker that includes <nats.h>.
  */
 #ifndef KVR_WK_LINK_H
 #define KVR_WK_LINK_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include <nats/nats.h>
 
+#include "httpd.h"
 #include "service.h"
 #include "util.h"
 #include "worker.h"
@@ -33,17 +38,21 @@ struct kvr_wk_link {
     bool threads;                    /* started */
     char name_in[64], name_out[64];  /* connection names (they outlive the connections) */
     struct kvr_conn_hooks hooks_out; /* the outgoing connection's (outlives it) */
+    struct kvr_httpd *http;          /* --metrics-addr; NULL: none */
+    _Atomic bool live;               /* connections and subscriptions made: the HTTP server's
+                                        threads may read them (until kvr_wk_link_close) */
 };
 
 /*
- * Connect, ask whether the id is free, subscribe, start the threads; w's sink becomes the
- * outgoing connection's. KVR_ERR_WORKER_ID_CLASH when another process answered for the id (then
- * nothing was subscribed). l must stay in place until kvr_wk_link_close.
+ * Start the HTTP server (--metrics-addr: KVR_ERR_IO when it cannot listen, KVR_ERR_INVALID for a
+ * bad address, logged), connect, ask whether the id is free, subscribe, start the threads; w's
+ * sink becomes the outgoing connection's. KVR_ERR_WORKER_ID_CLASH when another process answered for
+ * the id (then nothing was subscribed). l must stay in place until kvr_wk_link_close.
  */
 kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w);
 /* SIGTERM: stop taking requests, finish those held (at most the drain timeout). */
 void kvr_wk_link_drain(struct kvr_wk_link *l);
-/* Stop the threads, flush, close. */
+/* Stop the HTTP server first, then the threads, flush, close. */
 void kvr_wk_link_close(struct kvr_wk_link *l);
 
 #endif

@@ -7,6 +7,7 @@
 #include "worker.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -646,6 +647,20 @@ static void flush_locked(struct kvr_worker *w)
     pthread_mutex_lock(&w->mu);
 }
 
+/* One turn of the engine loop at now: readiness sees the thread alive. */
+static void stamp(struct kvr_worker *w, uint64_t now)
+{
+    atomic_store_explicit(&w->engine_ns, now, memory_order_relaxed);
+}
+
+/* Wait until the earliest of until, what comes due next, and KVR_WK_ENGINE_WAKE_NS from now. */
+static void wait_turn(struct kvr_worker *w, uint64_t now, uint64_t until)
+{
+    uint64_t next = next_due(w), wake = now + KVR_WK_ENGINE_WAKE_NS;
+    until = next && next < until ? next : until;
+    wait_until(w, until < wake ? until : wake);
+}
+
 /* Let the step in progress run until end, doing what comes due meanwhile (a deadline ends a
  * request at once, not at the step's end). */
 static void step_wait(struct kvr_worker *w, uint64_t end)
@@ -653,10 +668,11 @@ static void step_wait(struct kvr_worker *w, uint64_t end)
     for (;;) {
         housekeep(w, kvr_now_ns());
         flush_locked(w);
-        uint64_t now = kvr_now_ns(), next = next_due(w);
+        uint64_t now = kvr_now_ns();
+        stamp(w, now);
         if (now >= end || w->stopping)
             return;
-        wait_until(w, next && next < end ? next : end);
+        wait_turn(w, now, end);
     }
 }
 
@@ -669,10 +685,10 @@ void kvr_worker_run_engine(struct kvr_worker *w)
         if (w->stopping)
             break;
         uint64_t now = kvr_now_ns();
+        stamp(w, now);
         uint64_t dur = kvr_engine_step_begin(w->eng, now);
         if (!dur) { /* nothing to do: until work comes, something is due, or IDLE_NS */
-            uint64_t next = next_due(w), until = now + IDLE_NS;
-            wait_until(w, next && next < until ? next : until);
+            wait_turn(w, now, now + IDLE_NS);
             continue;
         }
         step_wait(w, now + dur);

@@ -43,6 +43,7 @@
 #define KVR_WORKER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +63,8 @@
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
 #define KVR_WK_KEPT_TOKENS (1u << 22) /* and their tokens at most (16 MB) */
+#define KVR_WK_ENGINE_WAKE_NS                                                                      \
+    (200ull * 1000000ull) /* the engine thread's longest sleep: engine_ns stays this fresh */
 
 struct kvr_wreq {
     uint64_t key;            /* the router's key for the request: the engine's request id */
@@ -137,6 +140,9 @@ struct kvr_worker {
     uint64_t list_from, list_until;    /* heartbeats list what ended since list_from until then */
     bool cut;                          /* the outgoing connection is down, under mu */
     bool clashed;                      /* yielded to an older instance: silent, under mu */
+    bool serving;                      /* the link took its subscriptions, under mu */
+    _Atomic uint64_t engine_ns;        /* the engine loop's last turn (monotonic ns), 0: none;
+                                          read without mu (readiness: a stuck engine) */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
     char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256];
 };
@@ -173,7 +179,8 @@ bool kvr_worker_clashed(struct kvr_worker *w);
 uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now);
 
 /* The engine thread's loop: step the engine in real time until kvr_worker_stop, waking for
- * deadlines and the repeat as they come due. */
+ * deadlines and the repeat as they come due, and at least every KVR_WK_ENGINE_WAKE_NS (a long
+ * step too), each turn stamping engine_ns. */
 void kvr_worker_run_engine(struct kvr_worker *w);
 
 /* Publish one heartbeat now (its load, the requests it holds, whether it drains, its instance). */

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -983,4 +984,147 @@ bool h_log_has(pid_t pid, const char *needle)
     fclose(f);
     buf[len] = 0;
     return strstr(buf, needle) != NULL;
+}
+
+/* --- the operators' endpoints and other programs ------------------------------------------ */
+
+int h_http(const char *url, char *body, size_t len, int timeout_ms)
+{
+    static char buf[1 << 20];
+    body[0] = 0;
+    int port = 0;
+    char path[1024] = "/";
+    if (sscanf(url, "http://127.0.0.1:%d%1023s", &port, path) < 1 || port <= 0 || port > 65535)
+        return 0;
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int status = 0;
+    size_t got = 0, sent = 0;
+    char req[1200];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+    bool connected = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 || errno == EINPROGRESS;
+    bool eof = false;
+    while (connected && !eof) {
+        int64_t left = (int64_t)end - (int64_t)h_now_ms();
+        if (left <= 0)
+            break;
+        struct pollfd pf = {fd, sent < (size_t)n ? POLLOUT : POLLIN, 0};
+        int r = poll(&pf, 1, (int)left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        if (sent < (size_t)n) {
+            ssize_t w = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
+            if (w < 0 && errno != EAGAIN && errno != EINTR)
+                break;
+            sent += w > 0 ? (size_t)w : 0;
+            continue;
+        }
+        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (k < 0 && (errno == EAGAIN || errno == EINTR))
+            continue;
+        if (k < 0)
+            break;
+        eof = k == 0 || got + (size_t)k >= sizeof buf - 1;
+        got += (size_t)k;
+    }
+    close(fd);
+    buf[got] = 0;
+    const char *b = strstr(buf, "\r\n\r\n");
+    if (eof && b && sscanf(buf, "HTTP/1.%*d %d", &status) == 1)
+        snprintf(body, len, "%s", b + 4);
+    return eof && b ? status : 0;
+}
+
+/* The value of key on a line of text (up to its end) with msg=<msg>, into out. */
+static bool line_value(const char *text, const char *msg, const char *key, char *out, size_t len)
+{
+    char m[128], k[128];
+    snprintf(m, sizeof m, " msg=%s", msg);
+    snprintf(k, sizeof k, " %s=", key);
+    for (const char *at = strstr(text, m); at; at = strstr(at + 1, m)) {
+        size_t ml = strlen(m);
+        if (at[ml] != ' ' && at[ml] != '\n' && at[ml] != 0)
+            continue; /* msg=<msg>_longer */
+        const char *eol = strchr(at, '\n');
+        const char *v = strstr(at, k);
+        if (!v || (eol && v > eol))
+            continue;
+        v += strlen(k);
+        size_t vl = *v == '"' ? strcspn(v + 1, "\"\n") + 2 : strcspn(v, " \n");
+        snprintf(out, len, "%.*s", (int)vl, v);
+        return true;
+    }
+    return false;
+}
+
+bool h_log_value(pid_t pid, const char *msg, const char *key, char *out, size_t len, int timeout_ms)
+{
+    static char buf[1 << 20];
+    struct proc *p = proc_of(pid);
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (p) {
+        bool gone = try_reap(p); /* read once more after it exited */
+        FILE *f = fopen(p->log, "r");
+        if (f) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            if (line_value(buf, msg, key, out, len))
+                return true;
+        }
+        if (gone || h_now_ms() >= end)
+            break;
+        h_sleep_ms(20);
+    }
+    return false;
+}
+
+int h_http_port(pid_t pid, int timeout_ms)
+{
+    char v[32] = "";
+    bool found = h_log_value(pid, "http_listening", "port", v, sizeof v, timeout_ms);
+    if (!found) {
+        h_print_tail(pid, TAIL_LINES);
+        cr_fatal("pid %d logged no msg=http_listening ... port=N within %d ms", (int)pid,
+                 timeout_ms);
+    }
+    int port = atoi(v);
+    cr_assert(port > 0 && port < 65536, "pid %d: http_listening port=%s", (int)pid, v);
+    return port;
+}
+
+int h_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &al) == 0;
+    if (fd >= 0)
+        close(fd);
+    cr_assert(ok, "no free port on 127.0.0.1: %s", strerror(errno));
+    return ntohs(a.sin_port);
+}
+
+pid_t h_spawn_prog(const char *prog, const char *name, const char *const *args)
+{
+    char *argv[64];
+    int n = 0;
+    argv[n++] = (char *)prog;
+    for (int i = 0; args && args[i]; i++) {
+        cr_assert(lt(int, n, 63), "too many arguments for %s", name);
+        argv[n++] = (char *)args[i];
+    }
+    argv[n] = NULL;
+    return spawn_argv(argv, name, false);
 }

@@ -244,4 +244,31 @@ bool h_log_has(pid_t pid, const char *needle);
 /* The first line of file path into out (without its newline); false when unreadable. */
 bool h_first_line(const char *path, char *out, size_t len);
 
+/* --- the operators' endpoints and other programs ------------------------------------------ */
+
+/*
+ * GET url (http://127.0.0.1:PORT/path) over HTTP/1.0, giving up timeout_ms after the call: the
+ * status code, or 0 when no complete answer came (refused, reset, or the time ran out). The body
+ * (after the headers; cut to len - 1 bytes) into body.
+ */
+int h_http(const char *url, char *body, size_t len, int timeout_ms);
+/*
+ * Wait at most timeout_ms for a line of pid's log with msg=<msg>; the value of key=<value> on
+ * the first such line into out (quotes kept). false on timeout.
+ */
+bool h_log_value(pid_t pid, const char *msg, const char *key, char *out, size_t len,
+                 int timeout_ms);
+/*
+ * The port of the HTTP server a daemon started with --metrics-addr HOST:0 (its http_listening
+ * line's port=N); asserts that it came within timeout_ms.
+ */
+int h_http_port(pid_t pid, int timeout_ms);
+/* A TCP port that was free on 127.0.0.1 a moment ago. */
+int h_free_port(void);
+/*
+ * Start another program (a path, or a name on PATH) as the harness starts its own, logged as
+ * name: h_end sends it SIGTERM and wants exit status 0 (or h_signal and h_wait it earlier).
+ */
+pid_t h_spawn_prog(const char *prog, const char *name, const char *const *args);
+
 #endif

@@ -1,0 +1,144 @@
+/*
+ * The simulated worker's metrics and readiness.
+ */
+#define _DEFAULT_SOURCE
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "../engine/engine.h"
+#include "clock.h"
+
+/* What a scrape shows, copied under mu. */
+struct figures {
+    uint64_t requests;                 /* the generate endpoint's */
+    uint64_t by_code[KVR_REPLY_CODES]; /* its errors by kvr_status */
+    struct kvr_prom_hist latency;      /* its handler's time */
+    struct kvr_wk_counters c;          /* the worker's counters */
+    uint32_t held;                     /* requests held */
+    struct kvr_engine_stats e;         /* the engine's figures */
+    uint32_t capacity;                 /* the KV pool, blocks */
+};
+
+/* mu within KVR_WK_LOCK_WAIT_NS, or false. */
+static bool lock_soon(struct kvr_worker *w)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* pthread_mutex_timedlock's clock */
+    uint64_t at = (uint64_t)ts.tv_sec * KVR_NS_PER_S + (uint64_t)ts.tv_nsec + KVR_WK_LOCK_WAIT_NS;
+    ts = (struct timespec){(time_t)(at / KVR_NS_PER_S), (long)(at % KVR_NS_PER_S)};
+    return pthread_mutex_timedlock(&w->mu, &ts) == 0;
+}
+
+static void counter(struct kvr_prom *p, const char *name, const char *help, uint64_t v)
+{
+    kvr_prom_counter(p, name, help, v);
+}
+
+static void gauge(struct kvr_prom *p, const char *name, const char *help, double v)
+{
+    kvr_prom_gauge(p, name, help, v);
+}
+
+static void endpoint(struct kvr_prom *p, const struct figures *f)
+{
+    counter(p, "kvworker_requests_total", "Forwards taken or refused on the generate endpoint.",
+            f->requests);
+    kvr_prom_family(p, "kvworker_errors_total", KVR_PROM_COUNTER,
+                    "Errors by ErrorCode: refused forwards, cancels and deadlines told the client, "
+                    "and those nobody could be told of.");
+    for (int c = 1; c < KVR_REPLY_CODES; c++) {
+        if (!f->by_code[c])
+            continue;
+        struct kvr_prom_label l = {"code", kvr_status_name((kvr_status)c) + 4};
+        kvr_prom_u64(p, &l, 1, f->by_code[c]);
+    }
+    kvr_prom_family(p, "kvworker_request_seconds", KVR_PROM_HISTOGRAM,
+                    "Time to take or refuse a forward (decode, check, hand to the engine).");
+    kvr_prom_histogram(p, NULL, 0, &f->latency);
+}
+
+static void counters(struct kvr_prom *p, const struct figures *f)
+{
+    const struct kvr_wk_counters *c = &f->c;
+    gauge(p, "kvworker_held_requests", "Requests held: in the engine, waiting or running.",
+          f->held);
+    counter(p, "kvworker_served_total", "Requests the engine finished.", c->served);
+    counter(p, "kvworker_cancelled_total", "Requests ended by a router's cancel.", c->cancelled);
+    counter(p, "kvworker_deadlines_total", "Requests ended by their deadline.", c->deadlines);
+    counter(p, "kvworker_duplicates_total",
+            "Forwards dropped: the request was held or ended in the last 60 s.", c->duplicates);
+    counter(p, "kvworker_repeats_total", "Streams repeated after the outgoing connection's cut.",
+            c->repeats);
+    counter(p, "kvworker_rebind_asks_total", "RebindAsks sent after a cut.", c->rebind_asks);
+    counter(p, "kvworker_rebinds_total", "WorkerRebinds received for a stream kept here.",
+            c->rebinds);
+    counter(p, "kvworker_dropped_total", "Messages not made (out of memory).", c->dropped);
+}
+
+static void engine(struct kvr_prom *p, const struct figures *f)
+{
+    const struct kvr_engine_stats *e = &f->e;
+    gauge(p, "kvworker_engine_running_requests", "Requests the engine admitted.", e->running);
+    gauge(p, "kvworker_engine_waiting_requests", "Requests queued in the engine.", e->waiting);
+    gauge(p, "kvworker_engine_active_blocks", "KV blocks referenced by running requests.",
+          e->active_blocks);
+    gauge(p, "kvworker_engine_cached_blocks", "Unreferenced KV blocks still holding a prefix.",
+          e->cached_blocks);
+    gauge(p, "kvworker_engine_capacity_blocks", "The KV pool, blocks.", f->capacity);
+    gauge(p, "kvworker_engine_kv_usage_ratio", "Active blocks over the pool, 0 to 1.", e->kv_usage);
+    counter(p, "kvworker_engine_preemptions_total", "Requests preempted (recomputed later).",
+            e->preemptions);
+    counter(p, "kvworker_engine_evictions_total", "Cached blocks evicted.", e->evictions);
+    counter(p, "kvworker_engine_steps_total", "Engine steps run.", e->steps);
+}
+
+kvr_status kvr_wk_metrics(struct kvr_worker *w, struct kvr_prom *p)
+{
+    struct figures f;
+    if (!lock_soon(w))
+        return KVR_ERR_TIMEOUT; /* the worker is stuck: 503, and /readyz says so */
+    f.requests = w->generate.requests;
+    for (int c = 0; c < KVR_REPLY_CODES; c++)
+        f.by_code[c] = w->generate.by_code[c];
+    f.latency = w->generate.latency;
+    f.c = w->c;
+    f.held = w->nreqs;
+    kvr_engine_stats(w->eng, &f.e);
+    f.capacity = w->cfg->engine.num_blocks;
+    pthread_mutex_unlock(&w->mu);
+    endpoint(p, &f);
+    counters(p, &f);
+    engine(p, &f);
+    return kvr_prom_end(p);
+}
+
+bool kvr_wk_ready(struct kvr_worker *w, char *why, size_t len)
+{
+    uint64_t turn = atomic_load_explicit(&w->engine_ns, memory_order_relaxed), now = kvr_now_ns();
+    if (!turn) {
+        snprintf(why, len, "starting: the engine thread has not run yet");
+        return false;
+    }
+    if (now > turn && now - turn > KVR_WK_ENGINE_STALL_NS) {
+        snprintf(why, len, "the engine thread has not run for %" PRIu64 " ms",
+                 (uint64_t)((now - turn) / KVR_NS_PER_MS));
+        return false;
+    }
+    if (!lock_soon(w)) {
+        snprintf(why, len, "the worker's lock is held over %llu ms",
+                 (unsigned long long)(KVR_WK_LOCK_WAIT_NS / KVR_NS_PER_MS));
+        return false;
+    }
+    const char *no = w->clashed    ? "yielded: another process serves its worker id"
+                     : !w->serving ? "not serving yet (asking whether its id is free, subscribing)"
+                     : w->draining ? "draining: finishing the requests it holds"
+                                   : NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (no)
+        snprintf(why, len, "%s", no);
+    return !no;
+}

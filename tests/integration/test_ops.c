@@ -1,0 +1,513 @@
+/*
+ * What an operator watches, against real processes on 127.0.0.1 (issue 11): the Prometheus
+ * exposition of a router serving requests passes Debian's `promtool check metrics` and its series
+ * say what happened, and so does a worker's (kvworker --metrics-addr); /readyz turns 503 within 1 s
+ * of the decision path stalling (--test-stall-ms) while /healthz stays 200, and comes back after;
+ * Debian's real `prometheus` server scrapes three routers and its query API gives back the requests
+ * sent.
+ */
+#define _DEFAULT_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+#define GEN      H_GEN
+#define PROMTOOL "promtool"   /* Debian's prometheus package (scripts/deps.sh) */
+#define PROM     "prometheus" /* the same package's server */
+
+static struct nats_srv srv;
+static natsConnection *nc;
+static char dir[256]; /* a test's scratch directory, removed at its end */
+
+static void setup(void)
+{
+    h_setup(&srv, 1, &nc);
+}
+
+static void teardown(void)
+{
+    h_teardown(&nc);
+    h_rmdir(dir);
+    dir[0] = 0;
+}
+
+TestSuite(ops, .init = setup, .fini = teardown, .timeout = 60);
+
+/* --- HTTP and the exposition ------------------------------------------------------------ */
+
+static char body[1 << 18]; /* the last answer's body */
+
+/* GET http://127.0.0.1:port<path>: its status (0: no answer within timeout_ms), body in body. */
+static int get(int port, const char *path, int timeout_ms)
+{
+    char url[2100];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    return h_http(url, body, sizeof body, timeout_ms);
+}
+
+/* Poll /readyz until it answers 200; asserts within timeout_ms, with the last reason. */
+static void until_ready(int port, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    int st = 0;
+    while (h_now_ms() < end) {
+        st = get(port, "/readyz", 2000);
+        if (st == 200)
+            return;
+        h_sleep_ms(50);
+    }
+    cr_fatal("port %d: /readyz never answered 200 within %d ms (last: %d %s)", port, timeout_ms, st,
+             body);
+}
+
+/* GET /metrics (asserted 200) into a fresh copy, to free. */
+static char *scrape(int port)
+{
+    int st = get(port, "/metrics", 5000);
+    cr_assert(eq(int, st, 200), "port %d: /metrics answered %d: %s", port, st, body);
+    return strdup(body);
+}
+
+/*
+ * The value of the series exactly as written (name{labels}) in an exposition; asserts that it is
+ * there once.
+ */
+static double value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    const char *found = NULL;
+    for (const char *at = text; (at = strstr(at, series)); at += n) {
+        if ((at == text || at[-1] == '\n') && at[n] == ' ') {
+            cr_assert(found == NULL, "series %s appears twice", series);
+            found = at;
+        }
+    }
+    if (!found)
+        cr_fatal("no series %s in the exposition:\n%s", series, text);
+    char *end;
+    double v = strtod(found + n + 1, &end);
+    cr_assert(end != found + n + 1, "series %s has no number", series);
+    return v;
+}
+
+/* Whether a line of the exposition starts with prefix. */
+static bool has_line(const char *text, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    for (const char *at = text; (at = strstr(at, prefix)); at += n)
+        if (at == text || at[-1] == '\n')
+            return true;
+    return false;
+}
+
+/* `promtool check metrics` on text: asserts exit status 0 and no output (no lint complaint). */
+static void promtool_clean(const char *text, const char *what)
+{
+    char path[512], cmd[700], out[8192] = "";
+    snprintf(path, sizeof path, "%s/%s.prom", dir, what);
+    FILE *f = fopen(path, "w");
+    cr_assert(f != NULL, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, PROMTOOL " check metrics < '%s' 2>&1", path);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p != NULL, "cannot run %s", cmd);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    bool ran = WIFEXITED(st) && WEXITSTATUS(st) != 127; /* scripts/deps.sh installs promtool */
+    cr_assert(ran, "%s: promtool is not installed", cmd);
+    cr_assert(st == 0 && n == 0, "promtool check metrics on %s (%s): status %d, said:\n%s", what,
+              path, WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    size_t lines = 0;
+    for (const char *c = text; *c; c++)
+        lines += *c == '\n';
+    printf("promtool check metrics: %s, %zu lines, %zu bytes: clean\n", what, lines, strlen(text));
+}
+
+/* A router with its HTTP server on an ephemeral port (returned in *port). */
+static pid_t router_http(const char *id, int *port, const char *const *extra)
+{
+    const char *args[16] = {"--metrics-addr", "127.0.0.1:0"};
+    int n = 2;
+    for (int i = 0; extra && extra[i] && n < 15; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    pid_t p = h_router(srv.url, id, args);
+    *port = h_http_port(p, 10000);
+    return p;
+}
+
+/* --- 1. the exposition ------------------------------------------------------------------ */
+
+Test(ops, metrics_pass_promtool)
+{
+    h_tmpdir(dir, sizeof dir, "ops");
+    int port;
+    router_http("r1", &port, NULL);
+    h_worker(srv.url, "1", 1, 200, NULL);
+    until_ready(port, 15000);
+
+    char *m = scrape(port); /* one worker, nothing served yet */
+    promtool_clean(m, "router-idle");
+    cr_assert(eq(dbl, value(m, "kvrouter_workers"), 1));
+    cr_assert(eq(dbl, value(m, "kvrouter_requests_total{endpoint=\"generate\"}"), 0));
+    free(m);
+
+    enum { N = 5 }; /* one after another, sharing a 256-token prefix (4 blocks) */
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "ops-%d", i);
+        struct h_result r = h_ask(nc, GEN, id, 10 + (uint32_t)i, 256, 512, 4, 10000);
+        cr_assert(r.final && r.error_code == 0, "request %d: error %u", i, r.error_code);
+    }
+    struct h_req q; /* one more, long (600 tokens out at real speed): scraped while it runs */
+    cr_assert(h_send(nc, GEN, &q, "ops-long", 99, 256, 512, 600));
+    cr_assert(eq(u64, h_first_worker(&q, 10000), 1), "the long request started on worker 1");
+    m = scrape(port);
+    promtool_clean(m, "router-busy");
+    double active = value(m, "kvrouter_worker_active_blocks{worker=\"1\"}");
+    double inflight = value(m, "kvrouter_worker_inflight_requests{worker=\"1\"}");
+    printf("while one request runs: active_blocks{worker=1} %.0f, inflight_requests{worker=1} "
+           "%.0f, kvrouter_inflight_requests %.0f\n",
+           active, inflight, value(m, "kvrouter_inflight_requests"));
+    cr_assert(ge(dbl, active, 8), "the request holds its 8 prompt blocks, at least");
+    cr_assert(eq(dbl, inflight, 1));
+    cr_assert(eq(dbl, value(m, "kvrouter_inflight_requests"), 1));
+    free(m);
+    cr_assert(h_collect(&q, 30000) && q.res.error_code == 0, "the long request: error %u",
+              q.res.error_code);
+
+    /* once its done event is in, the predicted load is back to nothing */
+    uint64_t end = h_now_ms() + 5000;
+    for (;;) {
+        m = scrape(port);
+        if (value(m, "kvrouter_worker_active_blocks{worker=\"1\"}") == 0 &&
+            value(m, "kvrouter_worker_inflight_requests{worker=\"1\"}") == 0)
+            break;
+        cr_assert(lt(u64, h_now_ms(), end), "the finished request still counted:\n%s", m);
+        free(m);
+        h_sleep_ms(50);
+    }
+    promtool_clean(m, "router-after");
+    const double sent = N + 1;
+    double req = value(m, "kvrouter_requests_total{endpoint=\"generate\"}");
+    double dec = value(m, "kvrouter_decision_seconds_count{endpoint=\"generate\"}");
+    double inf = value(m, "kvrouter_decision_seconds_bucket{endpoint=\"generate\",le=\"+Inf\"}");
+    double sum = value(m, "kvrouter_decision_seconds_sum{endpoint=\"generate\"}");
+    double overlap = value(m, "kvrouter_routed_overlap_blocks_total");
+    double cpu = value(m, "process_cpu_seconds_total");
+    printf("after %.0f requests: requests_total %.0f, decisions_total %.0f, decision_seconds "
+           "count %.0f sum %.6f, routed_blocks_total %.0f, routed_overlap_blocks_total %.0f, "
+           "process_cpu_seconds_total %.3f\n",
+           sent, req, value(m, "kvrouter_decisions_total"), dec, sum,
+           value(m, "kvrouter_routed_blocks_total"), overlap, cpu);
+    cr_assert(eq(dbl, req, sent));
+    cr_assert(eq(dbl, dec, sent));
+    cr_assert(eq(dbl, inf, sent));
+    cr_assert(eq(dbl, value(m, "kvrouter_decisions_total"), sent));
+    cr_assert(eq(dbl, value(m, "kvrouter_requests_total{endpoint=\"select\"}"), 0));
+    cr_assert(gt(dbl, sum, 0), "decisions take some time");
+    cr_assert(lt(dbl, sum, sent), "under a second each");
+    cr_assert(eq(dbl, value(m, "kvrouter_routed_blocks_total"), sent * 8));
+    cr_assert(ge(dbl, overlap, 4), "later requests found the shared prefix's 4 blocks cached");
+    cr_assert(le(dbl, overlap, (sent - 1) * 4));
+    cr_assert(eq(dbl, value(m, "kvrouter_workers"), 1));
+    cr_assert(eq(dbl, value(m, "kvrouter_worker_capacity_blocks{worker=\"1\"}"), 16384));
+    cr_assert(eq(dbl, value(m, "kvrouter_ready"), 1));
+    cr_assert(eq(dbl, value(m, "kvrouter_queue_depth"), 0));
+    bool errors = has_line(m, "kvrouter_errors_total{");
+    cr_assert(eq(int, errors, 0), "no errors:\n%s", m);
+    cr_assert(gt(dbl, cpu, 0));
+    free(m);
+    h_end();
+}
+
+/*
+ * The worker's exposition (kvworker --metrics-addr, its families prefixed kvworker_): a test of its
+ * own, so that the router's above stands whatever the worker's says.
+ */
+Test(ops, worker_metrics_pass_promtool)
+{
+    h_tmpdir(dir, sizeof dir, "ops");
+    int rport;
+    router_http("r1", &rport, NULL);
+    pid_t w = h_worker(srv.url, "1", 1, 200, H_ARGS("--metrics-addr", "127.0.0.1:0"));
+    int port = h_http_port(w, 10000);
+    until_ready(port, 15000);
+    until_ready(rport, 15000);
+    cr_assert(eq(int, get(port, "/healthz", 2000), 200));
+
+    char *m = scrape(port);
+    promtool_clean(m, "worker-idle");
+    cr_assert(eq(dbl, value(m, "kvworker_requests_total"), 0));
+    free(m);
+
+    enum { N = 4 };
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "wk-%d", i);
+        struct h_result r = h_ask(nc, GEN, id, 20 + (uint32_t)i, 256, 512, 4, 10000);
+        cr_assert(r.final && r.error_code == 0, "request %d: error %u", i, r.error_code);
+    }
+    struct h_req q; /* a long one, scraped while the engine runs it */
+    cr_assert(h_send(nc, GEN, &q, "wk-long", 98, 256, 512, 600));
+    cr_assert(eq(u64, h_first_worker(&q, 10000), 1));
+    m = scrape(port);
+    promtool_clean(m, "worker-busy");
+    double held = value(m, "kvworker_held_requests");
+    double running = value(m, "kvworker_engine_running_requests");
+    double active = value(m, "kvworker_engine_active_blocks");
+    printf("worker, while one request runs: held_requests %.0f, engine_running_requests %.0f, "
+           "engine_active_blocks %.0f, engine_kv_usage_ratio %g\n",
+           held, running, active, value(m, "kvworker_engine_kv_usage_ratio"));
+    cr_assert(eq(dbl, held, 1));
+    cr_assert(eq(dbl, running, 1));
+    cr_assert(ge(dbl, active, 8), "its 8 prompt blocks, at least");
+    free(m);
+    cr_assert(h_collect(&q, 30000) && q.res.error_code == 0);
+
+    uint64_t end = h_now_ms() + 5000;
+    for (;;) {
+        m = scrape(port);
+        if (value(m, "kvworker_held_requests") == 0 &&
+            value(m, "kvworker_engine_active_blocks") == 0)
+            break;
+        cr_assert(lt(u64, h_now_ms(), end), "the finished request still held:\n%s", m);
+        free(m);
+        h_sleep_ms(50);
+    }
+    promtool_clean(m, "worker-after");
+    const double sent = N + 1;
+    printf("worker, after %.0f requests: requests_total %.0f, served_total %.0f, "
+           "request_seconds_count %.0f, engine_cached_blocks %.0f, engine_steps_total %.0f\n",
+           sent, value(m, "kvworker_requests_total"), value(m, "kvworker_served_total"),
+           value(m, "kvworker_request_seconds_count"), value(m, "kvworker_engine_cached_blocks"),
+           value(m, "kvworker_engine_steps_total"));
+    cr_assert(eq(dbl, value(m, "kvworker_requests_total"), sent));
+    cr_assert(eq(dbl, value(m, "kvworker_served_total"), sent));
+    cr_assert(eq(dbl, value(m, "kvworker_request_seconds_count"), sent));
+    cr_assert(eq(dbl, value(m, "kvworker_engine_capacity_blocks"), 16384));
+    cr_assert(ge(dbl, value(m, "kvworker_engine_cached_blocks"), 4), "the shared prefix stays");
+    cr_assert(ge(dbl, value(m, "kvworker_engine_steps_total"), 600));
+    bool errors = has_line(m, "kvworker_errors_total{");
+    cr_assert(eq(int, errors, 0), "no errors:\n%s", m);
+    free(m);
+    h_end();
+}
+
+/* --- 2. readiness when the decision path stalls ------------------------------------------- */
+
+Test(ops, readyz_false_within_1s_of_a_stall)
+{
+    enum { STALL_MS = 3000, EVERY_MS = 50, PROBE_MS = 2000 /* under the stall: a hang shows */ };
+    int port;
+    pid_t r = router_http("r1", &port, H_ARGS("--test-stall-ms", "3000"));
+    h_worker(srv.url, "1", 50, 200, NULL);
+    until_ready(port, 15000);
+    cr_assert(eq(int, get(port, "/healthz", PROBE_MS), 200));
+    struct h_result ok = h_ask(nc, GEN, "before", 1, 0, 128, 2, 10000);
+    cr_assert(ok.final && ok.error_code == 0);
+
+    uint64_t t0 = h_now_ms();
+    cr_assert(eq(int, natsConnection_PublishString(nc, "kv.default.router.stall", ""), NATS_OK));
+    cr_assert(eq(int, natsConnection_FlushTimeout(nc, 2000), NATS_OK));
+    int64_t not_ready = -1, ready_again = -1;
+    int probes = 0, metrics_during = 0;
+    uint64_t slowest = 0;
+    char reason[512] = "";
+    while (ready_again < 0 && h_now_ms() - t0 < STALL_MS + 10000) {
+        uint64_t a = h_now_ms();
+        int st = get(port, "/readyz", PROBE_MS);
+        uint64_t took = h_now_ms() - a;
+        slowest = took > slowest ? took : slowest;
+        probes++;
+        cr_assert(st == 200 || st == 503,
+                  "/readyz probe %d, %llu ms after the stall began: status %d after %llu ms "
+                  "(0: no answer within %d ms)",
+                  probes, (unsigned long long)(a - t0), st, (unsigned long long)took, PROBE_MS);
+        if (st == 503)
+            cr_assert(gt(sz, strlen(body), 1), "a 503 from /readyz gives a reason");
+        if (st == 503 && not_ready < 0) {
+            not_ready = (int64_t)(h_now_ms() - t0);
+            snprintf(reason, sizeof reason, "%s", body);
+            reason[strcspn(reason, "\n")] = 0;
+            /* a scrape meanwhile answers too: 503, it cannot read the state */
+            metrics_during = get(port, "/metrics", PROBE_MS);
+        }
+        if (st == 200 && not_ready >= 0)
+            ready_again = (int64_t)(h_now_ms() - t0);
+        int h = get(port, "/healthz", PROBE_MS);
+        cr_assert(eq(int, h, 200), "/healthz %llu ms after the stall began: %d",
+                  (unsigned long long)(h_now_ms() - t0), h);
+        h_sleep_ms(EVERY_MS);
+    }
+    printf("stall of %d ms: /readyz 503 after %lld ms (\"%s\"), ready again after %lld ms; "
+           "%d probes, the slowest answered in %llu ms; /metrics during the stall: %d\n",
+           STALL_MS, (long long)not_ready, reason, (long long)ready_again, probes,
+           (unsigned long long)slowest, metrics_during);
+    cr_assert(h_log_has(r, "msg=test_stall"), "the router stalled");
+    cr_assert(ge(i64, not_ready, 0), "/readyz never said not ready");
+    cr_assert(le(i64, not_ready, 1000), "/readyz said not ready %lld ms after the stall began",
+              (long long)not_ready);
+    cr_assert(eq(int, metrics_during, 503), "/metrics while the state lock is held");
+    cr_assert(ge(i64, ready_again, 0), "/readyz never said ready again after the stall");
+    cr_assert(gt(i64, ready_again, STALL_MS - 500), "not ready while the stall lasted");
+    struct h_result after = h_ask(nc, GEN, "after", 2, 0, 128, 2, 10000);
+    cr_assert(after.final && after.error_code == 0, "served after the stall");
+    h_end();
+}
+
+/* --- 3. a real Prometheus ----------------------------------------------------------------- */
+
+/* Percent-encode s (a PromQL query) for a URL query string. */
+static void url_encode(const char *s, char *out, size_t len)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = 0;
+    for (; *s && n + 4 < len; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            strchr("-_.~()", c)) {
+            out[n++] = (char)c;
+        } else {
+            out[n++] = '%';
+            out[n++] = hex[c >> 4];
+            out[n++] = hex[c & 15];
+        }
+    }
+    out[n] = 0;
+}
+
+/* /api/v1/query?query=promql on Prometheus at port: data.result (to json_decref), or NULL. */
+static json_t *query(int port, const char *promql)
+{
+    char q[600], path[2000];
+    url_encode(promql, q, sizeof q);
+    snprintf(path, sizeof path, "/api/v1/query?query=%s", q);
+    if (get(port, path, 5000) != 200)
+        return NULL;
+    json_t *o = json_loads(body, 0, NULL);
+    const char *status = json_string_value(json_object_get(o, "status"));
+    json_t *res = status && !strcmp(status, "success") ? h_json_at(o, "data.result") : NULL;
+    json_incref(res);
+    json_decref(o);
+    return json_is_array(res) ? res : (json_decref(res), NULL);
+}
+
+/* A result sample's value ("value": [time, "v"]). */
+static double sample(json_t *r)
+{
+    const char *v = json_string_value(json_array_get(json_object_get(r, "value"), 1));
+    return v ? strtod(v, NULL) : -1;
+}
+
+Test(ops, a_real_prometheus_scrapes_three_routers)
+{
+    enum { ROUTERS = 3, N = 30, AT_ONCE = 10 };
+    h_tmpdir(dir, sizeof dir, "prom");
+    int port[ROUTERS];
+    for (int i = 0; i < ROUTERS; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "r%d", i + 1);
+        router_http(id, &port[i], NULL);
+    }
+    h_worker(srv.url, "1", 50, 200, NULL);
+
+    /* Prometheus, scraping the three every second */
+    char conf[512], tsdb[512], listen[64];
+    snprintf(conf, sizeof conf, "%s/prometheus.yml", dir);
+    snprintf(tsdb, sizeof tsdb, "--storage.tsdb.path=%s/tsdb", dir);
+    int pport = h_free_port();
+    snprintf(listen, sizeof listen, "--web.listen-address=127.0.0.1:%d", pport);
+    FILE *f = fopen(conf, "w");
+    cr_assert(f != NULL, "cannot write %s", conf);
+    fprintf(f, "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
+               "  - job_name: kvrouter\n    static_configs:\n      - targets:\n");
+    for (int i = 0; i < ROUTERS; i++)
+        fprintf(f, "          - 127.0.0.1:%d\n", port[i]);
+    fclose(f);
+    char config_arg[600];
+    snprintf(config_arg, sizeof config_arg, "--config.file=%s", conf);
+    uint64_t t_prom = h_now_ms();
+    pid_t prom = h_spawn_prog(PROM, "prometheus", H_ARGS(config_arg, tsdb, listen));
+    cr_assert(gt(int, prom, 0), "cannot start %s", PROM);
+
+    for (int i = 0; i < ROUTERS; i++)
+        until_ready(port[i], 20000);
+    static struct h_req q[N];
+    for (int i = 0; i < N; i += AT_ONCE) {
+        for (int k = i; k < i + AT_ONCE; k++) {
+            char id[32];
+            snprintf(id, sizeof id, "prom-%d", k);
+            cr_assert(h_send(nc, GEN, &q[k], id, 100 + (uint32_t)k, 0, 256, 4));
+        }
+        for (int k = i; k < i + AT_ONCE; k++)
+            cr_assert(h_collect(&q[k], 10000) && q[k].res.error_code == 0, "request %d: error %u",
+                      k, q[k].res.error_code);
+    }
+    uint64_t t_sent = h_now_ms();
+    double direct = 0; /* what the routers themselves say */
+    printf("requests_total{endpoint=generate} by router:");
+    for (int i = 0; i < ROUTERS; i++) {
+        char *m = scrape(port[i]);
+        double v = value(m, "kvrouter_requests_total{endpoint=\"generate\"}");
+        printf(" r%d %.0f", i + 1, v);
+        direct += v;
+        free(m);
+    }
+    printf("\n");
+    cr_assert(eq(dbl, direct, N), "the routers counted %.0f of %d requests", direct, N);
+
+    const char *promql = "sum(kvrouter_requests_total{endpoint=\"generate\"})";
+    double got = -1;
+    while (h_now_ms() - t_sent < 30000 && got != N) {
+        bool gone = h_exited(prom);
+        cr_assert(eq(int, gone, 0), "prometheus exited");
+        json_t *res = query(pport, promql);
+        got = json_array_size(res) == 1 ? sample(json_array_get(res, 0)) : -1;
+        json_decref(res);
+        if (got != N)
+            h_sleep_ms(250);
+    }
+    uint64_t t_seen = h_now_ms();
+    if (got != N)
+        h_print_tail(prom, 15);
+    cr_assert(eq(dbl, got, N), "Prometheus: %s = %.0f, %d sent (last answer: %s)", promql, got, N,
+              body);
+    printf("Prometheus (started %llu ms before the requests were done): %s = %.0f, %llu ms after "
+           "the last request\n",
+           (unsigned long long)(t_sent - t_prom), promql, got,
+           (unsigned long long)(t_seen - t_sent));
+
+    json_t *up = query(pport, "up{job=\"kvrouter\"}");
+    cr_assert(up != NULL, "Prometheus answered no up series: %s", body);
+    cr_assert(eq(sz, json_array_size(up), ROUTERS), "up series: %s", body);
+    size_t i;
+    json_t *r;
+    json_array_foreach(up, i, r)
+    {
+        const char *inst = json_string_value(h_json_at(r, "metric.instance"));
+        printf("up{instance=\"%s\"} %.0f\n", inst ? inst : "?", sample(r));
+        cr_assert(eq(dbl, sample(r), 1), "target %s is not up", inst ? inst : "?");
+        bool ours = false;
+        for (int k = 0; k < ROUTERS && inst; k++) {
+            char want[32];
+            snprintf(want, sizeof want, "127.0.0.1:%d", port[k]);
+            ours |= !strcmp(inst, want);
+        }
+        cr_assert(ours, "an up series for %s, not one of the routers", inst ? inst : "?");
+    }
+    json_decref(up);
+
+    h_signal(prom, SIGTERM);
+    int st = h_wait(prom, 10000);
+    cr_assert(eq(int, st, 0), "prometheus exit status on SIGTERM");
+    h_end();
+}
