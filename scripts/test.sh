@@ -5,7 +5,8 @@
 #             against fleets of the plain build's daemons (Node's test runner; npm ci installs it),
 #   asan      the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in a
 #             debugoptimized build so assertions run,
-#   valgrind  the unit tests under valgrind (leaks and memory errors fail the run),
+#   valgrind  the unit tests under valgrind (leaks and memory errors fail the run; the hostile-
+#             input ones run plain and under ASan only),
 #   tsan      the integration suite with kvrouter, kvworker and kvbench under ThreadSanitizer,
 #   fuzz      every libFuzzer target (tests/fuzz) for FUZZ_SECONDS each (default 5), clang,
 #   format    a formatting check of every C file against .clang-format, and scripts/structure.sh
@@ -60,8 +61,12 @@ stage_asan() {
 }
 
 stage_valgrind() {
+  # the hostile-input tests drive the same handlers as test_routerd and test_worker (which run
+  # here) with 44 more Criterion children of ~2 s each under valgrind; they run plain and under
+  # ASan/UBSan with leak checks
   bash scripts/build.sh build
-  meson test -C build --setup=valgrind --suite unit --print-errorlogs --num-processes 2
+  meson test -C build --setup=valgrind --suite unit --no-suite hostile --print-errorlogs \
+    --num-processes 2
 }
 
 stage_tsan() {

@@ -35,7 +35,7 @@ struct kvr_rd_config {
     uint64_t test_stall_ns;        /* tests only: a message on router.stall holds the state lock
                                       this long (0: no such subject) */
     char metrics_addr[KVR_OPT_STR_MAX]; /* HOST:PORT of /metrics, /healthz, /readyz ("": none) */
-    bool gossip;                   /* share decisions with the other routers */
+    bool gossip;                        /* share decisions with the other routers */
 };
 
 void kvr_rd_config_default(struct kvr_rd_config *c);

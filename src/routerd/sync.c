@@ -182,8 +182,9 @@ void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
     /* while a snapshot is awaited, the pages with its token are its: their index entries are
      * taken (repair pages, and anyone else's, carry none that count) */
     uint64_t expect = g->syncing ? g->sync_token : 0;
-    bool ours = expect && kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) ==
-                              KVR_OK && token == expect;
+    bool ours = expect &&
+                kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) == KVR_OK &&
+                token == expect;
     struct page_ctx c = {rd, kvr_now_ns(), ours};
     if (ours && g->resync) { /* the snapshot's index replaces the one with holes in it */
         kvr_router_index_clear(rd->core);
