@@ -364,3 +364,20 @@ void kvr_httpd_stop(struct kvr_httpd *s)
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
+
+kvr_status kvr_httpd_serve(const char *addr, const struct kvr_httpd_hooks *h,
+                           struct kvr_httpd **out)
+{
+    *out = NULL;
+    if (!addr || !addr[0])
+        return KVR_OK;
+    struct kvr_httpd_config c = {.addr = addr};
+    char why[256];
+    kvr_status st = kvr_httpd_start(&c, h, out, why, sizeof why);
+    if (st != KVR_OK)
+        kvr_log(KVR_LOG_ERROR, "http_failed", "addr=%s error=\"%s\"", addr, why);
+    else
+        kvr_log(KVR_LOG_INFO, "http_listening", "addr=%s port=%u", addr,
+                (unsigned)kvr_httpd_port(*out));
+    return st;
+}

@@ -85,4 +85,9 @@ uint16_t kvr_httpd_port(const struct kvr_httpd *s);
  * threads, free s. NULL is a no-op. Not from a hook. */
 void kvr_httpd_stop(struct kvr_httpd *s);
 
+/* A daemon's --metrics-addr: nothing when addr is empty (*out NULL), else kvr_httpd_start with
+ * the defaults, logged (http_listening with the port, or http_failed with why). */
+kvr_status kvr_httpd_serve(const char *addr, const struct kvr_httpd_hooks *h,
+                           struct kvr_httpd **out);
+
 #endif

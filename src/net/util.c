@@ -319,3 +319,24 @@ void kvr_net_shutdown(void)
 {
     nats_Close();
 }
+
+uint64_t kvr_nats_reconnects(natsConnection *nc)
+{
+    natsStatistics *st = NULL;
+    uint64_t n = 0;
+    if (nc && natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
+        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
+    natsStatistics_Destroy(st);
+    return n;
+}
+
+uint64_t kvr_nats_dropped(natsSubscription *const *subs, size_t n)
+{
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t d = 0;
+        if (subs[i] && natsSubscription_GetDropped(subs[i], &d) == NATS_OK && d > 0)
+            dropped += (uint64_t)d;
+    }
+    return dropped;
+}

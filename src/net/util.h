@@ -65,6 +65,11 @@ kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data
 /* At exit, after every connection is destroyed: release the NATS library (nats_Close). */
 void kvr_net_shutdown(void);
 
+/* Reconnects of nc so far (0 for NULL). */
+uint64_t kvr_nats_reconnects(natsConnection *nc);
+/* Messages the library dropped over subs[0..n) (NULL entries skipped): slow consumers. */
+uint64_t kvr_nats_dropped(natsSubscription *const *subs, size_t n);
+
 /* The sink that publishes on nc (with the service error headers where m->err is set). */
 struct kvr_sink kvr_nats_sink(natsConnection *nc);
 

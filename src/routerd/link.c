@@ -181,6 +181,7 @@ kvr_status kvr_link_serve(struct kvr_link *l)
         pthread_mutex_lock(&l->rd->mu);
         l->rd->serving = true;
         pthread_mutex_unlock(&l->rd->mu);
+        atomic_store_explicit(&l->live, true, memory_order_release);
     }
     return failed(s, "requests");
 }
@@ -247,35 +248,22 @@ void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms)
             natsSubscription_WaitForDrainCompletion(subs[i], timeout_ms);
 }
 
-static uint64_t reconnects_of(natsConnection *nc)
-{
-    natsStatistics *st = NULL;
-    uint64_t n = 0;
-    if (nc && natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
-        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
-    natsStatistics_Destroy(st);
-    return n;
-}
-
 void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p)
 {
+    /* the connections and subscriptions are made on the main thread: read once it has */
+    bool live = atomic_load_explicit(&l->live, memory_order_acquire);
     kvr_prom_family(p, "kvrouter_nats_reconnects_total", KVR_PROM_COUNTER,
                     "Reconnects of each NATS connection.");
     kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "requests"}, 1,
-                 reconnects_of(l->nc_req));
-    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "events"}, 1, reconnects_of(l->nc_ev));
+                 live ? kvr_nats_reconnects(l->nc_req) : 0);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "events"}, 1,
+                 live ? kvr_nats_reconnects(l->nc_ev) : 0);
     natsSubscription *subs[] = {l->sub_ev,   l->sub_gossip, l->sub_pages,
                                 l->sub_sync, l->sub_lookup, l->sub_digest,
                                 l->sub_gen,  l->sub_sel,    l->sub_cancel};
-    uint64_t dropped = 0;
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        int64_t d = 0;
-        if (subs[i] && natsSubscription_GetDropped(subs[i], &d) == NATS_OK && d > 0)
-            dropped += (uint64_t)d;
-    }
     kvr_prom_counter(p, "kvrouter_nats_dropped_messages_total",
                      "Messages the client library dropped (a slow consumer's pending limit).",
-                     dropped);
+                     live ? kvr_nats_dropped(subs, sizeof subs / sizeof subs[0]) : 0);
 }
 
 void kvr_link_close(struct kvr_link *l)

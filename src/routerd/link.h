@@ -9,6 +9,7 @@
 #define KVR_RD_LINK_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include <nats/nats.h>
@@ -32,6 +33,7 @@ struct kvr_link {
     pthread_t timer;                  /* */
     bool timer_running;               /* */
     volatile bool stopping;           /* under rd->mu */
+    _Atomic bool live;                /* connections and subscriptions made (metrics may read) */
     char name_req[300], name_ev[300]; /* connection names (they outlive the connections) */
 };
 

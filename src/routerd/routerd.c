@@ -95,19 +95,8 @@ static bool http_ready(void *ctx, char *why, size_t len)
 
 static kvr_status start_http(struct kvr_routerd *d)
 {
-    const char *addr = d->rd.cfg->metrics_addr;
-    if (!addr[0])
-        return KVR_OK;
-    struct kvr_httpd_config c = {.addr = addr};
     struct kvr_httpd_hooks h = {.metrics = http_metrics, .readyz = http_ready, .ctx = d};
-    char why[256];
-    kvr_status st = kvr_httpd_start(&c, &h, &d->http, why, sizeof why);
-    if (st != KVR_OK)
-        kvr_log(KVR_LOG_ERROR, "http_failed", "addr=%s error=\"%s\"", addr, why);
-    else
-        kvr_log(KVR_LOG_INFO, "http_listening", "addr=%s port=%u", addr,
-                (unsigned)kvr_httpd_port(d->http));
-    return st;
+    return kvr_httpd_serve(d->rd.cfg->metrics_addr, &h, &d->http);
 }
 
 kvr_status kvr_routerd_start(struct kvr_routerd *d)

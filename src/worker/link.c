@@ -132,16 +132,6 @@ static void *heartbeat_thread(void *arg)
 
 /* --- the operators' endpoints (on the HTTP server's threads) ------------------------------- */
 
-static uint64_t reconnects_of(natsConnection *nc)
-{
-    natsStatistics *st = NULL;
-    uint64_t n = 0;
-    if (nc && natsStatistics_Create(&st) == NATS_OK && natsConnection_GetStats(nc, st) == NATS_OK)
-        natsStatistics_GetCounts(st, NULL, NULL, NULL, NULL, &n);
-    natsStatistics_Destroy(st);
-    return n;
-}
-
 /* The NATS families: reconnects per connection, messages the library dropped (0 until live). */
 static void nats_metrics(struct kvr_wk_link *l, struct kvr_prom *p)
 {
@@ -150,17 +140,12 @@ static void nats_metrics(struct kvr_wk_link *l, struct kvr_prom *p)
                     "Reconnects of each NATS connection (in: cancels, hellos, $SRV; out: "
                     "forwards, tokens, events).");
     kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "in"}, 1,
-                 live ? reconnects_of(l->nc_in) : 0);
+                 live ? kvr_nats_reconnects(l->nc_in) : 0);
     kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "out"}, 1,
-                 live ? reconnects_of(l->nc_out) : 0);
+                 live ? kvr_nats_reconnects(l->nc_out) : 0);
     natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
                                 l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
-    uint64_t dropped = 0;
-    for (size_t i = 0; live && i < sizeof subs / sizeof subs[0]; i++) {
-        int64_t d = 0;
-        if (subs[i] && natsSubscription_GetDropped(subs[i], &d) == NATS_OK && d > 0)
-            dropped += (uint64_t)d;
-    }
+    uint64_t dropped = live ? kvr_nats_dropped(subs, sizeof subs / sizeof subs[0]) : 0;
     kvr_prom_counter(p, "kvworker_nats_dropped_messages_total",
                      "Messages the client library dropped (a slow consumer's pending limit).",
                      dropped);
@@ -208,19 +193,8 @@ static kvr_status http_metrics(void *ctx, struct kvr_buf *out)
 
 static kvr_status start_http(struct kvr_wk_link *l)
 {
-    const char *addr = l->w->cfg->metrics_addr;
-    if (!addr[0])
-        return KVR_OK;
-    struct kvr_httpd_config c = {.addr = addr};
     struct kvr_httpd_hooks h = {.metrics = http_metrics, .readyz = http_ready, .ctx = l};
-    char why[256];
-    kvr_status st = kvr_httpd_start(&c, &h, &l->http, why, sizeof why);
-    if (st != KVR_OK)
-        kvr_log(KVR_LOG_ERROR, "http_failed", "addr=%s error=\"%s\"", addr, why);
-    else
-        kvr_log(KVR_LOG_INFO, "http_listening", "addr=%s port=%u", addr,
-                (unsigned)kvr_httpd_port(l->http));
-    return st;
+    return kvr_httpd_serve(l->w->cfg->metrics_addr, &h, &l->http);
 }
 
 /* --- connections ----------------------------------------------------------------------------- */
