@@ -29,5 +29,13 @@ echo "deps: installing ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
+# Packages with a daemon (prometheus, nats-server) start it on install where an init system runs:
+# the tests start their own on 127.0.0.1, so none is started here (policy-rc.d's "101: not
+# allowed", which invoke-rc.d and deb-systemd-invoke obey), unless the machine has its own policy.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo chmod 755 /usr/sbin/policy-rc.d
+  trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
