@@ -24,11 +24,6 @@ static bool lock_soon(struct kvr_rd *rd)
     return pthread_mutex_timedlock(&rd->mu, &ts) == 0;
 }
 
-static void counter(struct kvr_prom *p, const char *name, const char *help, uint64_t v)
-{
-    kvr_prom_counter(p, name, help, v);
-}
-
 /* One endpoint's requests, errors by code and latency. */
 static void endpoint(struct kvr_prom *p, const struct kvr_reply *r, int family)
 {
@@ -103,14 +98,18 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
 {
     struct kvr_router_stats s;
     kvr_router_stats(rd->core, &s);
-    counter(p, "kvrouter_decisions_total", "Requests routed and booked here.", s.decisions);
-    counter(p, "kvrouter_queued_total", "Requests that had to wait for a worker.", s.queued);
-    counter(p, "kvrouter_rejected_total", "Requests refused by the core (any reason).", s.rejected);
-    counter(p, "kvrouter_routed_blocks_total", "Prompt blocks of the requests routed here.",
-            s.routed_blocks);
-    counter(p, "kvrouter_routed_overlap_blocks_total",
-            "Prompt blocks the decisions expected cached on their worker (predicted overlap).",
-            s.routed_overlap);
+    kvr_prom_counter(p, "kvrouter_decisions_total", "Requests routed and booked here.",
+                     s.decisions);
+    kvr_prom_counter(p, "kvrouter_queued_total", "Requests that had to wait for a worker.",
+                     s.queued);
+    kvr_prom_counter(p, "kvrouter_rejected_total", "Requests refused by the core (any reason).",
+                     s.rejected);
+    kvr_prom_counter(p, "kvrouter_routed_blocks_total",
+                     "Prompt blocks of the requests routed here.", s.routed_blocks);
+    kvr_prom_counter(
+        p, "kvrouter_routed_overlap_blocks_total",
+        "Prompt blocks the decisions expected cached on their worker (predicted overlap).",
+        s.routed_overlap);
     kvr_prom_gauge(p, "kvrouter_queue_depth", "Requests waiting for a worker.", s.queue_len);
     kvr_prom_gauge(p, "kvrouter_inflight_requests", "Requests in flight, fleet-wide as known here.",
                    s.inflight);
@@ -121,16 +120,16 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    s.index_entries);
     kvr_prom_gauge(p, "kvrouter_memory_bytes", "Heap held by the routing core.",
                    (double)s.memory_bytes);
-    counter(p, "kvrouter_bad_events_total", "Worker events dropped as malformed or forged.",
-            rd->ev_errors);
-    counter(p, "kvrouter_failed_requests_total", "In-flight requests failed by a worker's loss.",
-            s.failed_requests);
-    counter(p, "kvrouter_outbox_dropped_total", "Messages that could not be made (memory).",
-            rd->out.dropped);
-    counter(p, "kvrouter_stalls_total",
-            "Housekeeping ticks far later than due (the router was "
-            "stopped).",
-            rd->stalls);
+    kvr_prom_counter(p, "kvrouter_bad_events_total",
+                     "Worker events dropped as malformed or forged.", rd->ev_errors);
+    kvr_prom_counter(p, "kvrouter_failed_requests_total",
+                     "In-flight requests failed by a worker's loss.", s.failed_requests);
+    kvr_prom_counter(p, "kvrouter_outbox_dropped_total",
+                     "Messages that could not be made (memory).", rd->out.dropped);
+    kvr_prom_counter(p, "kvrouter_stalls_total",
+                     "Housekeeping ticks far later than due (the router was "
+                     "stopped).",
+                     rd->stalls);
 }
 
 static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
@@ -139,21 +138,21 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
     uint64_t now = kvr_now_ns(), alive = 0;
     const struct kvr_peer *q, *tmp;
     HASH_ITER(hh, g->peers, q, tmp) alive += kvr_fleet_peer_alive(rd, q, now);
-    counter(p, "kvrouter_gossip_sent_total", "Decisions gossiped to the peers.", g->sent);
-    counter(p, "kvrouter_gossip_received_total", "Gossip messages received from peers.",
-            g->received);
+    kvr_prom_counter(p, "kvrouter_gossip_sent_total", "Decisions gossiped to the peers.", g->sent);
+    kvr_prom_counter(p, "kvrouter_gossip_received_total", "Gossip messages received from peers.",
+                     g->received);
     kvr_prom_family(p, "kvrouter_gossip_bytes_total", KVR_PROM_COUNTER,
                     "Gossip bytes, by direction.");
     kvr_prom_u64(p, &(struct kvr_prom_label){"direction", "sent"}, 1, g->sent_bytes);
     kvr_prom_u64(p, &(struct kvr_prom_label){"direction", "received"}, 1, g->received_bytes);
-    counter(p, "kvrouter_gossip_bad_total", "Replication messages dropped as malformed or forged.",
-            g->bad);
-    counter(p, "kvrouter_replication_gaps_total", "Gaps seen in peers' decision sequences.",
-            g->gaps);
-    counter(p, "kvrouter_replication_repaired_total", "Decisions recovered by repairs.",
-            g->repaired);
-    counter(p, "kvrouter_replication_resyncs_total", "Snapshots taken again after a cut.",
-            g->resyncs);
+    kvr_prom_counter(p, "kvrouter_gossip_bad_total",
+                     "Replication messages dropped as malformed or forged.", g->bad);
+    kvr_prom_counter(p, "kvrouter_replication_gaps_total",
+                     "Gaps seen in peers' decision sequences.", g->gaps);
+    kvr_prom_counter(p, "kvrouter_replication_repaired_total", "Decisions recovered by repairs.",
+                     g->repaired);
+    kvr_prom_counter(p, "kvrouter_replication_resyncs_total", "Snapshots taken again after a cut.",
+                     g->resyncs);
     kvr_prom_gauge(p, "kvrouter_peers", "Peer routers known.", g->npeers);
     kvr_prom_gauge(p, "kvrouter_peers_alive", "Peer routers heard within 3.5 hellos.",
                    (double)alive);

@@ -180,6 +180,18 @@ static void ask(struct kvr_worker *w, uint64_t *keys, uint32_t n)
     w->c.rebind_asks++;
 }
 
+/* r's key into keys (a full batch asked for first) if the repeat after the cut covers r. */
+static void add_key(struct kvr_worker *w, const struct kvr_wreq *r, uint64_t *keys, uint32_t *n)
+{
+    if (!kvr__worker_repeats(r, w->cut_at))
+        return;
+    keys[(*n)++] = r->key;
+    if (*n == KVR_WIRE_REBIND_MAX) {
+        ask(w, keys, *n);
+        *n = 0;
+    }
+}
+
 void kvr__worker_ask_rebind(struct kvr_worker *w)
 {
     uint64_t *keys = malloc(KVR_WIRE_REBIND_MAX * sizeof *keys);
@@ -189,22 +201,10 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
         free(keys);
         return;
     }
-    for (struct kvr_wreq *r = w->kept; r; r = r->next) {
-        if (kvr__worker_repeats(r, w->cut_at))
-            keys[n++] = r->key;
-        if (n == KVR_WIRE_REBIND_MAX) {
-            ask(w, keys, n);
-            n = 0;
-        }
-    }
-    for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next) {
-        if (kvr__worker_repeats(r, w->cut_at))
-            keys[n++] = r->key;
-        if (n == KVR_WIRE_REBIND_MAX) {
-            ask(w, keys, n);
-            n = 0;
-        }
-    }
+    for (struct kvr_wreq *r = w->kept; r; r = r->next)
+        add_key(w, r, keys, &n);
+    for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next)
+        add_key(w, r, keys, &n);
     ask(w, keys, n);
     free(keys);
 }
