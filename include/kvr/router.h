@@ -199,6 +199,9 @@ struct kvr_worker_info {
     double kv_usage;          /* its own KV utilisation in [0, 1] (load report) */
     uint64_t timeout_ns;      /* silence after which it is removed; 0: the router's default */
     bool draining;            /* shutting down: route nothing new to it */
+    bool approximate;         /* its engine publishes no KV events: the router learns its cache
+                                 from its own decisions (with the index TTL), as in approximate
+                                 mode, for this worker alone */
 };
 
 struct kvr_index_counters {
@@ -397,9 +400,13 @@ struct kvr_worker_view {
     uint32_t waiting;         /* its own queue length (reported) */
     double kv_usage;          /* its own KV utilisation in [0, 1] (reported) */
     bool draining;            /* */
+    bool approximate;         /* its engine publishes no KV events: learnt from decisions */
 };
 /* The registered workers, in join order, into out (at most max); returns how many there are. */
 uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *out, uint32_t max);
+
+/* Whether worker_id is known and announced that its engine publishes no KV events. */
+bool kvr_router_worker_approximate(const struct kvr_router *r, uint64_t worker_id);
 
 /* Predicted load of one worker (for reports and tests). KVR_ERR_UNKNOWN_WORKER if absent. */
 kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id,

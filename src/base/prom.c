@@ -3,6 +3,7 @@
  * NUL-terminated after what it appended, so it can look back for a family's TYPE line.
  */
 #include "prom.h"
+#include "utf8.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -52,33 +53,6 @@ static void put_str(struct kvr_prom *p, const char *s)
     put(p, s, strlen(s));
 }
 
-/* The length of the valid UTF-8 sequence at s (1..4), 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned min, cp;
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2, min = 0x80, cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3, min = 0x800, cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4, min = 0x10000, cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
 /* s escaped: backslash and newline always, the double quote when quote; bad UTF-8 as U+FFFD. */
 static void put_escaped(struct kvr_prom *p, const char *s, bool quote)
 {
@@ -86,7 +60,7 @@ static void put_escaped(struct kvr_prom *p, const char *s, bool quote)
     size_t run = 0; /* bytes of u[0..run) that go out unchanged */
     while (u[run]) {
         unsigned char c = u[run];
-        size_t n = utf8_len(u + run);
+        size_t n = kvr_utf8_len(u + run, 4, NULL);
         const char *esc = NULL;
         if (c == '\\')
             esc = "\\\\";

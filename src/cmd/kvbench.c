@@ -5,6 +5,7 @@
  *   --mode digest  do the routers' state digests agree? (digests.h)
  *   --mode resend  is a request sent twice answered once, whenever it is resent? (digests.h)
  *   --mode cancel  how fast does a cancel end a stream and free its worker? (hop.h)
+ *   --mode direct  time to first token through the fleet against straight to the engine (direct.h)
  * This file only reads the options, creates the client, runs the mode and destroys the client.
  */
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "../loadgen/bench_config.h"
 #include "../loadgen/client.h"
 #include "../loadgen/digests.h"
+#include "../loadgen/direct.h"
 #include "../loadgen/hop.h"
 #include "../loadgen/replay.h"
 #include "log.h"
@@ -35,6 +37,7 @@ int main(int argc, char **argv)
              : cfg.mode == KVR_BENCH_DIGEST ? kvr_digests_check(&cfg, client)
              : cfg.mode == KVR_BENCH_RESEND ? kvr_resend_run(&cfg, client)
              : cfg.mode == KVR_BENCH_CANCEL ? kvr_cancel_run(&cfg, client)
+             : cfg.mode == KVR_BENCH_DIRECT ? kvr_direct_run(&cfg, client)
                                             : kvr_replay_run(&cfg, client);
     kvr_client_destroy(client);
     kvr_client_shutdown();

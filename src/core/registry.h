@@ -23,6 +23,7 @@ struct kvr_worker {
     double kv_usage;          /* its KV utilisation in [0, 1], from its last load report */
     uint64_t timeout_ns;      /* its own silence timeout; 0: the router's */
     bool draining;            /* announced it is shutting down */
+    bool approximate;         /* announced that its engine publishes no KV events */
 };
 
 struct kvr_registry {

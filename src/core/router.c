@@ -231,6 +231,12 @@ kvr_status kvr_router_worker_load(const struct kvr_router *r, uint64_t worker_id
     return KVR_OK;
 }
 
+bool kvr_router_worker_approximate(const struct kvr_router *r, uint64_t worker_id)
+{
+    const struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
+    return w && w->approximate;
+}
+
 uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *out, uint32_t max)
 {
     for (uint32_t i = 0; i < r->reg.nlive && i < max; i++) {
@@ -244,7 +250,8 @@ uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *
                                           .inflight = aw->nreqs,
                                           .waiting = w->waiting,
                                           .kv_usage = w->kv_usage,
-                                          .draining = w->draining};
+                                          .draining = w->draining,
+                                          .approximate = w->approximate};
     }
     return r->reg.nlive;
 }

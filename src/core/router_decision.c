@@ -221,7 +221,7 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
             kvr_blocktab_release(&r->tab, nodes[k]);
         return st;
     }
-    if (r->cfg.approximate)
+    if (r->cfg.approximate || r->reg.by_slot[slot].approximate)
         kvr_index_touch(&r->ix, slot, nodes, n, now); /* best effort: a miss costs only a hit */
     return KVR_OK;
 }

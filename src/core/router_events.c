@@ -105,6 +105,7 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
                                              make a live worker time out */
         w->timeout_ns = info->timeout_ns;
     w->draining = info->draining;
+    w->approximate = info->approximate;
     if (now > w->last_seen)
         w->last_seen = now;
     return KVR_OK;

@@ -11,9 +11,13 @@
 #include "clock.h"
 #include "log.h"
 
-static const char *const mode_names[] = {
-    [KVR_BENCH_LOAD] = "load",     [KVR_BENCH_HOP] = "hop",       [KVR_BENCH_DIGEST] = "digest",
-    [KVR_BENCH_RESEND] = "resend", [KVR_BENCH_CANCEL] = "cancel", NULL};
+static const char *const mode_names[] = {[KVR_BENCH_LOAD] = "load",
+                                         [KVR_BENCH_HOP] = "hop",
+                                         [KVR_BENCH_DIGEST] = "digest",
+                                         [KVR_BENCH_RESEND] = "resend",
+                                         [KVR_BENCH_CANCEL] = "cancel",
+                                         [KVR_BENCH_DIRECT] = "direct",
+                                         NULL};
 
 void kvr_bench_config_default(struct kvr_bench_config *c)
 {
@@ -37,6 +41,8 @@ void kvr_bench_config_default(struct kvr_bench_config *c)
     c->trials = 200;
     c->cancel_after = 10;
     c->linger_ns = 300 * KVR_NS_PER_MS;
+    c->prompt_tokens = 1024;
+    c->warmup = 10;
 }
 
 #define OPT(opt, kind, where, lo, hi, text)                                                        \
@@ -61,7 +67,9 @@ static size_t common_options(struct kvr_bench_config *c, struct kvr_opt *t, size
          .type = KVR_OPT_ENUM,
          .ptr = &c->mode,
          .help = "load (replay a workload), hop (NATS-hop cost), digest (do the routers agree?), "
-                 "resend (resends answered once?) or cancel (how fast a cancel frees the worker)",
+                 "resend (resends answered once?), cancel (how fast a cancel frees the worker) or "
+                 "direct (time to first token through the fleet against straight to "
+                 "--engine-url)",
          .choices = mode_names},
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
@@ -74,16 +82,16 @@ static size_t load_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t
         TEXT("workload", c->workload, "seed, seed-isl, seed-osl, burst, conversation, synthetic"),
         TEXT("trace", c->trace, "trace file; none: traces/<workload>_trace.jsonl"),
         OPT("requests", KVR_OPT_U32, &c->requests, 0, 0,
-            "requests (0: the workload's default; hop: 2000)"),
+            "requests (0: the workload's default; hop: 2000; direct: 200 rounds)"),
         TEXT("policies", c->policies, "one run per policy, comma-separated"),
         OPT("concurrency", KVR_OPT_U32, &c->concurrency, 1, 1e6,
             "closed-loop clients (resend: trials in flight)"),
         OPT("rate-scale", KVR_OPT_DOUBLE, &c->rate_scale, 1e-6, 1e6,
             "open loop: arrival-rate factor"),
         OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, 0,
-            "override every output length (0: the workload's; cancel: 16384)"),
+            "override every output length (0: the workload's; cancel: 16384; direct: 16)"),
         OPT("seed", KVR_OPT_U64, &c->seed, 0, 0, "workload seed"),
-        TEXT("out", c->out, "write report.json, report.md and plots here"),
+        TEXT("out", c->out, "write report.json, report.md and plots here (direct: report.json)"),
         OPT("workers", KVR_OPT_U32, &c->workers, 0, 0,
             "fleet size, for the hit-rate reference (0: from the workers' heartbeats)"),
         OPT("num-blocks", KVR_OPT_U32, &c->num_blocks, 0, 0, "blocks per worker, likewise"),
@@ -112,6 +120,23 @@ static size_t other_options(struct kvr_bench_config *c, struct kvr_opt *t, size_
             "cancel: tokens received before the cancel"),
         OPT("linger-ms", KVR_OPT_MS, &c->linger_ns, 0, 0,
             "after the last answer, listen this long for more (double finals, second streams)"),
+    };
+    return append(t, n, o, sizeof o / sizeof o[0]);
+}
+
+/* --mode direct. */
+static size_t direct_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t n)
+{
+    const struct kvr_opt o[] = {
+        {.name = "engine-url",
+         .type = KVR_OPT_STR,
+         .ptr = c->engine,
+         .help = "direct: the engine's OpenAI-compatible API, http://host:port (the one "
+                 "behind the fleet's kvworker --engine openai)",
+         .urls = true},
+        OPT("prompt-tokens", KVR_OPT_U32, &c->prompt_tokens, 1, 1e6,
+            "direct: prompt length (fresh random tokens for every request)"),
+        OPT("warmup", KVR_OPT_U32, &c->warmup, 0, 1e6, "direct: rounds sent first and not counted"),
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
 }
@@ -148,6 +173,7 @@ enum kvr_opts_result kvr_bench_config_parse(struct kvr_bench_config *c, int argc
     size_t n = common_options(c, t, 0);
     n = load_options(c, t, n);
     n = other_options(c, t, n);
+    n = direct_options(c, t, n);
     enum kvr_opts_result r = kvr_opts_parse(
         t, n, argc, argv, "kvbench", "Load generator and client-side measurements for kvrouter.");
     if (r != KVR_OPTS_GO)
@@ -159,6 +185,10 @@ enum kvr_opts_result kvr_bench_config_parse(struct kvr_bench_config *c, int argc
     }
     if (parse_policies(c))
         return KVR_OPTS_BAD;
+    if (c->mode == KVR_BENCH_DIRECT && !c->engine[0]) {
+        fprintf(stderr, "kvbench: --mode direct needs --engine-url http://host:port\n");
+        return KVR_OPTS_BAD;
+    }
     if (is_trace && !c->trace[0])
         snprintf(c->trace, sizeof c->trace, "traces/%.64s_trace.jsonl", c->workload);
     return KVR_OPTS_GO;

@@ -20,6 +20,7 @@ enum kvr_bench_mode {
     KVR_BENCH_DIGEST = 2, /* do the routers' state digests agree? */
     KVR_BENCH_RESEND = 3, /* is a request sent twice answered once, whenever it is resent? */
     KVR_BENCH_CANCEL = 4, /* how fast does a cancel end the stream and free the worker? */
+    KVR_BENCH_DIRECT = 5, /* time to first token through the fleet against straight to the engine */
 };
 
 struct kvr_bench_config {
@@ -28,8 +29,9 @@ struct kvr_bench_config {
     char workload[KVR_OPT_STR_MAX]; /* a kvr_workload_known name */
     char trace[KVR_OPT_STR_MAX];    /* trace file; "" : traces/<workload>_trace.jsonl */
     char policies[KVR_OPT_STR_MAX]; /* load: one run per policy, comma-separated */
-    char out[KVR_OPT_STR_MAX];      /* load: report directory; "": no report */
-    uint32_t requests;              /* load: 0 is the workload's default; hop: 0 is 2,000 */
+    char out[KVR_OPT_STR_MAX];      /* load, direct: report directory; "": no report */
+    uint32_t requests;              /* load: 0 is the workload's default; hop: 0 is 2,000;
+                                       direct: rounds, 0 is 200 */
     uint32_t concurrency;           /* load, closed loop: clients */
     double rate_scale;              /* load, open loop: arrival-rate factor */
     uint32_t max_tokens;            /* load: every output length; 0: the workload's (cancel:
@@ -47,6 +49,9 @@ struct kvr_bench_config {
     uint32_t trials;                /* resend: trials per timing; cancel: requests cancelled */
     uint32_t cancel_after;          /* cancel: tokens received before the cancel goes out */
     uint64_t linger_ns;             /* load, resend, cancel: listen this long after the end */
+    char engine[KVR_OPT_STR_MAX];   /* direct: the engine's base URL, http://host:port */
+    uint32_t prompt_tokens;         /* direct: every prompt's length, tokens */
+    uint32_t warmup;                /* direct: rounds sent first and not counted */
     /* parsed from the text above by kvr_bench_config_parse */
     enum kvr_policy policy[KVR_POLICY_COUNT]; /* --policies, in order */
     size_t npolicies;                         /* */

@@ -380,6 +380,7 @@ void kvr_wire_response_free(struct kvr_wire_response *r)
 {
     free(r->request_id);
     free(r->error);
+    free(r->text);
     memset(r, 0, sizeof *r);
 }
 
@@ -399,6 +400,14 @@ kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire
         st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &out->request_id);
     if (st == KVR_OK)
         st = kvr_codec_dup(m->error, KVR_ERROR_TEXT_MAX, &out->error);
+    if (st == KVR_OK)
+        st = kvr_codec_dup(m->text, KVR_WIRE_TEXT_MAX, &out->text);
+    if (st == KVR_OK && strlen(m->finish_reason) > KVR_WIRE_FINISH_REASON_MAX)
+        st = KVR_ERR_TOO_LARGE;
+    if (st == KVR_OK) {
+        out->ntext = (uint32_t)strlen(out->text);
+        strcpy(out->finish_reason, m->finish_reason);
+    }
     out->ntokens = (uint32_t)m->n_token_ids;
     out->final = m->final;
     out->error_code = m->error_code;
@@ -481,16 +490,30 @@ kvr_status kvr_wire_encode_chunk(struct kvr_buf *b, const struct kvr_wire_chunk 
     m.n_token_ids = c->ntokens;
     m.position = c->position;
     m.final = c->final;
-    if (c->final)
+    if (c->final && c->error == KVR_OK && c->finish_reason)
+        m.finish_reason = (char *)c->finish_reason;
+    else if (c->final)
         m.finish_reason = (char *)(c->error == KVR_OK              ? "length"
                                    : c->error == KVR_ERR_CANCELLED ? "cancelled"
                                                                    : "error");
+    if (c->ntext > KVR_WIRE_TEXT_MAX)
+        return KVR_ERR_TOO_LARGE;
+    char *body = NULL;
+    if (c->ntext) { /* protobuf-c packs a string up to its NUL: a copy with one */
+        if (!(body = malloc((size_t)c->ntext + 1)))
+            return KVR_ERR_NOMEM;
+        memcpy(body, c->text, c->ntext);
+        body[c->ntext] = 0;
+        m.text = body;
+    }
     m.error_code = (Kvrouter__V1__ErrorCode)c->error;
     if (c->error != KVR_OK)
         m.error = error_text(text, sizeof text, c->error, c->detail);
     m.worker_id = c->worker_id;
     m.cached_tokens = c->cached_tokens;
-    return kvr_codec_pack(b, &m.base);
+    kvr_status st = kvr_codec_pack(b, &m.base);
+    free(body);
+    return st;
 }
 
 /* b = field 1 holding raw (length-delimited), then the packed message m. */

@@ -74,6 +74,10 @@
 #define KVR_WIRE_CANDIDATES_MAX 65536u
 /* Tokens in one GenerateResponse chunk (workers send one): the default max_output_tokens. */
 #define KVR_WIRE_RESPONSE_TOKENS_MAX 65536u
+/* bytes of text in one GenerateResponse (the text of its tokens) */
+#define KVR_WIRE_TEXT_MAX (1u << 20)
+/* bytes of an engine's finish reason */
+#define KVR_WIRE_FINISH_REASON_MAX 32u
 
 /*
  * Message bytes, checked before protobuf-c sees the message. A varint takes up to 5 bytes for a
@@ -94,7 +98,7 @@
 #define KVR_WIRE_REBIND_MAX    16384u /* keys in one RebindAsk */
 /* A GenerateResponse: its tokens and its error text. */
 #define KVR_WIRE_RESPONSE_MAX                                                                      \
-    (KVR_WIRE_RESPONSE_TOKENS_MAX * 5u + KVR_ERROR_TEXT_MAX + KVR_WIRE_SLACK)
+    (KVR_WIRE_RESPONSE_TOKENS_MAX * 5u + KVR_WIRE_TEXT_MAX + KVR_ERROR_TEXT_MAX + KVR_WIRE_SLACK)
 /* A SelectResponse: a Candidate is at most 58 bytes. */
 #define KVR_WIRE_SELECT_RESPONSE_MAX (KVR_WIRE_CANDIDATES_MAX * 64u + KVR_WIRE_SLACK)
 /* A Gossip: one Decision's block hashes, packed uint64s. */
@@ -166,23 +170,31 @@ struct kvr_wire_response {
     uint64_t worker_id;     /* */
     uint32_t cached_tokens; /* */
     uint32_t position;      /* output tokens the stream carried before this chunk */
+    char *text;             /* owned; "" when none; ntext bytes (valid UTF-8 from a worker) */
+    uint32_t ntext;         /* */
+    char finish_reason[KVR_WIRE_FINISH_REASON_MAX + 1]; /* "" when none */
 };
 
 /* One GenerateResponse chunk to encode (borrowed strings). */
 struct kvr_wire_chunk {
-    const char *request_id; /* NULL: "" */
-    const uint32_t *tokens; /* */
-    uint32_t ntokens;       /* */
-    uint32_t position;      /* tokens sent before this chunk */
-    bool final;             /* */
-    kvr_status error;       /* on a final chunk; KVR_OK: finished ("length") */
-    const char *detail;     /* NULL, or the error's figures, appended to its text after ": " */
-    uint64_t worker_id;     /* */
-    uint32_t cached_tokens; /* */
+    const char *request_id;    /* NULL: "" */
+    const uint32_t *tokens;    /* */
+    uint32_t ntokens;          /* */
+    uint32_t position;         /* tokens sent before this chunk */
+    bool final;                /* */
+    kvr_status error;          /* on a final chunk; KVR_OK: finished ("length") */
+    const char *detail;        /* NULL, or the error's figures, appended to its text after ": " */
+    uint64_t worker_id;        /* */
+    uint32_t cached_tokens;    /* */
+    const char *text;          /* NULL: none; else ntext bytes of valid UTF-8 */
+    uint32_t ntext;            /* at most KVR_WIRE_TEXT_MAX */
+    const char *finish_reason; /* NULL: from error ("length", "cancelled", "error"); else the
+                                  engine's, on a final chunk without error */
 };
 kvr_status kvr_wire_encode_chunk(struct kvr_buf *b, const struct kvr_wire_chunk *c);
-/* A request id over KVR_REQUEST_ID_MAX, an error text over KVR_ERROR_TEXT_MAX or more than
- * KVR_WIRE_RESPONSE_TOKENS_MAX tokens: KVR_ERR_TOO_LARGE. */
+/* A request id over KVR_REQUEST_ID_MAX, an error text over KVR_ERROR_TEXT_MAX, more than
+ * KVR_WIRE_RESPONSE_TOKENS_MAX tokens, a text over KVR_WIRE_TEXT_MAX or a finish reason over
+ * KVR_WIRE_FINISH_REASON_MAX: KVR_ERR_TOO_LARGE. */
 kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire_response *out);
 void kvr_wire_response_free(struct kvr_wire_response *r);
 

@@ -180,6 +180,7 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     out->draining = m->draining;
     out->instance = m->instance;
     out->started_ns = m->started_ns;
+    out->info.approximate = m->no_kv_events;
     kvrouter__v1__heartbeat__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_heartbeat_free(out);
@@ -437,5 +438,6 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.started_ns = h->started_ns;
     m.ended = h->ended;
     m.n_ended = h->nended;
+    m.no_kv_events = h->info.approximate;
     return kvr_codec_pack(b, &m.base);
 }

@@ -35,8 +35,16 @@ kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data
 }
 
 static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wire_heartbeat *h,
-                     kvr_status st, bool known)
+                     kvr_status st, bool known, bool was_approximate)
 {
+    if (st == KVR_OK && h->info.approximate && !was_approximate && !rd->cfg->core.approximate)
+        kvr_log(KVR_LOG_WARN, "worker_without_kv_events",
+                "worker=%" PRIu64 " action=\"its engine publishes no KV events: this router "
+                "learns its cache from its own decisions (approximate mode for it)\" "
+                "hint=\"start the engine with KV events (docs/engines.md)\"",
+                wid);
+    else if (st == KVR_OK && !h->info.approximate && was_approximate && known)
+        kvr_log(KVR_LOG_INFO, "worker_kv_events_back", "worker=%" PRIu64, wid);
     if (st == KVR_OK && !known)
         kvr_log(KVR_LOG_INFO, "worker_joined",
                 "worker=%" PRIu64 " block_size=%u capacity_blocks=%" PRIu64, wid,
@@ -140,6 +148,7 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
     h.info.timeout_ns = h.interval_ms ? ms * 3200000ull : 0;
     h.info.draining = h.draining;
     bool known = kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_OK;
+    bool was_approximate = kvr_router_worker_approximate(rd->core, wid);
     st = kvr_router_worker_seen(rd->core, &h.info, now);
     if (st == KVR_OK) {
         if (h.interval_ms && ms > rd->hb_interval_ms)
@@ -147,7 +156,7 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
         ended_listed(rd, wid, h.ended, h.nended, now);
         kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
     }
-    log_join(rd, wid, &h, st, known);
+    log_join(rd, wid, &h, st, known, was_approximate);
     kvr_wire_heartbeat_free(&h);
     return st;
 }

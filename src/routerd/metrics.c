@@ -77,6 +77,8 @@ static void workers(struct kvr_prom *p, const struct kvr_rd *rd)
         {"kvrouter_worker_kv_usage_ratio", "KV usage it reported, 0 to 1."},
         {"kvrouter_worker_waiting_requests", "Its queue length, as it reported it."},
         {"kvrouter_worker_draining", "1 while it announces it is shutting down."},
+        {"kvrouter_worker_approximate",
+         "1 while its engine publishes no KV events: its cache is learnt from decisions."},
     };
     for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
         kvr_prom_family(p, f[k][0], KVR_PROM_GAUGE, f[k][1]);
@@ -84,10 +86,14 @@ static void workers(struct kvr_prom *p, const struct kvr_rd *rd)
             char id[24];
             snprintf(id, sizeof id, "%" PRIu64, v[i].id);
             struct kvr_prom_label l = {"worker", id};
-            double x[] = {
-                (double)v[i].active_blocks,   (double)v[i].inflight, (double)v[i].prefill_tokens,
-                (double)v[i].capacity_blocks, v[i].kv_usage,         (double)v[i].waiting,
-                v[i].draining ? 1.0 : 0.0};
+            double x[] = {(double)v[i].active_blocks,
+                          (double)v[i].inflight,
+                          (double)v[i].prefill_tokens,
+                          (double)v[i].capacity_blocks,
+                          v[i].kv_usage,
+                          (double)v[i].waiting,
+                          v[i].draining ? 1.0 : 0.0,
+                          v[i].approximate ? 1.0 : 0.0};
             kvr_prom_f64(p, &l, 1, x[k]);
         }
     }

@@ -1,5 +1,6 @@
 /*
- * The simulated worker's metrics and readiness.
+ * The worker's metrics and readiness: the simulated engine's figures, or the adapter's (its
+ * engine's KV events, streams and health).
  */
 #define _DEFAULT_SOURCE
 #include "metrics.h"
@@ -19,8 +20,10 @@ struct figures {
     struct kvr_prom_hist latency;      /* its handler's time */
     struct kvr_wk_counters c;          /* the worker's counters */
     uint32_t held;                     /* requests held */
-    struct kvr_engine_stats e;         /* the engine's figures */
-    uint32_t capacity;                 /* the KV pool, blocks */
+    bool sim;                          /* the simulated engine (else the adapter) */
+    struct kvr_engine_stats e;         /* the simulated engine's figures */
+    struct kvr_wk_adapter_stats a;     /* the adapter's */
+    uint64_t capacity;                 /* the KV pool, blocks */
 };
 
 /* mu within KVR_WK_LOCK_WAIT_NS, or false. */
@@ -77,6 +80,51 @@ static void counters(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_rebinds_total", "WorkerRebinds received for a stream kept here.",
             c->rebinds);
     counter(p, "kvworker_dropped_total", "Messages not made (out of memory).", c->dropped);
+    counter(p, "kvworker_engine_errors_total", "Requests the engine behind the adapter failed.",
+            c->engine_errors);
+}
+
+/* The adapter's: its engine's KV events, streams and health. */
+static void adapter(struct kvr_prom *p, const struct figures *f)
+{
+    const struct kvr_wk_adapter_stats *a = &f->a;
+    gauge(p, "kvworker_engine_capacity_blocks", "The engine's KV pool, blocks (0: unknown).",
+          (double)f->capacity);
+    gauge(p, "kvworker_adapter_engine_up", "1 while the engine answers.", a->down ? 0 : 1);
+    gauge(p, "kvworker_adapter_kv_events",
+          "1 while the engine's KV events are taken (0: routers learn its cache from decisions).",
+          a->no_events ? 0 : 1);
+    gauge(p, "kvworker_adapter_streams", "Streams open to the engine.", (double)a->streams);
+    counter(p, "kvworker_adapter_engine_downs_total", "Times the engine stopped answering.",
+            a->engine_downs);
+    counter(p, "kvworker_adapter_kv_batches_total", "KV-event batches applied.", a->kv_batches);
+    counter(p, "kvworker_adapter_kv_stored_blocks_total", "Blocks the engine announced stored.",
+            a->kv_stored_blocks);
+    counter(p, "kvworker_adapter_kv_removed_blocks_total", "Blocks the engine announced removed.",
+            a->kv_removed_blocks);
+    counter(p, "kvworker_adapter_kv_cleared_total", "AllBlocksCleared events from the engine.",
+            a->kv_cleared);
+    counter(p, "kvworker_adapter_kv_resets_total",
+            "Cache states lost (a gap not filled, an engine restart): cleared in the routers.",
+            a->kv_resets);
+    counter(p, "kvworker_adapter_kv_gaps_total", "Sequence gaps in the engine's KV events.",
+            a->kv_gaps);
+    counter(p, "kvworker_adapter_kv_gaps_filled_total", "Gaps filled from the replay socket.",
+            a->kv_gaps_filled);
+    counter(p, "kvworker_adapter_kv_bad_total", "KV-event messages that did not decode.",
+            a->kv_bad);
+    kvr_prom_family(p, "kvworker_adapter_kv_skipped_blocks_total", KVR_PROM_COUNTER,
+                    "Blocks skipped: of a LoRA adapter, on another medium than the GPU, at another "
+                    "block size.");
+    struct kvr_prom_label l[] = {{"why", "lora"}, {"why", "medium"}, {"why", "block_size"}};
+    uint64_t v[] = {a->kv_skipped_lora, a->kv_skipped_medium, a->kv_bad_block_size};
+    for (int i = 0; i < 3; i++)
+        kvr_prom_u64(p, &l[i], 1, v[i]);
+    counter(p, "kvworker_adapter_chunks_without_token_ids_total",
+            "Engine chunks that came without token ids (text only).", a->chunks_without_ids);
+    kvr_prom_family(p, "kvworker_adapter_client_cpu_seconds_total", KVR_PROM_COUNTER,
+                    "CPU time of the adapter's HTTP client thread.");
+    kvr_prom_f64(p, NULL, 0, (double)a->client_cpu_ns / 1e9);
 }
 
 static void engine(struct kvr_prom *p, const struct figures *f)
@@ -107,12 +155,19 @@ kvr_status kvr_wk_metrics(struct kvr_worker *w, struct kvr_prom *p)
     f.latency = w->generate.latency;
     f.c = w->c;
     f.held = w->nreqs;
-    kvr_engine_stats(w->eng, &f.e);
-    f.capacity = w->cfg->engine.num_blocks;
+    f.sim = w->eng != NULL;
+    if (f.sim)
+        kvr_engine_stats(w->eng, &f.e);
+    else
+        kvr__wk_adapter_stats(w, &f.a);
+    f.capacity = w->capacity;
     pthread_mutex_unlock(&w->mu);
     endpoint(p, &f);
     counters(p, &f);
-    engine(p, &f);
+    if (f.sim)
+        engine(p, &f);
+    else
+        adapter(p, &f);
     return kvr_prom_end(p);
 }
 
@@ -133,12 +188,13 @@ bool kvr_wk_ready(struct kvr_worker *w, char *why, size_t len)
                  (unsigned long long)(KVR_WK_LOCK_WAIT_NS / KVR_NS_PER_MS));
         return false;
     }
-    const char *no = w->clashed    ? "yielded: another process serves its worker id"
+    const char *no = w->clashed         ? "yielded: another process serves its worker id"
+                     : w->engine_why[0] ? w->engine_why
                      : !w->serving ? "not serving yet (asking whether its id is free, subscribing)"
                      : w->draining ? "draining: finishing the requests it holds"
                                    : NULL;
-    pthread_mutex_unlock(&w->mu);
     if (no)
         snprintf(why, len, "%s", no);
+    pthread_mutex_unlock(&w->mu);
     return !no;
 }

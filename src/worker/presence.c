@@ -33,15 +33,13 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
 {
     struct kvr_wire_heartbeat h = {.info = {.id = w->cfg->id,
                                             .block_size = w->cfg->engine.block_size,
-                                            .capacity_blocks = w->cfg->engine.num_blocks},
+                                            .capacity_blocks = w->capacity},
                                    .interval_ms = (uint32_t)(w->cfg->heartbeat_ns / KVR_NS_PER_MS),
                                    .draining = w->draining,
                                    .instance = w->instance,
                                    .started_ns = w->started_ns};
-    struct kvr_engine_stats es;
-    kvr_engine_stats(w->eng, &es);
-    h.info.waiting = es.waiting;
-    h.info.kv_usage = es.kv_usage;
+    w->be->load(w, &h.info);
+    h.draining = h.draining || h.info.draining; /* an adapter whose engine is down */
     h.inflight = malloc(((size_t)w->nreqs + 1) * sizeof *h.inflight);
     if (!h.inflight)
         return KVR_ERR_NOMEM;

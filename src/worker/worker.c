@@ -44,9 +44,9 @@ static void emit_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, ui
 
 /* A run of stored blocks, in events of KVR_WIRE_STORED_BLOCKS_MAX at most, each the parent of
  * the next (a router applies one event under its lock). */
-static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_block *b, size_t n)
+void kvr__worker_stored(struct kvr_worker *w, const uint64_t *parent, const struct kvr_kv_block *b,
+                        size_t n)
 {
-    struct kvr_worker *w = ctx;
     for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_STORED_BLOCKS_MAX) {
         size_t k = n - i < KVR_WIRE_STORED_BLOCKS_MAX ? n - i : KVR_WIRE_STORED_BLOCKS_MAX;
         const uint64_t *p = i ? &b[i - 1].engine_id : parent;
@@ -55,9 +55,8 @@ static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_blo
     }
 }
 
-static void on_removed(void *ctx, const uint64_t *ids, size_t n)
+void kvr__worker_removed(struct kvr_worker *w, const uint64_t *ids, size_t n)
 {
-    struct kvr_worker *w = ctx;
     for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_REMOVED_IDS_MAX) {
         size_t k = n - i < KVR_WIRE_REMOVED_IDS_MAX ? n - i : KVR_WIRE_REMOVED_IDS_MAX;
         kvr__worker_emit(w, w->subj_kv,
@@ -65,7 +64,12 @@ static void on_removed(void *ctx, const uint64_t *ids, size_t n)
     }
 }
 
-static struct kvr_wreq *find(struct kvr_worker *w, uint64_t key)
+void kvr__worker_cleared(struct kvr_worker *w)
+{
+    kvr__worker_emit(w, w->subj_kv, kvr_wire_encode_cleared(&w->buf, w->cfg->id, ++w->event_seq));
+}
+
+struct kvr_wreq *kvr__worker_find(struct kvr_worker *w, uint64_t key)
 {
     struct kvr_wreq *r = NULL;
     HASH_FIND(hh, w->reqs, &key, sizeof key, r);
@@ -74,19 +78,37 @@ static struct kvr_wreq *find(struct kvr_worker *w, uint64_t key)
 
 /* --- streams (under mu) ---------------------------------------------------------------------- */
 
-/* One chunk of r: n tokens from toks at position pos. The first and the final name the cache. */
+/* One chunk of r: n tokens from toks (and their text) at position pos; a final one with the
+ * engine's finish reason (NULL: "length"). The first and the final name the cache. */
 static void chunk(struct kvr_worker *w, const struct kvr_wreq *r, const uint32_t *toks, uint32_t n,
-                  uint32_t pos, bool final)
+                  const char *text, uint32_t ntext, uint32_t pos, const char *finish)
 {
     struct kvr_wire_chunk c = {.request_id = r->request_id,
                                .tokens = toks,
                                .ntokens = n,
                                .position = pos,
-                               .final = final,
+                               .final = finish != NULL,
                                .error = KVR_OK,
                                .worker_id = w->cfg->id,
-                               .cached_tokens = pos == 0 || final ? r->cached_tokens : 0};
+                               .cached_tokens = pos == 0 || finish ? r->cached_tokens : 0,
+                               .text = text,
+                               .ntext = ntext,
+                               .finish_reason = finish && *finish ? finish : NULL};
     kvr__worker_emit(w, r->reply, kvr_wire_encode_chunk(&w->buf, &c));
+}
+
+/* Tokens of r from from on that fit one chunk: at most KVR_WIRE_RESPONSE_TOKENS_MAX, and their
+ * text at most KVR_WIRE_TEXT_MAX bytes (at least one token). */
+static uint32_t piece(const struct kvr_wreq *r, uint32_t from)
+{
+    uint32_t n = r->ntoks - from;
+    n = n < KVR_WIRE_RESPONSE_TOKENS_MAX ? n : KVR_WIRE_RESPONSE_TOKENS_MAX;
+    if (!r->text_end || !n)
+        return n;
+    uint32_t base = from ? r->text_end[from - 1] : 0;
+    while (n > 1 && r->text_end[from + n - 1] - base > KVR_WIRE_TEXT_MAX)
+        n /= 2;
+    return n;
 }
 
 /* r's stream so far again, from position 0, in pieces a decoder takes; an ended stream's last
@@ -97,9 +119,10 @@ static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
     bool ended = r->ended_at != 0;
     uint32_t from = 0;
     do {
-        uint32_t n = r->ntoks - from;
-        n = n < KVR_WIRE_RESPONSE_TOKENS_MAX ? n : KVR_WIRE_RESPONSE_TOKENS_MAX;
+        uint32_t n = piece(r, from);
         bool final = ended && from + n == r->ntoks;
+        uint32_t t0 = r->text_end && from ? r->text_end[from - 1] : 0;
+        uint32_t t1 = r->text_end && n ? r->text_end[from + n - 1] : t0;
         struct kvr_wire_chunk c = {.request_id = r->request_id,
                                    .tokens = r->toks ? r->toks + from : NULL,
                                    .ntokens = n,
@@ -107,7 +130,10 @@ static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
                                    .final = final,
                                    .error = final ? r->outcome : KVR_OK,
                                    .worker_id = w->cfg->id,
-                                   .cached_tokens = from == 0 || final ? r->cached_tokens : 0};
+                                   .cached_tokens = from == 0 || final ? r->cached_tokens : 0,
+                                   .text = r->text ? r->text + t0 : NULL,
+                                   .ntext = t1 - t0,
+                                   .finish_reason = final && *r->finish ? r->finish : NULL};
         if (kvr_wire_encode_chunk(&w->buf, &c) == KVR_OK)
             kvr_outbox_add(&w->out, r->reply, w->buf.data, w->buf.len, c.error);
         else
@@ -117,43 +143,58 @@ static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
     w->c.repeats++;
 }
 
-/* r's next token: sent, and kept for a repeat. */
-static void send_token(struct kvr_worker *w, struct kvr_wreq *r)
+/* Keep r's next n tokens (and their text) for a repeat; false when memory ran short (the stream
+ * can then not be repeated: ntoks stays behind produced). */
+static bool keep(struct kvr_wreq *r, const uint32_t *toks, uint32_t n, const char *text,
+                 uint32_t ntext)
 {
-    uint32_t tok = (uint32_t)((r->key + r->produced) % 32000);
-    if (r->ntoks == r->produced && r->produced < r->max_tokens &&
-        KVR_GROW(r->toks, r->captoks, r->ntoks + 1, 64))
-        r->toks[r->ntoks++] = tok; /* short of memory: this stream cannot be repeated */
-    chunk(w, r, &tok, 1, r->produced++, false);
+    if (r->ntoks != r->produced || n > r->max_tokens - r->ntoks)
+        return false;
+    uint32_t cap = r->captoks;
+    if (!KVR_GROW(r->toks, r->captoks, r->ntoks + n, 64))
+        return false;
+    if (ntext || r->text_end) { /* an engine that gives text: its end after every token */
+        uint32_t *e = r->text_end;
+        if (r->captoks != cap || !e) {
+            e = realloc(e, (size_t)r->captoks * sizeof *e);
+            if (!e)
+                return false;
+            if (!r->text_end)
+                memset(e, 0, (size_t)r->ntoks * sizeof *e); /* the tokens before had none */
+            r->text_end = e;
+        }
+        if (ntext > KVR_WK_TEXT_MAX - r->ntext ||
+            !KVR_GROW(r->text, r->captext, r->ntext + ntext, 256))
+            return false;
+        memcpy(r->text + r->ntext, text, ntext);
+        r->ntext += ntext;
+        for (uint32_t i = 0; i < n; i++)
+            r->text_end[r->ntoks + i] = r->ntext; /* the chunk's text, with its last token */
+    }
+    if (n)
+        memcpy(r->toks + r->ntoks, toks, (size_t)n * sizeof *toks);
+    r->ntoks += n;
+    return true;
 }
 
-static void on_prefill(void *ctx, uint64_t id)
+void kvr__worker_tokens(struct kvr_worker *w, struct kvr_wreq *r, const uint32_t *toks, uint32_t n,
+                        const char *text, uint32_t ntext)
 {
-    struct kvr_worker *w = ctx;
+    keep(r, toks, n, text, ntext); /* else ntoks stays behind produced: no repeat */
+    chunk(w, r, toks, n, text, ntext, r->produced, NULL);
+    r->produced += n;
+}
+
+void kvr__worker_prefill(struct kvr_worker *w, uint64_t key)
+{
     kvr__worker_emit(w, w->subj_tokens,
-                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_PREFILL_DONE));
-    struct kvr_wreq *r = find(w, id);
-    struct kvr_engine_progress p;
-    if (!r)
-        return;
-    if (kvr_engine_progress(w->eng, id, &p))
-        r->cached_tokens = p.cached_tokens;
-    send_token(w, r); /* the prefill's own token: the first chunk */
+                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, key, KVR_WIRE_PREFILL_DONE));
 }
 
-static void on_token(void *ctx, uint64_t id)
+void kvr__worker_output_block(struct kvr_worker *w, uint64_t key)
 {
-    struct kvr_worker *w = ctx;
-    struct kvr_wreq *r = find(w, id);
-    if (r)
-        send_token(w, r);
-}
-
-static void on_outblk(void *ctx, uint64_t id)
-{
-    struct kvr_worker *w = ctx;
     kvr__worker_emit(w, w->subj_tokens,
-                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, id, KVR_WIRE_OUTPUT_BLOCK));
+                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, key, KVR_WIRE_OUTPUT_BLOCK));
 }
 
 static void free_req(struct kvr_wreq *r)
@@ -161,6 +202,8 @@ static void free_req(struct kvr_wreq *r)
     free(r->reply);
     free(r->request_id);
     free(r->toks);
+    free(r->text_end);
+    free(r->text);
     free(r);
 }
 
@@ -212,19 +255,31 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
     prune_kept(w, now);
 }
 
-static void on_done(void *ctx, const struct kvr_engine_result *res)
+void kvr__worker_finished(struct kvr_worker *w, uint64_t key, const char *finish)
 {
-    struct kvr_worker *w = ctx;
-    struct kvr_wreq *r = find(w, res->id);
+    struct kvr_wreq *r = kvr__worker_find(w, key);
     uint32_t tokens = 0;
     if (r) {
-        r->cached_tokens = res->cached_tokens;
-        chunk(w, r, NULL, 0, r->produced, true);
+        if (finish)
+            snprintf(r->finish, sizeof r->finish, "%s", finish);
+        chunk(w, r, NULL, 0, NULL, 0, r->produced, r->finish);
         tokens = r->produced;
         forget(w, r, KVR_OK, false, kvr_now_ns());
     }
-    emit_done(w, res->id, KVR_OK, tokens);
+    emit_done(w, key, KVR_OK, tokens);
     w->c.served++;
+}
+
+void kvr__worker_failed(struct kvr_worker *w, struct kvr_wreq *r, kvr_status st, const char *detail)
+{
+    if (!w->clashed)
+        kvr_reply_fail(&w->generate, &w->out, r->reply, r->request_id, st,
+                       &(struct kvr_reply_why){.position = r->produced,
+                                               .cached_tokens = r->cached_tokens,
+                                               .detail = detail && *detail ? detail : NULL});
+    emit_done(w, r->key, st, r->produced);
+    w->c.engine_errors++;
+    forget(w, r, st, false, kvr_now_ns());
 }
 
 /* End held request r before the engine finished it, with why (cancelled, deadline): the engine
@@ -232,7 +287,7 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
 static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, bool silent,
                       uint64_t now)
 {
-    kvr_engine_cancel(w->eng, r->key);
+    w->be->cancel(w, r->key);
     if (!silent && !w->clashed)
         kvr_reply_fail(
             &w->generate, &w->out, r->reply, r->request_id, why,
@@ -295,16 +350,13 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
     kvr_recent_init(&w->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     if (!subjects(w))
         return KVR_ERR_INVALID;
-    struct kvr_engine_sink es = {w,         on_stored, on_removed, on_prefill,
-                                 on_outblk, NULL,      on_token,   on_done};
-    kvr_status st;
-    w->eng = kvr_engine_create(&cfg->engine, &es, &st);
-    return w->eng ? KVR_OK : st;
+    return cfg->engine_kind == KVR_WK_ENGINE_OPENAI ? kvr__wk_adapter_open(w) : kvr__wk_sim_open(w);
 }
 
 void kvr_worker_free(struct kvr_worker *w)
 {
-    kvr_engine_destroy(w->eng);
+    if (w->be)
+        w->be->free(w); /* its threads joined: nothing calls in any more */
     struct kvr_wreq *r, *tmp;
     HASH_ITER(hh, w->reqs, r, tmp)
     {
@@ -360,6 +412,7 @@ static struct kvr_wreq *new_req(const struct kvr_wire_request *q, uint64_t key, 
     r->reply = strdup(reply);
     r->request_id = strdup(q->request_id);
     r->max_tokens = q->max_tokens;
+    r->prompt_tokens = q->ntokens;
     r->deadline = q->deadline_ms ? now + q->deadline_ms * KVR_NS_PER_MS : 0;
     if (!r->reply || !r->request_id) {
         free_req(r);
@@ -376,17 +429,12 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
         return KVR_ERR_SHUTDOWN;
     if (w->nreqs >= KVR_WIRE_INFLIGHT_MAX)
         return KVR_ERR_OVERLOADED; /* a heartbeat lists every request held: no more than fit */
-    uint32_t nb = q->ntokens / w->cfg->engine.block_size;
-    uint64_t *h = malloc((2 * (size_t)nb + 1) * sizeof *h);
     struct kvr_wreq *r = new_req(q, key, reply, now);
-    kvr_status st = h && r ? KVR_OK : KVR_ERR_NOMEM;
+    kvr_status st = r ? KVR_OK : KVR_ERR_NOMEM;
     if (st == KVR_OK && r->deadline && !push_deadline(w, r))
         st = KVR_ERR_NOMEM;
-    if (st == KVR_OK) {
-        kvr_hash_prompt(q->tokens, q->ntokens, w->cfg->engine.block_size, h, h + nb);
-        struct kvr_engine_request er = {key, h + nb, h, nb, q->ntokens, q->max_tokens};
-        st = kvr_engine_submit(w->eng, &er, now);
-    }
+    if (st == KVR_OK)
+        st = w->be->submit(w, r, q, now);
     if (st == KVR_OK) {
         HASH_ADD(hh, w->reqs, key, sizeof r->key, r);
         w->nreqs++;
@@ -394,7 +442,6 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
     } else if (r) {
         free_req(r);
     }
-    free(h);
     return st;
 }
 
@@ -404,7 +451,7 @@ static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, u
 {
     uint32_t tok = (uint32_t)(key % 32000);
     struct kvr_wreq r = {.key = key, .reply = (char *)reply, .request_id = q->request_id};
-    chunk(w, &r, &tok, 1, 0, true);
+    chunk(w, &r, &tok, 1, NULL, 0, 0, "");
     emit_done(w, key, KVR_OK, 1);
     remember(w, key, KVR_OK, false, now);
 }
@@ -436,7 +483,7 @@ static void absorb(struct kvr_worker *w, uint64_t key, const char *why)
 static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
                        const char *reply, uint64_t now)
 {
-    if (find(w, key)) {
+    if (kvr__worker_find(w, key)) {
         absorb(w, key, "held");
         return KVR_OK;
     }
@@ -462,10 +509,10 @@ static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_reques
 {
     uint32_t bs = w->cfg->engine.block_size;
     uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs;
-    if (need <= w->cfg->engine.num_blocks)
+    if (!w->capacity || need <= w->capacity) /* 0: an engine that did not say */
         return KVR_OK;
     q->got = need;
-    q->limit = w->cfg->engine.num_blocks;
+    q->limit = w->capacity;
     return KVR_ERR_FULL;
 }
 
@@ -509,7 +556,7 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
 /* A router's cancel: end the request if held, else remember it for a forward still to come. */
 static void cancel(struct kvr_worker *w, const struct kvr_wire_worker_cancel *c, uint64_t now)
 {
-    struct kvr_wreq *r = find(w, c->key);
+    struct kvr_wreq *r = kvr__worker_find(w, c->key);
     if (r) {
         end_early(w, r, c->reason, c->silent, now);
         return;
@@ -549,7 +596,7 @@ static uint64_t next_deadline(struct kvr_worker *w)
 {
     struct kvr_wk_deadlines *h = &w->deadlines;
     while (h->n) {
-        struct kvr_wreq *r = find(w, h->v[0].key);
+        struct kvr_wreq *r = kvr__worker_find(w, h->v[0].key);
         if (r && r->deadline == h->v[0].at)
             return h->v[0].at;
         kvr_wk_deadlines_pop(h);
@@ -563,7 +610,7 @@ static void expire(struct kvr_worker *w, uint64_t now)
     uint64_t at;
     while (!w->clashed && (at = next_deadline(w)) && at <= now) {
         struct kvr_wk_deadline d = kvr_wk_deadlines_pop(&w->deadlines);
-        end_early(w, find(w, d.key), KVR_ERR_DEADLINE, false, now);
+        end_early(w, kvr__worker_find(w, d.key), KVR_ERR_DEADLINE, false, now);
     }
 }
 
@@ -686,13 +733,13 @@ void kvr_worker_run_engine(struct kvr_worker *w)
             break;
         uint64_t now = kvr_now_ns();
         stamp(w, now);
-        uint64_t dur = kvr_engine_step_begin(w->eng, now);
+        uint64_t dur = w->be->step_begin(w, now);
         if (!dur) { /* nothing to do: until work comes, something is due, or IDLE_NS */
             wait_turn(w, now, now + IDLE_NS);
             continue;
         }
         step_wait(w, now + dur);
-        kvr_engine_step_end(w->eng, kvr_now_ns());
+        w->be->step_end(w, kvr_now_ns());
         flush_locked(w);
     }
     pthread_mutex_unlock(&w->mu);

@@ -51,6 +51,7 @@
 #include <uthash.h>
 
 #include "buf.h"
+#include "codec.h"
 #include "config.h"
 #include "heap.h"
 #include "outbox.h"
@@ -63,6 +64,7 @@
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
 #define KVR_WK_KEPT_TOKENS (1u << 22) /* and their tokens at most (16 MB) */
+#define KVR_WK_TEXT_MAX    (1u << 24) /* text bytes kept of one stream, at most */
 #define KVR_WK_ENGINE_WAKE_NS                                                                      \
     (200ull * 1000000ull) /* the engine thread's longest sleep: engine_ns stays this fresh */
 
@@ -75,11 +77,19 @@ struct kvr_wreq {
     uint32_t cached_tokens;  /* prompt tokens the engine had cached, known at its prefill */
     uint32_t *toks;          /* the tokens generated, for a repeat after a cut (owned) */
     uint32_t ntoks, captoks; /* kept (== produced unless memory ran short), room */
-    uint64_t deadline;       /* monotonic ns by which it must end; 0: none */
-    uint64_t ended_at;       /* ended (kept for a repeat): monotonic ns; 0 while held */
-    kvr_status outcome;      /* ended: its final chunk's code */
-    struct kvr_wreq *next;   /* ended: the next kept, in the order they ended */
-    UT_hash_handle hh;       /* held: by key; the worker owns the item */
+    char *text;              /* their text, where the engine gives one (owned; NULL: none) */
+    uint32_t *text_end;      /* text bytes through each kept token (owned, captoks; NULL: none) */
+    uint32_t ntext, captext; /* */
+    uint32_t prompt_tokens;  /* its prompt's length */
+    uint32_t blocks;         /* adapter: the KV blocks it holds as announced (prompt + output) */
+    uint8_t held[4], nheld;  /* adapter: the start of a UTF-8 character cut at a chunk's end */
+    bool started;            /* adapter: its first token came (prefill done) */
+    char finish[KVR_WIRE_FINISH_REASON_MAX + 1]; /* the engine's finish reason ("": "length") */
+    uint64_t deadline;                           /* monotonic ns by which it must end; 0: none */
+    uint64_t ended_at;     /* ended (kept for a repeat): monotonic ns; 0 while held */
+    kvr_status outcome;    /* ended: its final chunk's code */
+    struct kvr_wreq *next; /* ended: the next kept, in the order they ended */
+    UT_hash_handle hh;     /* held: by key; the worker owns the item */
 };
 
 /* A held request's deadline; stale entries (the request ended) are skipped when they surface. */
@@ -108,7 +118,53 @@ struct kvr_wk_counters {
     uint64_t rebind_asks;    /* RebindAsks sent after a cut */
     uint64_t rebinds;        /* WorkerRebinds received for a stream kept here */
     uint64_t rebinds_bad;    /* ... that did not decode, or for a key not kept here */
+    uint64_t engine_errors;  /* requests the engine behind the adapter failed */
     uint64_t dropped;        /* messages not made (out of memory) */
+};
+
+/* The adapter's figures (adapter.c), for its metrics. */
+struct kvr_wk_adapter_stats {
+    uint64_t kv_batches;         /* KV-event batches applied */
+    uint64_t kv_stored_blocks;   /* blocks announced stored */
+    uint64_t kv_removed_blocks;  /* blocks announced removed */
+    uint64_t kv_cleared;         /* the engine's AllBlocksCleared */
+    uint64_t kv_resets;          /* gaps not filled, engine restarts: cleared here */
+    uint64_t kv_skipped_lora;    /* blocks of a LoRA adapter, skipped */
+    uint64_t kv_skipped_medium;  /* blocks on another medium than the GPU, skipped */
+    uint64_t kv_bad_block_size;  /* blocks announced at another block size, skipped */
+    uint64_t kv_gaps;            /* sequence gaps seen */
+    uint64_t kv_gaps_filled;     /* ... filled from the replay socket */
+    uint64_t kv_bad;             /* messages that did not decode */
+    uint64_t chunks_without_ids; /* engine chunks without token ids */
+    uint64_t engine_downs;       /* times the engine stopped answering */
+    uint64_t streams;            /* streams open to the engine */
+    uint64_t client_cpu_ns;      /* CPU time of the HTTP client's thread */
+    bool down;                   /* the engine does not answer now */
+    bool no_events;              /* the heartbeat says no_kv_events */
+};
+
+struct kvr_worker;
+
+/*
+ * The engine behind a worker: the simulated one in this process (sim.c), or a real one behind
+ * its OpenAI-compatible API and its KV events (adapter.c). Every op is called under mu. The
+ * engine answers through the kvr__worker_* calls below, under mu too.
+ */
+struct kvr_wk_backend {
+    const char *name;
+    /* Start r (not yet held) for its request q at now: KVR_OK, or why not (r is then freed). */
+    kvr_status (*submit)(struct kvr_worker *w, struct kvr_wreq *r, const struct kvr_wire_request *q,
+                         uint64_t now);
+    /* Stop key now; nothing more comes for it. */
+    void (*cancel)(struct kvr_worker *w, uint64_t key);
+    /* The next engine step at now, its duration in ns; 0: nothing to step (the engine thread
+     * then only keeps time: deadlines, repeats). */
+    uint64_t (*step_begin)(struct kvr_worker *w, uint64_t now);
+    void (*step_end)(struct kvr_worker *w, uint64_t now);
+    /* Its load for a heartbeat into info: waiting, kv_usage, capacity, approximate, draining. */
+    void (*load)(struct kvr_worker *w, struct kvr_worker_info *info);
+    /* Stop its threads (none calls in once it returns) and free it. Without mu. */
+    void (*free)(struct kvr_worker *w);
 };
 
 struct kvr_worker {
@@ -118,7 +174,11 @@ struct kvr_worker {
     uint64_t started_ns;             /* Unix ns at init */
     pthread_mutex_t mu;
     pthread_cond_t cv;                 /* work for the engine thread, or stop (monotonic clock) */
-    struct kvr_engine *eng;            /* under mu */
+    const struct kvr_wk_backend *be;   /* the engine behind it */
+    struct kvr_engine *eng;            /* the simulated engine (sim.c), under mu; NULL else */
+    struct kvr_adapter *ad;            /* the adapter (adapter.c); NULL else */
+    uint64_t capacity;                 /* the engine's KV pool, blocks (0: unknown), under mu */
+    char engine_why[128];              /* why the engine is not ready ("": it is), under mu */
     struct kvr_wreq *reqs;             /* uthash head, under mu */
     uint32_t nreqs;                    /* */
     struct kvr_wk_deadlines deadlines; /* of held requests, under mu */
@@ -211,5 +271,32 @@ void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
 /* Queue the RebindAsks for the streams the repeat will cover. */
 void kvr__worker_ask_rebind(struct kvr_worker *w);
+
+/* The engines' side (sim.c, adapter.c), under mu. */
+kvr_status kvr__wk_sim_open(struct kvr_worker *w);     /* sets be and eng */
+kvr_status kvr__wk_adapter_open(struct kvr_worker *w); /* sets be and ad, starts its threads */
+void kvr__wk_adapter_stats(struct kvr_worker *w, struct kvr_wk_adapter_stats *out);
+/* The request held under key; NULL when none. */
+struct kvr_wreq *kvr__worker_find(struct kvr_worker *w, uint64_t key);
+/* key's prefill is done (its first token comes next): the routers' prefill-done event. */
+void kvr__worker_prefill(struct kvr_worker *w, uint64_t key);
+/* key took one more KV block for its output: the routers' output-block event. */
+void kvr__worker_output_block(struct kvr_worker *w, uint64_t key);
+/* r's next n tokens (and ntext bytes of valid UTF-8 text, or none): one chunk to its client,
+ * kept for a repeat. */
+void kvr__worker_tokens(struct kvr_worker *w, struct kvr_wreq *r, const uint32_t *toks, uint32_t n,
+                        const char *text, uint32_t ntext);
+/* key finished in the engine (finish: the engine's reason, NULL or "": "length"): its final
+ * chunk, its done event. A key not held gets its done event only. */
+void kvr__worker_finished(struct kvr_worker *w, uint64_t key, const char *finish);
+/* r failed in the engine with st (detail: the engine's words, or NULL): the client's final
+ * chunk with the error, the done event. */
+void kvr__worker_failed(struct kvr_worker *w, struct kvr_wreq *r, kvr_status st,
+                        const char *detail);
+/* KV events, split to the wire's caps. */
+void kvr__worker_stored(struct kvr_worker *w, const uint64_t *parent, const struct kvr_kv_block *b,
+                        size_t n);
+void kvr__worker_removed(struct kvr_worker *w, const uint64_t *ids, size_t n);
+void kvr__worker_cleared(struct kvr_worker *w);
 
 #endif

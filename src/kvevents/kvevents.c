@@ -1,0 +1,749 @@
+/*
+ * kvevents: the engines' KV-event batches, msgpack <-> struct kvr_kvev_batch (kvevents.h has the
+ * layouts and the checks). Decoding is three steps: a structural pre-scan of the bytes (nesting,
+ * every declared length against the bytes left, so msgpack-c never allocates for a length the
+ * input cannot hold), msgpack_unpack into a zone, then a walk of the msgpack_object tree that
+ * counts (limits) and fills the batch's three arrays. The only includer of <msgpack.h>. Pure,
+ * no global state but the test hook's thread-local countdown.
+ */
+#include "kvevents.h"
+
+#include <msgpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvr/hash.h"
+#include "kvevents_internal.h"
+
+#define PRESCAN_DEPTH 16 /* deepest nesting accepted (msgpack-c's own limit is 32) */
+#define HASH_BYTES_MAX 64
+
+/* ---- test hook ------------------------------------------------------------------------------ */
+
+static _Thread_local long fail_countdown = -1;
+
+long kvr_kvev_fail_alloc(long n)
+{
+    long was = fail_countdown;
+    fail_countdown = n;
+    return was;
+}
+
+static void *alloc_array(size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    if (fail_countdown >= 0 && fail_countdown-- == 0)
+        return NULL;
+    size_t bytes = n * size;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+/* ---- ids ------------------------------------------------------------------------------------ */
+
+uint64_t kvr_kvev_id_of_bytes(const void *data, size_t len)
+{
+    return kvr_hash_bytes(data, len);
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+void kvr_kvev_digest_of(uint64_t id, uint8_t out[KVR_KVEV_DIGEST_LEN])
+{
+    put_be64(out, id);
+    put_be64(out + 8, ~id);
+    put_be64(out + 16, id);
+    put_be64(out + 24, ~id);
+}
+
+uint64_t kvr_kvev_id_of_digest(uint64_t id)
+{
+    uint8_t d[KVR_KVEV_DIGEST_LEN];
+    kvr_kvev_digest_of(id, d);
+    return kvr_kvev_id_of_bytes(d, sizeof d);
+}
+
+/* ---- pre-scan ------------------------------------------------------------------------------- */
+
+static uint64_t rd_be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/*
+ * Walk the msgpack bytes without building anything: exactly one complete object, no trailing
+ * bytes, nesting at most PRESCAN_DEPTH, and at every container the elements still owed (over the
+ * whole stack) no more than the bytes left, since each needs one byte at least.
+ */
+bool kvr_kvev_prescan(const uint8_t *p, size_t len)
+{
+    uint64_t left[PRESCAN_DEPTH + 1]; /* elements still owed at each open level */
+    int depth = 0;
+    uint64_t owed = 1; /* elements owed over the whole stack, the top-level object included */
+    size_t i = 0;
+    left[0] = 1;
+    while (owed > 0) {
+        if (i >= len)
+            return false;
+        uint8_t c = p[i++];
+        uint64_t skip = 0, count = 0;
+        bool container = false;
+        if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
+            /* fixint, nil, bool */
+        } else if (c >= 0x80 && c <= 0x8f) {
+            container = true;
+            count = 2u * (c & 0x0f);
+        } else if (c >= 0x90 && c <= 0x9f) {
+            container = true;
+            count = c & 0x0f;
+        } else if (c >= 0xa0 && c <= 0xbf) {
+            skip = c & 0x1f;
+        } else {
+            int n = 0; /* bytes of a length or a value after the marker */
+            switch (c) {
+            case 0xc4: case 0xc7: case 0xcc: case 0xd0: case 0xd9: n = 1; break;
+            case 0xc5: case 0xc8: case 0xcd: case 0xd1: case 0xda: case 0xdc: case 0xde:
+                n = 2; break;
+            case 0xc6: case 0xc9: case 0xca: case 0xce: case 0xd2: case 0xdb: case 0xdd: case 0xdf:
+                n = 4; break;
+            case 0xcb: case 0xcf: case 0xd3: n = 8; break;
+            case 0xd4: skip = 2; break;
+            case 0xd5: skip = 3; break;
+            case 0xd6: skip = 5; break;
+            case 0xd7: skip = 9; break;
+            case 0xd8: skip = 17; break;
+            default: return false; /* 0xc1: never used */
+            }
+            if (n > 0) {
+                if (len - i < (size_t)n)
+                    return false;
+                uint64_t v = rd_be(p + i, n);
+                i += (size_t)n;
+                switch (c) {
+                case 0xc4: case 0xc5: case 0xc6: case 0xd9: case 0xda: case 0xdb: skip = v; break;
+                case 0xc7: case 0xc8: case 0xc9: skip = v + 1; break; /* ext: type byte too */
+                case 0xdc: case 0xdd: container = true; count = v; break;
+                case 0xde: case 0xdf: container = true; count = 2 * v; break;
+                default: break; /* numbers: their n bytes were the value */
+                }
+            }
+        }
+        if (skip > len - i)
+            return false;
+        i += (size_t)skip;
+        /* this object is done: it was owed by the top level */
+        left[depth]--;
+        owed--;
+        if (container && count > 0) {
+            if (depth == PRESCAN_DEPTH)
+                return false;
+            if (count > len - i || owed + count > len - i)
+                return false;
+            left[++depth] = count;
+            owed += count;
+        }
+        while (depth > 0 && left[depth] == 0)
+            depth--;
+    }
+    return i == len;
+}
+
+/* ---- the walk ------------------------------------------------------------------------------- */
+
+/* The fields of one event, wherever they came from (positions or names); NULL when absent. */
+struct fields {
+    const msgpack_object *hashes, *parent, *tokens, *block_size, *lora, *medium, *group;
+};
+
+static bool is_str(const msgpack_object *o, const char *s)
+{
+    size_t n = strlen(s);
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
+           memcmp(o->via.str.ptr, s, n) == 0;
+}
+
+enum tag { TAG_UNKNOWN = 0, TAG_STORED, TAG_REMOVED, TAG_CLEARED, TAG_BAD };
+
+static enum tag tag_of(const msgpack_object *t)
+{
+    if (!t || t->type != MSGPACK_OBJECT_STR)
+        return TAG_BAD;
+    if (is_str(t, "BlockStored"))
+        return TAG_STORED;
+    if (is_str(t, "BlockRemoved"))
+        return TAG_REMOVED;
+    if (is_str(t, "AllBlocksCleared"))
+        return TAG_CLEARED;
+    return TAG_UNKNOWN;
+}
+
+/* The tag and fields of an event (array or map); false when it is neither or has no tag. */
+static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *f)
+{
+    memset(f, 0, sizeof *f);
+    if (e->type == MSGPACK_OBJECT_ARRAY) {
+        const msgpack_object_array *a = &e->via.array;
+        if (a->size == 0)
+            return false;
+        *tag = tag_of(&a->ptr[0]);
+        const msgpack_object *at[7] = {0};
+        for (uint32_t i = 1; i < a->size && i < 7; i++)
+            at[i] = &a->ptr[i];
+        if (*tag == TAG_STORED) {
+            f->hashes = at[1];
+            f->parent = at[2];
+            f->tokens = at[3];
+            f->block_size = at[4];
+            f->lora = at[5];
+            f->medium = at[6];
+        } else if (*tag == TAG_REMOVED) {
+            f->hashes = at[1];
+            f->medium = at[2];
+        }
+        return *tag != TAG_BAD;
+    }
+    if (e->type != MSGPACK_OBJECT_MAP)
+        return false;
+    const msgpack_object *type = NULL;
+    for (uint32_t i = 0; i < e->via.map.size; i++) {
+        const msgpack_object *k = &e->via.map.ptr[i].key, *v = &e->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR)
+            continue;
+        if (is_str(k, "type"))
+            type = v;
+        else if (is_str(k, "block_hashes"))
+            f->hashes = v;
+        else if (is_str(k, "parent_block_hash"))
+            f->parent = v;
+        else if (is_str(k, "token_ids"))
+            f->tokens = v;
+        else if (is_str(k, "block_size") || is_str(k, "num_toks_per_block"))
+            f->block_size = v;
+        else if (is_str(k, "lora_id"))
+            f->lora = v;
+        else if (is_str(k, "medium"))
+            f->medium = v;
+        else if (is_str(k, "group_idx"))
+            f->group = v;
+    }
+    *tag = tag_of(type);
+    if (*tag == TAG_REMOVED) {
+        struct fields r = {.hashes = f->hashes, .medium = f->medium, .group = f->group};
+        *f = r;
+    } else if (*tag != TAG_STORED) {
+        memset(f, 0, sizeof *f);
+    }
+    return *tag != TAG_BAD;
+}
+
+static bool is_nil(const msgpack_object *o)
+{
+    return !o || o->type == MSGPACK_OBJECT_NIL;
+}
+
+/* An array field (hashes, tokens): its length, 0 when absent; false when not an array. */
+static bool array_len(const msgpack_object *o, uint32_t *n)
+{
+    *n = 0;
+    if (!o)
+        return true;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return false;
+    *n = o->via.array.size;
+    return true;
+}
+
+static bool hash_of(const msgpack_object *o, uint64_t *id, uint32_t *seen)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *id = o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *id = (uint64_t)o->via.i64;
+        *seen |= KVR_KVEV_SEEN_NEG_HASH;
+        return true;
+    case MSGPACK_OBJECT_BIN:
+    case MSGPACK_OBJECT_STR: /* the same bytes: a bin and a str of them name one block */
+        if (o->via.bin.size == 0 || o->via.bin.size > HASH_BYTES_MAX)
+            return false;
+        *id = kvr_kvev_id_of_bytes(o->via.bin.ptr, o->via.bin.size);
+        *seen |= KVR_KVEV_SEEN_BYTES_HASH;
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool int_of(const msgpack_object *o, int64_t *v)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX)
+            return false;
+        *v = (int64_t)o->via.u64;
+        return true;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *v = o->via.i64;
+        return true;
+    }
+    return false;
+}
+
+/* Fill one known event from its fields; hashes and tokens are written at *hp and *tp. */
+static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kvev_event *ev,
+                             uint64_t *hp, uint32_t *tp, uint32_t *seen)
+{
+    uint32_t nh = 0, nt = 0;
+    if (!array_len(f->hashes, &nh) || !array_len(f->tokens, &nt))
+        return KVR_ERR_MALFORMED;
+    ev->kind = tag == TAG_STORED ? KVR_KVEV_STORED
+                                 : tag == TAG_REMOVED ? KVR_KVEV_REMOVED : KVR_KVEV_CLEARED;
+    if (tag == TAG_CLEARED)
+        return KVR_OK;
+    ev->nhashes = nh;
+    ev->hashes = nh ? hp : NULL;
+    for (uint32_t i = 0; i < nh; i++)
+        if (!hash_of(&f->hashes->via.array.ptr[i], &hp[i], seen))
+            return KVR_ERR_MALFORMED;
+    if (f->medium && !is_nil(f->medium)) {
+        if (f->medium->type != MSGPACK_OBJECT_STR)
+            return KVR_ERR_MALFORMED;
+        size_t n = f->medium->via.str.size;
+        if (n > KVR_KVEV_MEDIUM_CAP - 1)
+            n = KVR_KVEV_MEDIUM_CAP - 1;
+        memcpy(ev->medium, f->medium->via.str.ptr, n);
+        ev->medium[n] = '\0';
+    }
+    if (!is_nil(f->group)) {
+        if (!int_of(f->group, &ev->group_idx))
+            return KVR_ERR_MALFORMED;
+        ev->has_group = true;
+    }
+    if (tag == TAG_REMOVED)
+        return KVR_OK;
+
+    if (!is_nil(f->parent)) {
+        if (!hash_of(f->parent, &ev->parent, seen))
+            return KVR_ERR_MALFORMED;
+        ev->has_parent = true;
+    }
+    ev->ntokens = nt;
+    ev->tokens = nt ? tp : NULL;
+    for (uint32_t i = 0; i < nt; i++) {
+        const msgpack_object *t = &f->tokens->via.array.ptr[i];
+        if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
+            return KVR_ERR_MALFORMED;
+        tp[i] = (uint32_t)t->via.u64;
+    }
+    uint64_t bs;
+    if (f->block_size) {
+        if (f->block_size->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            f->block_size->via.u64 > UINT32_MAX)
+            return KVR_ERR_MALFORMED;
+        bs = f->block_size->via.u64;
+    } else {
+        bs = nh ? nt / nh : 0;
+    }
+    if ((uint64_t)nh * bs != nt || (bs == 0 && (nh || nt)))
+        return KVR_ERR_MALFORMED;
+    ev->block_size = (uint32_t)bs;
+    if (!is_nil(f->lora)) {
+        if (!int_of(f->lora, &ev->lora_id))
+            return KVR_ERR_MALFORMED;
+        ev->has_lora = true;
+    }
+    return KVR_OK;
+}
+
+/* The batch's own fields: ts, the events array, the rank (NULL when absent). */
+static bool batch_fields(const msgpack_object *root, const msgpack_object **ts,
+                         const msgpack_object **events, const msgpack_object **rank,
+                         uint32_t *seen)
+{
+    *ts = *events = *rank = NULL;
+    if (root->type == MSGPACK_OBJECT_ARRAY) {
+        const msgpack_object_array *a = &root->via.array;
+        if (a->size < 2)
+            return false;
+        *ts = &a->ptr[0];
+        *events = &a->ptr[1];
+        if (a->size >= 3)
+            *rank = &a->ptr[2];
+    } else if (root->type == MSGPACK_OBJECT_MAP) {
+        *seen |= KVR_KVEV_SEEN_MAP_BATCH;
+        for (uint32_t i = 0; i < root->via.map.size; i++) {
+            const msgpack_object *k = &root->via.map.ptr[i].key, *v = &root->via.map.ptr[i].val;
+            if (is_str(k, "ts"))
+                *ts = v;
+            else if (is_str(k, "events"))
+                *events = v;
+            else if (is_str(k, "data_parallel_rank"))
+                *rank = v;
+        }
+        if (!*ts || !*events)
+            return false;
+    } else {
+        return false;
+    }
+    return (*events)->type == MSGPACK_OBJECT_ARRAY;
+}
+
+static bool ts_of(const msgpack_object *o, double *ts)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        *ts = o->via.f64;
+        return true;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *ts = (double)o->via.u64;
+        return true;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *ts = (double)o->via.i64;
+        return true;
+    default:
+        return false;
+    }
+}
+
+static kvr_status walk(const msgpack_object *root, const struct kvr_kvev_limits *lim,
+                       struct kvr_kvev_batch *out)
+{
+    const msgpack_object *ts, *events, *rank;
+    if (!batch_fields(root, &ts, &events, &rank, &out->seen) || !ts_of(ts, &out->ts))
+        return KVR_ERR_MALFORMED;
+    if (!is_nil(rank)) {
+        if (!int_of(rank, &out->dp_rank))
+            return KVR_ERR_MALFORMED;
+        out->has_dp_rank = true;
+    }
+    const msgpack_object_array *ea = &events->via.array;
+    if (ea->size > lim->max_events)
+        return KVR_ERR_TOO_LARGE;
+
+    /* First pass: tags, shapes and the totals the limits bound. */
+    uint64_t nh = 0, nt = 0;
+    uint32_t known = 0;
+    for (uint32_t i = 0; i < ea->size; i++) {
+        enum tag tag;
+        struct fields f;
+        if (!event_fields(&ea->ptr[i], &tag, &f))
+            return KVR_ERR_MALFORMED;
+        if (tag == TAG_UNKNOWN) {
+            out->unknown_events++;
+            continue;
+        }
+        if (ea->ptr[i].type == MSGPACK_OBJECT_MAP)
+            out->seen |= KVR_KVEV_SEEN_MAP_EVENTS;
+        uint32_t h, t;
+        if (!array_len(f.hashes, &h) || !array_len(f.tokens, &t))
+            return KVR_ERR_MALFORMED;
+        nh += h;
+        nt += t;
+        known++;
+    }
+    if (nh > lim->max_hashes || nt > lim->max_tokens)
+        return KVR_ERR_TOO_LARGE;
+
+    /* Second pass: fill. */
+    if (known) {
+        out->events = alloc_array(known, sizeof *out->events);
+        if (!out->events)
+            return KVR_ERR_NOMEM;
+    }
+    if (nh) {
+        out->hash_store = alloc_array((size_t)nh, sizeof *out->hash_store);
+        if (!out->hash_store)
+            return KVR_ERR_NOMEM;
+    }
+    if (nt) {
+        out->token_store = alloc_array((size_t)nt, sizeof *out->token_store);
+        if (!out->token_store)
+            return KVR_ERR_NOMEM;
+    }
+    uint64_t *hp = out->hash_store;
+    uint32_t *tp = out->token_store;
+    for (uint32_t i = 0; i < ea->size; i++) {
+        enum tag tag;
+        struct fields f;
+        event_fields(&ea->ptr[i], &tag, &f);
+        if (tag == TAG_UNKNOWN)
+            continue;
+        struct kvr_kvev_event *ev = &out->events[out->nevents++];
+        kvr_status st = fill_event(tag, &f, ev, hp, tp, &out->seen);
+        if (st != KVR_OK)
+            return st;
+        hp += ev->nhashes;
+        tp += ev->ntokens;
+    }
+    return KVR_OK;
+}
+
+static void limits_or_defaults(const struct kvr_kvev_limits *in, struct kvr_kvev_limits *l)
+{
+    l->max_events = in && in->max_events ? in->max_events : KVR_KVEV_MAX_EVENTS;
+    l->max_hashes = in && in->max_hashes ? in->max_hashes : KVR_KVEV_MAX_HASHES;
+    l->max_tokens = in && in->max_tokens ? in->max_tokens : KVR_KVEV_MAX_TOKENS;
+    l->max_bytes = in && in->max_bytes ? in->max_bytes : KVR_KVEV_MAX_BYTES;
+}
+
+kvr_status kvr_kvev_decode(const void *data, size_t len, const struct kvr_kvev_limits *lim,
+                           struct kvr_kvev_batch *out)
+{
+    if (!out)
+        return KVR_ERR_INVALID;
+    memset(out, 0, sizeof *out);
+    if (!data && len > 0)
+        return KVR_ERR_INVALID;
+    struct kvr_kvev_limits l;
+    limits_or_defaults(lim, &l);
+    if (len > l.max_bytes)
+        return KVR_ERR_TOO_LARGE;
+    if (len == 0 || !kvr_kvev_prescan(data, len))
+        return KVR_ERR_MALFORMED;
+
+    msgpack_zone zone;
+    if (!msgpack_zone_init(&zone, 4096))
+        return KVR_ERR_NOMEM;
+    msgpack_object root;
+    size_t off = 0;
+    msgpack_unpack_return r = msgpack_unpack(data, len, &off, &zone, &root);
+    kvr_status st;
+    if (r == MSGPACK_UNPACK_SUCCESS && off == len)
+        st = walk(&root, &l, out);
+    else if (r == MSGPACK_UNPACK_NOMEM_ERROR)
+        st = KVR_ERR_NOMEM;
+    else
+        st = KVR_ERR_MALFORMED;
+    msgpack_zone_destroy(&zone);
+    if (st != KVR_OK)
+        kvr_kvev_batch_free(out);
+    return st;
+}
+
+void kvr_kvev_batch_free(struct kvr_kvev_batch *b)
+{
+    if (!b)
+        return;
+    free(b->events);
+    free(b->hash_store);
+    free(b->token_store);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- the encoder ---------------------------------------------------------------------------- */
+
+struct sink {
+    struct kvr_buf *b;
+    bool nomem;
+};
+
+static int sink_write(void *data, const char *buf, size_t len)
+{
+    struct sink *s = data;
+    if (s->nomem)
+        return -1;
+    if (len > SIZE_MAX - s->b->len) {
+        s->nomem = true;
+        return -1;
+    }
+    size_t need = s->b->len + len;
+    if (need > s->b->cap) {
+        size_t cap = s->b->cap ? s->b->cap : 256;
+        while (cap < need)
+            cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+        if (kvr_buf_reserve(s->b, cap) != KVR_OK) {
+            s->nomem = true;
+            return -1;
+        }
+    }
+    memcpy(s->b->data + s->b->len, buf, len);
+    s->b->len += len;
+    return 0;
+}
+
+static void pack_cstr(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_hash(msgpack_packer *pk, uint64_t h, enum kvr_kvev_hash_form form)
+{
+    if (form == KVR_KVEV_HASH_UINT) {
+        msgpack_pack_uint64(pk, h);
+    } else if (form == KVR_KVEV_HASH_INT) {
+        msgpack_pack_int64(pk, (int64_t)h);
+    } else {
+        uint8_t d[KVR_KVEV_DIGEST_LEN];
+        kvr_kvev_digest_of(h, d);
+        msgpack_pack_bin(pk, sizeof d);
+        msgpack_pack_bin_body(pk, d, sizeof d);
+    }
+}
+
+static void pack_hashes(msgpack_packer *pk, const struct kvr_kvev_event *e,
+                        enum kvr_kvev_hash_form form)
+{
+    msgpack_pack_array(pk, e->nhashes);
+    for (uint32_t i = 0; i < e->nhashes; i++)
+        pack_hash(pk, e->hashes[i], form);
+}
+
+static void pack_medium(msgpack_packer *pk, const char *medium)
+{
+    size_t n = strnlen(medium, KVR_KVEV_MEDIUM_CAP);
+    if (n == 0) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, medium, n);
+}
+
+static void pack_stored_values(msgpack_packer *pk, const struct kvr_kvev_event *e,
+                               enum kvr_kvev_hash_form form, bool with_keys)
+{
+    if (with_keys)
+        pack_cstr(pk, "block_hashes");
+    pack_hashes(pk, e, form);
+    if (with_keys)
+        pack_cstr(pk, "parent_block_hash");
+    if (e->has_parent)
+        pack_hash(pk, e->parent, form);
+    else
+        msgpack_pack_nil(pk);
+    if (with_keys)
+        pack_cstr(pk, "token_ids");
+    msgpack_pack_array(pk, e->ntokens);
+    for (uint32_t i = 0; i < e->ntokens; i++)
+        msgpack_pack_uint32(pk, e->tokens[i]);
+    if (with_keys)
+        pack_cstr(pk, "block_size");
+    msgpack_pack_uint32(pk, e->block_size);
+    if (with_keys)
+        pack_cstr(pk, "lora_id");
+    if (e->has_lora)
+        msgpack_pack_int64(pk, e->lora_id);
+    else
+        msgpack_pack_nil(pk);
+}
+
+static kvr_status pack_event(msgpack_packer *pk, const struct kvr_kvev_event *e,
+                             const struct kvr_kvev_encoding *how)
+{
+    if (e->nhashes && !e->hashes)
+        return KVR_ERR_INVALID;
+    if (e->kind == KVR_KVEV_STORED && e->ntokens && !e->tokens)
+        return KVR_ERR_INVALID;
+    bool map = how->layout == KVR_KVEV_LAYOUT_MAP;
+    bool old = how->layout == KVR_KVEV_LAYOUT_OLD;
+    switch (e->kind) {
+    case KVR_KVEV_STORED:
+        if (map) {
+            msgpack_pack_map(pk, 8 + (e->has_group ? 1 : 0));
+            pack_cstr(pk, "type");
+            pack_cstr(pk, "BlockStored");
+            pack_stored_values(pk, e, how->hashes, true);
+            pack_cstr(pk, "medium");
+            pack_medium(pk, e->medium);
+            pack_cstr(pk, "lora_name");
+            msgpack_pack_nil(pk);
+            if (e->has_group) {
+                pack_cstr(pk, "group_idx");
+                msgpack_pack_int64(pk, e->group_idx);
+            }
+        } else {
+            msgpack_pack_array(pk, old ? 6 : 7);
+            pack_cstr(pk, "BlockStored");
+            pack_stored_values(pk, e, how->hashes, false);
+            if (!old)
+                pack_medium(pk, e->medium);
+        }
+        return KVR_OK;
+    case KVR_KVEV_REMOVED:
+        if (map) {
+            msgpack_pack_map(pk, 3 + (e->has_group ? 1 : 0));
+            pack_cstr(pk, "type");
+            pack_cstr(pk, "BlockRemoved");
+            pack_cstr(pk, "block_hashes");
+            pack_hashes(pk, e, how->hashes);
+            pack_cstr(pk, "medium");
+            pack_medium(pk, e->medium);
+            if (e->has_group) {
+                pack_cstr(pk, "group_idx");
+                msgpack_pack_int64(pk, e->group_idx);
+            }
+        } else {
+            msgpack_pack_array(pk, old ? 2 : 3);
+            pack_cstr(pk, "BlockRemoved");
+            pack_hashes(pk, e, how->hashes);
+            if (!old)
+                pack_medium(pk, e->medium);
+        }
+        return KVR_OK;
+    case KVR_KVEV_CLEARED:
+        if (map) {
+            msgpack_pack_map(pk, 1);
+            pack_cstr(pk, "type");
+        } else {
+            msgpack_pack_array(pk, 1);
+        }
+        pack_cstr(pk, "AllBlocksCleared");
+        return KVR_OK;
+    }
+    return KVR_ERR_INVALID;
+}
+
+kvr_status kvr_kvev_encode(struct kvr_buf *out, const struct kvr_kvev_batch *b,
+                           const struct kvr_kvev_encoding *how)
+{
+    static const struct kvr_kvev_encoding dflt = {KVR_KVEV_HASH_UINT, KVR_KVEV_LAYOUT_NEW, false};
+    if (!out || !b || (b->nevents && !b->events))
+        return KVR_ERR_INVALID;
+    if (!how)
+        how = &dflt;
+    if ((unsigned)how->hashes > KVR_KVEV_HASH_BYTES32 || (unsigned)how->layout > KVR_KVEV_LAYOUT_MAP)
+        return KVR_ERR_INVALID;
+    for (uint32_t i = 0; i < b->nevents; i++) {
+        enum kvr_kvev_kind k = b->events[i].kind;
+        if (k != KVR_KVEV_STORED && k != KVR_KVEV_REMOVED && k != KVR_KVEV_CLEARED)
+            return KVR_ERR_INVALID;
+    }
+    out->len = 0;
+    struct sink s = {out, false};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &s, sink_write);
+    msgpack_pack_array(&pk, how->dp_rank ? 3 : 2);
+    msgpack_pack_double(&pk, b->ts);
+    msgpack_pack_array(&pk, b->nevents);
+    for (uint32_t i = 0; i < b->nevents; i++) {
+        kvr_status st = pack_event(&pk, &b->events[i], how);
+        if (st != KVR_OK) {
+            out->len = 0;
+            return st;
+        }
+    }
+    if (how->dp_rank) {
+        if (b->has_dp_rank)
+            msgpack_pack_int64(&pk, b->dp_rank);
+        else
+            msgpack_pack_nil(&pk);
+    }
+    if (s.nomem) {
+        out->len = 0;
+        return KVR_ERR_NOMEM;
+    }
+    return KVR_OK;
+}

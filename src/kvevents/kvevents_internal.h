@@ -1,0 +1,23 @@
+/*
+ * kvevents internals shared with the tests and the fuzz target: the structural pre-scan and the
+ * allocation-failure hook. Not for the adapter or the stand-in.
+ */
+#ifndef KVR_KVEVENTS_INTERNAL_H
+#define KVR_KVEVENTS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* true when p[0..len) is exactly one complete msgpack object, nested at most 16 deep, whose
+ * declared lengths all fit in the bytes that follow them (kvevents.c). p is borrowed. */
+bool kvr_kvev_prescan(const uint8_t *p, size_t len);
+
+/*
+ * Testing: make the decoder's n-th allocation of its own (the batch's arrays; not msgpack-c's
+ * zone) from now on, on this thread, fail once (0: the next one); -1 disarms. Returns the
+ * countdown it replaces: -1 if the armed failure happened (or none was armed).
+ */
+long kvr_kvev_fail_alloc(long n);
+
+#endif

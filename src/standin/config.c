@@ -1,0 +1,148 @@
+/*
+ * kvengine's settings.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "clock.h"
+#include "httpd.h"
+#include "log.h"
+
+void kvr_se_config_default(struct kvr_se_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen, sizeof c->listen, "127.0.0.1:8000"); /* vLLM's port */
+    snprintf(c->model, sizeof c->model, "kvengine");
+    kvr_engine_config_default(&c->engine);
+    c->max_model_len = 32768;
+    c->kv_replay_batches = 10000; /* vLLM's buffer_steps */
+    c->kv_hash = KVR_SE_HASH_UINT;
+    c->kv_layout = KVR_SE_LAYOUT_NEW;
+    c->max_connections = 128;
+    c->max_inflight = 256;
+    c->max_body_bytes = 8u << 20;
+    c->stream_buffer_bytes = 512u << 10; /* ~2,000 chunks a client may fall behind */
+    c->idle_timeout_ns = 60 * KVR_NS_PER_S;
+    c->drain_timeout_ns = 5 * KVR_NS_PER_S;
+    c->log_level = KVR_LOG_INFO;
+}
+
+static const char *const hash_names[] = {"int", "uint", "bytes", NULL};
+static const char *const layout_names[] = {"new", "old", "map", NULL};
+static const char *const style_names[] = {"vllm", "sglang", NULL};
+static const char *const shape_names[] = {"flat", "nested", NULL};
+
+#define NUM(n, t, p, lo, hi, h)                                                                    \
+    {                                                                                              \
+        .name = n, .type = t, .ptr = p, .help = h, .min = lo, .max = hi                            \
+    }
+#define CHOICE(n, p, names, h)                                                                     \
+    {                                                                                              \
+        .name = n, .type = KVR_OPT_ENUM, .ptr = p, .help = h, .choices = names                     \
+    }
+#define STR(n, e, p, h)                                                                            \
+    {                                                                                              \
+        .name = n, .env = e, .type = KVR_OPT_STR, .ptr = p, .help = h                              \
+    }
+
+size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
+{
+    struct kvr_engine_config *e = &c->engine;
+    const struct kvr_opt t[] = {
+        STR("listen", "KVR_ENGINE_LISTEN", c->listen,
+            "serve the HTTP API on HOST:PORT (IPv4 or [IPv6]; port 0: any free one)"),
+        STR("model", "KVR_ENGINE_MODEL", c->model, "the model name served"),
+        {.name = "block-size",
+         .env = "KVR_BLOCK_SIZE",
+         .type = KVR_OPT_U32,
+         .ptr = &e->block_size,
+         .help = "tokens per KV block",
+         .min = 1,
+         .max = 65536},
+        {.name = "num-blocks",
+         .env = "KVR_NUM_BLOCKS",
+         .type = KVR_OPT_U32,
+         .ptr = &e->num_blocks,
+         .help = "KV pool size, blocks",
+         .min = 16,
+         .max = 1 << 30},
+        NUM("max-batched-tokens", KVR_OPT_U32, &e->max_batched_tokens, 1, 1 << 24,
+            "tokens per step"),
+        NUM("max-seqs", KVR_OPT_U32, &e->max_seqs, 1, 1 << 20, "sequences per step"),
+        {.name = "speedup",
+         .env = "KVR_SPEEDUP",
+         .type = KVR_OPT_DOUBLE,
+         .ptr = &e->speedup,
+         .help = "engine time is divided by this",
+         .min = 1e-3,
+         .max = 1e6},
+        NUM("max-model-len", KVR_OPT_U32, &c->max_model_len, 2, 1 << 24,
+            "prompt plus max_tokens, at most (tokens)"),
+        STR("kv-events", "KVR_ENGINE_KV_EVENTS", c->kv_events,
+            "bind the KV-event PUB socket here (e.g. tcp://127.0.0.1:5557; empty: no KV events)"),
+        STR("kv-replay", "KVR_ENGINE_KV_REPLAY", c->kv_replay,
+            "bind the KV-event replay ROUTER socket here (empty: none)"),
+        STR("kv-topic", NULL, c->kv_topic, "the topic frame of every KV-event message"),
+        NUM("kv-replay-batches", KVR_OPT_U32, &c->kv_replay_batches, 1, 1 << 24,
+            "batches the replay socket keeps"),
+        CHOICE("kv-hash", &c->kv_hash, hash_names,
+               "block hashes on the wire: signed or unsigned integers, or 32-byte strings"),
+        CHOICE("kv-layout", &c->kv_layout, layout_names,
+               "KV event shape: arrays with medium (new), without (old), or maps"),
+        CHOICE("metrics-style", &c->metrics_style, style_names,
+               "which engine /metrics names follow (sglang adds /get_server_info)"),
+        CHOICE("error-shape", &c->error_shape, shape_names,
+               "error bodies: {\"object\":\"error\",...} (flat) or {\"error\":{...}} (nested)"),
+        {.name = "test-hooks",
+         .type = KVR_OPT_BOOL,
+         .ptr = &c->test_hooks,
+         .help = "serve POST /test/drop_batches, /test/stall, /test/clear"},
+        NUM("max-connections", KVR_OPT_U32, &c->max_connections, 2, 4096,
+            "HTTP connections at once (one thread each)"),
+        NUM("max-inflight", KVR_OPT_U32, &c->max_inflight, 1, 1 << 16,
+            "completions held at once (more are answered 429)"),
+        NUM("max-body-bytes", KVR_OPT_U32, &c->max_body_bytes, 1024, 1 << 28,
+            "a request body, at most (more: 413)"),
+        NUM("stream-buffer-bytes", KVR_OPT_U32, &c->stream_buffer_bytes, 4096, 1 << 28,
+            "event-stream bytes a client may leave unread before its request is aborted"),
+        NUM("idle-timeout-ms", KVR_OPT_MS, &c->idle_timeout_ns, 1000, 3.6e6,
+            "an idle HTTP connection is closed after this"),
+        NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
+            "on SIGTERM, let requests finish this long, then abort them"),
+        {.name = "log-level",
+         .env = "KVR_LOG_LEVEL",
+         .type = KVR_OPT_ENUM,
+         .ptr = &c->log_level,
+         .help = "least severe level logged",
+         .choices = kvr_log_level_names},
+    };
+    _Static_assert(sizeof t / sizeof t[0] <= KVR_SE_OPTIONS, "KVR_SE_OPTIONS too small");
+    memcpy(out, t, sizeof t);
+    return sizeof t / sizeof t[0];
+}
+
+static bool printable(const char *s)
+{
+    for (; *s; s++)
+        if (*s < 0x20 || *s > 0x7e)
+            return false;
+    return true;
+}
+
+kvr_status kvr_se_config_check(const struct kvr_se_config *c, char *why, size_t len)
+{
+    const char *bad = NULL;
+    if (!c->model[0] || strlen(c->model) >= KVR_SE_MODEL_MAX || !printable(c->model))
+        bad = "--model must be 1..127 printable ASCII characters";
+    else if (c->kv_replay[0] && !c->kv_events[0])
+        bad = "--kv-replay needs --kv-events";
+    else if (c->kv_topic[0] && !c->kv_events[0])
+        bad = "--kv-topic needs --kv-events";
+    if (bad) {
+        snprintf(why, len, "%s", bad);
+        return KVR_ERR_INVALID;
+    }
+    return kvr_httpd_check_addr(c->listen, why, len);
+}

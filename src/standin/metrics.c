@@ -1,0 +1,187 @@
+/*
+ * kvengine's /metrics implementation.
+ */
+#include "metrics.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "prom.h"
+
+/* Put back the ':' of the engine families written from start on: every line there begins with
+ * "# HELP <prefix>_", "# TYPE <prefix>_" or "<prefix>_". */
+static void colonize(struct kvr_buf *out, size_t start, const char *prefix)
+{
+    size_t np = strlen(prefix);
+    char *p = (char *)out->data + start, *end = (char *)out->data + out->len;
+    while (p < end) {
+        char *name = p;
+        if (!strncmp(p, "# HELP ", 7) || !strncmp(p, "# TYPE ", 7))
+            name += 7;
+        if ((size_t)(end - name) > np && !strncmp(name, prefix, np) && name[np] == '_')
+            name[np] = ':';
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        p = nl ? nl + 1 : end;
+    }
+}
+
+static void gauge1(struct kvr_prom *p, const char *name, const char *help,
+                   const struct kvr_prom_label *l, size_t nl, double v)
+{
+    kvr_prom_family(p, name, KVR_PROM_GAUGE, help);
+    kvr_prom_f64(p, l, nl, v);
+}
+
+static void counter1(struct kvr_prom *p, const char *name, const char *help,
+                     const struct kvr_prom_label *l, size_t nl, uint64_t v)
+{
+    kvr_prom_family(p, name, KVR_PROM_COUNTER, help);
+    kvr_prom_u64(p, l, nl, v);
+}
+
+static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
+{
+    const struct kvr_se_config *cfg = s->cfg;
+    const struct kvr_prom_label l[] = {{"model_name", cfg->model}, {"engine", "0"}};
+    gauge1(p, "vllm_num_requests_running", "Number of requests in model execution batches.", l,
+           2, s->engine.running);
+    gauge1(p, "vllm_num_requests_waiting", "Number of requests waiting to be processed.", l, 2,
+           s->engine.waiting);
+    gauge1(p, "vllm_kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l, 2,
+           s->engine.kv_usage);
+    char bs[16], nb[16];
+    snprintf(bs, sizeof bs, "%u", cfg->engine.block_size);
+    snprintf(nb, sizeof nb, "%u", cfg->engine.num_blocks);
+    const struct kvr_prom_label info[] = {{"engine", "0"},
+                                          {"block_size", bs},
+                                          {"num_gpu_blocks", nb},
+                                          {"enable_prefix_caching", "True"},
+                                          {"cache_dtype", "auto"}};
+    gauge1(p, "vllm_cache_config_info", "Information of the LLMEngine CacheConfig.", info, 5, 1);
+    counter1(p, "vllm_prefix_cache_queries_total",
+             "Prefix cache queries, in terms of number of queried tokens.", l, 2,
+             s->c.prefix_queries);
+    counter1(p, "vllm_prefix_cache_hits_total",
+             "Prefix cache hits, in terms of number of cached tokens.", l, 2, s->c.prefix_hits);
+    counter1(p, "vllm_num_preemptions_total", "Cumulative number of preemption from the engine.",
+             l, 2, s->c.engine_base[0] + s->engine.preemptions);
+    counter1(p, "vllm_prompt_tokens_total", "Number of prefill tokens processed.", l, 2,
+             s->c.prompt_tokens);
+    counter1(p, "vllm_generation_tokens_total", "Number of generation tokens processed.", l, 2,
+             s->c.generation_tokens);
+    const struct kvr_prom_label fin[] = {l[0], l[1], {"finished_reason", "length"}};
+    counter1(p, "vllm_request_success_total", "Count of successfully processed requests.", fin,
+             3, s->c.finished);
+}
+
+static void sglang(struct kvr_prom *p, const struct kvr_se_snapshot *s)
+{
+    const struct kvr_prom_label l[] = {{"model_name", s->cfg->model}};
+    gauge1(p, "sglang_num_running_reqs", "The number of running requests.", l, 1,
+           s->engine.running);
+    gauge1(p, "sglang_num_queue_reqs", "The number of requests in the waiting queue.", l, 1,
+           s->engine.waiting);
+    gauge1(p, "sglang_token_usage", "The token usage.", l, 1, s->engine.kv_usage);
+    double rate = s->c.prefix_queries ? (double)s->c.prefix_hits / s->c.prefix_queries : 0;
+    gauge1(p, "sglang_cache_hit_rate", "The prefix cache hit rate.", l, 1, rate);
+    counter1(p, "sglang_prompt_tokens_total", "Number of prefill tokens processed.", l, 1,
+             s->c.prompt_tokens);
+    counter1(p, "sglang_generation_tokens_total", "Number of generation tokens processed.", l, 1,
+             s->c.generation_tokens);
+}
+
+static void requests(struct kvr_prom *p, const struct kvr_se_snapshot *s)
+{
+    const struct kvr_se_counters *c = &s->c;
+    kvr_prom_counter(p, "kvengine_requests_total", "Completions accepted.", c->requests);
+    kvr_prom_counter(p, "kvengine_requests_finished_total",
+                     "Completions that produced all their tokens.", c->finished);
+    kvr_prom_counter(p, "kvengine_requests_aborted_total",
+                     "Completions cancelled in the engine because their client closed the "
+                     "connection.",
+                     c->aborted);
+    kvr_prom_counter(p, "kvengine_requests_shutdown_total",
+                     "Completions aborted by the drain on SIGTERM.", c->shutdown);
+    kvr_prom_counter(p, "kvengine_stream_overflows_total",
+                     "Streams aborted because their client left too much unread.", c->overflows);
+    kvr_prom_gauge(p, "kvengine_requests_held", "Completions the engine holds now.", s->held);
+    kvr_prom_family(p, "kvengine_http_refusals_total", KVR_PROM_COUNTER,
+                    "Answers with an HTTP error status, by status (other: 0).");
+    for (size_t i = 0; i < KVR_SE_REFUSAL_CODES; i++) {
+        char code[8];
+        snprintf(code, sizeof code, "%u", kvr_se_refusal_codes[i]);
+        kvr_prom_u64(p, &(struct kvr_prom_label){"code", code}, 1, c->refused[i]);
+    }
+    kvr_prom_counter(p, "kvengine_engine_steps_total", "Engine steps run.", c->steps);
+    kvr_prom_counter(p, "kvengine_engine_cancels_total",
+                     "Requests the engine ended early (client gone, overflow, drain).",
+                     c->engine_base[1] + s->engine.cancelled);
+    kvr_prom_gauge(p, "kvengine_engine_cached_blocks",
+                   "Unreferenced KV blocks holding a prefix in the engine.",
+                   s->engine.cached_blocks);
+    kvr_prom_family(p, "kvengine_time_to_first_token_seconds", KVR_PROM_HISTOGRAM,
+                    "From a completion's submission to its first token, engine side.");
+    kvr_prom_histogram(p, NULL, 0, &c->ttft);
+    kvr_prom_counter(p, "kvengine_oom_total", "Stream events or KV events not made: no memory.",
+                     c->oom);
+    kvr_prom_counter(p, "kvengine_test_stalls_total", "Stalls asked through /test/stall.",
+                     c->stalls);
+    kvr_prom_counter(p, "kvengine_test_clears_total", "Cache resets through /test/clear.",
+                     c->clears);
+    kvr_prom_gauge(p, "kvengine_draining", "1 while the server drains (SIGTERM).", s->draining);
+}
+
+static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
+{
+    kvr_prom_gauge(p, "kvengine_kv_events_enabled", "1 when KV events are published.",
+                   s->has_pub);
+    if (!s->has_pub)
+        return;
+    kvr_prom_gauge(p, "kvengine_kv_blocks_tracked", "Blocks whose tokens are kept.", s->blocks);
+    kvr_prom_gauge(p, "kvengine_kv_blocks_cached",
+                   "Of which stored in the engine and not removed.", s->blocks_cached);
+    kvr_prom_counter(p, "kvengine_kv_untracked_blocks_total",
+                     "Stored blocks whose tokens were unknown (not published).", s->untracked);
+    kvr_prom_counter(p, "kvengine_kv_unknown_removed_total",
+                     "Removed blocks that were not known as cached.", s->unknown_removed);
+    kvr_prom_counter(p, "kvengine_kv_batches_total", "KV event batches made.", s->kv_batches);
+    kvr_prom_counter(p, "kvengine_kv_events_total", "KV events in them.", s->kv_events);
+    kvr_prom_counter(p, "kvengine_kv_batches_failed_total",
+                     "Batches lost: encoding or publishing failed.", s->kv_failed);
+    kvr_prom_counter(p, "kvengine_kv_blocks_dropped_total",
+                     "Blocks left out of events: no memory.", s->kv_dropped);
+    kvr_prom_counter(p, "kvengine_kv_batches_sent_total", "Batches sent on the PUB socket.",
+                     s->pub.sent);
+    kvr_prom_counter(p, "kvengine_kv_batches_withheld_total",
+                     "Batches kept for replay but not sent (/test/drop_batches).", s->pub.dropped);
+    kvr_prom_counter(p, "kvengine_kv_replay_requests_total", "Replay requests served.",
+                     s->pub.replay_requests);
+    kvr_prom_counter(p, "kvengine_kv_replay_bad_total", "Malformed replay requests.",
+                     s->pub.replay_bad);
+    kvr_prom_counter(p, "kvengine_kv_replayed_batches_total",
+                     "Batches sent on the replay socket.", s->pub.replayed);
+    kvr_prom_gauge(p, "kvengine_kv_next_seq", "The seq the next batch gets.",
+                   (double)s->pub.next_seq);
+    kvr_prom_gauge(p, "kvengine_kv_subscribers", "Subscriptions the PUB socket has.",
+                   s->pub.subscribers);
+}
+
+kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf *out)
+{
+    struct kvr_prom p;
+    size_t start = out->len;
+    kvr_prom_begin(&p, out);
+    bool sg = s->cfg->metrics_style == KVR_SE_STYLE_SGLANG;
+    if (sg)
+        sglang(&p, s);
+    else
+        vllm(&p, s);
+    kvr_status st = kvr_prom_end(&p);
+    if (st != KVR_OK)
+        return st;
+    colonize(out, start, sg ? "sglang" : "vllm");
+    kvr_prom_begin(&p, out);
+    requests(&p, s);
+    kv(&p, s);
+    return kvr_prom_end(&p);
+}

@@ -1,0 +1,620 @@
+/*
+ * The pure parsers of src/openai: Server-Sent Events (every framing, every split point, the
+ * bound), the completion chunk and error JSON (every field's type and range), the HTTP status
+ * mapping, the Prometheus text reader and the engine metrics taken from vLLM's and SGLang's
+ * expositions (several versions, written from their docs), SGLang's /get_server_info.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chunk.h"
+#include "openai.h"
+#include "promtext.h"
+#include "sse.h"
+
+/* ---- SSE ---- */
+
+/* Events seen, joined as "<data>|" so a sequence compares as one string. */
+struct events {
+    char text[8192];
+    size_t len;
+    unsigned n;
+    unsigned stop_after; /* 0: never stop */
+};
+
+static bool on_event(void *ctx, const char *data, size_t len)
+{
+    struct events *e = ctx;
+    cr_assert(eq(int, data[len], 0), "data is NUL-terminated");
+    cr_assert(lt(sz, e->len + len + 1, sizeof e->text));
+    memcpy(e->text + e->len, data, len);
+    e->len += len;
+    e->text[e->len++] = '|';
+    e->text[e->len] = 0;
+    e->n++;
+    return !(e->stop_after && e->n == e->stop_after);
+}
+
+static void feed_all(const char *in, size_t n, size_t max, struct events *e)
+{
+    struct kvr_sse p;
+    kvr_sse_init(&p, max);
+    memset(e, 0, sizeof *e);
+    cr_assert(eq(int, kvr_sse_feed(&p, in, n, on_event, e), KVR_OK));
+    kvr_sse_free(&p);
+}
+
+Test(sse, framings)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"data: a\n\n", "a|"},
+        {"data: a\r\n\r\n", "a|"},
+        {"data: a\r\rdata: b\r\r", "a|b|"},
+        {"data:a\n\n", "a|"},                     /* no space after the colon */
+        {"data:  a\n\n", " a|"},                  /* only one space is dropped */
+        {"data: a\ndata: b\n\n", "a\nb|"},        /* lines joined by LF */
+        {": comment\ndata: x\n\n", "x|"},         /* comments ignored */
+        {"event: e\nid: 1\nretry: 5\ndata: y\n\n", "y|"},
+        {"data\n\n", "|"},                        /* a bare field name: empty data */
+        {"datax: no\n\n", ""},                    /* another field */
+        {"dat: no\n\n", ""},
+        {"\n\n\n", ""},                           /* blank lines alone dispatch nothing */
+        {"event: e\n\n", ""},                     /* no data line: no event */
+        {"\xef\xbb\xbf" "data: bom\n\n", "bom|"}, /* a leading BOM is skipped */
+        {"\xef\xbb" "data: no\n\n", ""},          /* half a BOM is content (a bad field) */
+        {"data: a\n\ndata: b\n", "a|"},           /* an unfinished event waits */
+        {"data: {\"x\":1}\n\ndata: [DONE]\n\n", "{\"x\":1}|[DONE]|"},
+        {"data: a\r\n\ndata: b\n\r\n", "a|b|"},
+        {"data: \xff\x01\n\n", "\xff\x01|"},       /* bytes are bytes */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct events e;
+        feed_all(cases[i].in, strlen(cases[i].in), 0, &e);
+        cr_expect(eq(str, e.text, (char *)cases[i].want), "case %zu", i);
+    }
+}
+
+Test(sse, nul_inside_data)
+{
+    static const char in[] = "data: a\0b\n\n";
+    struct events e;
+    feed_all(in, sizeof in - 1, 0, &e);
+    cr_assert(eq(u32, e.n, 1));
+    cr_assert(eq(sz, e.len, 4)); /* "a\0b|" */
+    cr_assert(eq(int, memcmp(e.text, "a\0b|", 4), 0));
+}
+
+/* The same events whatever the split: in two at every point, and one byte at a time. */
+Test(sse, every_split)
+{
+    static const char in[] = "\xef\xbb\xbf: hi\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata:l1\n"
+                             "data: l2\r\rdata\n\n: c\ndata: [DONE]\n\n";
+    size_t n = sizeof in - 1;
+    struct events whole;
+    feed_all(in, n, 0, &whole);
+    cr_assert(eq(str, whole.text, "{\"a\":1}|l1\nl2||[DONE]|"));
+    for (size_t cut = 0; cut <= n; cut++) {
+        struct kvr_sse p;
+        kvr_sse_init(&p, 0);
+        struct events e = {0};
+        cr_assert(eq(int, kvr_sse_feed(&p, in, cut, on_event, &e), KVR_OK));
+        cr_assert(eq(int, kvr_sse_feed(&p, in + cut, n - cut, on_event, &e), KVR_OK));
+        cr_expect(eq(str, e.text, whole.text), "cut at %zu", cut);
+        kvr_sse_free(&p);
+    }
+    struct kvr_sse p;
+    kvr_sse_init(&p, 0);
+    struct events e = {0};
+    for (size_t i = 0; i < n; i++)
+        cr_assert(eq(int, kvr_sse_feed(&p, in + i, 1, on_event, &e), KVR_OK));
+    cr_assert(eq(str, e.text, whole.text));
+    cr_assert(not(kvr_sse_pending(&p)));
+    kvr_sse_free(&p);
+}
+
+Test(sse, bound)
+{
+    struct kvr_sse p;
+    struct events e = {0};
+    /* exactly max bytes pass, over one line or two */
+    kvr_sse_init(&p, 8);
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: 12345678\n\n", 16, on_event, &e), KVR_OK));
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: 123\ndata: 4567\n\n", 22, on_event, &e), KVR_OK));
+    cr_assert(eq(str, e.text, "12345678|123\n4567|"));
+    /* one byte more is an error, and the parser stays stopped */
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: 123456789\n\n", 17, on_event, &e),
+                 KVR_ERR_TOO_LARGE));
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: 1\n\n", 9, on_event, &e), KVR_ERR_INVALID));
+    kvr_sse_free(&p);
+    /* the bound holds across lines and across feeds, and nothing past it is allocated */
+    kvr_sse_init(&p, 1000);
+    char chunk[100];
+    memset(chunk, 'x', sizeof chunk);
+    kvr_status st = kvr_sse_feed(&p, "data: ", 6, on_event, &e);
+    for (int i = 0; i < 100 && st == KVR_OK; i++)
+        st = kvr_sse_feed(&p, chunk, sizeof chunk, on_event, &e);
+    cr_assert(eq(int, st, KVR_ERR_TOO_LARGE));
+    cr_assert(leq(sz, p.data.cap, 2048));
+    kvr_sse_free(&p);
+    /* comment lines and other fields of any length are never stored */
+    kvr_sse_init(&p, 16);
+    memset(&e, 0, sizeof e);
+    st = kvr_sse_feed(&p, ":", 1, on_event, &e);
+    for (int i = 0; i < 1000 && st == KVR_OK; i++)
+        st = kvr_sse_feed(&p, chunk, sizeof chunk, on_event, &e);
+    cr_assert(eq(int, st, KVR_OK));
+    cr_assert(eq(int, kvr_sse_feed(&p, "\nevent: ", 8, on_event, &e), KVR_OK));
+    for (int i = 0; i < 1000 && st == KVR_OK; i++)
+        st = kvr_sse_feed(&p, chunk, sizeof chunk, on_event, &e);
+    cr_assert(eq(int, kvr_sse_feed(&p, "\ndata: ok\n\n", 11, on_event, &e), KVR_OK));
+    cr_assert(eq(str, e.text, "ok|"));
+    cr_assert(leq(sz, p.data.cap, 256));
+    kvr_sse_free(&p);
+}
+
+Test(sse, stop)
+{
+    struct kvr_sse p;
+    kvr_sse_init(&p, 0);
+    struct events e = {.stop_after = 1};
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: a\n\ndata: b\n\n", 18, on_event, &e), KVR_OK));
+    cr_assert(eq(str, e.text, "a|"));
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: c\n\n", 9, on_event, &e), KVR_ERR_INVALID));
+    kvr_sse_free(&p);
+}
+
+/* ---- chunks ---- */
+
+static kvr_status parse(struct kvr_oai_scratch *s, const char *json, struct kvr_oai_chunk *c,
+                        char *why)
+{
+    return kvr_oai_chunk_parse(s, json, strlen(json), c, why, KVR_OAI_MESSAGE_MAX);
+}
+
+Test(chunk, vllm_shapes)
+{
+    struct kvr_oai_scratch s = {0};
+    struct kvr_oai_chunk c;
+    char why[KVR_OAI_MESSAGE_MAX];
+    /* a chunk as vLLM writes it with return_token_ids and continuous usage */
+    cr_assert(eq(int,
+                 parse(&s,
+                       "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1,\"model\":"
+                       "\"m\",\"choices\":[{\"index\":0,\"text\":\" Hi\",\"logprobs\":null,"
+                       "\"finish_reason\":null,\"stop_reason\":null,\"prompt_token_ids\":[1,2],"
+                       "\"token_ids\":[4294967295,0]}],\"usage\":{\"prompt_tokens\":2,"
+                       "\"completion_tokens\":2,\"total_tokens\":4}}",
+                       &c, why),
+                 KVR_OK),
+              "%s", why);
+    cr_assert(eq(u32, c.n_token_ids, 2));
+    cr_assert(eq(u32, c.token_ids[0], 4294967295u));
+    cr_assert(eq(u32, c.token_ids[1], 0));
+    cr_assert(eq(sz, c.text_len, 3));
+    cr_assert(eq(str, (char *)c.text, " Hi"));
+    cr_assert(eq(ptr, (void *)c.finish_reason, NULL));
+    cr_assert(c.have_usage);
+    cr_assert(eq(u32, c.usage.prompt_tokens, 2));
+    cr_assert(eq(u32, c.usage.completion_tokens, 2));
+    cr_assert(not(c.usage.have_cached));
+    cr_assert(s.has_choice);
+    /* the final usage chunk, with cached tokens */
+    cr_assert(eq(int,
+                 parse(&s,
+                       "{\"id\":\"c\",\"object\":\"text_completion\",\"choices\":[],\"usage\":"
+                       "{\"prompt_tokens\":10,\"completion_tokens\":5,\"total_tokens\":15,"
+                       "\"prompt_tokens_details\":{\"cached_tokens\":8}}}",
+                       &c, why),
+                 KVR_OK));
+    cr_assert(not(s.has_choice));
+    cr_assert(eq(ptr, (void *)c.token_ids, NULL));
+    cr_assert(eq(sz, c.text_len, 0));
+    cr_assert(eq(str, (char *)c.text, ""));
+    cr_assert(c.usage.have_cached);
+    cr_assert(eq(u32, c.usage.cached_tokens, 8));
+    /* text only, a finish, a NUL in the text, nulls for every optional field */
+    cr_assert(eq(int,
+                 parse(&s,
+                       "{\"choices\":[{\"index\":0,\"text\":\"a\\u0000b\",\"finish_reason\":"
+                       "\"length\",\"token_ids\":null}],\"usage\":null}",
+                       &c, why),
+                 KVR_OK),
+              "%s", why);
+    cr_assert(eq(sz, c.text_len, 3));
+    cr_assert(eq(int, memcmp(c.text, "a\0b", 3), 0));
+    cr_assert(eq(str, (char *)c.finish_reason, "length"));
+    cr_assert(not(c.have_usage));
+    /* a finish_reason of any bytes and length comes out bounded and printable */
+    cr_assert(eq(int,
+                 parse(&s,
+                       "{\"choices\":[{\"text\":\"\",\"finish_reason\":\"\\u0001\\u001b[31m "
+                       "abcdefghijklmnopqrstuvwxyz0123456789\"}]}",
+                       &c, why),
+                 KVR_OK));
+    cr_assert(lt(sz, strlen(c.finish_reason), KVR_OAI_FINISH_MAX));
+    for (const char *p = c.finish_reason; *p; p++)
+        cr_assert(gt(int, *p, 0x1f));
+    cr_assert(eq(int, strncmp(c.finish_reason, "\\x01\\x1b", 8), 0));
+    kvr_oai_scratch_free(&s);
+}
+
+Test(chunk, malformed)
+{
+    static const char *const bad[] = {
+        "",
+        "not json",
+        "{\"choices\":[{\"text\":\"a\"}]",
+        "[]",
+        "42",
+        "{}",
+        "{\"choices\":{}}",
+        "{\"choices\":null}",
+        "{\"choices\":[1]}",
+        "{\"choices\":[{},{}]}",
+        "{\"choices\":[{\"text\":5}]}",
+        "{\"choices\":[{\"text\":\"a\",\"index\":\"0\"}]}",
+        "{\"choices\":[{\"finish_reason\":1}]}",
+        "{\"choices\":[{\"token_ids\":\"1,2\"}]}",
+        "{\"choices\":[{\"token_ids\":[-1]}]}",
+        "{\"choices\":[{\"token_ids\":[4294967296]}]}",
+        "{\"choices\":[{\"token_ids\":[1.5]}]}",
+        "{\"choices\":[{\"token_ids\":[\"5\"]}]}",
+        "{\"choices\":[{\"token_ids\":[null]}]}",
+        "{\"choices\":[{\"token_ids\":[99999999999999999999999999]}]}",
+        "{\"choices\":[{\"token_ids\":[1e400]}]}",
+        "{\"choices\":[],\"usage\":5}",
+        "{\"choices\":[],\"usage\":{}}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":\"1\",\"completion_tokens\":1}}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":-1}}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,"
+        "\"prompt_tokens_details\":[]}}",
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":1e3}}}",
+        "{\"choices\":[],\"choices\":[]}", /* duplicate keys */
+    };
+    struct kvr_oai_scratch s = {0};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct kvr_oai_chunk c;
+        char why[KVR_OAI_MESSAGE_MAX] = "";
+        cr_expect(eq(int, parse(&s, bad[i], &c, why), KVR_ERR_MALFORMED), "case %zu: %s", i,
+                  bad[i]);
+        cr_expect(eq(int, strncmp(why, "malformed chunk: ", 17), 0), "%s", why);
+        for (const char *p = why; *p; p++)
+            cr_assert(geq(int, (unsigned char)*p, 0x20));
+    }
+    kvr_oai_scratch_free(&s);
+}
+
+Test(chunk, engine_errors)
+{
+    static const char *const errs[] = {
+        "{\"error\":{\"message\":\"boom\",\"type\":\"BadRequestError\",\"code\":400}}",
+        "{\"error\":{\"object\":\"error\",\"message\":\"boom\",\"type\":\"x\",\"code\":400}}",
+        "{\"object\":\"error\",\"message\":\"boom\",\"type\":\"x\",\"param\":null,\"code\":400}",
+        "{\"error\":\"boom\"}",
+    };
+    struct kvr_oai_scratch s = {0};
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        struct kvr_oai_chunk c;
+        char why[KVR_OAI_MESSAGE_MAX] = "";
+        cr_expect(eq(int, parse(&s, errs[i], &c, why), KVR_ERR_IO), "case %zu", i);
+        cr_expect(eq(str, why, "engine error: boom"), "case %zu", i);
+    }
+    struct kvr_oai_chunk c;
+    char why[KVR_OAI_MESSAGE_MAX] = "";
+    cr_assert(eq(int, parse(&s, "{\"error\":{\"code\":1}}", &c, why), KVR_ERR_IO));
+    cr_assert(eq(str, why, "engine error: (no message)"));
+    /* null error is no error */
+    cr_assert(eq(int, parse(&s, "{\"error\":null,\"choices\":[]}", &c, why), KVR_OK));
+    kvr_oai_scratch_free(&s);
+}
+
+Test(chunk, error_bodies)
+{
+    char msg[KVR_OAI_MESSAGE_MAX];
+    const char *a = "{\"error\":{\"message\":\"no\\nway\",\"type\":\"t\",\"code\":\"c\"}}";
+    cr_assert(kvr_oai_error_message(a, strlen(a), msg, sizeof msg));
+    cr_assert(eq(str, msg, "no\\x0away"));
+    const char *b = "{\"object\":\"error\",\"message\":\"m\",\"code\":404}";
+    cr_assert(kvr_oai_error_message(b, strlen(b), msg, sizeof msg));
+    cr_assert(eq(str, msg, "m"));
+    const char *c = "Internal Server Error\r\n";
+    cr_assert(not(kvr_oai_error_message(c, strlen(c), msg, sizeof msg)));
+    cr_assert(eq(str, msg, "Internal Server Error\\x0d\\x0a"));
+    cr_assert(not(kvr_oai_error_message("", 0, msg, sizeof msg)));
+    cr_assert(eq(str, msg, "(empty body)"));
+    char big[5000];
+    memset(big, 'q', sizeof big);
+    cr_assert(not(kvr_oai_error_message(big, sizeof big, msg, sizeof msg)));
+    cr_assert(lt(sz, strlen(msg), sizeof msg));
+}
+
+Test(chunk, http_status)
+{
+    static const struct {
+        long code;
+        const char *msg;
+        kvr_status want;
+    } cases[] = {
+        {400, "bad things", KVR_ERR_INVALID},
+        {400, "This model's maximum context length is 4096 tokens.", KVR_ERR_PROMPT_TOO_LONG},
+        {400, "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+         KVR_ERR_PROMPT_TOO_LONG},
+        {400, "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+         KVR_ERR_PROMPT_TOO_LONG},
+        {400, "'max_tokens' is too large: 5000. This model's maximum context length is 4096",
+         KVR_ERR_MAX_TOKENS_TOO_LARGE},
+        {422, "Prompt TOO LONG", KVR_ERR_PROMPT_TOO_LONG},
+        {404, "The model `x` does not exist.", KVR_ERR_INVALID},
+        {401, "", KVR_ERR_INVALID},
+        {408, "", KVR_ERR_TIMEOUT},
+        {429, "", KVR_ERR_OVERLOADED},
+        {500, "context length", KVR_ERR_IO},
+        {502, "", KVR_ERR_IO},
+        {503, "", KVR_ERR_OVERLOADED},
+        {504, "", KVR_ERR_TIMEOUT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        cr_expect(eq(int, kvr_oai_http_status(cases[i].code, cases[i].msg), cases[i].want),
+                  "case %zu", i);
+}
+
+/* ---- the Prometheus text ---- */
+
+Test(promtext, lines)
+{
+    char scratch[KVR_PROMTEXT_LINE_MAX];
+    struct kvr_promtext_sample s;
+    bool is;
+    const char *l = "vllm:x{a=\"q\\\"u\\\\o\\nte\",b=\"\",} 1.5e3 1700000000000";
+    cr_assert(eq(int, kvr_promtext_line(l, strlen(l), scratch, &s, &is), KVR_OK));
+    cr_assert(is);
+    cr_assert(eq(sz, s.name_len, 6));
+    cr_assert(eq(u32, s.n_labels, 2));
+    cr_assert(eq(int, memcmp(s.labels[0].value, "q\"u\\o\nte", 8), 0));
+    cr_assert(eq(sz, s.labels[0].value_len, 8));
+    cr_assert(eq(sz, s.labels[1].value_len, 0));
+    cr_assert(kvr_promtext_label_is(&s.labels[1], "b"));
+    cr_assert(eq(dbl, s.value, 1500.0));
+    cr_assert(s.has_timestamp);
+    cr_assert(eq(i64, s.timestamp_ms, 1700000000000));
+    static const char *const ok[] = {
+        "a 1", "  a\t-2", "a{} 0", "a { x = \"1\" } +Inf", "a NaN", "a -Inf -5", "a 1e-3",
+        "# HELP a b", "#anything", "", "   ", "_a:b_c 3",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        cr_expect(eq(int, kvr_promtext_line(ok[i], strlen(ok[i]), scratch, &s, &is), KVR_OK),
+                  "%s", ok[i]);
+    static const char *const bad[] = {
+        "a",          "1a 1",       "a{x=1} 1",       "a{x=\"1} 1",    "a{x=\"\\t\"} 1",
+        "a{1x=\"\"} 1", "a 0x10",    "a inf",          "a 1 2 3",       "a 1 1.5",
+        "a{x=\"1\"}1", "a{x=\"1\" y=\"2\"} 1", "a{x=\"1\",,} 1", "a 1e999", "a{x} 1",
+        "a- 1",       "a{x=\"1\"",  "a 1 9999999999999999999999",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_expect(eq(int, kvr_promtext_line(bad[i], strlen(bad[i]), scratch, &s, &is),
+                     KVR_ERR_MALFORMED),
+                  "%s", bad[i]);
+    /* bounds: a line too long, too many labels */
+    char *big = malloc(KVR_PROMTEXT_LINE_MAX + 2);
+    memset(big, 'a', KVR_PROMTEXT_LINE_MAX + 1);
+    cr_assert(eq(int, kvr_promtext_line(big, KVR_PROMTEXT_LINE_MAX + 1, scratch, &s, &is),
+                 KVR_ERR_TOO_LARGE));
+    size_t n = (size_t)sprintf(big, "a{");
+    for (int i = 0; i <= KVR_PROMTEXT_LABELS_MAX; i++)
+        n += (size_t)sprintf(big + n, "l%d=\"v\",", i);
+    n += (size_t)sprintf(big + n, "} 1");
+    cr_assert(eq(int, kvr_promtext_line(big, n, scratch, &s, &is), KVR_ERR_MALFORMED));
+    free(big);
+}
+
+/* vLLM V1 (0.10-0.11), two data-parallel engines, as the docs show it. */
+static const char vllm_v1[] =
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 3.0\n"
+    "vllm:num_requests_running{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 5.0\n"
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    "vllm:num_requests_waiting{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 2.0\n"
+    "vllm:num_requests_waiting{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.0\n"
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.25\n"
+    "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.75\n"
+    "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried "
+    "tokens.\n"
+    "# TYPE vllm:prefix_cache_queries_total counter\n"
+    "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 1000.0\n"
+    "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 500.0\n"
+    "# TYPE vllm:prefix_cache_queries_created gauge\n"
+    "vllm:prefix_cache_queries_created{engine=\"0\",model_name=\"m\"} 1.7e9\n"
+    "# TYPE vllm:prefix_cache_hits_total counter\n"
+    "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 600.0\n"
+    "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 100.0\n"
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",calculate_kv_scales=\"False\","
+    "cpu_offload_gb=\"0\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization="
+    "\"0.9\",is_attention_free=\"False\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27000\","
+    "num_gpu_blocks_override=\"None\",prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\","
+    "swap_space=\"4\",swap_space_bytes=\"4294967296\"} 1.0\n"
+    "vllm:cache_config_info{block_size=\"16\",engine=\"1\",num_gpu_blocks=\"27000\"} 1.0\n"
+    "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n"
+    "# TYPE vllm:time_to_first_token_seconds histogram\n"
+    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.001\",model_name=\"m\"} 0.0\n"
+    "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 12.0\n"
+    "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"m\"} 12.0\n"
+    "vllm:time_to_first_token_seconds_sum{engine=\"0\",model_name=\"m\"} 0.52\n"
+    "python_gc_objects_collected_total{generation=\"0\"} 12345.0\n";
+
+/* vLLM V0 (0.6-0.8): the old usage name, the hit rate gauge, num_gpu_blocks as a label. */
+static const char vllm_v0[] =
+    "# HELP vllm:cache_config_info information of cache_config\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    "vllm:cache_config_info{block_size=\"32\",cache_dtype=\"auto\",enable_prefix_caching="
+    "\"False\",gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"2048\",num_gpu_blocks=\"7000\","
+    "num_gpu_blocks_override=\"None\",sliding_window=\"None\",swap_space_bytes=\"4294967296\"} "
+    "1.0\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{model_name=\"facebook/opt-125m\"} 1.0\n"
+    "vllm:num_requests_swapped{model_name=\"facebook/opt-125m\"} 0.0\n"
+    "vllm:num_requests_waiting{model_name=\"facebook/opt-125m\"} 4.0\n"
+    "vllm:gpu_cache_usage_perc{model_name=\"facebook/opt-125m\"} 0.5\n"
+    "vllm:cpu_cache_usage_perc{model_name=\"facebook/opt-125m\"} 0.0\n"
+    "vllm:gpu_prefix_cache_hit_rate{model_name=\"facebook/opt-125m\"} 0.125\n";
+
+/* SGLang (0.4-0.5), as its production metrics page shows it. */
+static const char sglang_text[] =
+    "# HELP sglang:prompt_tokens_total Number of prefill tokens processed.\n"
+    "# TYPE sglang:prompt_tokens_total counter\n"
+    "sglang:prompt_tokens_total{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 8.128902e+06\n"
+    "# HELP sglang:num_running_reqs The number of running requests.\n"
+    "# TYPE sglang:num_running_reqs gauge\n"
+    "sglang:num_running_reqs{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 28.0\n"
+    "# HELP sglang:num_used_tokens The number of used tokens.\n"
+    "# TYPE sglang:num_used_tokens gauge\n"
+    "sglang:num_used_tokens{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 123859.0\n"
+    "# HELP sglang:token_usage The token usage\n"
+    "# TYPE sglang:token_usage gauge\n"
+    "sglang:token_usage{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 0.28\n"
+    "# HELP sglang:cache_hit_rate The cache hit rate\n"
+    "# TYPE sglang:cache_hit_rate gauge\n"
+    "sglang:cache_hit_rate{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} "
+    "0.007507552643049313\n"
+    "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+    "# TYPE sglang:num_queue_reqs gauge\n"
+    "sglang:num_queue_reqs{model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 2826.0\n"
+    "sglang:time_to_first_token_seconds_bucket{le=\"0.001\",model_name=\"m\"} 0.0\n";
+
+static void metrics(const char *text, struct kvr_engine_metrics *m, kvr_status want)
+{
+    cr_assert(eq(int, kvr_oai_metrics_parse(text, strlen(text), m), want));
+}
+
+Test(metrics, vllm_v1)
+{
+    struct kvr_engine_metrics m;
+    metrics(vllm_v1, &m, KVR_OK);
+    cr_assert(eq(int, m.kind, KVR_ENGINE_VLLM));
+    cr_assert(m.have_running && m.have_waiting && m.have_kv_usage);
+    cr_assert(eq(u64, m.running, 8));
+    cr_assert(eq(u64, m.waiting, 2));
+    cr_assert(eq(dbl, m.kv_usage, 0.5));
+    cr_assert(m.have_block_size && not(m.block_size_conflict));
+    cr_assert(eq(u32, m.block_size, 16));
+    cr_assert(m.have_num_blocks);
+    cr_assert(eq(u64, m.num_blocks, 54000));
+    cr_assert(m.have_capacity_tokens);
+    cr_assert(eq(u64, m.capacity_tokens, 54000 * 16));
+    cr_assert(m.have_prefix_cache);
+    cr_assert(eq(dbl, m.prefix_cache_hits, 700.0));
+    cr_assert(eq(dbl, m.prefix_cache_queries, 1500.0));
+    cr_assert(not(m.have_cache_hit_rate));
+    cr_assert(eq(u32, m.bad_lines, 0));
+    cr_assert(eq(u32, m.samples, 18));
+}
+
+Test(metrics, vllm_v0)
+{
+    struct kvr_engine_metrics m;
+    metrics(vllm_v0, &m, KVR_OK);
+    cr_assert(eq(int, m.kind, KVR_ENGINE_VLLM));
+    cr_assert(eq(u64, m.running, 1));
+    cr_assert(eq(u64, m.waiting, 4));
+    cr_assert(m.have_kv_usage);
+    cr_assert(eq(dbl, m.kv_usage, 0.5));
+    cr_assert(eq(u32, m.block_size, 32));
+    cr_assert(eq(u64, m.num_blocks, 7000));
+    cr_assert(eq(u64, m.capacity_tokens, 7000 * 32));
+    cr_assert(not(m.have_prefix_cache));
+    cr_assert(m.have_cache_hit_rate);
+    cr_assert(eq(dbl, m.cache_hit_rate, 0.125));
+}
+
+Test(metrics, vllm_both_names_and_conflicts)
+{
+    struct kvr_engine_metrics m;
+    metrics("vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n"
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n"
+            "vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"10\"} 1\n",
+            &m, KVR_OK);
+    cr_assert(eq(dbl, m.kv_usage, 0.1)); /* the current name wins */
+    cr_assert(eq(u32, m.block_size, 16));
+    cr_assert(m.block_size_conflict);
+    cr_assert(eq(u64, m.num_blocks, 10)); /* "None" is no count */
+}
+
+Test(metrics, sglang)
+{
+    struct kvr_engine_metrics m;
+    metrics(sglang_text, &m, KVR_OK);
+    cr_assert(eq(int, m.kind, KVR_ENGINE_SGLANG));
+    cr_assert(eq(u64, m.running, 28));
+    cr_assert(eq(u64, m.waiting, 2826));
+    cr_assert(eq(dbl, m.kv_usage, 0.28));
+    cr_assert(m.have_cache_hit_rate);
+    cr_assert(not(m.have_block_size) && not(m.have_num_blocks));
+    /* older SGLang: capacity at the top of /get_server_info */
+    const char *old = "{\"model_path\":\"m\",\"page_size\":1,\"max_total_num_tokens\":500000,"
+                      "\"internal_states\":[{\"last_gen_throughput\":1.0}]}";
+    cr_assert(eq(int, kvr_oai_server_info_parse(old, strlen(old), &m), KVR_OK));
+    cr_assert(eq(u32, m.block_size, 1));
+    cr_assert(eq(u64, m.capacity_tokens, 500000));
+    cr_assert(eq(u64, m.num_blocks, 500000));
+    /* newer: per data-parallel rank in internal_states, page size 16 */
+    metrics(sglang_text, &m, KVR_OK);
+    const char *dp = "{\"page_size\":16,\"internal_states\":[{\"max_total_num_tokens\":1600},"
+                     "{\"max_total_num_tokens\":3200}]}";
+    cr_assert(eq(int, kvr_oai_server_info_parse(dp, strlen(dp), &m), KVR_OK));
+    cr_assert(eq(u32, m.block_size, 16));
+    cr_assert(eq(u64, m.capacity_tokens, 4800));
+    cr_assert(eq(u64, m.num_blocks, 300));
+    static const char *const bad[] = {
+        "", "[]", "{}", "{\"max_total_num_tokens\":-1}", "{\"max_total_num_tokens\":\"5\"}",
+        "{\"max_total_num_tokens\":5,\"page_size\":0}",
+        "{\"internal_states\":[{\"max_total_num_tokens\":1},{}]}", "{\"internal_states\":[]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct kvr_engine_metrics z = {0};
+        cr_expect(eq(int, kvr_oai_server_info_parse(bad[i], strlen(bad[i]), &z),
+                     KVR_ERR_MALFORMED),
+                  "%s", bad[i]);
+        cr_expect(not(z.have_block_size));
+    }
+}
+
+Test(metrics, garbage)
+{
+    struct kvr_engine_metrics m;
+    /* bad lines are counted and skipped; bad values are not taken */
+    metrics("garbage here\nvllm:num_requests_running 2\n{oops} 1\n"
+            "vllm:num_requests_running{engine=\"1\"} NaN\n"
+            "vllm:num_requests_waiting -1\nvllm:kv_cache_usage_perc 1.5\n"
+            "vllm:num_requests_waiting 1e300\r\nvllm:num_requests_waiting 3\r\n",
+            &m, KVR_OK);
+    cr_assert(eq(u64, m.running, 2));
+    cr_assert(eq(u64, m.waiting, 3));
+    cr_assert(not(m.have_kv_usage));
+    cr_assert(eq(u32, m.bad_lines, 6));
+    /* no sample at all */
+    metrics("", &m, KVR_ERR_MALFORMED);
+    metrics("# only comments\n\n", &m, KVR_ERR_MALFORMED);
+    metrics("\x01\x02\xff\n{}}}\n", &m, KVR_ERR_MALFORMED);
+    cr_assert(eq(u32, m.bad_lines, 2));
+    /* a sample with no known name: parsed, unknown engine */
+    metrics("other_metric 1\n", &m, KVR_OK);
+    cr_assert(eq(int, m.kind, KVR_ENGINE_UNKNOWN));
+    cr_assert(not(m.have_running));
+    /* binary noise of every byte value never crashes */
+    char noise[4096];
+    for (size_t i = 0; i < sizeof noise; i++)
+        noise[i] = (char)(i * 7919 % 251);
+    cr_assert(eq(int, kvr_oai_metrics_parse(noise, sizeof noise, &m), KVR_ERR_MALFORMED));
+}
