@@ -1,0 +1,382 @@
+/*
+ * Real engines behind kvrouter (issue 12), without a GPU: kvrouter -> kvworker --engine openai
+ * (the adapter) -> HTTP (OpenAI-compatible, SSE) and ZeroMQ (msgpack KV events) -> kvengine (the
+ * engine stand-in), every hop a real socket on 127.0.0.1. Tokens and their text stream through;
+ * a prefix routes to the worker whose engine caches it, learnt from the engine's own KV events;
+ * a KV batch the engine never sent is replayed from its replay socket; a killed engine fails its
+ * requests with ERR_WORKER_LOST; a cancel closes the HTTP stream and the engine aborts the
+ * request; an engine without KV events is said in the heartbeat, the router warns once and
+ * learns that worker's cache from its decisions.
+ */
+#define _DEFAULT_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "harness.h"
+
+#define GEN       H_GEN
+#define ENGINE_BS "16" /* block size of engines, adapters and router */
+
+static struct nats_srv srv;
+static natsConnection *nc;
+
+static void setup(void)
+{
+    h_setup(&srv, 1, &nc);
+}
+
+static void teardown(void)
+{
+    h_teardown(&nc);
+}
+
+TestSuite(engines, .init = setup, .fini = teardown, .timeout = 120);
+
+/* --- the processes ------------------------------------------------------------------------- */
+
+struct engine {
+    pid_t pid;
+    int port;        /* HTTP */
+    char url[64];    /* http://127.0.0.1:port */
+    char pub[64];    /* KV events, "" when none */
+    char replay[64]; /* */
+    pid_t adapter;   /* the kvworker in front of it */
+    int metrics;     /* the adapter's /metrics port */
+};
+
+/* kvengine on ephemeral ports, with KV events unless events is false. */
+static void engine_start(struct engine *e, bool events, const char *speedup)
+{
+    memset(e, 0, sizeof *e);
+    char prog[512];
+    snprintf(prog, sizeof prog, "%s/src/standin/kvengine", KVR_BUILD_ROOT);
+    if (events) {
+        snprintf(e->pub, sizeof e->pub, "tcp://127.0.0.1:%d", h_free_port());
+        snprintf(e->replay, sizeof e->replay, "tcp://127.0.0.1:%d", h_free_port());
+    }
+    const char *args[] = {"--listen",  "127.0.0.1:0", "--block-size", ENGINE_BS,
+                          "--speedup", speedup,       "--test-hooks", "--kv-events",
+                          e->pub,      "--kv-replay", e->replay,      NULL};
+    e->pid = h_spawn_prog(prog, "kvengine", args);
+    e->port = h_http_port(e->pid, 10000);
+    snprintf(e->url, sizeof e->url, "http://127.0.0.1:%d", e->port);
+}
+
+/* The adapter for e as worker id. */
+static void adapter_start(struct engine *e, const char *id)
+{
+    const char *extra[] = {"--engine",
+                           "openai",
+                           "--engine-url",
+                           e->url,
+                           "--kv-events",
+                           e->pub,
+                           "--kv-replay",
+                           e->replay,
+                           "--block-size",
+                           ENGINE_BS,
+                           "--metrics-addr",
+                           "127.0.0.1:0",
+                           "--engine-metrics-ms",
+                           "100",
+                           NULL};
+    e->adapter = h_worker(srv.url, id, 1, 100, extra);
+    e->metrics = h_http_port(e->adapter, 10000);
+}
+
+static pid_t router(void)
+{
+    return h_router(srv.url, "r1",
+                    H_ARGS("--block-size", ENGINE_BS, "--metrics-addr", "127.0.0.1:0"));
+}
+
+/* --- HTTP ---------------------------------------------------------------------------------- */
+
+static char body[1 << 18];
+
+/* The value of the series name (its text up to the value, labels included) at port's
+ * /metrics; -1 when absent. */
+static double metric(int port, const char *name)
+{
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/metrics", port);
+    if (h_http(url, body, sizeof body, 3000) != 200)
+        return -1;
+    size_t n = strlen(name);
+    for (const char *l = body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, n) && l[n] == ' ')
+            return atof(l + n + 1);
+    return -1;
+}
+
+/* Wait until metric(port, name) >= v; its last value. */
+static double until_metric(int port, const char *name, double v, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    double x;
+    while ((x = metric(port, name)) < v && h_now_ms() < end)
+        h_sleep_ms(20);
+    return x;
+}
+
+static size_t sink(char *p, size_t size, size_t n, void *ctx)
+{
+    return size * n;
+}
+
+/* POST url with an empty body: its status (0: none). */
+static long post(const char *url)
+{
+    CURL *c = curl_easy_init();
+    long code = 0;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 3000L);
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    return code;
+}
+
+/* --- a request, read chunk by chunk --------------------------------------------------------- */
+
+struct got {
+    uint32_t chunks, tokens;
+    bool final;
+    uint32_t error_code;
+    uint64_t worker;
+    uint32_t cached;
+    char finish[40];
+    char text[8192]; /* the stream's text, joined */
+    size_t ntext;
+    bool positions_ok; /* every chunk's position was the tokens before it */
+};
+
+/* Read q's chunks (h_send'd) until the final one or timeout_ms. */
+static struct got collect(struct h_req *q, int timeout_ms)
+{
+    struct got g = {.positions_ok = true};
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    while (!g.final && h_now_ms() < end) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, q->sub, 200) != NATS_OK)
+            continue;
+        struct kvr_wire_response r;
+        if (kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r) ==
+            KVR_OK) {
+            g.chunks++;
+            g.positions_ok &= r.position == g.tokens;
+            g.tokens += r.ntokens;
+            if (r.worker_id)
+                g.worker = r.worker_id;
+            if (r.cached_tokens)
+                g.cached = r.cached_tokens;
+            if (r.ntext && g.ntext + r.ntext < sizeof g.text) {
+                memcpy(g.text + g.ntext, r.text, r.ntext);
+                g.ntext += r.ntext;
+            }
+            if (r.final) {
+                g.final = true;
+                g.error_code = r.error_code;
+                snprintf(g.finish, sizeof g.finish, "%s", r.finish_reason);
+            }
+            kvr_wire_response_free(&r);
+        }
+        natsMsg_Destroy(m);
+    }
+    return g;
+}
+
+static struct got ask(const char *id, uint32_t base, uint32_t shared, uint32_t n, uint32_t max)
+{
+    struct h_req q;
+    cr_assert(h_send(nc, GEN, &q, id, base, shared, n, max));
+    struct got g = collect(&q, 20000);
+    natsSubscription_Destroy(q.sub);
+    return g;
+}
+
+/* --- the tests ------------------------------------------------------------------------------ */
+
+Test(engines, tokens_and_text_stream_through_the_adapter)
+{
+    struct engine e;
+    engine_start(&e, true, "20");
+    adapter_start(&e, "1");
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct got g = ask("t1", 1000, 0, 100, 24);
+    cr_assert(g.final, "no final chunk");
+    cr_expect(eq(u32, g.error_code, 0));
+    cr_expect(eq(u32, g.tokens, 24), "tokens: %u", g.tokens);
+    cr_expect(g.positions_ok, "a chunk's position was not the tokens before it");
+    cr_expect(eq(u64, g.worker, 1));
+    cr_expect(eq(str, g.finish, "length"), "finish_reason %s", g.finish);
+    cr_expect(gt(sz, g.ntext, 0), "no text streamed");
+    /* the same prompt again: the engine reports its cache through the usage */
+    g = ask("t2", 1000, 0, 100, 8);
+    cr_expect(g.final && g.error_code == 0);
+    cr_expect(ge(u32, g.cached, 96), "cached_tokens %u for a repeated 100-token prompt", g.cached);
+    h_end();
+}
+
+Test(engines, a_prefix_routes_to_the_engine_that_caches_it)
+{
+    struct engine e[2];
+    engine_start(&e[0], true, "20");
+    engine_start(&e[1], true, "20");
+    adapter_start(&e[0], "1");
+    adapter_start(&e[1], "2");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    /* four prefixes, one request each; then, once the router's index holds their blocks from
+     * the engines' KV events, four more on each prefix: each goes where its prefix is cached */
+    uint64_t first[4];
+    for (int p = 0; p < 4; p++) {
+        char id[16];
+        snprintf(id, sizeof id, "a%d", p);
+        struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 520, 4);
+        cr_assert(g.final && g.error_code == 0, "prefix %d: error %u", p, g.error_code);
+        first[p] = g.worker;
+    }
+    double entries = until_metric(rport, "kvrouter_index_entries", 4 * 32, 5000);
+    cr_assert(ge(dbl, entries, 4 * 32), "the router's index holds %g entries", entries);
+    int same = 0, total = 0;
+    for (int p = 0; p < 4; p++)
+        for (int k = 0; k < 4; k++) {
+            char id[16];
+            snprintf(id, sizeof id, "b%d_%d", p, k);
+            struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 560 + 16 * k, 4);
+            cr_assert(g.final && g.error_code == 0);
+            same += g.worker == first[p];
+            total++;
+            cr_expect(ge(u32, g.cached, 512), "request %s: cached_tokens %u", id, g.cached);
+        }
+    cr_expect(eq(int, same, total), "%d of %d followed their prefix", same, total);
+    h_end();
+}
+
+Test(engines, a_dropped_batch_is_replayed)
+{
+    struct engine e;
+    engine_start(&e, true, "20");
+    adapter_start(&e, "1");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    char url[128];
+    snprintf(url, sizeof url, "%s/test/drop_batches?n=1", e.url);
+    cr_assert(eq(long, post(url), 200));
+    /* A's batch is never sent; B's arrives with a gap, which the replay fills */
+    struct got g = ask("A", 1000, 0, 160, 2);
+    cr_assert(g.final && g.error_code == 0);
+    g = ask("B", 9000, 0, 160, 2);
+    cr_assert(g.final && g.error_code == 0);
+    double filled = until_metric(e.metrics, "kvworker_adapter_kv_gaps_filled_total", 1, 3000);
+    cr_expect(ge(dbl, filled, 1), "gaps filled: %g", filled);
+    /* every block the engine caches (A's, in the batch it never sent, too) is in the index */
+    double cached = metric(e.port, "kvengine_engine_cached_blocks");
+    cr_assert(ge(dbl, cached, 20), "the engine caches %g blocks", cached);
+    double entries = until_metric(rport, "kvrouter_index_entries", cached, 3000);
+    cr_expect(eq(dbl, entries, cached), "the router holds %g blocks, the engine %g", entries,
+              cached);
+    cr_expect(eq(dbl, metric(e.metrics, "kvworker_adapter_kv_resets_total"), 0));
+    h_end();
+}
+
+Test(engines, a_killed_engine_fails_its_requests_as_worker_lost)
+{
+    struct engine e;
+    engine_start(&e, true, "0.5"); /* slow: the request is still streaming when it dies */
+    adapter_start(&e, "1");
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct h_req q;
+    cr_assert(h_send(nc, GEN, &q, "long", 1, 0, 64, 2000));
+    cr_assert(ne(u64, h_first_worker(&q, 10000), 0), "no first chunk");
+    h_signal(e.pid, SIGKILL);
+    uint64_t t0 = h_now_ms();
+    struct got g = collect(&q, 10000);
+    natsSubscription_Destroy(q.sub);
+    cr_assert(g.final, "no final chunk after the engine died");
+    cr_expect(eq(u32, g.error_code, (uint32_t)KVR_ERR_WORKER_LOST), "error %u", g.error_code);
+    printf("engines: final ERR_WORKER_LOST %llu ms after kill -9 of the engine\n",
+           (unsigned long long)(h_now_ms() - t0));
+    /* the adapter drains while the engine is down, and says why */
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/readyz", e.metrics);
+    uint64_t end = h_now_ms() + 5000;
+    int st = 200;
+    while ((st = h_http(url, body, sizeof body, 2000)) == 200 && h_now_ms() < end)
+        h_sleep_ms(50);
+    cr_expect(eq(int, st, 503), "readyz %d", st);
+    h_wait(e.pid, 2000);
+    h_end();
+}
+
+Test(engines, a_cancel_aborts_the_request_in_the_engine)
+{
+    struct engine e;
+    engine_start(&e, true, "0.5");
+    adapter_start(&e, "1");
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct h_req q;
+    cr_assert(h_send(nc, GEN, &q, "c1", 1, 0, 64, 4000));
+    cr_assert(ne(u64, h_first_worker(&q, 10000), 0), "no first chunk");
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_cancel(&b, "c1", q.inbox), KVR_OK));
+    cr_assert(
+        eq(int, natsConnection_Publish(nc, "kv.default.cancel", b.data, (int)b.len), NATS_OK));
+    kvr_buf_free(&b);
+    struct got g = collect(&q, 10000);
+    natsSubscription_Destroy(q.sub);
+    cr_assert(g.final);
+    cr_expect(eq(u32, g.error_code, (uint32_t)KVR_ERR_CANCELLED), "error %u", g.error_code);
+    double aborted = until_metric(e.port, "kvengine_requests_aborted_total", 1, 3000);
+    cr_expect(eq(dbl, aborted, 1), "the engine aborted %g requests", aborted);
+    cr_expect(eq(dbl, until_metric(e.port, "kvengine_requests_held", 0, 1000), 0));
+    h_end();
+}
+
+Test(engines, without_kv_events_the_router_learns_from_its_decisions)
+{
+    struct engine e[2];
+    engine_start(&e[0], false, "20");
+    engine_start(&e[1], false, "20");
+    adapter_start(&e[0], "1");
+    adapter_start(&e[1], "2");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    char v[64];
+    cr_assert(h_log_value(r, "worker_without_kv_events", "worker", v, sizeof v, 5000),
+              "the router did not warn");
+    cr_expect(eq(dbl, metric(rport, "kvrouter_worker_approximate{worker=\"1\"}"), 1));
+    uint64_t first[3];
+    for (int p = 0; p < 3; p++) {
+        char id[16];
+        snprintf(id, sizeof id, "n%d", p);
+        struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 520, 4);
+        cr_assert(g.final && g.error_code == 0);
+        first[p] = g.worker;
+    }
+    int same = 0;
+    for (int p = 0; p < 3; p++) {
+        char id[16];
+        snprintf(id, sizeof id, "m%d", p);
+        struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 600, 4);
+        cr_assert(g.final && g.error_code == 0);
+        same += g.worker == first[p];
+    }
+    cr_expect(eq(int, same, 3), "%d of 3 followed their prefix", same);
+    h_end();
+}
