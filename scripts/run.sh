@@ -6,7 +6,11 @@
 # out/fleet/report.{json,md} and plots, and stops everything cleanly.
 #
 # Environment: WORKERS (8), ROUTERS (2), REQUESTS (1000), CONCURRENCY (20), SPEEDUP (10),
-# WORKLOAD (seed), POLICIES (kv,round_robin), OUT (out/fleet).
+# WORKLOAD (seed), POLICIES (kv,round_robin), OUT (out/fleet), and ENGINE: sim (the default: each
+# kvworker simulates its engine in-process) or standin (each worker is the adapter,
+# `kvworker --engine openai`, in front of its own engine stand-in `kvengine`, reached over the
+# engines' real interfaces: the OpenAI-compatible HTTP API and ZeroMQ KV events; see
+# docs/engines.md for the same with vLLM or SGLang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -20,13 +24,15 @@ SPEEDUP=${SPEEDUP:-10}
 WORKLOAD=${WORKLOAD:-seed}
 POLICIES=${POLICIES:-kv,round_robin}
 OUT=${OUT:-out/fleet}
+ENGINE=${ENGINE:-sim}
+case "$ENGINE" in sim | standin) ;; *) echo "ENGINE must be sim or standin, not $ENGINE" >&2; exit 2 ;; esac
 bin=build/src
 run=$(mktemp -d)
 pids=()
 
 stop_all() {
   # routers first (they drain their queues), then workers (they finish what they hold), then NATS
-  for sig_group in kvrouter kvworker; do
+  for sig_group in kvrouter kvworker kvengine; do
     for p in "${pids[@]}"; do
       if [ -e "/proc/$p" ] && grep -q "$sig_group" "/proc/$p/cmdline" 2>/dev/null; then kill -TERM "$p" 2>/dev/null || true; fi
     done
@@ -52,11 +58,38 @@ url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
 monitor=$(sed -E 's/.*"monitoring":\["([^"]+)".*/\1/' "$ports")
 echo "   nats $url, monitoring $monitor"
 
-echo "== starting $WORKERS workers and $ROUTERS routers"
-for i in $(seq "$WORKERS"); do
-  "$bin/kvworker" --nats "$url" --id "$i" --speedup "$SPEEDUP" --log-level warn >"$run/worker$i.log" 2>&1 &
-  pids+=($!)
-done
+# The value of key=... on the first line of log file $1 with msg=$2, waiting up to 10 s.
+log_value() {
+  for _ in $(seq 200); do
+    v=$(grep -m1 "msg=$2 " "$1" 2>/dev/null | sed -nE "s/.* $3=([^ ]+).*/\1/p")
+    [ -n "$v" ] && { echo "$v"; return 0; }
+    sleep 0.05
+  done
+  echo "no msg=$2 in $1:" >&2; cat "$1" >&2; return 1
+}
+
+if [ "$ENGINE" = standin ]; then
+  echo "== starting $WORKERS engine stand-ins (kvengine) and their adapters, $ROUTERS routers"
+  for i in $(seq "$WORKERS"); do
+    "$bin/standin/kvengine" --listen 127.0.0.1:0 --speedup "$SPEEDUP" \
+      --kv-events 'tcp://127.0.0.1:*' --kv-replay 'tcp://127.0.0.1:*' >"$run/engine$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq "$WORKERS"); do
+    port=$(log_value "$run/engine$i.log" http_listening port)
+    events=$(log_value "$run/engine$i.log" kv_events_listening endpoint)
+    replay=$(log_value "$run/engine$i.log" kv_events_listening replay)
+    "$bin/kvworker" --nats "$url" --id "$i" --engine openai --engine-url "http://127.0.0.1:$port" \
+      --kv-events "$events" --kv-replay "$replay" --log-level warn >"$run/worker$i.log" 2>&1 &
+    pids+=($!)
+  done
+else
+  echo "== starting $WORKERS workers and $ROUTERS routers"
+  for i in $(seq "$WORKERS"); do
+    "$bin/kvworker" --nats "$url" --id "$i" --speedup "$SPEEDUP" --log-level warn >"$run/worker$i.log" 2>&1 &
+    pids+=($!)
+  done
+fi
 for i in $(seq "$ROUTERS"); do
   "$bin/kvrouter" --nats "$url" --id "router$i" --log-level warn >"$run/router$i.log" 2>&1 &
   pids+=($!)
