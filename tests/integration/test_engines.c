@@ -380,3 +380,35 @@ Test(engines, without_kv_events_the_router_learns_from_its_decisions)
     cr_expect(eq(int, same, 3), "%d of 3 followed their prefix", same);
     h_end();
 }
+
+Test(engines, a_burst_of_10000_stored_blocks_reaches_the_index)
+{
+    struct engine e;
+    engine_start(&e, true, "50");
+    adapter_start(&e, "1");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    enum { N = 40, LEN = 4000 }; /* 40 prompts of 250 blocks, all at once */
+    static struct h_req q[N];
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "burst%d", i);
+        cr_assert(h_send(nc, GEN, &q[i], id, 7000u + (uint32_t)i, 0, LEN, 2));
+    }
+    uint64_t t0 = h_now_ms();
+    for (int i = 0; i < N; i++) {
+        struct got g = collect(&q[i], 30000);
+        natsSubscription_Destroy(q[i].sub);
+        cr_assert(g.final && g.error_code == 0, "request %d: error %u", i, g.error_code);
+    }
+    double cached = metric(e.port, "kvengine_engine_cached_blocks");
+    cr_assert(ge(dbl, cached, N * LEN / 16), "the engine caches %g blocks", cached);
+    double entries = until_metric(rport, "kvrouter_index_entries", cached, 5000);
+    printf("engines: burst: %g blocks cached by the engine, %g in the router's index, %llu ms\n",
+           cached, entries, (unsigned long long)(h_now_ms() - t0));
+    cr_expect(eq(dbl, entries, cached), "the router holds %g of the engine's %g blocks", entries,
+              cached);
+    cr_expect(eq(dbl, metric(e.metrics, "kvworker_adapter_kv_resets_total"), 0));
+    h_end();
+}
