@@ -1,11 +1,12 @@
-# kvrouter, kvworker, kvbench and kvsim in one small Debian image (used by docker-compose.yml).
+# kvrouter, kvworker (and its adapter), kvengine, kvbench and kvsim in one small Debian image (used by docker-compose.yml).
 #
 #   docker build -t kvrouter:local .
 #   docker run --rm kvrouter:local kvrouter --help
 #
 # Two stages: `build` installs the project's own package list (scripts/deps.sh, the same list the
 # README's commands use) and builds with meson in release mode; `runtime` holds the binaries, the
-# shared libraries they link (nats.c, protobuf-c, xxHash) and traces/ for kvbench's trace workloads.
+# shared libraries they link (nats.c, protobuf-c, xxHash, libmicrohttpd; libcurl,
+# libzmq and msgpack-c for the adapter and the engine stand-in) and traces/ for kvbench's trace workloads.
 # The library package names below are bookworm's (nats.c 3.4.1, as on the development machines).
 
 ARG DEBIAN_IMAGE=debian:bookworm-slim
@@ -26,7 +27,8 @@ RUN bash scripts/build.sh build --buildtype=release -Dtests=false \
 FROM ${DEBIAN_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
-    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 >/dev/null \
+    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 \
+         libcurl4 libzmq5 libmsgpackc2 >/dev/null \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /opt/kvrouter \
        --shell /usr/sbin/nologin kvr
@@ -36,7 +38,7 @@ COPY traces/ traces/
 # out/ is where `kvbench --out out/...` writes (the compose file mounts a volume there). The
 # loop fails the build if a shared library is missing.
 RUN mkdir out && chown kvr:kvr out \
-    && for p in kvrouter kvworker kvbench kvsim; do \
+    && for p in kvrouter kvworker kvengine kvbench kvsim; do \
          if ldd "/usr/local/bin/$p" | grep 'not found'; then exit 1; fi; \
          "$p" --help >/dev/null; \
        done
