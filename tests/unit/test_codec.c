@@ -419,6 +419,12 @@ Test(codec, events_round_trip)
     cr_assert(eq(u32, g.nended, 2));
     cr_assert(eq(u64, g.ended[1], 78));
     cr_assert(eq(u64, g.instance, 0xfeed));
+    cr_assert(not(g.info.approximate));
+    kvr_wire_heartbeat_free(&g);
+    h.info.approximate = true; /* an engine without KV events */
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
+    cr_assert(g.info.approximate);
     kvr_wire_heartbeat_free(&g);
     h.info.id = 0;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
@@ -1060,4 +1066,34 @@ Test(codec, error_codes_match_the_proto)
     KVR_STATUS_LIST(CHECK_CODE)
 #undef CHECK_CODE
     cr_assert(eq(u32, e->n_values, statuses), "ErrorCode has values kvr_status does not");
+}
+
+Test(codec, a_chunk_carries_an_engines_text_and_finish_reason)
+{
+    struct kvr_buf b = {0};
+    uint32_t t[2] = {5, 6};
+    struct kvr_wire_chunk c = {.request_id = "x",
+                               .tokens = t,
+                               .ntokens = 2,
+                               .final = true,
+                               .text = "ab\xc3\xa9",
+                               .ntext = 4,
+                               .finish_reason = "stop"};
+    cr_assert(eq(int, kvr_wire_encode_chunk(&b, &c), KVR_OK));
+    struct kvr_wire_response r;
+    cr_assert(eq(int, kvr_wire_decode_response(b.data, b.len, &r), KVR_OK));
+    cr_assert(eq(u32, r.ntext, 4));
+    cr_assert(eq(str, r.text, "ab\xc3\xa9"));
+    cr_assert(eq(str, r.finish_reason, "stop"));
+    kvr_wire_response_free(&r);
+    c.finish_reason = NULL; /* the simulated worker's: from the outcome */
+    c.ntext = 0;
+    cr_assert(eq(int, kvr_wire_encode_chunk(&b, &c), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_response(b.data, b.len, &r), KVR_OK));
+    cr_assert(eq(str, r.finish_reason, "length"));
+    cr_assert(eq(u32, r.ntext, 0));
+    kvr_wire_response_free(&r);
+    c.ntext = KVR_WIRE_TEXT_MAX + 1;
+    cr_assert(eq(int, kvr_wire_encode_chunk(&b, &c), KVR_ERR_TOO_LARGE));
+    kvr_buf_free(&b);
 }

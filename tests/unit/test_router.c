@@ -269,6 +269,30 @@ Test(router, approximate_mode_learns_from_its_own_decisions)
     free(b);
 }
 
+Test(router, a_worker_without_kv_events_is_learnt_from_decisions_alone)
+{
+    cfg.index_ttl_ns = 10 * NS;
+    make();
+    struct kvr_worker_info info = {.id = 1, .block_size = B, .approximate = true};
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
+    cr_assert(kvr_router_worker_approximate(r, 1));
+    uint32_t *a = prompt(3, 16 * B, 1, B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, a, 17 * B, &d), KVR_OK));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.index_entries, 17), "its decision fed the index");
+    info.approximate = false; /* its events flow now: decisions no longer feed the index */
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
+    cr_assert(not(kvr_router_worker_approximate(r, 1)));
+    uint32_t *b = prompt(4, 16 * B, 2, B);
+    cr_assert(eq(int, route(2, b, 17 * B, &d), KVR_OK));
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.index_entries, 17));
+    free(a);
+    free(b);
+}
+
 Test(router, busy_workers_queue_then_place_or_reject)
 {
     cfg.busy_threshold = 0.5;

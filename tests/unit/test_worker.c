@@ -655,3 +655,73 @@ Test(worker, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
     kvr_buf_free(&g);
     kvr_buf_free(&b);
 }
+
+/* --- an engine that gives text (the adapter's path through the worker) ----------------------- */
+
+Test(worker, text_streams_with_its_tokens_and_is_repeated_after_a_cut)
+{
+    forward(901, "t", 10, 0);
+    pthread_mutex_lock(&w.mu);
+    struct kvr_wreq *r = kvr__worker_find(&w, 901);
+    cr_assert(ne(ptr, r, NULL));
+    kvr_engine_cancel(w.eng, 901); /* the test speaks for the engine from here on */
+    uint32_t a[2] = {11, 12}, b[1] = {13};
+    kvr__worker_prefill(&w, 901);
+    kvr__worker_tokens(&w, r, a, 2, "he\xc3\xa9", 4);
+    kvr__worker_tokens(&w, r, b, 1, " llo", 4);
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w);
+    struct kvr_wire_response c[8];
+    cr_assert(eq(int, chunks(0, c, 8), 2));
+    cr_assert(eq(u32, c[0].ntokens, 2));
+    cr_assert(eq(u32, c[0].ntext, 4));
+    cr_assert(eq(int, memcmp(c[0].text, "he\xc3\xa9", 4), 0));
+    cr_assert(eq(u32, c[1].position, 2));
+    cr_assert(eq(str, c[1].text, " llo"));
+    free_chunks(c, 2);
+    /* a cut: the repeat carries every token and the text, from position 0 */
+    kvr_worker_on_disconnected(&w);
+    kvr_worker_on_reconnected(&w);
+    size_t mark = rec_nsent;
+    uint64_t due = kvr_worker_tick(&w, kvr_now_ns());
+    while (due)
+        due = kvr_worker_tick(&w, due);
+    cr_assert(eq(int, chunks(mark, c, 8), 1));
+    cr_assert(eq(u32, c[0].position, 0));
+    cr_assert(eq(u32, c[0].ntokens, 3));
+    cr_assert(eq(str, c[0].text, "he\xc3\xa9 llo"));
+    free_chunks(c, 1);
+    /* the engine finishes with its own reason */
+    mark = rec_nsent;
+    pthread_mutex_lock(&w.mu);
+    kvr__worker_finished(&w, 901, "stop");
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w);
+    cr_assert(eq(int, chunks(mark, c, 8), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].position, 3));
+    cr_assert(eq(str, c[0].finish_reason, "stop"));
+    free_chunks(c, 1);
+}
+
+Test(worker, an_engine_failure_ends_the_stream_with_its_error_and_a_done)
+{
+    forward(902, "f", 10, 0);
+    pthread_mutex_lock(&w.mu);
+    struct kvr_wreq *r = kvr__worker_find(&w, 902);
+    kvr_engine_cancel(w.eng, 902);
+    kvr__worker_failed(&w, r, KVR_ERR_WORKER_LOST, "connection reset");
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(0, c, 4), 1));
+    cr_assert(c[0].final);
+    cr_assert(eq(u32, c[0].error_code, (uint32_t)KVR_ERR_WORKER_LOST));
+    cr_assert(ne(ptr, strstr(c[0].error, "connection reset"), NULL), "error: %s", c[0].error);
+    free_chunks(c, 1);
+    struct kvr_wire_done d[2];
+    cr_assert(eq(int, dones(0, d, 2), 1));
+    cr_assert(eq(u32, d[0].status, (uint32_t)KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u32, w.nreqs, 0));
+    cr_assert(eq(u64, w.c.engine_errors, 1));
+}
