@@ -337,8 +337,10 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
         pthread_join(l->engine, NULL);
         pthread_join(l->heartbeat, NULL);
     }
-    if (l->w)
+    if (l->w) {
+        kvr_worker_close_engine(l->w);
         kvr_worker_flush(l->w);
+    }
     if (l->nc_out)
         natsConnection_FlushTimeout(l->nc_out, 2000);
     natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,

@@ -355,8 +355,7 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
 
 void kvr_worker_free(struct kvr_worker *w)
 {
-    if (w->be)
-        w->be->free(w); /* its threads joined: nothing calls in any more */
+    kvr_worker_close_engine(w);
     struct kvr_wreq *r, *tmp;
     HASH_ITER(hh, w->reqs, r, tmp)
     {
@@ -374,6 +373,13 @@ void kvr_worker_free(struct kvr_worker *w)
     kvr_reply_free(&w->generate);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+}
+
+void kvr_worker_close_engine(struct kvr_worker *w)
+{
+    if (w->be)
+        w->be->free(w); /* its threads joined: nothing calls in any more */
+    w->be = NULL;
 }
 
 void kvr_worker_flush(struct kvr_worker *w)

@@ -260,6 +260,11 @@ uint32_t kvr_worker_held(struct kvr_worker *w);
 void kvr_worker_stop(struct kvr_worker *w);
 bool kvr_worker_stopping(struct kvr_worker *w);
 
+/* Stop the engine's own threads (the adapter's client, subscriber and poller) and free it: after
+ * the link's threads are joined, before its connections close, so nothing publishes after.
+ * Idempotent; kvr_worker_free does it too. */
+void kvr_worker_close_engine(struct kvr_worker *w);
+
 /* Publish what the outbox holds (takes and releases mu); after a yield, discard it. */
 void kvr_worker_flush(struct kvr_worker *w);
 
