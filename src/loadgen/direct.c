@@ -22,6 +22,7 @@
 #define DIRECT_MAX_TOKENS 16u                 /* output tokens without --max-tokens */
 #define DIRECT_WAIT_NS    (30 * KVR_NS_PER_S) /* one request, at most */
 #define DIRECT_PRINTED    10u                 /* failures printed per path; the rest counted */
+#define DIRECT_GIVE_UP    3u                  /* failures in a row on one path stop the run */
 #define PROBE_MS          5000                /* the engine's /health */
 
 /* One copy of a request as it ended. */
@@ -69,6 +70,9 @@ struct direct {
     uint32_t done;               /* counted rounds run */
     uint32_t warm_failed;        /* copies of the warm-up rounds that failed */
     double submit_us;            /* the direct requests' kvr_oai_submit, summed (body built) */
+    uint32_t submits;            /* ... how many */
+    uint32_t in_a_row[2];        /* the fleet's, direct's last failures in a row */
+    const char *stop;            /* why the run stopped before its last round; NULL: it did not */
     struct path fleet, straight; /* */
 };
 
@@ -126,6 +130,7 @@ static void direct_one(struct direct *d, uint64_t deadline, struct sample *out)
     kvr_status st = kvr_oai_submit(d->oai, key, d->tok, d->ptok, d->max_tokens);
     uint64_t t_send = kvr_now_ns(); /* the body built: the request is on its way */
     d->submit_us += (double)(t_send - t0) / 1e3;
+    d->submits++;
     if (st != KVR_OK) {
         *out = (struct sample){.st = st};
         snprintf(out->why, sizeof out->why, "refused by kvr_oai_submit: %s", kvr_status_str(st));
@@ -206,28 +211,40 @@ static void add(struct path *p, const struct sample *x, uint32_t round)
     p->by_code[(unsigned)x->st < 63 ? (unsigned)x->st : 63]++;
 }
 
-/* Round i (the first d->warmup not counted): both copies, each with a prompt of its own. */
-static void round_one(struct direct *d, uint32_t i)
+/*
+ * Round i (the first d->warmup not counted): both copies, each with a prompt of its own. false
+ * when the run's deadline came before a copy was sent (the round is not counted).
+ */
+static bool round_one(struct direct *d, uint32_t i)
 {
     bool fleet_first = i % 2 == 0;
+    struct sample x[2]; /* fleet, direct */
     for (int k = 0; k < 2; k++) {
-        bool fleet = (k == 0) == fleet_first;
-        kvr_client_prompt(d->tok, d->ptok, d->run + 2ull * i + (fleet ? 0 : 1));
+        int p = (k == 0) == fleet_first ? 0 : 1; /* 0: the fleet, 1: direct */
         uint64_t now = kvr_now_ns(), deadline = now + DIRECT_WAIT_NS;
+        if (now >= d->deadline)
+            return false;
         deadline = deadline < d->deadline ? deadline : d->deadline;
-        struct sample x;
-        if (fleet)
-            fleet_one(d, i, deadline, &x);
+        kvr_client_prompt(d->tok, d->ptok, d->run + 2ull * i + (uint64_t)p);
+        if (p == 0)
+            fleet_one(d, i, deadline, &x[0]);
         else
-            direct_one(d, deadline, &x);
+            direct_one(d, deadline, &x[1]);
+    }
+    for (int k = 0; k < 2; k++) {
         if (i >= d->warmup) {
-            add(fleet ? &d->fleet : &d->straight, &x, i - d->warmup);
-        } else if (x.st != KVR_OK) {
+            add(k ? &d->straight : &d->fleet, &x[k], i - d->warmup);
+        } else if (x[k].st != KVR_OK) {
             d->warm_failed++;
             fprintf(stderr, "kvbench: warm-up round %u: %s request failed (not counted): %s\n", i,
-                    fleet ? "fleet" : "direct", x.why);
+                    k ? "direct" : "fleet", x[k].why);
         }
+        d->in_a_row[k] = x[k].st == KVR_OK ? 0 : d->in_a_row[k] + 1;
+        if (d->in_a_row[k] >= DIRECT_GIVE_UP)
+            d->stop = k ? "the engine failed 3 requests in a row"
+                        : "the fleet failed 3 requests in a row";
     }
+    return true;
 }
 
 /* --- the figures --------------------------------------------------------------------------- */
@@ -238,6 +255,7 @@ struct figures {
     double tokens[2];                /* mean tokens of the requests answered in full */
     double ratio_mean, ratio_p50, ratio_p90;
     double diff_mean, diff_p50; /* ms, fleet - direct */
+    bool answered;              /* both paths answered some request in full */
     bool mean_met, p50_met;     /* fleet <= 1.1 x direct + 1 ms (the target) */
 };
 
@@ -259,6 +277,7 @@ static void figure(struct direct *d, struct figures *f)
     f->ratio_p90 = ratio(f->ttft[0].p90, f->ttft[1].p90);
     f->diff_mean = f->ttft[0].mean - f->ttft[1].mean;
     f->diff_p50 = f->ttft[0].p50 - f->ttft[1].p50;
+    f->answered = d->fleet.nok && d->straight.nok;
     f->mean_met = f->ttft[0].mean <= 1.1 * f->ttft[1].mean + 1.0;
     f->p50_met = f->ttft[0].p50 <= 1.1 * f->ttft[1].p50 + 1.0;
 }
@@ -276,10 +295,13 @@ static void print_figures(const struct direct *d, const struct figures *f)
     printf("fleet/direct ttft: mean x%.3f, p50 x%.3f, p90 x%.3f; fleet - direct: mean %+.3f ms, "
            "p50 %+.3f ms\n",
            f->ratio_mean, f->ratio_p50, f->ratio_p90, f->diff_mean, f->diff_p50);
-    printf("target (fleet ttft <= 1.1 x direct + 1 ms): mean %s (%.3f ms, limit %.3f), p50 %s "
-           "(%.3f ms, limit %.3f)\n",
-           f->mean_met ? "met" : "missed", f->ttft[0].mean, 1.1 * f->ttft[1].mean + 1.0,
-           f->p50_met ? "met" : "missed", f->ttft[0].p50, 1.1 * f->ttft[1].p50 + 1.0);
+    if (f->answered)
+        printf("target (fleet ttft <= 1.1 x direct + 1 ms): mean %s (%.3f ms, limit %.3f), p50 %s "
+               "(%.3f ms, limit %.3f)\n",
+               f->mean_met ? "met" : "missed", f->ttft[0].mean, 1.1 * f->ttft[1].mean + 1.0,
+               f->p50_met ? "met" : "missed", f->ttft[0].p50, 1.1 * f->ttft[1].p50 + 1.0);
+    else
+        printf("target (fleet ttft <= 1.1 x direct + 1 ms): n/a (a path answered nothing)\n");
     for (int k = 0; k < 2; k++) {
         char codes[512];
         if (p[k]->failed)
@@ -315,6 +337,38 @@ static json_t *path_json(const struct path *p, const struct figures *f, int k)
                      f->tokens[k]);
 }
 
+/* The figures as one JSON object; NULL when memory is short. */
+static json_t *report_json(const struct direct *d, const struct figures *f)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I}", "source", "kvbench", "mode",
+                          "direct", "engine_url", d->cfg->engine, "model", kvr_oai_model(d->oai),
+                          "prompt_tokens", (json_int_t)d->ptok, "max_tokens",
+                          (json_int_t)d->max_tokens, "concurrency", (json_int_t)1);
+    json_t *rounds = json_pack("{s:I, s:I, s:I, s:I, s:s?}", "asked", (json_int_t)d->rounds, "run",
+                               (json_int_t)d->done, "warmup", (json_int_t)d->warmup,
+                               "warmup_failed", (json_int_t)d->warm_failed, "stopped", d->stop);
+    json_t *paths = json_pack("{s:o, s:o}", "fleet", path_json(&d->fleet, f, 0), "direct",
+                              path_json(&d->straight, f, 1));
+    json_t *ratio = json_pack("{s:f, s:f, s:f}", "mean", f->ratio_mean, "p50", f->ratio_p50, "p90",
+                              f->ratio_p90);
+    json_t *diff = json_pack("{s:f, s:f}", "mean", f->diff_mean, "p50", f->diff_p50);
+    json_t *target =
+        f->answered ? json_pack("{s:b, s:b}", "mean", f->mean_met, "p50", f->p50_met) : json_null();
+    double submit = d->submits ? d->submit_us / d->submits : 0;
+    /* json_object_set_new takes its value even when it fails (o NULL, the value NULL) */
+    int bad = json_object_set_new(o, "rounds", rounds);
+    bad |= json_object_set_new(o, "paths", paths);
+    bad |= json_object_set_new(o, "ttft_ratio", ratio);
+    bad |= json_object_set_new(o, "ttft_diff_ms", diff);
+    bad |= json_object_set_new(o, "target_1_1x_plus_1ms", target);
+    bad |= json_object_set_new(o, "direct_submit_us_mean", json_real(submit));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 /* <out>/report.json, when --out is given. */
 static void write_json(const struct direct *d, const struct figures *f)
 {
@@ -323,17 +377,7 @@ static void write_json(const struct direct *d, const struct figures *f)
         return;
     char path[KVR_OPT_STR_MAX + 16];
     snprintf(path, sizeof path, "%s/report.json", cfg->out);
-    json_t *o = json_pack(
-        "{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:o, s:o}, s:{s:f, s:f, s:f}, "
-        "s:{s:f, s:f}, s:{s:b, s:b}}",
-        "source", "kvbench", "mode", "direct", "engine_url", cfg->engine, "model",
-        kvr_oai_model(d->oai), "prompt_tokens", (json_int_t)d->ptok, "max_tokens",
-        (json_int_t)d->max_tokens, "rounds", (json_int_t)d->rounds, "rounds_run",
-        (json_int_t)d->done, "warmup", (json_int_t)d->warmup, "concurrency", (json_int_t)1, "paths",
-        "fleet", path_json(&d->fleet, f, 0), "direct", path_json(&d->straight, f, 1), "ttft_ratio",
-        "mean", f->ratio_mean, "p50", f->ratio_p50, "p90", f->ratio_p90, "ttft_diff_ms", "mean",
-        f->diff_mean, "p50", f->diff_p50, "target_1_1x_plus_1ms", "mean", f->mean_met, "p50",
-        f->p50_met);
+    json_t *o = report_json(d, f);
     kvr_mkdir_p(cfg->out);
     if (!o || json_dump_file(o, path, JSON_INDENT(2) | JSON_SORT_KEYS))
         fprintf(stderr, "kvbench: cannot write %s\n", path);
@@ -402,20 +446,28 @@ static int measure(struct direct *d)
            d->max_tokens);
     fflush(stdout);
     uint32_t total = d->warmup + d->rounds, i = 0;
-    for (; i < total && kvr_now_ns() < d->deadline; i++)
-        round_one(d, i);
+    while (i < total && !d->stop && round_one(d, i))
+        i++;
+    if (i == total)
+        d->stop = NULL; /* a give-up in the last round: every round ran */
+    else if (!d->stop)
+        d->stop = "--timeout-ms reached";
     d->done = i > d->warmup ? i - d->warmup : 0;
     struct figures f;
     figure(d, &f);
     print_figures(d, &f);
-    if (d->done)
-        printf("direct requests' bodies built in %.1f us on average (not in their time)\n",
-               d->submit_us / (double)(i ? i : 1));
+    if (d->warm_failed)
+        printf("warm-up: %u copies failed (not counted; printed above)\n", d->warm_failed);
+    if (d->submits)
+        printf("direct requests: kvr_oai_submit (the JSON body built) took %.1f us on average, "
+               "not in their times\n",
+               d->submit_us / d->submits);
     write_json(d, &f);
     int rc = d->fleet.failed || d->straight.failed || !d->fleet.nok || !d->straight.nok;
-    if (d->done < d->rounds) {
-        fprintf(stderr, "kvbench: --timeout-ms reached after %u of %u rounds\n", d->done,
-                d->rounds);
+    if (d->stop) {
+        fprintf(stderr,
+                "kvbench: stopped after %u of %u rounds (and %u of %u warm-up rounds): %s\n",
+                d->done, d->rounds, i < d->warmup ? i : d->warmup, d->warmup, d->stop);
         rc = 1;
     }
     printf("direct: %s\n", rc ? "FAIL (a request failed or a path had no answer)" : "ok");
