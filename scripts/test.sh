@@ -87,10 +87,11 @@ for t in json.load(sys.stdin):
         print(os.path.relpath(t["cmd"][0], sys.argv[1]))' "$client")
   # shellcheck disable=SC2086 # one ninja target per line
   ninja -C "$client" $targets >/dev/null
-  for b in build-tsan/src/*; do
+  for b in build-tsan/src/* build-tsan/src/standin/kvengine; do
     if [ -f "$b" ] && [ -x "$b" ]; then
-      cp "$b" "$client/src/"
-      bins+=("$client/src/$(basename "$b")")
+      local to=$client/${b#build-tsan/}
+      cp "$b" "$to"
+      bins+=("$to")
     fi
   done
   logs=$(mktemp -d)

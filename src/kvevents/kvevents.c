@@ -15,7 +15,7 @@
 #include "kvr/hash.h"
 #include "kvevents_internal.h"
 
-#define PRESCAN_DEPTH 16 /* deepest nesting accepted (msgpack-c's own limit is 32) */
+#define PRESCAN_DEPTH  16 /* deepest nesting accepted (msgpack-c's own limit is 32) */
 #define HASH_BYTES_MAX 64
 
 /* ---- test hook ------------------------------------------------------------------------------ */
@@ -79,10 +79,66 @@ static uint64_t rd_be(const uint8_t *p, int n)
     return v;
 }
 
+/* What follows a marker byte 0xc0..0xdf: n bytes of value or length, read as `as` (a fixext's n
+ * counts its type byte and its data). */
+enum as { AS_BAD, AS_VALUE, AS_BYTES, AS_EXT, AS_ARRAY, AS_MAP };
+static const struct {
+    uint8_t n;  /* bytes after the marker: the value, or the length of what follows */
+    uint8_t as; /* enum as */
+} marker[32] = {
+    [0x00] = {0, AS_VALUE},  [0x01] = {0, AS_BAD},   [0x02] = {0, AS_VALUE}, [0x03] = {0, AS_VALUE},
+    [0x04] = {1, AS_BYTES},  [0x05] = {2, AS_BYTES}, [0x06] = {4, AS_BYTES}, [0x07] = {1, AS_EXT},
+    [0x08] = {2, AS_EXT},    [0x09] = {4, AS_EXT},   [0x0a] = {4, AS_VALUE}, [0x0b] = {8, AS_VALUE},
+    [0x0c] = {1, AS_VALUE},  [0x0d] = {2, AS_VALUE}, [0x0e] = {4, AS_VALUE}, [0x0f] = {8, AS_VALUE},
+    [0x10] = {1, AS_VALUE},  [0x11] = {2, AS_VALUE}, [0x12] = {4, AS_VALUE}, [0x13] = {8, AS_VALUE},
+    [0x14] = {2, AS_VALUE},  [0x15] = {3, AS_VALUE}, [0x16] = {5, AS_VALUE}, [0x17] = {9, AS_VALUE},
+    [0x18] = {17, AS_VALUE}, [0x19] = {1, AS_BYTES}, [0x1a] = {2, AS_BYTES}, [0x1b] = {4, AS_BYTES},
+    [0x1c] = {2, AS_ARRAY},  [0x1d] = {4, AS_ARRAY}, [0x1e] = {2, AS_MAP},   [0x1f] = {4, AS_MAP},
+};
+
+/* One object's header at p[*i]: the bytes of its body to skip, or its elements when a container
+ * (*count, maps counting keys and values); false when it does not fit or is no msgpack. */
+static bool header(const uint8_t *p, size_t len, size_t *i, uint64_t *skip, uint64_t *count)
+{
+    uint8_t c = p[(*i)++];
+    *skip = *count = 0;
+    if (c <= 0x7f || c >= 0xe0)
+        return true; /* fixint */
+    if (c <= 0x8f) {
+        *count = 2u * (c & 0x0f);
+        return true;
+    }
+    if (c <= 0x9f) {
+        *count = c & 0x0f;
+        return true;
+    }
+    if (c <= 0xbf) {
+        *skip = c & 0x1f;
+        return true;
+    }
+    int n = marker[c - 0xc0].n, as = marker[c - 0xc0].as;
+    if (as == AS_BAD || len - *i < (size_t)n)
+        return false;
+    if (as == AS_VALUE) {
+        *i += (size_t)n;
+        return true;
+    }
+    uint64_t v = rd_be(p + *i, n);
+    *i += (size_t)n;
+    if (as == AS_BYTES)
+        *skip = v;
+    else if (as == AS_EXT)
+        *skip = v + 1; /* the type byte, then the data */
+    else
+        *count = as == AS_MAP ? 2 * v : v;
+    return true;
+}
+
 /*
  * Walk the msgpack bytes without building anything: exactly one complete object, no trailing
  * bytes, nesting at most PRESCAN_DEPTH, and at every container the elements still owed (over the
- * whole stack) no more than the bytes left, since each needs one byte at least.
+ * whole stack) no more than the bytes left, since each needs one byte at least. So msgpack-c
+ * never allocates for more elements than the input has bytes.
  */
 bool kvr_kvev_prescan(const uint8_t *p, size_t len)
 {
@@ -92,61 +148,14 @@ bool kvr_kvev_prescan(const uint8_t *p, size_t len)
     size_t i = 0;
     left[0] = 1;
     while (owed > 0) {
-        if (i >= len)
-            return false;
-        uint8_t c = p[i++];
-        uint64_t skip = 0, count = 0;
-        bool container = false;
-        if (c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3) {
-            /* fixint, nil, bool */
-        } else if (c >= 0x80 && c <= 0x8f) {
-            container = true;
-            count = 2u * (c & 0x0f);
-        } else if (c >= 0x90 && c <= 0x9f) {
-            container = true;
-            count = c & 0x0f;
-        } else if (c >= 0xa0 && c <= 0xbf) {
-            skip = c & 0x1f;
-        } else {
-            int n = 0; /* bytes of a length or a value after the marker */
-            switch (c) {
-            case 0xc4: case 0xc7: case 0xcc: case 0xd0: case 0xd9: n = 1; break;
-            case 0xc5: case 0xc8: case 0xcd: case 0xd1: case 0xda: case 0xdc: case 0xde:
-                n = 2; break;
-            case 0xc6: case 0xc9: case 0xca: case 0xce: case 0xd2: case 0xdb: case 0xdd: case 0xdf:
-                n = 4; break;
-            case 0xcb: case 0xcf: case 0xd3: n = 8; break;
-            case 0xd4: skip = 2; break;
-            case 0xd5: skip = 3; break;
-            case 0xd6: skip = 5; break;
-            case 0xd7: skip = 9; break;
-            case 0xd8: skip = 17; break;
-            default: return false; /* 0xc1: never used */
-            }
-            if (n > 0) {
-                if (len - i < (size_t)n)
-                    return false;
-                uint64_t v = rd_be(p + i, n);
-                i += (size_t)n;
-                switch (c) {
-                case 0xc4: case 0xc5: case 0xc6: case 0xd9: case 0xda: case 0xdb: skip = v; break;
-                case 0xc7: case 0xc8: case 0xc9: skip = v + 1; break; /* ext: type byte too */
-                case 0xdc: case 0xdd: container = true; count = v; break;
-                case 0xde: case 0xdf: container = true; count = 2 * v; break;
-                default: break; /* numbers: their n bytes were the value */
-                }
-            }
-        }
-        if (skip > len - i)
+        uint64_t skip, count;
+        if (i >= len || !header(p, len, &i, &skip, &count) || skip > len - i)
             return false;
         i += (size_t)skip;
-        /* this object is done: it was owed by the top level */
-        left[depth]--;
+        left[depth]--; /* this object is done: it was owed by the level it is in */
         owed--;
-        if (container && count > 0) {
-            if (depth == PRESCAN_DEPTH)
-                return false;
-            if (count > len - i || owed + count > len - i)
+        if (count > 0) {
+            if (depth == PRESCAN_DEPTH || owed + count > len - i)
                 return false;
             left[++depth] = count;
             owed += count;
@@ -306,8 +315,9 @@ static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kv
     uint32_t nh = 0, nt = 0;
     if (!array_len(f->hashes, &nh) || !array_len(f->tokens, &nt))
         return KVR_ERR_MALFORMED;
-    ev->kind = tag == TAG_STORED ? KVR_KVEV_STORED
-                                 : tag == TAG_REMOVED ? KVR_KVEV_REMOVED : KVR_KVEV_CLEARED;
+    ev->kind = tag == TAG_STORED    ? KVR_KVEV_STORED
+               : tag == TAG_REMOVED ? KVR_KVEV_REMOVED
+                                    : KVR_KVEV_CLEARED;
     if (tag == TAG_CLEARED)
         return KVR_OK;
     ev->nhashes = nh;
@@ -367,8 +377,7 @@ static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kv
 
 /* The batch's own fields: ts, the events array, the rank (NULL when absent). */
 static bool batch_fields(const msgpack_object *root, const msgpack_object **ts,
-                         const msgpack_object **events, const msgpack_object **rank,
-                         uint32_t *seen)
+                         const msgpack_object **events, const msgpack_object **rank, uint32_t *seen)
 {
     *ts = *events = *rank = NULL;
     if (root->type == MSGPACK_OBJECT_ARRAY) {
@@ -471,8 +480,7 @@ static kvr_status walk(const msgpack_object *root, const struct kvr_kvev_limits 
         if (!out->token_store)
             return KVR_ERR_NOMEM;
     }
-    uint64_t *hp = out->hash_store;
-    uint32_t *tp = out->token_store;
+    size_t ho = 0, to = 0; /* offsets into the stores (NULL when empty: no pointer arithmetic) */
     for (uint32_t i = 0; i < ea->size; i++) {
         enum tag tag;
         struct fields f;
@@ -480,11 +488,13 @@ static kvr_status walk(const msgpack_object *root, const struct kvr_kvev_limits 
         if (tag == TAG_UNKNOWN)
             continue;
         struct kvr_kvev_event *ev = &out->events[out->nevents++];
+        uint64_t *hp = out->hash_store ? out->hash_store + ho : NULL;
+        uint32_t *tp = out->token_store ? out->token_store + to : NULL;
         kvr_status st = fill_event(tag, &f, ev, hp, tp, &out->seen);
         if (st != KVR_OK)
             return st;
-        hp += ev->nhashes;
-        tp += ev->ntokens;
+        ho += ev->nhashes;
+        to += ev->ntokens;
     }
     return KVR_OK;
 }
@@ -714,7 +724,8 @@ kvr_status kvr_kvev_encode(struct kvr_buf *out, const struct kvr_kvev_batch *b,
         return KVR_ERR_INVALID;
     if (!how)
         how = &dflt;
-    if ((unsigned)how->hashes > KVR_KVEV_HASH_BYTES32 || (unsigned)how->layout > KVR_KVEV_LAYOUT_MAP)
+    if ((unsigned)how->hashes > KVR_KVEV_HASH_BYTES32 ||
+        (unsigned)how->layout > KVR_KVEV_LAYOUT_MAP)
         return KVR_ERR_INVALID;
     for (uint32_t i = 0; i < b->nevents; i++) {
         enum kvr_kvev_kind k = b->events[i].kind;

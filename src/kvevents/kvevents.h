@@ -37,7 +37,7 @@
  *     built from mis-cut blocks is worse than a batch counted as bad;
  *   - block_size 0 is allowed only with no hashes and no tokens;
  *   - a byte-string hash of 0 or more than 64 bytes, a float hash, a nested array: malformed;
- *   - the msgpack itself: complete, no trailing bytes, nesting at most 32 deep, every declared
+ *   - the msgpack itself: complete, no trailing bytes, nesting at most 16 deep, every declared
  *     array/map length no larger than the bytes left (checked before msgpack-c allocates).
  * Limits (caller-given, struct kvr_kvev_limits; a zero field takes its default): more events,
  * hashes (summed over the batch's events, parents not counted) or tokens (summed) than the limit
@@ -55,12 +55,12 @@
 #include "buf.h"
 #include "kvr/status.h"
 
-#define KVR_KVEV_MAX_EVENTS 4096u     /* default events per batch */
-#define KVR_KVEV_MAX_HASHES 65536u    /* default block hashes per batch (all events) */
-#define KVR_KVEV_MAX_TOKENS 1048576u  /* default token ids per batch (all events) */
-#define KVR_KVEV_MAX_BYTES (64u << 20) /* default largest payload, bytes */
-#define KVR_KVEV_MEDIUM_CAP 32u       /* medium text kept, with its NUL */
-#define KVR_KVEV_DIGEST_LEN 32u       /* bytes of the encoder's byte-string hashes */
+#define KVR_KVEV_MAX_EVENTS 4096u       /* default events per batch */
+#define KVR_KVEV_MAX_HASHES 65536u      /* default block hashes per batch (all events) */
+#define KVR_KVEV_MAX_TOKENS 1048576u    /* default token ids per batch (all events) */
+#define KVR_KVEV_MAX_BYTES  (64u << 20) /* default largest payload, bytes */
+#define KVR_KVEV_MEDIUM_CAP 32u         /* medium text kept, with its NUL */
+#define KVR_KVEV_DIGEST_LEN 32u         /* bytes of the encoder's byte-string hashes */
 
 /* Caller-given bounds of one decode; 0 in a field means its KVR_KVEV_MAX_* default. */
 struct kvr_kvev_limits {
@@ -87,7 +87,7 @@ struct kvr_kvev_event {
     uint32_t block_size; /* Stored: tokens per block as the engine gave it */
     bool has_lora;       /* Stored: lora_id was an integer (not nil, not absent) */
     int64_t lora_id;     /* Stored: when has_lora */
-    bool has_group;      /* Stored, Removed: a group_idx was given (hybrid models, newer vLLM) */
+    bool has_group;      /* Stored, Removed: a map event's group_idx (hybrid models, vLLM) */
     int64_t group_idx;   /* when has_group */
     char medium[KVR_KVEV_MEDIUM_CAP]; /* Stored, Removed: "GPU", "CPU", ...; "" when nil/absent */
 };
@@ -95,8 +95,8 @@ struct kvr_kvev_event {
 /* Where the decoder met the layouts (bits of struct kvr_kvev_batch.seen), for stats and logs. */
 #define KVR_KVEV_SEEN_MAP_EVENTS 0x1u /* at least one event was a map */
 #define KVR_KVEV_SEEN_BYTES_HASH 0x2u /* at least one hash was a byte string */
-#define KVR_KVEV_SEEN_NEG_HASH 0x4u   /* at least one hash was a negative integer */
-#define KVR_KVEV_SEEN_MAP_BATCH 0x8u  /* the batch itself was a map */
+#define KVR_KVEV_SEEN_NEG_HASH   0x4u /* at least one hash was a negative integer */
+#define KVR_KVEV_SEEN_MAP_BATCH  0x8u /* the batch itself was a map */
 
 /*
  * A batch. Filled by kvr_kvev_decode (which owns every array: free with kvr_kvev_batch_free), or
@@ -174,7 +174,8 @@ struct kvr_kvev_encoding {
  * {UINT, NEW, dp_rank false}. A nil parent when !has_parent, nil lora when !has_lora, nil medium
  * when medium is "" (an old layout writes no medium at all). The Stored token count is not
  * checked (a test can write a mis-cut event on purpose). KVR_OK, KVR_ERR_NOMEM, KVR_ERR_INVALID
- * (NULL out or b, nevents > 0 with NULL events, an unknown kind, form or layout).
+ * (NULL out or b, nevents > 0 with NULL events, nhashes or a Stored's ntokens > 0 with a NULL
+ * array, an unknown kind, form or layout).
  */
 kvr_status kvr_kvev_encode(struct kvr_buf *out, const struct kvr_kvev_batch *b,
                            const struct kvr_kvev_encoding *how);

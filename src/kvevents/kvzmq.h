@@ -57,12 +57,12 @@
 #include "kvevents.h"
 #include "kvr/status.h"
 
-#define KVR_KVZMQ_SEQ_END UINT64_MAX        /* the replay's end marker seq (-1) */
-#define KVR_KVPUB_RING_DEFAULT 10000u       /* batches kept for replay (vLLM's buffer_steps) */
-#define KVR_KVZMQ_HWM_DEFAULT 100000        /* PUB send / SUB receive high-water marks, messages */
-#define KVR_KVSUB_REPLAY_TIMEOUT_MS 500u    /* default wait for a replay's end marker */
-#define KVR_KVSUB_HOLD_DEFAULT 10000u       /* default live batches held during a replay */
-#define KVR_KVZMQ_ENDPOINT_MAX 256u         /* longest endpoint text, with its NUL */
+#define KVR_KVZMQ_SEQ_END           UINT64_MAX /* the replay's end marker seq (-1) */
+#define KVR_KVPUB_RING_DEFAULT      10000u     /* batches kept for replay (vLLM's buffer_steps) */
+#define KVR_KVZMQ_HWM_DEFAULT       100000 /* PUB send / SUB receive high-water marks, messages */
+#define KVR_KVSUB_REPLAY_TIMEOUT_MS 500u   /* default wait for a replay's end marker */
+#define KVR_KVSUB_HOLD_DEFAULT      10000u /* default live batches held during a replay */
+#define KVR_KVZMQ_ENDPOINT_MAX      256u   /* longest endpoint text, with its NUL */
 
 /* ---- publisher (engine side) ---------------------------------------------------------------- */
 
@@ -129,13 +129,15 @@ void kvr_kvpub_close(struct kvr_kvpub *p);
 struct kvr_kvsub;
 
 struct kvr_kvsub_config {
-    const char *endpoint;        /* the engine's PUB, e.g. "tcp://10.0.0.7:5557" (copied) */
-    const char *replay_endpoint; /* its ROUTER, or NULL: a gap then resets (copied) */
-    const char *topic;           /* filter and exact check; NULL or "": every topic (copied) */
-    struct kvr_kvev_limits limits;      /* for kvr_kvev_decode; zero fields: defaults */
-    uint32_t replay_timeout_ms;         /* wait for a replay's end marker; 0: 500 */
-    uint32_t hold_max;                  /* live batches held during a replay; 0: 10,000 */
-    int rcvhwm;                         /* SUB receive high-water mark; 0: 100,000 */
+    const char *endpoint;          /* the engine's PUB, e.g. "tcp://10.0.0.7:5557" (copied) */
+    const char *replay_endpoint;   /* its ROUTER, or NULL: a gap then resets (copied) */
+    const char *topic;             /* filter and exact check; NULL or "": every topic (copied) */
+    struct kvr_kvev_limits limits; /* for kvr_kvev_decode; zero fields: defaults; max_bytes is
+                                      also the sockets' ZMQ_MAXMSGSIZE (a bigger frame makes
+                                      ZeroMQ drop the connection, which then reconnects) */
+    uint32_t replay_timeout_ms;    /* wait for a replay's end marker; 0: 500 */
+    uint32_t hold_max;             /* live batches held during a replay; 0: 10,000 */
+    int rcvhwm;                    /* SUB receive high-water mark; 0: 100,000 */
 };
 
 struct kvr_kvsub_hooks {
@@ -153,24 +155,24 @@ struct kvr_kvsub_hooks {
 };
 
 struct kvr_kvsub_stats {
-    uint64_t batches;        /* delivered to hooks->batch (live and replayed) */
-    uint64_t events;         /* known events in them */
-    uint64_t unknown_events; /* events skipped for an unknown tag */
-    uint64_t bad;            /* messages dropped: frames, sizes, topic, payload */
-    uint64_t bad_decode;     /* of which the payload did not decode (seq skipped) */
-    uint64_t duplicates;     /* batches dropped as already delivered */
-    uint64_t gaps;           /* gaps seen (seq > last + 1) */
-    uint64_t gaps_filled;    /* of which the replay filled */
-    uint64_t replay_requests; /* requests sent to the replay socket */
-    uint64_t replayed;       /* batches delivered from the replay socket */
-    uint64_t replay_timeouts; /* replays without an end marker in time */
-    uint64_t resets;         /* hooks->reset calls */
-    uint64_t restarts;       /* of which for an engine restart */
-    uint64_t held_max;       /* most live batches held at once during a replay */
-    bool has_last;           /* a batch was delivered (or skipped) since the last reset */
-    uint64_t last_seq;       /* its seq, when has_last */
-    uint64_t last_batch_ns;  /* kvr_now_ns() (monotonic) when it was delivered; 0: never */
-    double last_ts;          /* its ts (engine's clock, seconds) */
+    uint64_t batches;          /* delivered to hooks->batch (live and replayed) */
+    uint64_t events;           /* known events in them */
+    uint64_t unknown_events;   /* events skipped for an unknown tag */
+    uint64_t bad;              /* messages dropped: frames, sizes, topic, payload */
+    uint64_t bad_decode;       /* of which the payload did not decode (seq skipped) */
+    uint64_t duplicates;       /* batches dropped as already delivered */
+    uint64_t gaps;             /* gaps seen (seq > last + 1) */
+    uint64_t gaps_filled;      /* of which the replay filled */
+    uint64_t replay_requests;  /* requests sent to the replay socket */
+    uint64_t replayed;         /* batches delivered from the replay socket */
+    uint64_t replay_timeouts;  /* replays without an end marker in time */
+    uint64_t resets;           /* hooks->reset calls */
+    uint64_t restarts;         /* of which for an engine restart */
+    uint64_t held_max;         /* most live batches held at once during a replay */
+    bool has_last;             /* a batch was delivered (or skipped) since the last reset */
+    uint64_t last_seq;         /* its seq, when has_last */
+    uint64_t last_batch_ns;    /* kvr_now_ns() (monotonic) when it was delivered; 0: never */
+    double last_ts;            /* its ts (engine's clock, seconds) */
     uint64_t last_gap_fill_ns; /* time from seeing the last filled gap to delivering past it */
 };
 

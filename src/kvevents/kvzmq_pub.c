@@ -21,9 +21,9 @@
 #include "kvzmq.h"
 #include "kvzmq_internal.h"
 
-#define REPLAY_REQ_MAX 64   /* bytes of one replay request frame (ZMQ_MAXMSGSIZE) */
-#define REPLAY_FRAMES_MAX 8 /* frames of one replay request read before the rest is drained */
-#define CLOSE_LINGER_MS 100
+#define REPLAY_REQ_MAX    64 /* bytes of one replay request frame (ZMQ_MAXMSGSIZE) */
+#define REPLAY_FRAMES_MAX 8  /* frames of one replay request read before the rest is drained */
+#define CLOSE_LINGER_MS   100
 
 struct entry {
     atomic_uint refs;

@@ -19,8 +19,8 @@
 #include "kvzmq.h"
 #include "kvzmq_internal.h"
 
-#define TURN 256           /* messages read from one socket before looking at the other */
-#define FRAMES_MAX 4       /* frames of one message kept; more make it bad */
+#define TURN          256 /* messages read from one socket before looking at the other */
+#define FRAMES_MAX    4   /* frames of one message kept; more make it bad */
 #define REPLAY_RCVHWM 100000
 
 struct held {
@@ -44,14 +44,14 @@ struct kvr_kvsub {
     /* the thread's state */
     bool has_last;
     uint64_t last;
-    bool dirty;                 /* something was delivered since the last reset (or open) */
-    bool replaying;             /* a replay request is out */
-    bool replay_restart;        /* it asks from 0 after an engine restart */
-    bool replay_failed;         /* it did not cover its gap */
-    uint64_t replay_from;       /* the seq it asks from */
-    uint64_t replay_deadline;   /* kvr_now_ns() */
+    bool dirty;               /* something was delivered since the last reset (or open) */
+    bool replaying;           /* a replay request is out */
+    bool replay_restart;      /* it asks from 0 after an engine restart */
+    bool replay_failed;       /* it did not cover its gap */
+    uint64_t replay_from;     /* the seq it asks from */
+    uint64_t replay_deadline; /* kvr_now_ns() */
     uint64_t gap_seen_ns;
-    struct held *held;          /* FIFO [hold_head, hold_len) */
+    struct held *held; /* FIFO [hold_head, hold_len) */
     uint32_t hold_head, hold_len, hold_cap;
 
     pthread_mutex_t mu;
@@ -93,8 +93,7 @@ static void bad(struct kvr_kvsub *s, uint64_t seq, kvr_status st, bool decode)
 
 /* ---- delivering ----------------------------------------------------------------------------- */
 
-static void deliver(struct kvr_kvsub *s, uint64_t seq, const void *data, size_t len,
-                    bool replayed)
+static void deliver(struct kvr_kvsub *s, uint64_t seq, const void *data, size_t len, bool replayed)
 {
     struct kvr_kvev_batch b;
     kvr_status st = kvr_kvev_decode(data, len, &s->cfg.limits, &b);
@@ -521,9 +520,8 @@ struct kvr_kvsub *kvr_kvsub_open(const struct kvr_kvsub_config *cfg,
     if (s->cfg.rcvhwm <= 0)
         s->cfg.rcvhwm = KVR_KVZMQ_HWM_DEFAULT;
     if (kvr_kvzmq_endpoint_fix(cfg->endpoint, s->endpoint, sizeof s->endpoint) != KVR_OK ||
-        (cfg->replay_endpoint &&
-         kvr_kvzmq_endpoint_fix(cfg->replay_endpoint, s->replay_endpoint,
-                                sizeof s->replay_endpoint) != KVR_OK))
+        (cfg->replay_endpoint && kvr_kvzmq_endpoint_fix(cfg->replay_endpoint, s->replay_endpoint,
+                                                        sizeof s->replay_endpoint) != KVR_OK))
         goto fail;
     s->cfg.endpoint = s->endpoint;
     s->cfg.replay_endpoint = cfg->replay_endpoint ? s->replay_endpoint : NULL;

@@ -27,9 +27,12 @@ done
 bhelp=$("$kvbench" --help) || fail "kvbench --help exited $?"
 for want in '--mode load|hop|digest .*(default load)' '--resend-ms MS .*(default 2000)' \
             '--log-level debug|info|warn|error .*(default warn; env KVR_LOG_LEVEL)' \
-            '--namespace TEXT .*(default default; env KVR_NAMESPACE)' '--concurrency N .*(default 20)'; do
+            '--namespace TEXT .*(default default; env KVR_NAMESPACE)' '--concurrency N .*(default 20)' \
+            'direct \(time to first token' '--engine-url TEXT' '--prompt-tokens N .*(default 1024)'; do
   echo "$bhelp" | grep -qE -- "$want" || fail "kvbench --help lacks '$want'"
 done
+"$kvbench" --mode direct >/dev/null 2>&1
+[ $? -eq 2 ] || fail "kvbench --mode direct without --engine-url: not exit 2"
 
 # --print-config: the settings in force, without running anything (no --workload needed)
 cfg=$("$kvsim" run --print-config) || fail "kvsim run --print-config exited $?"

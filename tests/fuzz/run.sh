@@ -15,6 +15,10 @@ rm -rf "$dir/seeds" "$dir/seeds.new" "$dir"/crash-* "$dir"/leak-* "$dir"/timeout
 "$seeds" "$dir/seeds.new"
 if [ -d "$dir/seeds.new/$name" ]; then mv "$dir/seeds.new/$name" "$dir/seeds"; else mkdir "$dir/seeds"; fi
 rm -rf "$dir/seeds.new"
+# a target whose inputs are not ours to encode takes its seeds from tests/fixtures/NAME (the
+# engines' KV-event batches, made by an independent encoder)
+fixtures=$(dirname "$0")/../fixtures/$name
+if [ -d "$fixtures" ]; then find "$fixtures" -name '*.msgpack' -exec cp {} "$dir/seeds/" \;; fi
 limit=(-max_total_time="${FUZZ_SECONDS:-5}")
 [ -n "${FUZZ_RUNS:-}" ] && limit=(-runs="$FUZZ_RUNS")
 # UBSan only prints by default: make every finding a crash libFuzzer saves.

@@ -155,9 +155,9 @@ static void check_event(const char *name, size_t i, const struct kvr_kvev_event 
     }
     enc->tokens = tbuf;
     enc->ntokens = e->ntokens;
-    cr_assert(eq(u32, e->block_size,
-                 (uint32_t)json_integer_value(json_object_get(x, "block_size"))),
-              "%s event %zu block_size", name, i);
+    cr_assert(
+        eq(u32, e->block_size, (uint32_t)json_integer_value(json_object_get(x, "block_size"))),
+        "%s event %zu block_size", name, i);
     enc->block_size = e->block_size;
     json_t *lora = json_object_get(x, "lora");
     cr_assert(eq(int, e->has_lora, !json_is_null(lora)), "%s event %zu has_lora", name, i);
@@ -215,9 +215,8 @@ Test(kvevents, fixtures)
         kvr_status st = kvr_kvev_decode(data, len, &lim, &b);
         json_t *err = json_object_get(c, "error");
         if (err) {
-            kvr_status want = strcmp(json_string_value(err), "too_large") == 0
-                                  ? KVR_ERR_TOO_LARGE
-                                  : KVR_ERR_MALFORMED;
+            kvr_status want = strcmp(json_string_value(err), "too_large") == 0 ? KVR_ERR_TOO_LARGE
+                                                                               : KVR_ERR_MALFORMED;
             cr_assert(eq(int, st, want), "%s: got %s, want %s", name, kvr_status_name(st),
                       kvr_status_name(want));
             cr_assert(is_zeroed(&b), "%s: batch not zeroed after an error", name);
@@ -232,9 +231,9 @@ Test(kvevents, fixtures)
         cr_assert(eq(int, b.has_dp_rank, !json_is_null(dp)), "%s has_dp_rank", name);
         if (!json_is_null(dp))
             cr_assert(eq(i64, b.dp_rank, json_integer_value(dp)), "%s dp_rank", name);
-        cr_assert(eq(u32, b.unknown_events,
-                     (uint32_t)json_integer_value(json_object_get(x, "unknown"))),
-                  "%s unknown", name);
+        cr_assert(
+            eq(u32, b.unknown_events, (uint32_t)json_integer_value(json_object_get(x, "unknown"))),
+            "%s unknown", name);
         json_t *evs = json_object_get(x, "events");
         cr_assert(eq(u32, b.nevents, (uint32_t)json_array_size(evs)), "%s nevents", name);
 
@@ -248,8 +247,10 @@ Test(kvevents, fixtures)
         }
         json_t *how = json_object_get(c, "encode");
         if (how) {
-            struct kvr_kvev_batch eb = {.ts = b.ts, .has_dp_rank = b.has_dp_rank,
-                                        .dp_rank = b.dp_rank, .events = enc,
+            struct kvr_kvev_batch eb = {.ts = b.ts,
+                                        .has_dp_rank = b.has_dp_rank,
+                                        .dp_rank = b.dp_rank,
+                                        .events = enc,
                                         .nevents = b.nevents};
             check_encode(name, how, &eb, data, len);
             encoded++;
@@ -615,9 +616,9 @@ Test(kvevents, prescan)
     cr_assert(false == kvr_kvev_prescan((const uint8_t *)"\x01\x02", 2));
     cr_assert(false == kvr_kvev_prescan((const uint8_t *)"\xdd\x00\x01\x00\x00\x01", 6));
     cr_assert(false == kvr_kvev_prescan((const uint8_t *)"\xc4\x05\x01", 3));
-    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\xd4\x01\x02", 3));       /* fixext 1 */
-    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\xc7\x01\x05\xaa", 4));   /* ext 8 */
-    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\x81\xa1x\xc0", 4));      /* {"x": nil} */
+    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\xd4\x01\x02", 3));     /* fixext 1 */
+    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\xc7\x01\x05\xaa", 4)); /* ext 8 */
+    cr_assert(true == kvr_kvev_prescan((const uint8_t *)"\x81\xa1x\xc0", 4));    /* {"x": nil} */
     cr_assert(false == kvr_kvev_prescan((const uint8_t *)"\x81\xa1x", 3));
     uint8_t deep[40];
     memset(deep, 0x91, sizeof deep);
@@ -677,7 +678,8 @@ Test(kvevents, python_reads_the_encoder)
              "sys.exit(1 if bad else 0)' %s",
              py, dir);
     int rc = system(cmd);
-    cr_assert(true == (WIFEXITED(rc) && WEXITSTATUS(rc) == 0), "python3-msgpack disagrees (%s)", dir);
+    cr_assert(true == (WIFEXITED(rc) && WEXITSTATUS(rc) == 0), "python3-msgpack disagrees (%s)",
+              dir);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert(system(cmd) == 0);
     cr_log_info("python3-msgpack read %d encodings back to the same bytes", files);
