@@ -20,11 +20,11 @@
 #include "openai.h"
 
 struct kvr_oai_scratch {
-    uint32_t *ids;                      /* token ids of the last chunk, owned */
-    uint32_t cap;                       /* entries allocated in ids */
-    void *root;                         /* the parsed JSON of the last chunk (json_t), owned */
-    char finish[KVR_OAI_FINISH_MAX];    /* the last chunk's finish_reason, made safe */
-    bool has_choice;                    /* the last chunk had a choice (not usage only) */
+    uint32_t *ids;                   /* token ids of the last chunk, owned */
+    uint32_t cap;                    /* entries allocated in ids */
+    void *root;                      /* the parsed JSON of the last chunk (json_t), owned */
+    char finish[KVR_OAI_FINISH_MAX]; /* the last chunk's finish_reason, made safe */
+    bool has_choice;                 /* the last chunk had a choice (not usage only) */
 };
 
 /*

@@ -61,9 +61,7 @@ bool kvr_oai_base_url(const char *url, char *out, size_t len)
     if (!url)
         return false;
     size_t n = strlen(url);
-    size_t scheme = strncmp(url, "http://", 7) == 0    ? 7
-                    : strncmp(url, "https://", 8) == 0 ? 8
-                                                       : 0;
+    size_t scheme = strncmp(url, "http://", 7) == 0 ? 7 : strncmp(url, "https://", 8) == 0 ? 8 : 0;
     while (n > scheme && url[n - 1] == '/')
         n--;
     /* room for the longest path appended ("/v1/completions") */

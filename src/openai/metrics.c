@@ -21,7 +21,7 @@
 struct acc {
     struct kvr_engine_metrics *m;
     double running, waiting, hits, queries;
-    double usage_sum[2];   /* [0] kv_cache_usage_perc / token_usage, [1] gpu_cache_usage_perc */
+    double usage_sum[2]; /* [0] kv_cache_usage_perc / token_usage, [1] gpu_cache_usage_perc */
     uint32_t usage_n[2];
     double hit_rate_sum;
     uint32_t hit_rate_n;
@@ -241,8 +241,8 @@ static bool server_tokens(const json_t *root, uint64_t *out)
     uint64_t sum = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t v;
-        if (!json_uint(json_object_get(json_array_get(states, i), "max_total_num_tokens"), 1,
-                       max, &v))
+        if (!json_uint(json_object_get(json_array_get(states, i), "max_total_num_tokens"), 1, max,
+                       &v))
             return false;
         sum += v;
     }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "chunk.h"
@@ -24,7 +25,7 @@
 #include "map.h"
 #include "sse.h"
 
-#define ERRBODY_MAX  4096 /* bytes of an HTTP error body kept for its message */
+#define ERRBODY_MAX  4096                   /* bytes of an HTTP error body kept for its message */
 #define LINGER_NS    (1000 * KVR_NS_PER_MS) /* after [DONE], the wait for the clean end */
 #define SWEEP_NS     (10 * KVR_NS_PER_MS)   /* timeouts are checked this often, at most */
 #define POLL_BUSY_MS 50   /* curl_multi_poll's wait when timeouts are to be checked */
@@ -42,6 +43,7 @@ struct stream {
     bool started;                 /* the thread took it from the queue */
     struct stream *qprev, *qnext; /* the queue (not started), or the cancel list (qnext) */
     /* the thread's own */
+    struct stream *tnext;         /* the queue as the thread took it (qnext may change) */
     struct stream *rprev, *rnext; /* the running list */
     bool running;                 /* in the running list */
     CURL *easy;                   /* owned, from start */
@@ -49,20 +51,20 @@ struct stream {
     char *body;                   /* the request's JSON, owned (json_dumps) */
     struct kvr_sse sse;
     struct kvr_oai_scratch scratch;
-    long http;                 /* the HTTP status once the body started */
-    bool checked;              /* status and content type were judged */
-    bool ended;                /* its end hook was called */
-    bool stop;                 /* cancelled, seen by a delivery: abort the transfer */
-    bool finish_seen;          /* a chunk had a finish_reason */
-    bool done_seen;            /* data: [DONE] */
-    bool has_outcome;          /* the thread ended it itself: outcome and why say how */
-    bool bad_chunk;            /* the outcome is an event that failed to parse */
-    enum fail_kind kind;       /* with has_outcome */
-    kvr_status outcome;        /* with has_outcome */
-    uint32_t prev_completion;  /* the last usage.completion_tokens seen */
-    uint64_t last_rx_ns;       /* when a byte last came (kvr_now_ns) */
-    uint64_t linger_ns;        /* after [DONE]: when to stop waiting for the end */
-    struct kvr_buf errbody;    /* an HTTP error's body, at most ERRBODY_MAX bytes */
+    long http;                /* the HTTP status once the body started */
+    bool checked;             /* status and content type were judged */
+    bool ended;               /* its end hook was called */
+    bool stop;                /* cancelled, seen by a delivery: abort the transfer */
+    bool finish_seen;         /* a chunk had a finish_reason */
+    bool done_seen;           /* data: [DONE] */
+    bool has_outcome;         /* the thread ended it itself: outcome and why say how */
+    bool bad_chunk;           /* the outcome is an event that failed to parse */
+    enum fail_kind kind;      /* with has_outcome */
+    kvr_status outcome;       /* with has_outcome */
+    uint32_t prev_completion; /* the last usage.completion_tokens seen */
+    uint64_t last_rx_ns;      /* when a byte last came (kvr_now_ns) */
+    uint64_t linger_ns;       /* after [DONE]: when to stop waiting for the end */
+    struct kvr_buf errbody;   /* an HTTP error's body, at most ERRBODY_MAX bytes */
     char why[KVR_OAI_MESSAGE_MAX];
     char errbuf[CURL_ERROR_SIZE];
 };
@@ -72,11 +74,11 @@ struct kvr_oai {
     char url[KVR_OAI_URL_MAX];     /* base URL + "/v1/completions" */
     char model[KVR_OAI_MODEL_MAX]; /* the "model" field */
     long connect_ms, idle_ms, total_ms;
-    uint32_t max_streams;   /* in flight, at most */
-    uint32_t max_event;     /* bytes in one SSE event */
-    bool return_ids;        /* send return_token_ids */
-    bool continuous;        /* send continuous_usage_stats */
-    CURLM *multi;           /* the thread's; curl_multi_wakeup from any thread */
+    uint32_t max_streams; /* in flight, at most */
+    uint32_t max_event;   /* bytes in one SSE event */
+    bool return_ids;      /* send return_token_ids */
+    bool continuous;      /* send continuous_usage_stats */
+    CURLM *multi;         /* the thread's; curl_multi_wakeup from any thread */
     struct curl_slist *headers;
     pthread_t thread;
     clockid_t cpu_clock; /* the thread's CPU clock */
@@ -354,8 +356,8 @@ static kvr_status transfer_status(struct stream *s, CURLcode rc, enum fail_kind 
     }
     if (s->http >= 400) {
         char msg[KVR_OAI_MESSAGE_MAX - 16];
-        kvr_oai_error_message(s->errbody.len ? (const char *)s->errbody.data : "",
-                              s->errbody.len, msg, sizeof msg);
+        kvr_oai_error_message(s->errbody.len ? (const char *)s->errbody.data : "", s->errbody.len,
+                              msg, sizeof msg);
         snprintf(why, whylen, "http %ld: %s", s->http, msg);
         *kind = FAIL_HTTP;
         return kvr_oai_http_status(s->http, msg);
@@ -397,6 +399,13 @@ static void stream_done(struct kvr_oai *c, struct stream *s, CURLcode rc)
 /* Start the transfer of s; on failure its end hook says why. */
 static void stream_start(struct kvr_oai *c, struct stream *s)
 {
+    pthread_mutex_lock(&c->lock);
+    bool cancelled = s->cancelled; /* since the thread took it: on the cancel list */
+    if (!cancelled)
+        c->stats.started++;
+    pthread_mutex_unlock(&c->lock);
+    if (cancelled)
+        return; /* no request for the engine to abort */
     s->last_rx_ns = kvr_now_ns();
     s->running = true;
     s->rprev = NULL;
@@ -429,9 +438,6 @@ static void stream_start(struct kvr_oai *c, struct stream *s)
         return;
     }
     s->added = true;
-    pthread_mutex_lock(&c->lock);
-    c->stats.started++;
-    pthread_mutex_unlock(&c->lock);
 }
 
 /* Idle timeouts, and streams past [DONE] whose connection never ended. */
@@ -460,8 +466,10 @@ static bool take_work(struct kvr_oai *c, struct stream **queue, struct stream **
     pthread_mutex_lock(&c->lock);
     bool go = !c->stopping;
     *queue = c->q_head;
-    for (struct stream *s = c->q_head; s; s = s->qnext)
-        s->started = true;
+    for (struct stream *s = c->q_head; s; s = s->qnext) {
+        s->started = true; /* a cancel now puts it on the cancel list, through qnext */
+        s->tnext = s->qnext;
+    }
     c->q_head = c->q_tail = NULL;
     *cancels = c->cancels;
     c->cancels = NULL;
@@ -474,6 +482,7 @@ static bool take_work(struct kvr_oai *c, struct stream **queue, struct stream **
 static void *client_thread(void *arg)
 {
     struct kvr_oai *c = arg;
+    prctl(PR_SET_NAME, "kvr-openai"); /* for top -H and perf */
     for (;;) {
         struct stream *queue, *cancels, *next;
         bool go = take_work(c, &queue, &cancels);
@@ -481,16 +490,10 @@ static void *client_thread(void *arg)
             next = s->qnext;
             stream_retire(c, s);
         }
-        if (!go) {
-            /* the taken queue goes back to the slots, which destroy frees */
-            for (struct stream *s = queue; s; s = next) {
-                next = s->qnext;
-                s->started = false;
-            }
+        if (!go) /* what was taken stays in the slots, which destroy frees */
             break;
-        }
         for (struct stream *s = queue; s; s = next) {
-            next = s->qnext;
+            next = s->tnext;
             stream_start(c, s);
         }
         int active = 0;

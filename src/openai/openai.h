@@ -29,7 +29,7 @@
 #define KVR_OAI_MAX_STREAMS       256         /* the default of max_streams */
 #define KVR_OAI_MAX_STREAMS_LIMIT 65536       /* max_streams above this is KVR_ERR_INVALID */
 #define KVR_OAI_EVENT_BYTES       (1u << 20)  /* the default of max_event_bytes (1 MiB) */
-#define KVR_OAI_MAX_PROMPT        (1u << 24)  /* tokens in a prompt, at most */
+#define KVR_OAI_MAX_PROMPT        (1u << 20)  /* tokens in a prompt, at most */
 #define KVR_OAI_CONNECT_MS        2000        /* the default of connect_timeout_ms */
 #define KVR_OAI_URL_MAX           512         /* bytes in base_url, NUL included */
 #define KVR_OAI_MODEL_MAX         256         /* bytes in a model name, NUL included */
@@ -44,7 +44,8 @@ struct kvr_oai_config {
                                  connect_timeout_ms + 5 s; copied */
     long connect_timeout_ms;  /* TCP connect, per stream; 0: KVR_OAI_CONNECT_MS */
     long idle_timeout_ms;     /* a stream that receives no byte for this long (headers
-                                 included) ends with KVR_ERR_TIMEOUT; 0: never */
+                                 included) ends with KVR_ERR_TIMEOUT (checked every 50 ms at
+                                 most); 0: never */
     long total_timeout_ms;    /* a stream longer than this ends with KVR_ERR_TIMEOUT; 0: never */
     uint32_t max_streams;     /* in flight at once; 0: KVR_OAI_MAX_STREAMS */
     uint32_t max_event_bytes; /* one SSE event, at most; 0: KVR_OAI_EVENT_BYTES */
@@ -69,7 +70,8 @@ struct kvr_oai_usage {
  * n_tokens, the tokens this chunk stands for: n_token_ids when the engine sent token_ids; else,
  * with continuous usage stats, the growth of usage.completion_tokens since the stream's previous
  * usage (0 if it did not grow); else 1 when text is non-empty, 0 when empty. The usage-only last
- * chunk of include_usage (no choices) has n_tokens 0, text_len 0 and no finish_reason.
+ * chunk of include_usage (no choices) has n_tokens 0, text_len 0 and no finish_reason. An event
+ * with empty data is skipped; data: [DONE] is no chunk (it ends the stream).
  */
 struct kvr_oai_chunk {
     const uint32_t *token_ids; /* the choice's token_ids; NULL when the engine sent none */
@@ -130,24 +132,24 @@ struct kvr_oai_hooks {
 
 /* Counters since create; a consistent snapshot. */
 struct kvr_oai_stats {
-    uint64_t submitted;         /* submissions accepted */
-    uint64_t refused;           /* submissions refused (overloaded, duplicate, invalid) */
-    uint64_t started;           /* transfers the thread started */
-    uint64_t finished;          /* ended KVR_OK */
-    uint64_t failed;            /* ended with an error: the sum of the six below */
-    uint64_t failed_http;       /* an HTTP status >= 400 */
-    uint64_t failed_lost;       /* refused, reset, cut before the end (KVR_ERR_WORKER_LOST) */
-    uint64_t failed_timeout;    /* KVR_ERR_TIMEOUT */
-    uint64_t failed_stream;     /* an error object inside the stream */
-    uint64_t failed_malformed;  /* KVR_ERR_MALFORMED or KVR_ERR_TOO_LARGE */
-    uint64_t failed_other;      /* any other curl failure */
-    uint64_t cancelled;         /* kvr_oai_cancel of a key in flight */
-    uint64_t bytes;             /* body bytes received */
-    uint64_t chunks;            /* chunks delivered to the chunk hook */
-    uint64_t bad_chunks;        /* events that failed to parse (each ended its stream) */
-    uint64_t tokens;            /* the sum of every delivered chunk's n_tokens */
-    uint32_t in_flight;         /* streams submitted, not ended nor cancelled */
-    uint64_t thread_cpu_ns;     /* CPU time of the client's thread, as of its last loop */
+    uint64_t submitted;        /* submissions accepted */
+    uint64_t refused;          /* submissions refused (overloaded, duplicate, invalid) */
+    uint64_t started;          /* transfers the thread started */
+    uint64_t finished;         /* ended KVR_OK */
+    uint64_t failed;           /* ended with an error: the sum of the six below */
+    uint64_t failed_http;      /* an HTTP status >= 400 */
+    uint64_t failed_lost;      /* refused, reset, cut before the end (KVR_ERR_WORKER_LOST) */
+    uint64_t failed_timeout;   /* KVR_ERR_TIMEOUT */
+    uint64_t failed_stream;    /* an error object inside the stream */
+    uint64_t failed_malformed; /* KVR_ERR_MALFORMED or KVR_ERR_TOO_LARGE */
+    uint64_t failed_other;     /* any other curl failure */
+    uint64_t cancelled;        /* kvr_oai_cancel of a key in flight */
+    uint64_t bytes;            /* body bytes received */
+    uint64_t chunks;           /* chunks delivered to the chunk hook */
+    uint64_t bad_chunks;       /* events that failed to parse (each ended its stream) */
+    uint64_t tokens;           /* the sum of every delivered chunk's n_tokens */
+    uint32_t in_flight;        /* streams submitted, not ended nor cancelled */
+    uint64_t thread_cpu_ns;    /* CPU time the client's thread has used (read at the call) */
 };
 
 struct kvr_oai;
@@ -173,11 +175,12 @@ const char *kvr_oai_model(const struct kvr_oai *c);
 /*
  * Queue a completion of prompt[0..n) (borrowed for the call; the JSON body is built here, on the
  * caller's thread) for at most max_tokens tokens, under the caller's key; the client's thread
- * starts the transfer. Non-blocking, thread-safe. KVR_ERR_EMPTY_PROMPT (n == 0),
- * KVR_ERR_PROMPT_TOO_LONG (n > KVR_OAI_MAX_PROMPT), KVR_ERR_MAX_TOKENS_ZERO, KVR_ERR_DUPLICATE
- * (key in flight), KVR_ERR_OVERLOADED (max_streams in flight, or as many again cancelled or
- * finished streams whose connections the thread has not closed yet), KVR_ERR_SHUTDOWN (destroy
- * has begun), KVR_ERR_NOMEM; on an error no hook is called for it. A key is free again once its end hook has begun or its cancel returned.
+ * starts the transfer. Non-blocking, thread-safe. KVR_ERR_EMPTY_PROMPT (n == 0), KVR_ERR_INVALID
+ * (prompt NULL), KVR_ERR_PROMPT_TOO_LONG (n > KVR_OAI_MAX_PROMPT), KVR_ERR_MAX_TOKENS_ZERO,
+ * KVR_ERR_DUPLICATE (key in flight), KVR_ERR_OVERLOADED (max_streams in flight, or as many again
+ * cancelled or finished streams whose connections the thread has not closed yet),
+ * KVR_ERR_SHUTDOWN (destroy has begun), KVR_ERR_NOMEM; on an error no hook is called for it. A
+ * key is free again once its end hook has begun or its cancel returned.
  */
 kvr_status kvr_oai_submit(struct kvr_oai *c, uint64_t key, const uint32_t *prompt, uint32_t n,
                           uint32_t max_tokens);
@@ -209,29 +212,29 @@ enum kvr_engine_kind { KVR_ENGINE_UNKNOWN, KVR_ENGINE_VLLM, KVR_ENGINE_SGLANG };
 struct kvr_engine_metrics {
     enum kvr_engine_kind kind; /* from the metric names seen (vllm: or sglang:) */
     bool have_running;
-    uint64_t running;          /* vllm:num_requests_running, sglang:num_running_reqs */
+    uint64_t running; /* vllm:num_requests_running, sglang:num_running_reqs */
     bool have_waiting;
-    uint64_t waiting;          /* vllm:num_requests_waiting, sglang:num_queue_reqs */
+    uint64_t waiting; /* vllm:num_requests_waiting, sglang:num_queue_reqs */
     bool have_kv_usage;
-    double kv_usage;           /* 0..1, the mean over label sets: vllm:kv_cache_usage_perc (or
-                                  vllm:gpu_cache_usage_perc), sglang:token_usage */
+    double kv_usage; /* 0..1, the mean over label sets: vllm:kv_cache_usage_perc (or
+                        vllm:gpu_cache_usage_perc), sglang:token_usage */
     bool have_block_size;
-    uint32_t block_size;       /* tokens per block: vllm:cache_config_info{block_size}; SGLang's
-                                  page_size from /get_server_info. Label sets that disagree:
-                                  the first, and block_size_conflict set */
+    uint32_t block_size; /* tokens per block: vllm:cache_config_info{block_size}; SGLang's
+                            page_size from /get_server_info. Label sets that disagree:
+                            the first, and block_size_conflict set */
     bool block_size_conflict;
     bool have_num_blocks;
-    uint64_t num_blocks;       /* vllm:cache_config_info{num_gpu_blocks}; SGLang:
-                                  max_total_num_tokens / page_size */
+    uint64_t num_blocks; /* vllm:cache_config_info{num_gpu_blocks}; SGLang:
+                            max_total_num_tokens / page_size */
     bool have_capacity_tokens;
-    uint64_t capacity_tokens;  /* num_blocks * block_size (SGLang: max_total_num_tokens) */
+    uint64_t capacity_tokens; /* num_blocks * block_size (SGLang: max_total_num_tokens) */
     bool have_prefix_cache;
     double prefix_cache_hits;    /* vllm:prefix_cache_hits_total (tokens; counter) */
     double prefix_cache_queries; /* vllm:prefix_cache_queries_total (tokens; counter) */
     bool have_cache_hit_rate;
-    double cache_hit_rate;     /* sglang:cache_hit_rate, 0..1, the mean over label sets */
-    uint32_t samples;          /* sample lines parsed */
-    uint32_t bad_lines;        /* lines skipped as malformed (the rest still counts) */
+    double cache_hit_rate; /* sglang:cache_hit_rate, 0..1, the mean over label sets */
+    uint32_t samples;      /* sample lines parsed */
+    uint32_t bad_lines;    /* lines skipped as malformed (the rest still counts) */
 };
 
 /*
@@ -253,8 +256,7 @@ kvr_status kvr_oai_engine_metrics(const char *base_url, long timeout_ms,
  * capacity when they are not set yet: KVR_OK, or KVR_ERR_MALFORMED.
  */
 kvr_status kvr_oai_metrics_parse(const char *text, size_t len, struct kvr_engine_metrics *out);
-kvr_status kvr_oai_server_info_parse(const char *json, size_t len,
-                                     struct kvr_engine_metrics *out);
+kvr_status kvr_oai_server_info_parse(const char *json, size_t len, struct kvr_engine_metrics *out);
 
 /*
  * GET base_url/health: KVR_OK on HTTP 200; KVR_ERR_WORKER_LOST (refused), KVR_ERR_TIMEOUT,

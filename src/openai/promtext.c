@@ -160,12 +160,15 @@ kvr_status kvr_promtext_line(const char *line, size_t len, char *scratch,
     out->has_timestamp = false;
     if (!take_name(&c, true, &out->name, &out->name_len))
         return KVR_ERR_MALFORMED;
-    blanks(&c);
-    if (c.p < c.end && *c.p == '{' && !take_labels(&c, scratch, out))
-        return KVR_ERR_MALFORMED;
     const char *before = c.p;
     blanks(&c);
-    if (c.p == before && c.p < c.end)
+    if (c.p < c.end && *c.p == '{') {
+        if (!take_labels(&c, scratch, out))
+            return KVR_ERR_MALFORMED;
+        before = c.p;
+        blanks(&c);
+    }
+    if (c.p == before)
         return KVR_ERR_MALFORMED; /* the value must be set apart */
     const char *tok;
     size_t n = take_token(&c, &tok);

@@ -19,7 +19,7 @@
 #define KVR_PROMTEXT_LABELS_MAX 64    /* labels on a sample, at most */
 
 struct kvr_promtext_label {
-    const char *name;  /* into the line, not NUL-terminated */
+    const char *name; /* into the line, not NUL-terminated */
     size_t name_len;
     const char *value; /* unescaped, into the scratch, not NUL-terminated */
     size_t value_len;

@@ -151,6 +151,10 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
         r->nheld = 0;
         kvr__worker_tokens(w, r, NULL, 0, KVR_UTF8_REPLACEMENT, 3);
     }
+    if (r && st == KVR_OK && !strcmp(r->finish, "abort")) { /* SGLang: it gave up on it */
+        st = KVR_ERR_IO;
+        message = "the engine aborted the request (finish_reason abort)";
+    }
     if (r && st == KVR_OK) {
         if (r->prompt_tokens >= w->cfg->engine.block_size && !ad->served_full_at)
             ad->served_full_at = kvr_now_ns();

@@ -56,22 +56,26 @@ Test(sse, framings)
         {"data: a\n\n", "a|"},
         {"data: a\r\n\r\n", "a|"},
         {"data: a\r\rdata: b\r\r", "a|b|"},
-        {"data:a\n\n", "a|"},                     /* no space after the colon */
-        {"data:  a\n\n", " a|"},                  /* only one space is dropped */
-        {"data: a\ndata: b\n\n", "a\nb|"},        /* lines joined by LF */
-        {": comment\ndata: x\n\n", "x|"},         /* comments ignored */
+        {"data:a\n\n", "a|"},              /* no space after the colon */
+        {"data:  a\n\n", " a|"},           /* only one space is dropped */
+        {"data: a\ndata: b\n\n", "a\nb|"}, /* lines joined by LF */
+        {": comment\ndata: x\n\n", "x|"},  /* comments ignored */
         {"event: e\nid: 1\nretry: 5\ndata: y\n\n", "y|"},
-        {"data\n\n", "|"},                        /* a bare field name: empty data */
-        {"datax: no\n\n", ""},                    /* another field */
+        {"data\n\n", "|"},     /* a bare field name: empty data */
+        {"datax: no\n\n", ""}, /* another field */
         {"dat: no\n\n", ""},
-        {"\n\n\n", ""},                           /* blank lines alone dispatch nothing */
-        {"event: e\n\n", ""},                     /* no data line: no event */
-        {"\xef\xbb\xbf" "data: bom\n\n", "bom|"}, /* a leading BOM is skipped */
-        {"\xef\xbb" "data: no\n\n", ""},          /* half a BOM is content (a bad field) */
-        {"data: a\n\ndata: b\n", "a|"},           /* an unfinished event waits */
+        {"\n\n\n", ""},       /* blank lines alone dispatch nothing */
+        {"event: e\n\n", ""}, /* no data line: no event */
+        {"\xef\xbb\xbf"
+         "data: bom\n\n",
+         "bom|"}, /* a leading BOM is skipped */
+        {"\xef\xbb"
+         "data: no\n\n",
+         ""},                           /* half a BOM is content (a bad field) */
+        {"data: a\n\ndata: b\n", "a|"}, /* an unfinished event waits */
         {"data: {\"x\":1}\n\ndata: [DONE]\n\n", "{\"x\":1}|[DONE]|"},
         {"data: a\r\n\ndata: b\n\r\n", "a|b|"},
-        {"data: \xff\x01\n\n", "\xff\x01|"},       /* bytes are bytes */
+        {"data: \xff\x01\n\n", "\xff\x01|"}, /* bytes are bytes */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct events e;
@@ -128,8 +132,8 @@ Test(sse, bound)
     cr_assert(eq(int, kvr_sse_feed(&p, "data: 123\ndata: 4567\n\n", 22, on_event, &e), KVR_OK));
     cr_assert(eq(str, e.text, "12345678|123\n4567|"));
     /* one byte more is an error, and the parser stays stopped */
-    cr_assert(eq(int, kvr_sse_feed(&p, "data: 123456789\n\n", 17, on_event, &e),
-                 KVR_ERR_TOO_LARGE));
+    cr_assert(
+        eq(int, kvr_sse_feed(&p, "data: 123456789\n\n", 17, on_event, &e), KVR_ERR_TOO_LARGE));
     cr_assert(eq(int, kvr_sse_feed(&p, "data: 1\n\n", 9, on_event, &e), KVR_ERR_INVALID));
     kvr_sse_free(&p);
     /* the bound holds across lines and across feeds, and nothing past it is allocated */
@@ -140,7 +144,7 @@ Test(sse, bound)
     for (int i = 0; i < 100 && st == KVR_OK; i++)
         st = kvr_sse_feed(&p, chunk, sizeof chunk, on_event, &e);
     cr_assert(eq(int, st, KVR_ERR_TOO_LARGE));
-    cr_assert(leq(sz, p.data.cap, 2048));
+    cr_assert(le(sz, p.data.cap, 2048));
     kvr_sse_free(&p);
     /* comment lines and other fields of any length are never stored */
     kvr_sse_init(&p, 16);
@@ -154,7 +158,7 @@ Test(sse, bound)
         st = kvr_sse_feed(&p, chunk, sizeof chunk, on_event, &e);
     cr_assert(eq(int, kvr_sse_feed(&p, "\ndata: ok\n\n", 11, on_event, &e), KVR_OK));
     cr_assert(eq(str, e.text, "ok|"));
-    cr_assert(leq(sz, p.data.cap, 256));
+    cr_assert(le(sz, p.data.cap, 256));
     kvr_sse_free(&p);
 }
 
@@ -286,7 +290,7 @@ Test(chunk, malformed)
                   bad[i]);
         cr_expect(eq(int, strncmp(why, "malformed chunk: ", 17), 0), "%s", why);
         for (const char *p = why; *p; p++)
-            cr_assert(geq(int, (unsigned char)*p, 0x20));
+            cr_assert(ge(int, (unsigned char)*p, 0x20));
     }
     kvr_oai_scratch_free(&s);
 }
@@ -385,33 +389,47 @@ Test(promtext, lines)
     cr_assert(s.has_timestamp);
     cr_assert(eq(i64, s.timestamp_ms, 1700000000000));
     static const char *const ok[] = {
-        "a 1", "  a\t-2", "a{} 0", "a { x = \"1\" } +Inf", "a NaN", "a -Inf -5", "a 1e-3",
-        "# HELP a b", "#anything", "", "   ", "_a:b_c 3",
+        "a 1",       "  a\t-2",   "a{} 0",  "a { x = \"1\" } +Inf",
+        "a NaN",     "a -Inf -5", "a 1e-3", "# HELP a b",
+        "#anything", "",          "   ",    "_a:b_c 3",
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        cr_expect(eq(int, kvr_promtext_line(ok[i], strlen(ok[i]), scratch, &s, &is), KVR_OK),
-                  "%s", ok[i]);
+        cr_expect(eq(int, kvr_promtext_line(ok[i], strlen(ok[i]), scratch, &s, &is), KVR_OK), "%s",
+                  ok[i]);
     static const char *const bad[] = {
-        "a",          "1a 1",       "a{x=1} 1",       "a{x=\"1} 1",    "a{x=\"\\t\"} 1",
-        "a{1x=\"\"} 1", "a 0x10",    "a inf",          "a 1 2 3",       "a 1 1.5",
-        "a{x=\"1\"}1", "a{x=\"1\" y=\"2\"} 1", "a{x=\"1\",,} 1", "a 1e999", "a{x} 1",
-        "a- 1",       "a{x=\"1\"",  "a 1 9999999999999999999999",
+        "a",
+        "1a 1",
+        "a{x=1} 1",
+        "a{x=\"1} 1",
+        "a{x=\"\\t\"} 1",
+        "a{1x=\"\"} 1",
+        "a 0x10",
+        "a inf",
+        "a 1 2 3",
+        "a 1 1.5",
+        "a{x=\"1\"}1",
+        "a{x=\"1\" y=\"2\"} 1",
+        "a{x=\"1\",,} 1",
+        "a 1e999",
+        "a{x} 1",
+        "a- 1",
+        "a{x=\"1\"",
+        "a 1 9999999999999999999999",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        cr_expect(eq(int, kvr_promtext_line(bad[i], strlen(bad[i]), scratch, &s, &is),
-                     KVR_ERR_MALFORMED),
-                  "%s", bad[i]);
+        cr_expect(
+            eq(int, kvr_promtext_line(bad[i], strlen(bad[i]), scratch, &s, &is), KVR_ERR_MALFORMED),
+            "%s", bad[i]);
     /* bounds: a line too long, too many labels */
-    char *big = malloc(KVR_PROMTEXT_LINE_MAX + 2);
+    static char big[KVR_PROMTEXT_LINE_MAX + 2];
     memset(big, 'a', KVR_PROMTEXT_LINE_MAX + 1);
     cr_assert(eq(int, kvr_promtext_line(big, KVR_PROMTEXT_LINE_MAX + 1, scratch, &s, &is),
                  KVR_ERR_TOO_LARGE));
-    size_t n = (size_t)sprintf(big, "a{");
-    for (int i = 0; i <= KVR_PROMTEXT_LABELS_MAX; i++)
-        n += (size_t)sprintf(big + n, "l%d=\"v\",", i);
-    n += (size_t)sprintf(big + n, "} 1");
+    size_t n = 0;
+    for (int i = -1; i <= KVR_PROMTEXT_LABELS_MAX; i++)
+        n += (size_t)snprintf(big + n, sizeof big - n, i < 0 ? "a{" : "l%d=\"v\",", i);
+    n += (size_t)snprintf(big + n, sizeof big - n, "} 1");
     cr_assert(eq(int, kvr_promtext_line(big, n, scratch, &s, &is), KVR_ERR_MALFORMED));
-    free(big);
 }
 
 /* vLLM V1 (0.10-0.11), two data-parallel engines, as the docs show it. */
@@ -507,7 +525,8 @@ Test(metrics, vllm_v1)
     cr_assert(eq(u64, m.running, 8));
     cr_assert(eq(u64, m.waiting, 2));
     cr_assert(eq(dbl, m.kv_usage, 0.5));
-    cr_assert(m.have_block_size && not(m.block_size_conflict));
+    cr_assert(m.have_block_size);
+    cr_assert(not(m.block_size_conflict));
     cr_assert(eq(u32, m.block_size, 16));
     cr_assert(m.have_num_blocks);
     cr_assert(eq(u64, m.num_blocks, 54000));
@@ -560,7 +579,8 @@ Test(metrics, sglang)
     cr_assert(eq(u64, m.waiting, 2826));
     cr_assert(eq(dbl, m.kv_usage, 0.28));
     cr_assert(m.have_cache_hit_rate);
-    cr_assert(not(m.have_block_size) && not(m.have_num_blocks));
+    cr_assert(not(m.have_block_size));
+    cr_assert(not(m.have_num_blocks));
     /* older SGLang: capacity at the top of /get_server_info */
     const char *old = "{\"model_path\":\"m\",\"page_size\":1,\"max_total_num_tokens\":500000,"
                       "\"internal_states\":[{\"last_gen_throughput\":1.0}]}";
@@ -577,14 +597,18 @@ Test(metrics, sglang)
     cr_assert(eq(u64, m.capacity_tokens, 4800));
     cr_assert(eq(u64, m.num_blocks, 300));
     static const char *const bad[] = {
-        "", "[]", "{}", "{\"max_total_num_tokens\":-1}", "{\"max_total_num_tokens\":\"5\"}",
+        "",
+        "[]",
+        "{}",
+        "{\"max_total_num_tokens\":-1}",
+        "{\"max_total_num_tokens\":\"5\"}",
         "{\"max_total_num_tokens\":5,\"page_size\":0}",
-        "{\"internal_states\":[{\"max_total_num_tokens\":1},{}]}", "{\"internal_states\":[]}",
+        "{\"internal_states\":[{\"max_total_num_tokens\":1},{}]}",
+        "{\"internal_states\":[]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct kvr_engine_metrics z = {0};
-        cr_expect(eq(int, kvr_oai_server_info_parse(bad[i], strlen(bad[i]), &z),
-                     KVR_ERR_MALFORMED),
+        cr_expect(eq(int, kvr_oai_server_info_parse(bad[i], strlen(bad[i]), &z), KVR_ERR_MALFORMED),
                   "%s", bad[i]);
         cr_expect(not(z.have_block_size));
     }

@@ -47,9 +47,9 @@ struct req {
     int fd;
     uint32_t p[6]; /* prompt[0..5]: scenario and parameters */
     bool ids, cont, usage;
-    uint32_t i;    /* chunks produced */
-    int phase;     /* what comes next after the chunks */
-    char *out;     /* bytes to send */
+    uint32_t i; /* chunks produced */
+    int phase;  /* what comes next after the chunks */
+    char *out;  /* bytes to send */
     size_t out_len, out_cap, out_pos;
     size_t raw_pos;
     uint64_t big_left;
@@ -187,8 +187,8 @@ static void out_usage(struct req *r, uint32_t completion)
                               completion, "total_tokens", 6 + completion);
     if (r->p[4] & TSF_CACHED)
         json_object_set_new(usage, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", 4));
-    out_event(r, json_pack("{s:s, s:s, s:[], s:o}", "id", "cmpl-test", "object",
-                           "text_completion", "choices", "usage", usage));
+    out_event(r, json_pack("{s:s, s:s, s:[], s:o}", "id", "cmpl-test", "object", "text_completion",
+                           "choices", "usage", usage));
 }
 
 /* More bytes of a streaming scenario: 0 some, 1 the end, -1 cut (or the client went). */
@@ -344,8 +344,7 @@ static bool read_request(struct req *r)
     return ok;
 }
 
-static enum MHD_Result answer_completion(struct tsrv *s, struct MHD_Connection *conn,
-                                         struct req *r)
+static enum MHD_Result answer_completion(struct tsrv *s, struct MHD_Connection *conn, struct req *r)
 {
     pthread_mutex_lock(&s->lock);
     s->requests++;
@@ -362,8 +361,8 @@ static enum MHD_Result answer_completion(struct tsrv *s, struct MHD_Connection *
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536,
-                                                                  reader, r, NULL);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, reader, r, NULL);
     bool json = r->p[0] == TS_RAW && r->p[2] == 1;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
                             json ? "application/json" : "text/event-stream");
