@@ -516,5 +516,6 @@ void kvr__wk_adapter_stats(struct kvr_worker *w, struct kvr_wk_adapter_stats *ou
         out->kv_gaps = ss.gaps;
         out->kv_gaps_filled = ss.gaps_filled;
         out->kv_bad = ss.bad;
+        out->kv_gap_fill_ns = ss.last_gap_fill_ns;
     }
 }

@@ -113,6 +113,9 @@ static void adapter(struct kvr_prom *p, const struct figures *f)
             a->kv_gaps_filled);
     counter(p, "kvworker_adapter_kv_bad_total", "KV-event messages that did not decode.",
             a->kv_bad);
+    gauge(p, "kvworker_adapter_kv_gap_fill_seconds",
+          "The last gap filled: from seeing it to delivering past it (0: none yet).",
+          (double)a->kv_gap_fill_ns / 1e9);
     kvr_prom_family(p, "kvworker_adapter_kv_skipped_blocks_total", KVR_PROM_COUNTER,
                     "Blocks skipped: of a LoRA adapter, on another medium than the GPU, at another "
                     "block size.");

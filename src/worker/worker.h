@@ -135,6 +135,7 @@ struct kvr_wk_adapter_stats {
     uint64_t kv_gaps;            /* sequence gaps seen */
     uint64_t kv_gaps_filled;     /* ... filled from the replay socket */
     uint64_t kv_bad;             /* messages that did not decode */
+    uint64_t kv_gap_fill_ns;     /* the last filled gap: from seeing it to delivering past it */
     uint64_t chunks_without_ids; /* engine chunks without token ids */
     uint64_t engine_downs;       /* times the engine stopped answering */
     uint64_t streams;            /* streams open to the engine */

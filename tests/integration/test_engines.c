@@ -282,6 +282,10 @@ Test(engines, a_dropped_batch_is_replayed)
     cr_assert(g.final && g.error_code == 0);
     double filled = until_metric(e.metrics, "kvworker_adapter_kv_gaps_filled_total", 1, 3000);
     cr_expect(ge(dbl, filled, 1), "gaps filled: %g", filled);
+    double took = metric(e.metrics, "kvworker_adapter_kv_gap_fill_seconds");
+    printf("engines: a gap filled from the replay socket in %.3f ms\n", took * 1e3);
+    cr_expect(gt(dbl, took, 0), "the fill time is reported"); /* (no reset: within the replay's
+                                                                  500 ms wait, asserted below) */
     /* every block the engine caches (A's, in the batch it never sent, too) is in the index */
     double cached = metric(e.port, "kvengine_engine_cached_blocks");
     cr_assert(ge(dbl, cached, 20), "the engine caches %g blocks", cached);
