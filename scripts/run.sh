@@ -61,7 +61,7 @@ echo "   nats $url, monitoring $monitor"
 # The value of key=... on the first line of log file $1 with msg=$2, waiting up to 10 s.
 log_value() {
   for _ in $(seq 200); do
-    v=$(grep -m1 "msg=$2 " "$1" 2>/dev/null | sed -nE "s/.* $3=([^ ]+).*/\1/p")
+    v=$(grep -m1 "msg=$2 " "$1" 2>/dev/null | sed -nE "s/.* $3=([^ ]+).*/\1/p" || true)
     [ -n "$v" ] && { echo "$v"; return 0; }
     sleep 0.05
   done
