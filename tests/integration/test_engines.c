@@ -50,8 +50,10 @@ struct engine {
     int metrics;     /* the adapter's /metrics port */
 };
 
-/* kvengine on ephemeral ports, with KV events unless events is false. */
-static void engine_start(struct engine *e, bool events, const char *speedup)
+/* kvengine on ephemeral ports, with KV events unless events is false, and more arguments
+ * (NULL-terminated, or NULL). */
+static void engine_start_with(struct engine *e, bool events, const char *speedup,
+                              const char *const *more)
 {
     memset(e, 0, sizeof *e);
     char prog[512];
@@ -60,12 +62,21 @@ static void engine_start(struct engine *e, bool events, const char *speedup)
         snprintf(e->pub, sizeof e->pub, "tcp://127.0.0.1:%d", h_free_port());
         snprintf(e->replay, sizeof e->replay, "tcp://127.0.0.1:%d", h_free_port());
     }
-    const char *args[] = {"--listen",  "127.0.0.1:0", "--block-size", ENGINE_BS,
-                          "--speedup", speedup,       "--test-hooks", "--kv-events",
-                          e->pub,      "--kv-replay", e->replay,      NULL};
+    const char *args[32] = {"--listen",  "127.0.0.1:0", "--block-size", ENGINE_BS,
+                            "--speedup", speedup,       "--test-hooks", "--kv-events",
+                            e->pub,      "--kv-replay", e->replay,      NULL};
+    for (int i = 0, n = 11; more && more[i]; i++) {
+        cr_assert(lt(int, n, 31));
+        args[n++] = more[i];
+    }
     e->pid = h_spawn_prog(prog, "kvengine", args);
     e->port = h_http_port(e->pid, 10000);
     snprintf(e->url, sizeof e->url, "http://127.0.0.1:%d", e->port);
+}
+
+static void engine_start(struct engine *e, bool events, const char *speedup)
+{
+    engine_start_with(e, events, speedup, NULL);
 }
 
 /* The adapter for e as worker id. */
@@ -414,5 +425,50 @@ Test(engines, a_burst_of_10000_stored_blocks_reaches_the_index)
     cr_expect(eq(dbl, entries, cached), "the router holds %g of the engine's %g blocks", entries,
               cached);
     cr_expect(eq(dbl, metric(e.metrics, "kvworker_adapter_kv_resets_total"), 0));
+    h_end();
+}
+
+Test(engines, every_wire_form_of_kv_events_and_metrics_is_read)
+{
+    /* integer hashes in vLLM's old array layout, signed; 32-byte digests in current vLLM's map
+     * events; SGLang's metrics names and /get_server_info for the capacity */
+    static const char *const forms[3][7] = {
+        {"--kv-hash", "int", "--kv-layout", "old", "--num-blocks", "3000", NULL},
+        {"--kv-hash", "bytes", "--kv-layout", "map", "--num-blocks", "4000", NULL},
+        {"--kv-hash", "uint", "--metrics-style", "sglang", "--num-blocks", "5000", NULL},
+    };
+    struct engine e[3];
+    for (int i = 0; i < 3; i++)
+        engine_start_with(&e[i], true, "20", forms[i]);
+    for (int i = 0; i < 3; i++) {
+        char id[4];
+        snprintf(id, sizeof id, "%d", i + 1);
+        adapter_start(&e[i], id);
+    }
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    for (int i = 0; i < 3; i++) { /* the capacity each engine's metrics gave */
+        char name[80];
+        snprintf(name, sizeof name, "kvrouter_worker_capacity_blocks{worker=\"%d\"}", i + 1);
+        double cap = until_metric(rport, name, 3000 + 1000 * i, 5000);
+        cr_expect(eq(dbl, cap, 3000 + 1000 * i), "worker %d: capacity %g", i + 1, cap);
+    }
+    for (int p = 0; p < 12; p++) {
+        char id[16];
+        snprintf(id, sizeof id, "w%d", p);
+        struct got g = ask(id, 50000u * (uint32_t)(p + 1), 0, 320, 2);
+        cr_assert(g.final && g.error_code == 0, "request %d: error %u", p, g.error_code);
+    }
+    double cached = 0;
+    for (int i = 0; i < 3; i++) {
+        double c = metric(e[i].port, "kvengine_engine_cached_blocks");
+        cr_assert(ge(dbl, c, 0), "engine %d has no kvengine_engine_cached_blocks", i + 1);
+        cached += c;
+    }
+    cr_assert(ge(dbl, cached, 12 * 20));
+    double entries = until_metric(rport, "kvrouter_index_entries", cached, 5000);
+    cr_expect(eq(dbl, entries, cached), "the router holds %g of the engines' %g blocks", entries,
+              cached);
     h_end();
 }
