@@ -166,8 +166,8 @@ static void add(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, const uint64_
     b->dropped += n - done;
 }
 
-void kvr_se_batcher_stored(struct kvr_se_batcher *b, const uint64_t *parent,
-                           const uint64_t *hashes, const uint32_t *const *tokens, uint32_t n)
+void kvr_se_batcher_stored(struct kvr_se_batcher *b, const uint64_t *parent, const uint64_t *hashes,
+                           const uint32_t *const *tokens, uint32_t n)
 {
     if (n)
         add(b, KVR_KVEV_STORED, parent, hashes, tokens, n);

@@ -66,8 +66,8 @@ void kvr_se_batcher_begin(struct kvr_se_batcher *b, double ts);
 
 /* n blocks stored, hashes[i] with tokens[i][0..block_size); parent the block before the first
  * (NULL at a sequence's start). All borrowed for the call. */
-void kvr_se_batcher_stored(struct kvr_se_batcher *b, const uint64_t *parent,
-                           const uint64_t *hashes, const uint32_t *const *tokens, uint32_t n);
+void kvr_se_batcher_stored(struct kvr_se_batcher *b, const uint64_t *parent, const uint64_t *hashes,
+                           const uint32_t *const *tokens, uint32_t n);
 /* n blocks removed (borrowed). */
 void kvr_se_batcher_removed(struct kvr_se_batcher *b, const uint64_t *ids, uint32_t n);
 /* The whole cache dropped. */

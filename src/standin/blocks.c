@@ -7,7 +7,7 @@
 #include <string.h>
 
 /* A failed allocation inside uthash leaves the item out (and says so) instead of exiting. */
-#define HASH_NONFATAL_OOM          1
+#define HASH_NONFATAL_OOM         1
 #define uthash_nonfatal_oom(item) (add_failed = true)
 #include <uthash.h>
 

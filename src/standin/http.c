@@ -50,8 +50,8 @@ enum route {
 
 static const struct {
     const char *path;
-    bool post;  /* POST (with a body); else GET and HEAD */
-    bool hook;  /* only with --test-hooks */
+    bool post; /* POST (with a body); else GET and HEAD */
+    bool hook; /* only with --test-hooks */
 } routes[] = {
     [R_COMPLETIONS] = {"/v1/completions", true, false},
     [R_MODELS] = {"/v1/models", false, false},
@@ -70,7 +70,9 @@ static int get_seen; /* a GET's *req_cls after its first call */
 struct conn {
     enum route route;    /* */
     struct kvr_buf body; /* at most max_body_bytes */
-    bool answered;       /* a response was queued (413 while reading) */
+    bool too_large;      /* the body passed the bound: the rest is discarded, then 413 */
+    uint64_t received;   /* body bytes so far, kept or not */
+    bool answered;       /* the response was queued */
 };
 
 /* --- answers --------------------------------------------------------------------------------- */
@@ -105,16 +107,15 @@ static enum MHD_Result refuse(struct kvr_se_http *h, struct MHD_Connection *conn
     return ok;
 }
 
-static enum MHD_Result refusef(struct kvr_se_http *h, struct MHD_Connection *conn,
-                               unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static enum MHD_Result refusef(struct kvr_se_http *h, struct MHD_Connection *conn,
-                               unsigned status, const char *fmt, ...)
+static enum MHD_Result refusef(struct kvr_se_http *h, struct MHD_Connection *conn, unsigned status,
+                               const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static enum MHD_Result refusef(struct kvr_se_http *h, struct MHD_Connection *conn, unsigned status,
+                               const char *fmt, ...)
 {
-    struct kvr_se_refusal why = {.status = status};
+    struct kvr_se_refusal why;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why.message, sizeof why.message, fmt, ap);
+    kvr_se_vrefuse(&why, status, NULL, fmt, ap);
     va_end(ap);
     return refuse(h, conn, &why, NULL);
 }
@@ -201,9 +202,8 @@ static enum MHD_Result start_stream(struct kvr_se_http *h, struct MHD_Connection
         return refusef(h, conn, 500, "out of memory");
     }
     *s = (struct stream){h, r, socket_of(conn)};
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, read_stream, s,
-                                          end_stream);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
+                                                                  read_stream, s, end_stream);
     if (!resp) {
         end_stream(s);
         return MHD_NO;
@@ -243,13 +243,16 @@ static enum MHD_Result completions(struct kvr_se_http *h, struct MHD_Connection 
                                    const struct conn *c)
 {
     const struct kvr_se_config *cfg = h->cfg;
-    struct kvr_se_wire_limits lim = {cfg->model, cfg->max_model_len, cfg->engine.block_size,
-                                     cfg->engine.num_blocks};
+    struct kvr_se_wire_limits lim =
+        kvr_se_wire_limits_of(&cfg->engine, cfg->model, cfg->max_model_len);
     struct kvr_se_completion comp;
     struct kvr_se_refusal why;
     struct kvr_se_req *r = NULL;
-    kvr_status st = kvr_se_wire_parse(c->body.data ? (const char *)c->body.data : "",
-                                      c->body.len, &lim, &comp, &why);
+    kvr_status st = kvr_se_wire_parse(c->body.data ? (const char *)c->body.data : "", c->body.len,
+                                      &lim, &comp, &why);
+    /* while it waits for tokens (a long queue, a stall) the connection is not idle: no timeout
+     * until the request is over (completed() puts it back) */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (st == KVR_OK)
         st = kvr_se_submit(h->st, &comp, &r, &why);
     kvr_se_completion_free(&comp);
@@ -315,12 +318,12 @@ static enum MHD_Result answer_get(struct kvr_se_http *h, struct MHD_Connection *
                                              cfg->max_model_len),
                           &out, JSON_TYPE);
     default: /* R_SERVER_INFO */
-        return reply_made(h, conn,
-                          kvr_se_wire_server_info(
-                              &out, cfg->model, cfg->engine.block_size,
-                              (uint64_t)cfg->engine.num_blocks * cfg->engine.block_size,
-                              cfg->max_model_len),
-                          &out, JSON_TYPE);
+        return reply_made(
+            h, conn,
+            kvr_se_wire_server_info(&out, cfg->model, cfg->engine.block_size,
+                                    (uint64_t)cfg->engine.num_blocks * cfg->engine.block_size,
+                                    cfg->max_model_len),
+            &out, JSON_TYPE);
     }
 }
 
@@ -360,8 +363,8 @@ static enum MHD_Result first(struct kvr_se_http *h, struct MHD_Connection *conn,
     bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
     bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
     if (routes[r].post ? !post : !get) {
-        struct kvr_se_refusal why = {.status = 405};
-        snprintf(why.message, sizeof why.message, "Method Not Allowed");
+        struct kvr_se_refusal why;
+        kvr_se_refuse(&why, 405, NULL, "Method Not Allowed");
         return refuse(h, conn, &why, routes[r].post ? "POST" : "GET, HEAD");
     }
     if (!post) {
@@ -383,22 +386,23 @@ static enum MHD_Result first(struct kvr_se_http *h, struct MHD_Connection *conn,
     return MHD_YES;
 }
 
-/* A piece of a POST's body: kept within the bound, else answered 413 at once. */
-static enum MHD_Result upload(struct kvr_se_http *h, struct MHD_Connection *conn, struct conn *c,
-                              const char *data, size_t n)
+/*
+ * A piece of a POST's body, kept within the bound. Past it the rest is read and discarded, to be
+ * answered 413 at the end (libmicrohttpd takes no answer in the middle of a body); past twice
+ * the bound the connection is closed unanswered, so an endless body ends too.
+ */
+static enum MHD_Result upload(struct kvr_se_http *h, struct conn *c, const char *data, size_t n)
 {
-    if (c->answered)
-        return MHD_YES; /* libmicrohttpd discards the rest and closes */
-    if (n > h->cfg->max_body_bytes - c->body.len) {
-        c->answered = true;
+    uint64_t max = h->cfg->max_body_bytes;
+    c->received += n;
+    if (!c->too_large && c->received > max) {
+        c->too_large = true;
         kvr_buf_free(&c->body);
-        return refusef(h, conn, 413, "the request body is over %u bytes (--max-body-bytes)",
-                       h->cfg->max_body_bytes);
     }
-    if (kvr_buf_reserve(&c->body, c->body.len + n) != KVR_OK) {
-        c->answered = true;
-        return refusef(h, conn, 500, "out of memory");
-    }
+    if (c->too_large)
+        return c->received > 2 * max ? MHD_NO : MHD_YES;
+    if (kvr_buf_reserve(&c->body, c->body.len + n) != KVR_OK)
+        return MHD_NO;
     memcpy(c->body.data + c->body.len, data, n);
     c->body.len += n;
     return MHD_YES;
@@ -420,22 +424,29 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        return upload(h, conn, c, upload_data, n);
+        return upload(h, c, upload_data, n);
     }
     if (c->answered)
         return MHD_YES;
     c->answered = true;
+    if (c->too_large)
+        return refusef(h, conn, 413, "the request body is over %u bytes (--max-body-bytes)",
+                       h->cfg->max_body_bytes);
     return r == R_COMPLETIONS ? completions(h, conn, c) : hook(h, conn, r);
 }
 
-/* A request is over: a POST's reading state is freed. */
+/* A request is over: a POST's reading state is freed, the idle timeout back in force. */
 static void completed(void *cls, struct MHD_Connection *conn, void **req_cls,
                       enum MHD_RequestTerminationCode toe)
 {
+    const struct kvr_se_http *h = cls;
     struct conn *c = *req_cls;
     *req_cls = NULL;
     if (!c || (void *)c == &get_seen)
         return;
+    if (c->route == R_COMPLETIONS)
+        MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)(h->cfg->idle_timeout_ns / KVR_NS_PER_S));
     kvr_buf_free(&c->body);
     free(c);
 }
@@ -519,9 +530,9 @@ kvr_status kvr_se_http_start(struct kvr_se_state *st, const struct kvr_se_config
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     h->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_EXTERNAL_LOGGER,
-        mhd_log, h, MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        flags, 0, NULL, NULL, handle, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(cfg->idle_timeout_ns / KVR_NS_PER_S), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)HEADER_MEMORY, MHD_OPTION_END);
     if (!h->mhd) {

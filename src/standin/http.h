@@ -1,9 +1,11 @@
 /*
  * kvr_se_http: kvengine's HTTP API on libmicrohttpd (the only includer of <microhttpd.h> in
- * src/standin): POST /v1/completions (an event stream, or one JSON), GET /v1/models, /health,
- * /metrics, and with --metrics-style sglang GET /get_server_info; with --test-hooks POST
- * /test/drop_batches?n=N, /test/stall?ms=N, /test/clear. Unknown paths are 404 and other
- * methods 405 (Allow given), each with an error body in the configured shape.
+ * src/standin): POST /v1/completions (an event stream, or one JSON), GET /v1/models, /health
+ * (200 with an empty body; 503 while draining), /metrics, and with --metrics-style sglang GET
+ * /get_server_info; with --test-hooks POST /test/drop_batches?n=N (1..10^6), /test/stall?ms=N
+ * (1..600,000), /test/clear (409 while requests run). Unknown paths are 404 and other methods
+ * 405 (Allow given), each with an error body in the configured shape; every error status is
+ * counted (kvengine_http_refusals_total{code}).
  *
  * Threads: libmicrohttpd's listening thread and one thread per connection (at most
  * max_connections; more are closed at once). A connection's thread blocks while its request
@@ -12,11 +14,13 @@
  * server's stop eventfd. That is why one thread per connection: a suspended libmicrohttpd
  * connection is not watched, so a client that closes during a long prefill would be noticed
  * only at its first token. A client that half-closes its sending side counts as gone (as for
- * uvicorn).
+ * uvicorn). While a completion runs its connection has no idle timeout (a long queue or a stall
+ * is not idleness); the timeout is back once the response is over.
  *
  * Bounds: max_connections, a request body of max_body_bytes (a larger Content-Length is
- * answered 413 before any of it is read; a chunked body is cut and answered 413 when it passes
- * the bound), headers within 32 KB, an idle connection closed after idle_timeout_ns.
+ * answered 413 before any of it is read; a chunked body past the bound is read on, discarded,
+ * and answered 413, and past twice the bound its connection is closed unanswered), headers
+ * within 32 KB, an idle connection closed after idle_timeout_ns.
  */
 #ifndef KVR_SE_HTTP_H
 #define KVR_SE_HTTP_H

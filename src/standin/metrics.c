@@ -43,8 +43,8 @@ static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 {
     const struct kvr_se_config *cfg = s->cfg;
     const struct kvr_prom_label l[] = {{"model_name", cfg->model}, {"engine", "0"}};
-    gauge1(p, "vllm_num_requests_running", "Number of requests in model execution batches.", l,
-           2, s->engine.running);
+    gauge1(p, "vllm_num_requests_running", "Number of requests in model execution batches.", l, 2,
+           s->engine.running);
     gauge1(p, "vllm_num_requests_waiting", "Number of requests waiting to be processed.", l, 2,
            s->engine.waiting);
     gauge1(p, "vllm_kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l, 2,
@@ -63,15 +63,15 @@ static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
              s->c.prefix_queries);
     counter1(p, "vllm_prefix_cache_hits_total",
              "Prefix cache hits, in terms of number of cached tokens.", l, 2, s->c.prefix_hits);
-    counter1(p, "vllm_num_preemptions_total", "Cumulative number of preemption from the engine.",
-             l, 2, s->c.engine_base[0] + s->engine.preemptions);
+    counter1(p, "vllm_num_preemptions_total", "Cumulative number of preemption from the engine.", l,
+             2, s->c.engine_base[0] + s->engine.preemptions);
     counter1(p, "vllm_prompt_tokens_total", "Number of prefill tokens processed.", l, 2,
              s->c.prompt_tokens);
     counter1(p, "vllm_generation_tokens_total", "Number of generation tokens processed.", l, 2,
              s->c.generation_tokens);
     const struct kvr_prom_label fin[] = {l[0], l[1], {"finished_reason", "length"}};
-    counter1(p, "vllm_request_success_total", "Count of successfully processed requests.", fin,
-             3, s->c.finished);
+    counter1(p, "vllm_request_success_total", "Count of successfully processed requests.", fin, 3,
+             s->c.finished);
 }
 
 static void sglang(struct kvr_prom *p, const struct kvr_se_snapshot *s)
@@ -133,13 +133,12 @@ static void requests(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 
 static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 {
-    kvr_prom_gauge(p, "kvengine_kv_events_enabled", "1 when KV events are published.",
-                   s->has_pub);
+    kvr_prom_gauge(p, "kvengine_kv_events_enabled", "1 when KV events are published.", s->has_pub);
     if (!s->has_pub)
         return;
     kvr_prom_gauge(p, "kvengine_kv_blocks_tracked", "Blocks whose tokens are kept.", s->blocks);
-    kvr_prom_gauge(p, "kvengine_kv_blocks_cached",
-                   "Of which stored in the engine and not removed.", s->blocks_cached);
+    kvr_prom_gauge(p, "kvengine_kv_blocks_cached", "Of which stored in the engine and not removed.",
+                   s->blocks_cached);
     kvr_prom_counter(p, "kvengine_kv_untracked_blocks_total",
                      "Stored blocks whose tokens were unknown (not published).", s->untracked);
     kvr_prom_counter(p, "kvengine_kv_unknown_removed_total",
@@ -148,8 +147,8 @@ static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
     kvr_prom_counter(p, "kvengine_kv_events_total", "KV events in them.", s->kv_events);
     kvr_prom_counter(p, "kvengine_kv_batches_failed_total",
                      "Batches lost: encoding or publishing failed.", s->kv_failed);
-    kvr_prom_counter(p, "kvengine_kv_blocks_dropped_total",
-                     "Blocks left out of events: no memory.", s->kv_dropped);
+    kvr_prom_counter(p, "kvengine_kv_blocks_dropped_total", "Blocks left out of events: no memory.",
+                     s->kv_dropped);
     kvr_prom_counter(p, "kvengine_kv_batches_sent_total", "Batches sent on the PUB socket.",
                      s->pub.sent);
     kvr_prom_counter(p, "kvengine_kv_batches_withheld_total",
@@ -158,8 +157,8 @@ static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
                      s->pub.replay_requests);
     kvr_prom_counter(p, "kvengine_kv_replay_bad_total", "Malformed replay requests.",
                      s->pub.replay_bad);
-    kvr_prom_counter(p, "kvengine_kv_replayed_batches_total",
-                     "Batches sent on the replay socket.", s->pub.replayed);
+    kvr_prom_counter(p, "kvengine_kv_replayed_batches_total", "Batches sent on the replay socket.",
+                     s->pub.replayed);
     kvr_prom_gauge(p, "kvengine_kv_next_seq", "The seq the next batch gets.",
                    (double)s->pub.next_seq);
     kvr_prom_gauge(p, "kvengine_kv_subscribers", "Subscriptions the PUB socket has.",

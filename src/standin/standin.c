@@ -13,13 +13,13 @@
 #include "state.h"
 
 struct kvr_standin {
-    struct kvr_se_config cfg;  /* a copy: the parts borrow it */
-    struct kvr_se_state st;    /* */
-    struct kvr_se_http *http;  /* */
+    struct kvr_se_config cfg; /* a copy: the parts borrow it */
+    struct kvr_se_state st;   /* */
+    struct kvr_se_http *http; /* */
 };
 
-kvr_status kvr_standin_create(const struct kvr_se_config *cfg, struct kvr_standin **out,
-                              char *why, size_t len)
+kvr_status kvr_standin_create(const struct kvr_se_config *cfg, struct kvr_standin **out, char *why,
+                              size_t len)
 {
     *out = NULL;
     struct kvr_standin *s = calloc(1, sizeof *s);

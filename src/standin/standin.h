@@ -28,8 +28,8 @@ struct kvr_standin;
  * kv_events_listening (endpoint, replay). KVR_ERR_INVALID, KVR_ERR_IO, KVR_ERR_NOMEM with
  * why[0..len) filled and *out NULL.
  */
-kvr_status kvr_standin_create(const struct kvr_se_config *cfg, struct kvr_standin **out,
-                              char *why, size_t len);
+kvr_status kvr_standin_create(const struct kvr_se_config *cfg, struct kvr_standin **out, char *why,
+                              size_t len);
 
 /* The HTTP port (the one chosen when the address said port 0). */
 uint16_t kvr_standin_port(const struct kvr_standin *s);

@@ -28,31 +28,31 @@
 #define RELEASE_WAIT (1 * KVR_NS_PER_S)    /* the drain waits this long for HTTP sides */
 
 struct kvr_se_req {
-    uint64_t id;               /* the engine's request id */
-    char cid[KVR_SE_ID_MAX];   /* "cmpl-<32 hex>" */
-    uint64_t created;          /* Unix seconds at submission */
-    uint64_t seed;             /* its output tokens (kvr_se_token) */
-    uint64_t submitted;        /* monotonic ns */
-    uint32_t isl, max_tokens;  /* */
-    bool stream;               /* the flags of the request, fixed at submission */
-    bool include_usage;        /* */
-    bool continuous;           /* */
-    bool token_ids;            /* */
-    int evfd;                  /* eventfd: written when out grows or the request ends */
+    uint64_t id;              /* the engine's request id */
+    char cid[KVR_SE_ID_MAX];  /* "cmpl-<32 hex>" */
+    uint64_t created;         /* Unix seconds at submission */
+    uint64_t seed;            /* its output tokens (kvr_se_token) */
+    uint64_t submitted;       /* monotonic ns */
+    uint32_t isl, max_tokens; /* */
+    bool stream;              /* the flags of the request, fixed at submission */
+    bool include_usage;       /* */
+    bool continuous;          /* */
+    bool token_ids;           /* */
+    int evfd;                 /* eventfd: written when out grows or the request ends */
     /* under mu from here */
-    uint32_t produced;         /* tokens generated */
-    uint32_t cached_tokens;    /* prompt tokens found cached, known at the prefill */
-    enum kvr_se_end end;       /* */
-    struct kvr_buf out;        /* stream bytes; out_at of them read */
-    size_t out_at;             /* */
-    uint8_t refs;              /* the engine side until it ends, the HTTP side until release */
-    uint64_t *seq;             /* its full prompt blocks' sequence hashes, in the block table */
-    uint32_t nseq;             /* */
-    UT_hash_handle hh;         /* in st->reqs while the engine holds it */
+    uint32_t produced;      /* tokens generated */
+    uint32_t cached_tokens; /* prompt tokens found cached, known at the prefill */
+    enum kvr_se_end end;    /* */
+    struct kvr_buf out;     /* stream bytes; out_at of them read */
+    size_t out_at;          /* */
+    uint8_t refs;           /* the engine side until it ends, the HTTP side until release */
+    uint64_t *seq;          /* its full prompt blocks' sequence hashes, in the block table */
+    uint32_t nseq;          /* */
+    UT_hash_handle hh;      /* in st->reqs while the engine holds it */
 };
 
 const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES] = {400, 404, 405, 409, 413,
-                                                               429, 500, 503, 0};
+                                                             429, 500, 503, 0};
 
 /* --- requests (under mu) --------------------------------------------------------------------- */
 
@@ -237,8 +237,8 @@ static kvr_status publish(void *ctx, const void *payload, size_t len)
 
 static struct kvr_engine *new_engine(struct kvr_se_state *st, kvr_status *err)
 {
-    struct kvr_engine_sink sink = {st, on_stored, on_removed, on_prefill, NULL, NULL, on_token,
-                                   on_done};
+    struct kvr_engine_sink sink = {st,   on_stored, on_removed, on_prefill,
+                                   NULL, NULL,      on_token,   on_done};
     return kvr_engine_create(&st->cfg->engine, &sink, err);
 }
 
@@ -252,8 +252,8 @@ static kvr_status open_pub(struct kvr_se_state *st, char *why, size_t len)
     /* vLLM V1 appends its data-parallel rank (0 here); the older layout predates it */
     struct kvr_kvev_encoding how = {forms[cfg->kv_hash], layouts[cfg->kv_layout],
                                     cfg->kv_layout != KVR_SE_LAYOUT_OLD};
-    kvr_status err = kvr_se_batcher_init(&st->batcher, &how, NULL, cfg->engine.block_size,
-                                         publish, st);
+    kvr_status err =
+        kvr_se_batcher_init(&st->batcher, &how, NULL, cfg->engine.block_size, publish, st);
     if (err != KVR_OK) {
         snprintf(why, len, "KV events: --block-size %u does not fit a batch",
                  cfg->engine.block_size);
@@ -442,13 +442,13 @@ static kvr_status enter(struct kvr_se_state *st, struct kvr_se_req *r,
                         const struct kvr_se_completion *c)
 {
     r->id = ++st->next_id;
-    snprintf(r->cid, sizeof r->cid, "cmpl-%016" PRIx64 "%016" PRIx64, kvr_mix64(st->salt ^ r->id),
-             kvr_mix64(st->salt + r->id));
+    uint64_t a = kvr_mix64(st->salt ^ r->id);
+    snprintf(r->cid, sizeof r->cid, "cmpl-%016" PRIx64 "%016" PRIx64, a, kvr_mix64(a));
     if (st->pub && kvr_se_blocks_ref(&st->blocks, r->seq, c->prompt, r->nseq) != KVR_OK)
         return KVR_ERR_NOMEM;
     r->submitted = kvr_now_ns();
-    struct kvr_engine_request er = {r->id, r->seq, r->seq + r->nseq, r->nseq, r->isl,
-                                    r->max_tokens};
+    struct kvr_engine_request er = {r->id,   r->seq, r->seq + r->nseq,
+                                    r->nseq, r->isl, r->max_tokens};
     kvr_status err = kvr_engine_submit(st->eng, &er, r->submitted);
     if (err != KVR_OK) {
         if (st->pub)
@@ -515,10 +515,16 @@ size_t kvr_se_read(struct kvr_se_state *st, struct kvr_se_req *r, char *buf, siz
     n = n < max ? n : max;
     if (r->end == KVR_SE_OVERFLOW || r->end == KVR_SE_CANCELLED)
         n = 0; /* the stream is cut: what it holds is never sent */
-    memcpy(buf, r->out.data + r->out_at, n);
+    if (n)
+        memcpy(buf, r->out.data + r->out_at, n);
     r->out_at += n;
-    if (r->out_at == r->out.len)
+    if (r->out_at == r->out.len) {
         r->out.len = r->out_at = 0;
+    } else if (r->out_at > r->out.len - r->out_at) { /* the buffer holds at most 2x unread */
+        memmove(r->out.data, r->out.data + r->out_at, r->out.len - r->out_at);
+        r->out.len -= r->out_at;
+        r->out_at = 0;
+    }
     *end = n ? KVR_SE_RUNNING : r->end;
     pthread_mutex_unlock(&st->mu);
     return n;
@@ -555,6 +561,10 @@ void kvr_se_release(struct kvr_se_state *st, struct kvr_se_req *r)
         st->c.aborted++;
         kvr_log(KVR_LOG_DEBUG, "request_aborted", "id=%s produced=%u", r->cid, r->produced);
         retire(st, r, KVR_SE_CANCELLED);
+    } else if (find(st, r->id) == r) { /* an overflow whose cancel could not be queued */
+        kvr_engine_cancel(st->eng, r->id);
+        st->c.overflows++;
+        retire(st, r, r->end);
     }
     st->nlive--;
     pthread_cond_broadcast(&st->changed);

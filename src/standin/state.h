@@ -74,20 +74,20 @@ struct kvr_se_counters {
     uint64_t oom;               /* chunks or events not made: out of memory */
     uint64_t engine_base[2];    /* preemptions and cancels of the engines a clear replaced */
     uint64_t refused[KVR_SE_REFUSAL_CODES]; /* answers >= 400 by status (kvr_se_status_index) */
-    struct kvr_prom_hist ttft;  /* submission to first token, engine side */
+    struct kvr_prom_hist ttft;              /* submission to first token, engine side */
 };
 
 struct kvr_se_state {
     const struct kvr_se_config *cfg; /* borrowed, must outlive the state */
     pthread_mutex_t mu;
-    pthread_cond_t work;      /* the engine thread: a submission, a stall's change, stop */
-    pthread_cond_t changed;   /* a request ended or was released (the drain waits on it) */
-    struct kvr_engine *eng;   /* under mu */
-    struct kvr_se_req *reqs;  /* held by the engine: uthash by id, under mu */
-    uint32_t nreqs;           /* of them */
-    uint32_t nlive;           /* requests not yet released by the HTTP side */
-    uint64_t next_id;         /* the last engine request id given */
-    uint64_t salt;            /* random, per process: completion ids */
+    pthread_cond_t work;           /* the engine thread: a submission, a stall's change, stop */
+    pthread_cond_t changed;        /* a request ended or was released (the drain waits on it) */
+    struct kvr_engine *eng;        /* under mu */
+    struct kvr_se_req *reqs;       /* held by the engine: uthash by id, under mu */
+    uint32_t nreqs;                /* of them */
+    uint32_t nlive;                /* requests not yet released by the HTTP side */
+    uint64_t next_id;              /* the last engine request id given */
+    uint64_t salt;                 /* random, per process: completion ids */
     struct kvr_se_blocks blocks;   /* tokens of known blocks (only with KV events) */
     struct kvr_se_batcher batcher; /* the step's KV events */
     struct kvr_kvpub *pub;         /* the ZeroMQ publisher; NULL: no KV events */

@@ -18,14 +18,20 @@
 #define VALUES_SLACK 256 /* commas a request may have beyond its prompt's */
 #define VOCAB        32000u
 
-void kvr_se_refuse(struct kvr_se_refusal *why, unsigned status, const char *param,
-                   const char *fmt, ...)
+void kvr_se_vrefuse(struct kvr_se_refusal *why, unsigned status, const char *param, const char *fmt,
+                    va_list ap)
 {
     why->status = status;
     why->param = param;
+    vsnprintf(why->message, sizeof why->message, fmt, ap);
+}
+
+void kvr_se_refuse(struct kvr_se_refusal *why, unsigned status, const char *param, const char *fmt,
+                   ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(why->message, sizeof why->message, fmt, ap);
+    kvr_se_vrefuse(why, status, param, fmt, ap);
     va_end(ap);
 }
 
@@ -213,7 +219,26 @@ static bool too_long(const struct kvr_se_wire_limits *lim, uint64_t isl, uint64_
                       (unsigned long long)need, (unsigned long long)bs, lim->num_blocks);
         return true;
     }
+    uint64_t chunk = isl < lim->chunk_tokens ? isl : lim->chunk_tokens;
+    if ((chunk + bs - 1) / bs > lim->admit_blocks) {
+        kvr_se_refuse(why, 400, "prompt",
+                      "prompt too long for the KV cache: its first prefill chunk (%llu tokens) "
+                      "needs %llu blocks of %llu tokens, the engine admits %u at most (the cache "
+                      "less its free watermark)",
+                      (unsigned long long)chunk, (unsigned long long)((chunk + bs - 1) / bs),
+                      (unsigned long long)bs, lim->admit_blocks);
+        return true;
+    }
     return false;
+}
+
+struct kvr_se_wire_limits kvr_se_wire_limits_of(const struct kvr_engine_config *e,
+                                                const char *model, uint32_t max_model_len)
+{
+    /* the engine's own figure: admission keeps (uint32_t)(watermark * num_blocks) blocks free */
+    uint32_t keep = (uint32_t)(e->watermark * e->num_blocks);
+    return (struct kvr_se_wire_limits){model,         max_model_len,        e->block_size,
+                                       e->num_blocks, e->num_blocks - keep, e->max_batched_tokens};
 }
 
 static size_t count_commas(const char *s, size_t len)
@@ -374,8 +399,7 @@ static json_t *chunk_of(const struct kvr_se_chunk *c, bool usage)
         return NULL;
     }
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", c->id, "object", "text_completion",
-                          "created", (json_int_t)c->created, "model", c->model, "choices",
-                          choices);
+                          "created", (json_int_t)c->created, "model", c->model, "choices", choices);
     if (j && usage && json_object_set_new(j, "usage", usage_of(c))) {
         json_decref(j);
         return NULL;
@@ -423,15 +447,12 @@ static const char *type_of(unsigned status)
 
 static json_t *error_of(int shape, const struct kvr_se_refusal *r)
 {
-    json_t *e = json_pack("{s:s, s:s, s:s?, s:i}", "message", r->message, "type",
-                          type_of(r->status), "param", r->param, "code", (int)r->status);
+    const char *type = type_of(r->status);
     if (shape == KVR_SE_ERROR_NESTED)
-        return e ? json_pack("{s:o}", "error", e) : NULL;
-    if (e && json_object_set_new(e, "object", json_string("error"))) {
-        json_decref(e);
-        return NULL;
-    }
-    return e;
+        return json_pack("{s:{s:s, s:s, s:s?, s:i}}", "error", "message", r->message, "type", type,
+                         "param", r->param, "code", (int)r->status);
+    return json_pack("{s:s, s:s, s:s, s:s?, s:i}", "object", "error", "message", r->message, "type",
+                     type, "param", r->param, "code", (int)r->status);
 }
 
 kvr_status kvr_se_wire_error(struct kvr_buf *out, int shape, const struct kvr_se_refusal *r)
@@ -448,10 +469,10 @@ kvr_status kvr_se_wire_sse_error(struct kvr_buf *out, int shape, const struct kv
 kvr_status kvr_se_wire_models(struct kvr_buf *out, const char *model, uint64_t created,
                               uint32_t max_model_len)
 {
-    json_t *card = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[]}", "id", model, "object",
-                             "model", "created", (json_int_t)created, "owned_by", "kvengine",
-                             "root", model, "parent", "max_model_len", (json_int_t)max_model_len,
-                             "permission");
+    json_t *card =
+        json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[]}", "id", model, "object", "model",
+                  "created", (json_int_t)created, "owned_by", "kvengine", "root", model, "parent",
+                  "max_model_len", (json_int_t)max_model_len, "permission");
     out->len = 0;
     return put_json(out, card ? json_pack("{s:s, s:[o]}", "object", "list", "data", card) : NULL,
                     "", "");

@@ -21,8 +21,10 @@
  *   - n must be 1, echo false, logprobs null, use_beam_search false when given (kvengine makes
  *     one plain sequence); every other field is ignored, as vLLM ignores unknown ones;
  *   - the prompt at most max_model_len tokens, prompt + max_tokens at most max_model_len (the
- *     older vLLM's 400 "This model's maximum context length is ..."), and both in the KV pool
- *     at once (ceil((prompt + max_tokens) / block_size) <= num_blocks), with the figures.
+ *     older vLLM's 400 "This model's maximum context length is ..."), both in the KV pool at
+ *     once (ceil((prompt + max_tokens) / block_size) <= num_blocks), and the prompt's first
+ *     prefill chunk admissible into an empty engine (its blocks within the pool less the
+ *     admission watermark: else the engine would hold it waiting for ever), with the figures.
  * A refusal is an HTTP status with vLLM's message; kvr_se_wire_error writes its body.
  *
  * The output: token i of a request is kvr_se_token(seed, i), seed = kvr_se_prompt_seed of its
@@ -35,10 +37,12 @@
 #ifndef KVR_SE_WIRE_H
 #define KVR_SE_WIRE_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../engine/engine.h"
 #include "buf.h"
 #include "kvr/status.h"
 
@@ -51,29 +55,38 @@ struct kvr_se_wire_limits {
     uint32_t max_model_len; /* prompt + max_tokens, at most */
     uint32_t block_size;    /* the KV pool: tokens per block */
     uint32_t num_blocks;    /* and blocks */
+    uint32_t admit_blocks;  /* blocks a first prefill chunk may take: the pool less the
+                               admission watermark */
+    uint32_t chunk_tokens;  /* tokens of a first prefill chunk, at most (the step budget) */
 };
+
+/* The limits for an engine configured with e, serving model (borrowed) up to max_model_len. */
+struct kvr_se_wire_limits kvr_se_wire_limits_of(const struct kvr_engine_config *e,
+                                                const char *model, uint32_t max_model_len);
 
 /* A request that passed every check. */
 struct kvr_se_completion {
-    uint32_t *prompt;       /* nprompt token ids (owned: kvr_se_completion_free) */
-    uint32_t nprompt;       /* >= 1 */
-    uint32_t max_tokens;    /* >= 1 */
-    bool stream;            /* answer as an event stream */
-    bool include_usage;     /* stream: a usage chunk before [DONE] */
-    bool continuous_usage;  /* stream: usage on every chunk */
-    bool return_token_ids;  /* token_ids on every choice */
+    uint32_t *prompt;      /* nprompt token ids (owned: kvr_se_completion_free) */
+    uint32_t nprompt;      /* >= 1 */
+    uint32_t max_tokens;   /* >= 1 */
+    bool stream;           /* answer as an event stream */
+    bool include_usage;    /* stream: a usage chunk before [DONE] */
+    bool continuous_usage; /* stream: usage on every chunk */
+    bool return_token_ids; /* token_ids on every choice */
 };
 
 /* Why a request was refused: its HTTP status, vLLM's error type for it, the message. */
 struct kvr_se_refusal {
-    unsigned status;                    /* 400, 404, 405, 413, 429, 503, 500 */
-    char message[KVR_SE_MESSAGE_MAX];   /* a sentence, with the figures */
-    const char *param;                  /* the field at fault (static), or NULL */
+    unsigned status;                  /* 400, 404, 405, 413, 429, 503, 500 */
+    char message[KVR_SE_MESSAGE_MAX]; /* a sentence, with the figures */
+    const char *param;                /* the field at fault (static), or NULL */
 };
 
 /* Fill *why (status, param, printf-formatted message). */
-void kvr_se_refuse(struct kvr_se_refusal *why, unsigned status, const char *param,
-                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void kvr_se_refuse(struct kvr_se_refusal *why, unsigned status, const char *param, const char *fmt,
+                   ...) __attribute__((format(printf, 4, 5)));
+void kvr_se_vrefuse(struct kvr_se_refusal *why, unsigned status, const char *param, const char *fmt,
+                    va_list ap) __attribute__((format(printf, 4, 0)));
 
 /*
  * Read and check body[0..len) (borrowed) under lim into *out: KVR_OK, or KVR_ERR_INVALID with
