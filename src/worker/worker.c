@@ -515,6 +515,13 @@ static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_reques
 {
     uint32_t bs = w->cfg->engine.block_size;
     uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs;
+    if (w->eng && need <= w->capacity) {
+        /* the simulated engine admits a prefill chunk only while its free-block watermark stays
+         * free: a first chunk larger than the pool less the watermark would wait for ever */
+        const struct kvr_engine_config *e = &w->cfg->engine;
+        uint32_t t = q->ntokens < e->max_batched_tokens ? q->ntokens : e->max_batched_tokens;
+        need = (t + bs - 1) / bs + (uint64_t)(e->watermark * e->num_blocks);
+    }
     if (!w->capacity || need <= w->capacity) /* 0: an engine that did not say */
         return KVR_OK;
     q->got = need;

@@ -584,6 +584,28 @@ Test(worker, a_request_its_pool_cannot_hold_is_refused_with_the_figures)
     cr_assert(not(step()), "nothing for the engine");
 }
 
+Test(worker, a_prompt_the_engine_could_never_admit_is_refused)
+{
+    /* 4,080 tokens and 1 output: 256 blocks, the whole pool; but its first prefill chunk (255
+     * blocks) would have to leave the engine's 1 % watermark (2 blocks) free: never */
+    cfg.max_prompt_tokens = 8192;
+    static uint32_t toks[4080];
+    for (uint32_t i = 0; i < 4080; i++)
+        toks[i] = 7 + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, "wm", toks, 4080, 1, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, 903, 0, "r1", 0), KVR_OK));
+    kvr_worker_on_generate(&w, REPLY, b.data, b.len);
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(0, c, 4), 1));
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_FULL));
+    cr_assert(not(eq(ptr, strstr(c[0].error, "257 KV blocks needed"), NULL)), "%s", c[0].error);
+    free_chunks(c, 1);
+    cr_assert(not(step()), "nothing for the engine");
+}
+
 /* The ended keys of the last heartbeat published since index from (0 when none). */
 static uint32_t last_heartbeat_ended(size_t from, uint64_t *keys, uint32_t max)
 {
