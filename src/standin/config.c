@@ -49,35 +49,10 @@ static const char *const shape_names[] = {"flat", "nested", NULL};
 
 size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
 {
-    struct kvr_engine_config *e = &c->engine;
     const struct kvr_opt t[] = {
         STR("listen", "KVR_ENGINE_LISTEN", c->listen,
             "serve the HTTP API on HOST:PORT (IPv4 or [IPv6]; port 0: any free one)"),
         STR("model", "KVR_ENGINE_MODEL", c->model, "the model name served"),
-        {.name = "block-size",
-         .env = "KVR_BLOCK_SIZE",
-         .type = KVR_OPT_U32,
-         .ptr = &e->block_size,
-         .help = "tokens per KV block",
-         .min = 1,
-         .max = 65536},
-        {.name = "num-blocks",
-         .env = "KVR_NUM_BLOCKS",
-         .type = KVR_OPT_U32,
-         .ptr = &e->num_blocks,
-         .help = "KV pool size, blocks",
-         .min = 16,
-         .max = 1 << 30},
-        NUM("max-batched-tokens", KVR_OPT_U32, &e->max_batched_tokens, 1, 1 << 24,
-            "tokens per step"),
-        NUM("max-seqs", KVR_OPT_U32, &e->max_seqs, 1, 1 << 20, "sequences per step"),
-        {.name = "speedup",
-         .env = "KVR_SPEEDUP",
-         .type = KVR_OPT_DOUBLE,
-         .ptr = &e->speedup,
-         .help = "engine time is divided by this",
-         .min = 1e-3,
-         .max = 1e6},
         NUM("max-model-len", KVR_OPT_U32, &c->max_model_len, 2, 1 << 24,
             "prompt plus max_tokens, at most (tokens)"),
         STR("kv-events", "KVR_ENGINE_KV_EVENTS", c->kv_events,
@@ -118,9 +93,11 @@ size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
          .help = "least severe level logged",
          .choices = kvr_log_level_names},
     };
-    _Static_assert(sizeof t / sizeof t[0] <= KVR_SE_OPTIONS, "KVR_SE_OPTIONS too small");
-    memcpy(out, t, sizeof t);
-    return sizeof t / sizeof t[0];
+    _Static_assert(KVR_ENGINE_OPTIONS + sizeof t / sizeof t[0] <= KVR_SE_OPTIONS,
+                   "KVR_SE_OPTIONS too small");
+    size_t n = kvr_engine_options(&c->engine, out);
+    memcpy(out + n, t, sizeof t);
+    return n + sizeof t / sizeof t[0];
 }
 
 static bool printable(const char *s)

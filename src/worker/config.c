@@ -90,37 +90,12 @@ static size_t adapter_options(struct kvr_wk_config *c, struct kvr_opt *out)
 
 size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
 {
-    struct kvr_engine_config *e = &c->engine;
     const struct kvr_opt t[] = {
         {.name = "id",
          .env = "KVR_WORKER_ID",
          .type = KVR_OPT_U64,
          .ptr = &c->id,
          .help = "worker id (non-zero; 0: random)"},
-        {.name = "block-size",
-         .env = "KVR_BLOCK_SIZE",
-         .type = KVR_OPT_U32,
-         .ptr = &e->block_size,
-         .help = "tokens per KV block",
-         .min = 1,
-         .max = 65536},
-        {.name = "num-blocks",
-         .env = "KVR_NUM_BLOCKS",
-         .type = KVR_OPT_U32,
-         .ptr = &e->num_blocks,
-         .help = "KV pool size, blocks",
-         .min = 16,
-         .max = 1 << 30},
-        NUM("max-batched-tokens", KVR_OPT_U32, &e->max_batched_tokens, 1, 1 << 24,
-            "tokens per step"),
-        NUM("max-seqs", KVR_OPT_U32, &e->max_seqs, 1, 1 << 20, "sequences per step"),
-        {.name = "speedup",
-         .env = "KVR_SPEEDUP",
-         .type = KVR_OPT_DOUBLE,
-         .ptr = &e->speedup,
-         .help = "engine time is divided by this",
-         .min = 1e-3,
-         .max = 1e6},
         {.name = "null",
          .env = "KVR_NULL",
          .type = KVR_OPT_BOOL,
@@ -147,9 +122,11 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
          .ptr = c->metrics_addr,
          .help = "serve /metrics, /healthz, /readyz on HOST:PORT (IPv4 or [IPv6]; none: off)"},
     };
-    _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] + 10 <= KVR_WK_OPTIONS,
+    _Static_assert(KVR_NATS_OPTIONS + KVR_ENGINE_OPTIONS + sizeof t / sizeof t[0] + 10 <=
+                       KVR_WK_OPTIONS,
                    "KVR_WK_OPTIONS too small");
     size_t n = kvr_nats_config_options(&c->net, out);
+    n += kvr_engine_options(&c->engine, out + n);
     memcpy(out + n, t, sizeof t);
     n += sizeof t / sizeof t[0];
     return n + adapter_options(c, out + n);

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../engine/engine.h"
+#include "../engine/engine_opts.h"
 #include "kvr/status.h"
 #include "natscfg.h"
 #include "opts.h"
