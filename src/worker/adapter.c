@@ -65,7 +65,8 @@ struct kvr_adapter {
     struct kvr_engine_metrics m; /* the engine's last /metrics */
     bool down;                   /* the engine does not answer */
     bool no_events;              /* it publishes no KV events (said in heartbeats) */
-    uint64_t served_full_at;     /* a request with a full block ended, no batch since */
+    uint64_t served_full_at;     /* a request that stored a full block ended, no batch since */
+    uint64_t last_batch_ns;      /* when the last batch came (monotonic ns; 0: never) */
     uint64_t warned_block_at, warned_other_at; /* the last of these warnings */
     struct kvr_wk_adapter_stats s;             /* */
 };
@@ -156,7 +157,12 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
         message = "the engine aborted the request (finish_reason abort)";
     }
     if (r && st == KVR_OK) {
-        if (r->prompt_tokens >= w->cfg->engine.block_size && !ad->served_full_at)
+        /* it computed a full block the engine should have announced, and no batch came since
+         * it arrived: evidence the engine publishes none (a prompt served from the cache stores
+         * nothing new, so it is none) */
+        uint32_t bs = w->cfg->engine.block_size;
+        if (r->prompt_tokens / bs > r->cached_tokens / bs && ad->last_batch_ns < r->arrived &&
+            !ad->served_full_at)
             ad->served_full_at = kvr_now_ns();
         kvr__worker_finished(w, key, r->finish);
     } else if (r) {
@@ -218,6 +224,7 @@ static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool rep
     pthread_mutex_lock(&w->mu);
     ad->s.kv_batches++;
     ad->served_full_at = 0;
+    ad->last_batch_ns = now;
     if (ad->no_events && ad->w->cfg->adapter.kv_events[0]) {
         ad->no_events = false;
         kvr_log(KVR_LOG_INFO, "kv_events_flowing", "seq=%" PRIu64, seq);
@@ -269,8 +276,8 @@ static void on_bad(void *ctx, uint64_t seq, kvr_status st)
 
 /* --- the engine's load and health (the poller) ------------------------------------------------ */
 
-/* Read the engine once at now: its metrics, else its health. Takes the worker's mutex. */
-static void probe(struct kvr_adapter *ad, uint64_t now)
+/* Read the engine once: its metrics, else its health. Takes the worker's mutex. */
+static void probe(struct kvr_adapter *ad)
 {
     struct kvr_worker *w = ad->w;
     const struct kvr_wk_adapter_config *a = &w->cfg->adapter;
@@ -279,6 +286,7 @@ static void probe(struct kvr_adapter *ad, uint64_t now)
     kvr_status health = st == KVR_OK ? KVR_OK : kvr_oai_health(a->url, PROBE_TIMEOUT_MS);
     bool flush = false;
     pthread_mutex_lock(&w->mu);
+    uint64_t now = kvr_now_ns(); /* after served_full_at, which the client's thread sets under mu */
     if (st == KVR_OK) {
         ad->m = m;
         if (m.have_num_blocks && m.num_blocks)
@@ -324,7 +332,7 @@ static void *poll_main(void *arg)
     pthread_mutex_lock(&ad->pm);
     while (!ad->stop) {
         pthread_mutex_unlock(&ad->pm);
-        probe(ad, kvr_now_ns());
+        probe(ad);
         pthread_mutex_lock(&ad->pm);
         uint64_t until = kvr_now_ns() + period;
         struct timespec ts = {(time_t)(until / KVR_NS_PER_S), (long)(until % KVR_NS_PER_S)};
@@ -491,13 +499,13 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
                 "decisions (approximate mode for it)\"",
                 a->url);
     }
-    if (pthread_create(&ad->poller, NULL, poll_main, ad))
-        return KVR_ERR_IO;
-    ad->poller_started = true;
     kvr_log(KVR_LOG_INFO, "engine_ready",
             "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u", a->url,
             kvr_oai_model(ad->oai), a->kv_events[0] ? a->kv_events : "none", w->capacity,
             cfg->engine.block_size);
+    if (pthread_create(&ad->poller, NULL, poll_main, ad)) /* it writes w->capacity under mu */
+        return KVR_ERR_IO;
+    ad->poller_started = true;
     return KVR_OK;
 }
 

@@ -419,6 +419,7 @@ static struct kvr_wreq *new_req(const struct kvr_wire_request *q, uint64_t key, 
     r->request_id = strdup(q->request_id);
     r->max_tokens = q->max_tokens;
     r->prompt_tokens = q->ntokens;
+    r->arrived = now;
     r->deadline = q->deadline_ms ? now + q->deadline_ms * KVR_NS_PER_MS : 0;
     if (!r->reply || !r->request_id) {
         free_req(r);

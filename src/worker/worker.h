@@ -81,6 +81,7 @@ struct kvr_wreq {
     uint32_t *text_end;      /* text bytes through each kept token (owned, captoks; NULL: none) */
     uint32_t ntext, captext; /* */
     uint32_t prompt_tokens;  /* its prompt's length */
+    uint64_t arrived;        /* when it was taken (monotonic ns) */
     uint32_t blocks;         /* adapter: the KV blocks it holds as announced (prompt + output) */
     uint8_t held[4], nheld;  /* adapter: the start of a UTF-8 character cut at a chunk's end */
     bool started;            /* adapter: its first token came (prefill done) */

@@ -472,3 +472,36 @@ Test(engines, every_wire_form_of_kv_events_and_metrics_is_read)
               cached);
     h_end();
 }
+
+Test(engines, an_engine_silent_on_its_kv_events_endpoint_is_found_out)
+{
+    /* the engine publishes no KV events, but the adapter was told to expect them: once a request
+     * that stored full blocks is served and no batch follows, it says so */
+    struct engine e;
+    engine_start(&e, false, "20");
+    snprintf(e.pub, sizeof e.pub, "tcp://127.0.0.1:%d", h_free_port());
+    const char *extra[] = {"--engine",
+                           "openai",
+                           "--engine-url",
+                           e.url,
+                           "--kv-events",
+                           e.pub,
+                           "--block-size",
+                           ENGINE_BS,
+                           "--kv-events-timeout-ms",
+                           "300",
+                           "--engine-metrics-ms",
+                           "100",
+                           NULL};
+    e.adapter = h_worker(srv.url, "1", 1, 100, extra);
+    pid_t r = router();
+    h_until_served(nc, GEN, 1, 15000);
+    char v[64];
+    struct got g = ask("s1", 1, 0, 160, 2);
+    cr_assert(g.final && g.error_code == 0);
+    cr_assert(h_log_value(e.adapter, "kv_events_missing", "endpoint", v, sizeof v, 5000),
+              "the adapter did not notice");
+    cr_assert(h_log_value(r, "worker_without_kv_events", "worker", v, sizeof v, 5000),
+              "the router did not warn");
+    h_end();
+}
