@@ -111,14 +111,17 @@ static void put_f64(struct kvr_prom *p, double v)
 
 /* --- names ----------------------------------------------------------------------------------- */
 
-static bool is_name(const char *s)
+/* A metric name ([a-zA-Z_:][a-zA-Z0-9_:]*; the colon is for recording rules, and engines such as
+ * vLLM use it) when colon, else a label name (no colon). */
+static bool is_name(const char *s, bool colon)
 {
     size_t n = strlen(s);
     if (n == 0 || n > KVR_PROM_NAME_MAX)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
-        bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+        bool alpha =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
         if (!alpha && !(i > 0 && c >= '0' && c <= '9'))
             return false;
     }
@@ -133,7 +136,7 @@ static bool ends_with(const char *s, const char *suffix)
 
 static bool metric_name_ok(const char *name, enum kvr_prom_type type)
 {
-    if (!name || !is_name(name))
+    if (!name || !is_name(name, true))
         return false;
     if (ends_with(name, "_bucket") || ends_with(name, "_sum") || ends_with(name, "_count"))
         return false;
@@ -146,7 +149,7 @@ static bool labels_ok(const struct kvr_prom_label *labels, size_t n)
         return false;
     for (size_t i = 0; i < n; i++) {
         const char *name = labels[i].name;
-        if (!name || !labels[i].value || !is_name(name) || !strncmp(name, "__", 2) ||
+        if (!name || !labels[i].value || !is_name(name, false) || !strncmp(name, "__", 2) ||
             !strcmp(name, "le") || !strcmp(name, "quantile"))
             return false;
         for (size_t j = 0; j < i; j++) {

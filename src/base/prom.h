@@ -8,7 +8,8 @@
  * returns it and writes nothing, so a daemon can write all its families and check once.
  *
  * Names are checked (KVR_ERR_INVALID: a programming error, never data): metric names match
- * [a-zA-Z_][a-zA-Z0-9_]* (no ':', which Prometheus keeps for recording rules), do not end in
+ * [a-zA-Z_:][a-zA-Z0-9_:]* (the daemons use no ':', which Prometheus keeps for recording rules;
+ * the engine stand-in writes vLLM's and SGLang's names, which have one), do not end in
  * _bucket, _sum or _count (the histogram's own), and a counter's ends in _total; label names
  * match [a-zA-Z_][a-zA-Z0-9_]*, do not start with "__", are not "le" or "quantile", and appear
  * once per sample; each family appears once per exposition; help text is required. Units are

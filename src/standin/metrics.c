@@ -8,23 +8,6 @@
 
 #include "prom.h"
 
-/* Put back the ':' of the engine families written from start on: every line there begins with
- * "# HELP <prefix>_", "# TYPE <prefix>_" or "<prefix>_". */
-static void colonize(struct kvr_buf *out, size_t start, const char *prefix)
-{
-    size_t np = strlen(prefix);
-    char *p = (char *)out->data + start, *end = (char *)out->data + out->len;
-    while (p < end) {
-        char *name = p;
-        if (!strncmp(p, "# HELP ", 7) || !strncmp(p, "# TYPE ", 7))
-            name += 7;
-        if ((size_t)(end - name) > np && !strncmp(name, prefix, np) && name[np] == '_')
-            name[np] = ':';
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        p = nl ? nl + 1 : end;
-    }
-}
-
 static void gauge1(struct kvr_prom *p, const char *name, const char *help,
                    const struct kvr_prom_label *l, size_t nl, double v)
 {
@@ -43,11 +26,11 @@ static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 {
     const struct kvr_se_config *cfg = s->cfg;
     const struct kvr_prom_label l[] = {{"model_name", cfg->model}, {"engine", "0"}};
-    gauge1(p, "vllm_num_requests_running", "Number of requests in model execution batches.", l, 2,
+    gauge1(p, "vllm:num_requests_running", "Number of requests in model execution batches.", l, 2,
            s->engine.running);
-    gauge1(p, "vllm_num_requests_waiting", "Number of requests waiting to be processed.", l, 2,
+    gauge1(p, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", l, 2,
            s->engine.waiting);
-    gauge1(p, "vllm_kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l, 2,
+    gauge1(p, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l, 2,
            s->engine.kv_usage);
     char bs[16], nb[16];
     snprintf(bs, sizeof bs, "%u", cfg->engine.block_size);
@@ -57,36 +40,36 @@ static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
                                           {"num_gpu_blocks", nb},
                                           {"enable_prefix_caching", "True"},
                                           {"cache_dtype", "auto"}};
-    gauge1(p, "vllm_cache_config_info", "Information of the LLMEngine CacheConfig.", info, 5, 1);
-    counter1(p, "vllm_prefix_cache_queries_total",
+    gauge1(p, "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", info, 5, 1);
+    counter1(p, "vllm:prefix_cache_queries_total",
              "Prefix cache queries, in terms of number of queried tokens.", l, 2,
              s->c.prefix_queries);
-    counter1(p, "vllm_prefix_cache_hits_total",
+    counter1(p, "vllm:prefix_cache_hits_total",
              "Prefix cache hits, in terms of number of cached tokens.", l, 2, s->c.prefix_hits);
-    counter1(p, "vllm_num_preemptions_total", "Cumulative number of preemption from the engine.", l,
+    counter1(p, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", l,
              2, s->c.engine_base[0] + s->engine.preemptions);
-    counter1(p, "vllm_prompt_tokens_total", "Number of prefill tokens processed.", l, 2,
+    counter1(p, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", l, 2,
              s->c.prompt_tokens);
-    counter1(p, "vllm_generation_tokens_total", "Number of generation tokens processed.", l, 2,
+    counter1(p, "vllm:generation_tokens_total", "Number of generation tokens processed.", l, 2,
              s->c.generation_tokens);
     const struct kvr_prom_label fin[] = {l[0], l[1], {"finished_reason", "length"}};
-    counter1(p, "vllm_request_success_total", "Count of successfully processed requests.", fin, 3,
+    counter1(p, "vllm:request_success_total", "Count of successfully processed requests.", fin, 3,
              s->c.finished);
 }
 
 static void sglang(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 {
     const struct kvr_prom_label l[] = {{"model_name", s->cfg->model}};
-    gauge1(p, "sglang_num_running_reqs", "The number of running requests.", l, 1,
+    gauge1(p, "sglang:num_running_reqs", "The number of running requests.", l, 1,
            s->engine.running);
-    gauge1(p, "sglang_num_queue_reqs", "The number of requests in the waiting queue.", l, 1,
+    gauge1(p, "sglang:num_queue_reqs", "The number of requests in the waiting queue.", l, 1,
            s->engine.waiting);
-    gauge1(p, "sglang_token_usage", "The token usage.", l, 1, s->engine.kv_usage);
+    gauge1(p, "sglang:token_usage", "The token usage.", l, 1, s->engine.kv_usage);
     double rate = s->c.prefix_queries ? (double)s->c.prefix_hits / s->c.prefix_queries : 0;
-    gauge1(p, "sglang_cache_hit_rate", "The prefix cache hit rate.", l, 1, rate);
-    counter1(p, "sglang_prompt_tokens_total", "Number of prefill tokens processed.", l, 1,
+    gauge1(p, "sglang:cache_hit_rate", "The prefix cache hit rate.", l, 1, rate);
+    counter1(p, "sglang:prompt_tokens_total", "Number of prefill tokens processed.", l, 1,
              s->c.prompt_tokens);
-    counter1(p, "sglang_generation_tokens_total", "Number of generation tokens processed.", l, 1,
+    counter1(p, "sglang:generation_tokens_total", "Number of generation tokens processed.", l, 1,
              s->c.generation_tokens);
 }
 
@@ -168,18 +151,12 @@ static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
 kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf *out)
 {
     struct kvr_prom p;
-    size_t start = out->len;
     kvr_prom_begin(&p, out);
     bool sg = s->cfg->metrics_style == KVR_SE_STYLE_SGLANG;
     if (sg)
         sglang(&p, s);
     else
         vllm(&p, s);
-    kvr_status st = kvr_prom_end(&p);
-    if (st != KVR_OK)
-        return st;
-    colonize(out, start, sg ? "sglang" : "vllm");
-    kvr_prom_begin(&p, out);
     requests(&p, s);
     kv(&p, s);
     return kvr_prom_end(&p);

@@ -248,8 +248,8 @@ Test(prom, metric_names)
     char long_name[KVR_PROM_NAME_MAX + 2];
     memset(long_name, 'a', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = 0;
-    const char *bad[] = {"",        "1abc", "a-b",     "a:b",  "a b",  "x_bucket",     "x_sum",
-                         "x_count", "é",    long_name, "a\nb", "a{b}", "kvr.decisions"};
+    const char *bad[] = {"",        "1abc", "a-b",     "a:b-c", "a b",  "x_bucket",     "x_sum",
+                         "x_count", "é",    long_name, "a\nb",  "a{b}", "kvr.decisions"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert(eq(int, family_on_fresh(bad[i], KVR_PROM_GAUGE), KVR_ERR_INVALID), "%s", bad[i]);
     cr_assert(eq(int, family_on_fresh(NULL, KVR_PROM_GAUGE), KVR_ERR_INVALID));
@@ -257,7 +257,9 @@ Test(prom, metric_names)
     cr_assert(eq(int, family_on_fresh("requests_total_x", KVR_PROM_COUNTER), KVR_ERR_INVALID));
     cr_assert(eq(int, family_on_fresh("g", (enum kvr_prom_type)7), KVR_ERR_INVALID));
     long_name[KVR_PROM_NAME_MAX] = 0; /* exactly the maximum */
-    const char *good[] = {"_x", "a1", "A_b", "kvr_router_queue_depth", long_name};
+    const char *good[] = {
+        "_x", "a1", "A_b", "kvr_router_queue_depth", long_name, "vllm:num_requests_running",
+        ":x"}; /* an engine's colon */
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
         cr_assert(eq(int, family_on_fresh(good[i], KVR_PROM_GAUGE), KVR_OK), "%s", good[i]);
     cr_assert(eq(int, family_on_fresh("requests_total", KVR_PROM_COUNTER), KVR_OK));
