@@ -486,6 +486,26 @@ static void destroy(struct kvr_kvsub *s)
     free(s);
 }
 
+/* The configuration's zero fields given their defaults. */
+static void defaults(struct kvr_kvsub_config *c)
+{
+    struct kvr_kvev_limits *l = &c->limits;
+    if (!l->max_events)
+        l->max_events = KVR_KVEV_MAX_EVENTS;
+    if (!l->max_hashes)
+        l->max_hashes = KVR_KVEV_MAX_HASHES;
+    if (!l->max_tokens)
+        l->max_tokens = KVR_KVEV_MAX_TOKENS;
+    if (!l->max_bytes)
+        l->max_bytes = KVR_KVEV_MAX_BYTES;
+    if (!c->replay_timeout_ms)
+        c->replay_timeout_ms = KVR_KVSUB_REPLAY_TIMEOUT_MS;
+    if (!c->hold_max)
+        c->hold_max = KVR_KVSUB_HOLD_DEFAULT;
+    if (c->rcvhwm <= 0)
+        c->rcvhwm = KVR_KVZMQ_HWM_DEFAULT;
+}
+
 struct kvr_kvsub *kvr_kvsub_open(const struct kvr_kvsub_config *cfg,
                                  const struct kvr_kvsub_hooks *hooks, kvr_status *st)
 {
@@ -504,21 +524,7 @@ struct kvr_kvsub *kvr_kvsub_open(const struct kvr_kvsub_config *cfg,
     pthread_mutex_init(&s->mu, NULL);
     s->cfg = *cfg;
     s->hooks = *hooks;
-    struct kvr_kvev_limits *l = &s->cfg.limits;
-    if (!l->max_events)
-        l->max_events = KVR_KVEV_MAX_EVENTS;
-    if (!l->max_hashes)
-        l->max_hashes = KVR_KVEV_MAX_HASHES;
-    if (!l->max_tokens)
-        l->max_tokens = KVR_KVEV_MAX_TOKENS;
-    if (!l->max_bytes)
-        l->max_bytes = KVR_KVEV_MAX_BYTES;
-    if (!s->cfg.replay_timeout_ms)
-        s->cfg.replay_timeout_ms = KVR_KVSUB_REPLAY_TIMEOUT_MS;
-    if (!s->cfg.hold_max)
-        s->cfg.hold_max = KVR_KVSUB_HOLD_DEFAULT;
-    if (s->cfg.rcvhwm <= 0)
-        s->cfg.rcvhwm = KVR_KVZMQ_HWM_DEFAULT;
+    defaults(&s->cfg);
     if (kvr_kvzmq_endpoint_fix(cfg->endpoint, s->endpoint, sizeof s->endpoint) != KVR_OK ||
         (cfg->replay_endpoint && kvr_kvzmq_endpoint_fix(cfg->replay_endpoint, s->replay_endpoint,
                                                         sizeof s->replay_endpoint) != KVR_OK))

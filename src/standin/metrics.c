@@ -8,6 +8,9 @@
 
 #include "prom.h"
 
+const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES] = {400, 404, 405, 409, 413,
+                                                             429, 500, 503, 0};
+
 static void gauge1(struct kvr_prom *p, const char *name, const char *help,
                    const struct kvr_prom_label *l, size_t nl, double v)
 {

@@ -8,10 +8,8 @@
  * the publisher, the server side's time to first token). Written with src/base/prom.h; pure,
  * from a snapshot taken under the state's mutex.
  *
- * Engine names contain ':' (a real engine's do), which kvr_prom refuses in a name: the engine
- * families are written under an '_' and that one character is put back afterwards (their lines
- * are ours, so the rewrite is exact). promtool check metrics reports each of them as "metric
- * names should not contain ':'", exactly as it does for a real vLLM's /metrics.
+ * Engine names contain ':' (a real engine's do); promtool check metrics reports each of them as
+ * "metric names should not contain ':'", exactly as it does for a real vLLM's /metrics.
  */
 #ifndef KVR_SE_METRICS_H
 #define KVR_SE_METRICS_H
@@ -23,7 +21,32 @@
 #include "buf.h"
 #include "config.h"
 #include "kvzmq.h"
-#include "state.h"
+#include "prom.h"
+
+/* The HTTP statuses kvengine refuses with, in the order of kvr_se_counters.refused. */
+#define KVR_SE_REFUSAL_CODES 9
+extern const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES]; /* 400, ..., 503 */
+
+/* What the state counts (under its mutex). */
+struct kvr_se_counters {
+    uint64_t requests;          /* completions accepted */
+    uint64_t finished;          /* ended with all their tokens */
+    uint64_t aborted;           /* cancelled in the engine: the client closed its connection */
+    uint64_t shutdown;          /* aborted by the drain */
+    uint64_t overflows;         /* aborted: the client did not read its stream */
+    uint64_t prompt_tokens;     /* of the completions accepted */
+    uint64_t generation_tokens; /* tokens produced */
+    uint64_t prefix_queries;    /* prompt tokens looked up in the prefix cache (at prefill) */
+    uint64_t prefix_hits;       /* of which found cached */
+    uint64_t steps;             /* engine steps run */
+    uint64_t stalls;            /* /test/stall calls */
+    uint64_t drops;             /* batches /test/drop_batches asked to drop */
+    uint64_t clears;            /* /test/clear calls that cleared */
+    uint64_t oom;               /* chunks or events not made: out of memory */
+    uint64_t engine_base[2];    /* preemptions and cancels of the engines a clear replaced */
+    uint64_t refused[KVR_SE_REFUSAL_CODES]; /* answers >= 400 by status (kvr_se_status_index) */
+    struct kvr_prom_hist ttft;              /* submission to first token, engine side */
+};
 
 /* What the exposition shows, taken at once. */
 struct kvr_se_snapshot {

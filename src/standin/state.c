@@ -51,9 +51,6 @@ struct kvr_se_req {
     UT_hash_handle hh;      /* in st->reqs while the engine holds it */
 };
 
-const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES] = {400, 404, 405, 409, 413,
-                                                             429, 500, 503, 0};
-
 /* --- requests (under mu) --------------------------------------------------------------------- */
 
 static struct kvr_se_req *find(struct kvr_se_state *st, uint64_t id)
