@@ -67,8 +67,9 @@ struct kvr_adapter {
     bool no_events;              /* it publishes no KV events (said in heartbeats) */
     uint64_t served_full_at;     /* a request that stored a full block ended, no batch since */
     uint64_t last_batch_ns;      /* when the last batch came (monotonic ns; 0: never) */
-    uint64_t warned_block_at, warned_other_at; /* the last of these warnings */
-    struct kvr_wk_adapter_stats s;             /* */
+    uint64_t warned_block_at, warned_other_at;  /* the last of these warnings */
+    uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
+    struct kvr_wk_adapter_stats s;              /* */
 };
 
 /* --- the engine's streams (the client's thread) ---------------------------------------------- */
@@ -108,6 +109,23 @@ static void output_blocks(struct kvr_worker *w, struct kvr_wreq *r)
     }
 }
 
+/* r failed in the engine with st: its client and the routers are told; logged at most once a
+ * second (an engine that dies fails everything it holds at once), with how many went unlogged. */
+static void fail(struct kvr_adapter *ad, struct kvr_wreq *r, kvr_status st, const char *message)
+{
+    uint64_t now = kvr_now_ns();
+    if (!ad->failed_logged_at || now - ad->failed_logged_at >= KVR_NS_PER_S) {
+        kvr_log(KVR_LOG_WARN, "engine_request_failed",
+                "key=%016" PRIx64 " error=\"%s\" why=\"%s\" unlogged=%" PRIu64, r->key,
+                kvr_status_str(st), message, ad->failed_unlogged);
+        ad->failed_logged_at = now;
+        ad->failed_unlogged = 0;
+    } else {
+        ad->failed_unlogged++;
+    }
+    kvr__worker_failed(ad->w, r, st, message);
+}
+
 static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
 {
     struct kvr_adapter *ad = ctx;
@@ -126,7 +144,11 @@ static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
                 (r->prompt_tokens + w->cfg->engine.block_size - 1) / w->cfg->engine.block_size;
         }
         clean_text(ad, r, ch->text, ch->text_len);
-        if (ch->n_tokens || ad->text.len) {
+        if (ch->n_token_ids > KVR_WIRE_RESPONSE_TOKENS_MAX || ad->text.len > KVR_WIRE_TEXT_MAX) {
+            /* more than a client's decoder takes in one chunk: the stream cannot go on */
+            kvr_oai_cancel(ad->oai, key);
+            fail(ad, r, KVR_ERR_MALFORMED, "an engine chunk over the wire's limits");
+        } else if (ch->n_tokens || ad->text.len) {
             const char *t = ad->text.len ? (const char *)ad->text.data : NULL;
             if (ch->n_token_ids) {
                 kvr__worker_tokens(w, r, ch->token_ids, ch->n_token_ids, t, (uint32_t)ad->text.len);
@@ -166,9 +188,7 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
             ad->served_full_at = kvr_now_ns();
         kvr__worker_finished(w, key, r->finish);
     } else if (r) {
-        kvr_log(KVR_LOG_WARN, "engine_request_failed", "key=%016" PRIx64 " error=\"%s\" why=\"%s\"",
-                key, kvr_status_str(st), message);
-        kvr__worker_failed(w, r, st, message);
+        fail(ad, r, st, message);
     }
     pthread_mutex_unlock(&w->mu);
     kvr_worker_flush(w);
