@@ -6,6 +6,7 @@
  * abort what runs), destroy. Exit status: 0 after a drain, 2 for a bad option, 1 when it could
  * not start (an address in use, say).
  */
+#include "procstat.h"
 #include <stdio.h>
 
 #include "log.h"
@@ -29,6 +30,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvengine: %s\n", why);
         return 2;
     }
+    kvr_procstat_start();
     kvr_log_init("kvengine", (enum kvr_log_level)cfg.log_level);
     kvr_signals_catch();
     struct kvr_standin *s = NULL;

@@ -189,6 +189,15 @@ void kvr_kvsub_stats(struct kvr_kvsub *s, struct kvr_kvsub_stats *out);
 
 /* Stop and join the thread (promptly: it is woken, not polled for), close the sockets, free
  * everything. No hook runs after it returns. NULL is fine. Not from a hook. */
+/*
+ * The engine restarted (its owner knows from elsewhere, e.g. its process start time): forget the
+ * last seq, so the new engine's batches are not taken for the old one's continuation, and ask
+ * the replay socket from 0 for what it sent before. Thread-safe, non-blocking; done on the
+ * subscriber's thread (after a replay in progress), with the reset hook if anything was
+ * delivered since the last reset.
+ */
+void kvr_kvsub_rewind(struct kvr_kvsub *s);
+
 void kvr_kvsub_close(struct kvr_kvsub *s);
 
 #endif

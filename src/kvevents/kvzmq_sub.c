@@ -40,6 +40,7 @@ struct kvr_kvsub {
     int wake[2];
     pthread_t thread;
     atomic_bool stop;
+    atomic_bool rewind; /* kvr_kvsub_rewind asked: forget the last seq, replay from 0 */
 
     /* the thread's state */
     bool has_last;
@@ -452,6 +453,11 @@ static void *sub_thread(void *arg)
             while (read(s->wake[0], b, sizeof b) > 0) {
             }
         }
+        if (!s->replaying && atomic_exchange(&s->rewind, false)) {
+            COUNT(s, restarts, 1);
+            reset(s, "engine restarted");
+            start_replay(s, 0, true); /* what the new engine sent before we knew of it */
+        }
         if (s->dealer && (it[2].revents & ZMQ_POLLIN))
             read_replay(s);
         if (it[1].revents & ZMQ_POLLIN)
@@ -587,6 +593,15 @@ void kvr_kvsub_stats(struct kvr_kvsub *s, struct kvr_kvsub_stats *out)
     pthread_mutex_lock(&s->mu);
     *out = s->st;
     pthread_mutex_unlock(&s->mu);
+}
+
+void kvr_kvsub_rewind(struct kvr_kvsub *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->rewind, true);
+    ssize_t w = write(s->wake[1], "x", 1);
+    (void)w;
 }
 
 void kvr_kvsub_close(struct kvr_kvsub *s)

@@ -37,6 +37,7 @@ enum metric {
     M_HITS,
     M_QUERIES,
     M_HIT_RATE,
+    M_START,
 };
 
 static const struct {
@@ -56,6 +57,7 @@ static const struct {
     {"sglang:num_queue_reqs", M_WAITING, KVR_ENGINE_SGLANG},
     {"sglang:token_usage", M_USAGE, KVR_ENGINE_SGLANG},
     {"sglang:cache_hit_rate", M_HIT_RATE, KVR_ENGINE_SGLANG},
+    {"process_start_time_seconds", M_START, KVR_ENGINE_UNKNOWN},
 };
 
 static bool name_is(const struct kvr_promtext_sample *s, const char *name)
@@ -161,6 +163,13 @@ static bool take_sample(struct acc *a, enum metric what, const struct kvr_promte
         return add_count(v, &a->queries, &a->have_queries);
     case M_HIT_RATE:
         return add_fraction(v, &a->hit_rate_sum, &a->hit_rate_n);
+    case M_START: /* the latest, should several processes be listed */
+        if (!(v > 0 && v < 1e11))
+            return false;
+        if (!a->m->have_start_time || v > a->m->start_time)
+            a->m->start_time = v;
+        a->m->have_start_time = true;
+        return true;
     }
     return false;
 }

@@ -233,8 +233,11 @@ struct kvr_engine_metrics {
     double prefix_cache_queries; /* vllm:prefix_cache_queries_total (tokens; counter) */
     bool have_cache_hit_rate;
     double cache_hit_rate; /* sglang:cache_hit_rate, 0..1, the mean over label sets */
-    uint32_t samples;      /* sample lines parsed */
-    uint32_t bad_lines;    /* lines skipped as malformed (the rest still counts) */
+    bool have_start_time;
+    double start_time;  /* process_start_time_seconds (Unix s) of the engine's server: a new
+                           value is a restarted engine */
+    uint32_t samples;   /* sample lines parsed */
+    uint32_t bad_lines; /* lines skipped as malformed (the rest still counts) */
 };
 
 /*

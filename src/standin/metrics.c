@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "procstat.h"
 #include "prom.h"
 
 const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES] = {400, 404, 405, 409, 413,
@@ -162,5 +163,8 @@ kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf 
         vllm(&p, s);
     requests(&p, s);
     kv(&p, s);
+    struct kvr_procstat ps; /* process_start_time_seconds: how an adapter tells a restart */
+    kvr_procstat_read(&ps);
+    kvr_prom_process(&p, &ps);
     return kvr_prom_end(&p);
 }

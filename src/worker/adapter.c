@@ -67,6 +67,7 @@ struct kvr_adapter {
     bool no_events;              /* it publishes no KV events (said in heartbeats) */
     uint64_t served_full_at;     /* a request that stored a full block ended, no batch since */
     uint64_t last_batch_ns;      /* when the last batch came (monotonic ns; 0: never) */
+    double start_time;           /* the engine's process_start_time_seconds; 0: not known */
     uint64_t warned_block_at, warned_other_at;  /* the last of these warnings */
     uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
     struct kvr_wk_adapter_stats s;              /* */
@@ -296,6 +297,27 @@ static void on_bad(void *ctx, uint64_t seq, kvr_status st)
 
 /* --- the engine's load and health (the poller) ------------------------------------------------ */
 
+/* Under mu: a new process start in the engine's metrics is a restart, between two polls or
+ * while idle (no batch to show its sequence starting again): what it cached is gone. */
+static void restarted(struct kvr_adapter *ad, const struct kvr_engine_metrics *m)
+{
+    if (!m->have_start_time)
+        return;
+    if (ad->start_time && m->start_time != ad->start_time) {
+        kvr_log(KVR_LOG_WARN, "engine_restarted",
+                "url=%s action=\"this worker's cache is cleared in the routers\"",
+                ad->w->cfg->adapter.url);
+        if (ad->sub) { /* its sequence starts again: from 0, not from the old one's; the
+                          subscriber's reset clears what it learnt */
+            kvr_kvsub_rewind(ad->sub);
+        } else { /* what the routers learnt from decisions */
+            kvr__worker_cleared(ad->w);
+            ad->s.kv_resets++;
+        }
+    }
+    ad->start_time = m->start_time;
+}
+
 /* Read the engine once: its metrics, else its health. Takes the worker's mutex. */
 static void probe(struct kvr_adapter *ad)
 {
@@ -304,13 +326,13 @@ static void probe(struct kvr_adapter *ad)
     struct kvr_engine_metrics m;
     kvr_status st = kvr_oai_engine_metrics(a->url, PROBE_TIMEOUT_MS, &m);
     kvr_status health = st == KVR_OK ? KVR_OK : kvr_oai_health(a->url, PROBE_TIMEOUT_MS);
-    bool flush = false;
     pthread_mutex_lock(&w->mu);
     uint64_t now = kvr_now_ns(); /* after served_full_at, which the client's thread sets under mu */
     if (st == KVR_OK) {
         ad->m = m;
         if (m.have_num_blocks && m.num_blocks)
             w->capacity = m.num_blocks;
+        restarted(ad, &m);
     }
     bool down = health != KVR_OK;
     if (down != ad->down) {
@@ -323,7 +345,6 @@ static void probe(struct kvr_adapter *ad)
         } else { /* it may have restarted: what it cached is gone */
             kvr_log(KVR_LOG_INFO, "engine_up", "url=%s", a->url);
             kvr__worker_cleared(w);
-            flush = true;
         }
     }
     snprintf(w->engine_why, sizeof w->engine_why, "%s",
@@ -341,8 +362,7 @@ static void probe(struct kvr_adapter *ad)
                 a->kv_events, (uint64_t)((now - ad->served_full_at) / KVR_NS_PER_S));
     }
     pthread_mutex_unlock(&w->mu);
-    if (flush)
-        kvr_worker_flush(w);
+    kvr_worker_flush(w); /* a Cleared made above */
 }
 
 static void *poll_main(void *arg)
@@ -495,6 +515,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
         ad->m = m;
         if (m.have_num_blocks && m.num_blocks)
             w->capacity = m.num_blocks;
+        ad->start_time = m.have_start_time ? m.start_time : 0;
     }
     struct kvr_oai_config oc = {.base_url = a->url,
                                 .model = a->model,

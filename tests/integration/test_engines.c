@@ -505,3 +505,44 @@ Test(engines, an_engine_silent_on_its_kv_events_endpoint_is_found_out)
               "the router did not warn");
     h_end();
 }
+
+Test(engines, a_restarted_engine_leaves_no_stale_blocks_in_the_index)
+{
+    struct engine e;
+    char listen[32], port[8];
+    snprintf(port, sizeof port, "%d", h_free_port());
+    snprintf(listen, sizeof listen, "127.0.0.1:%s", port);
+    const char *on_port[] = {"--listen", listen, NULL}; /* the same addresses after the restart */
+    engine_start_with(&e, true, "20", on_port);
+    adapter_start(&e, "1");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    struct got g = ask("before", 3000, 0, 320, 2);
+    cr_assert(g.final && g.error_code == 0);
+    double cached = metric(e.port, "kvengine_engine_cached_blocks");
+    cr_assert(ge(dbl, until_metric(rport, "kvrouter_index_entries", cached, 3000), 20));
+    h_signal(e.pid, SIGKILL);
+    h_wait(e.pid, 2000);
+    /* a new engine on the same HTTP, PUB and replay addresses: its cache is empty */
+    char prog[512];
+    snprintf(prog, sizeof prog, "%s/src/standin/kvengine", KVR_BUILD_ROOT);
+    const char *args[] = {"--listen",    listen, "--block-size", ENGINE_BS, "--speedup", "20",
+                          "--kv-events", e.pub,  "--kv-replay",  e.replay,  NULL};
+    e.pid = h_spawn_prog(prog, "kvengine", args);
+    cr_assert(eq(int, h_http_port(e.pid, 10000), atoi(port)));
+    /* the routers forget what the old one cached (the adapter saw it down, or its sequence
+     * start again), and what the new one stores comes in */
+    uint64_t end = h_now_ms() + 10000;
+    double entries;
+    while ((entries = metric(rport, "kvrouter_index_entries")) != 0 && h_now_ms() < end)
+        h_sleep_ms(50);
+    cr_expect(eq(dbl, entries, 0), "the index still holds %g blocks of the dead engine", entries);
+    until_metric(e.metrics, "kvworker_adapter_engine_up", 1, 5000);
+    g = ask("after", 4000, 0, 320, 2);
+    cr_assert(g.final && g.error_code == 0, "after the restart: error %u", g.error_code);
+    cached = metric(e.port, "kvengine_engine_cached_blocks");
+    entries = until_metric(rport, "kvrouter_index_entries", cached, 3000);
+    cr_expect(eq(dbl, entries, cached), "the router holds %g, the new engine %g", entries, cached);
+    h_end();
+}
