@@ -538,11 +538,22 @@ Test(engines, a_restarted_engine_leaves_no_stale_blocks_in_the_index)
     while ((entries = metric(rport, "kvrouter_index_entries")) != 0 && h_now_ms() < end)
         h_sleep_ms(50);
     cr_expect(eq(dbl, entries, 0), "the index still holds %g blocks of the dead engine", entries);
-    until_metric(e.metrics, "kvworker_adapter_engine_up", 1, 5000);
-    g = ask("after", 4000, 0, 320, 2);
-    cr_assert(g.final && g.error_code == 0, "after the restart: error %u", g.error_code);
+    char v[64];
+    cr_assert(h_log_value(e.adapter, "engine_restarted", "url", v, sizeof v, 5000),
+              "the adapter did not tell the restart");
+    /* the new engine's blocks come in; its first batch may go before the adapter's subscriber
+     * has reconnected (ZeroMQ's slow joiner: a lost hit, never a false one), so up to 3 tries */
+    entries = 0;
+    for (int k = 0; k < 3 && entries == 0; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "after%d", k);
+        g = ask(id, 4000u + 1000u * (uint32_t)k, 0, 320, 2);
+        cr_assert(g.final && g.error_code == 0, "after the restart: error %u", g.error_code);
+        entries = until_metric(rport, "kvrouter_index_entries", 20, 2000);
+    }
     cached = metric(e.port, "kvengine_engine_cached_blocks");
-    entries = until_metric(rport, "kvrouter_index_entries", cached, 3000);
-    cr_expect(eq(dbl, entries, cached), "the router holds %g, the new engine %g", entries, cached);
+    cr_expect(ge(dbl, entries, 20), "the router holds %g, the new engine %g", entries, cached);
+    cr_expect(le(dbl, entries, cached), "the router holds %g blocks, the engine only %g", entries,
+              cached);
     h_end();
 }
