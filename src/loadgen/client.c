@@ -338,7 +338,7 @@ void kvr_client_destroy(struct kvr_client *c)
 
 void kvr_client_shutdown(void)
 {
-    nats_Close();
+    nats_CloseAndWait(5000); /* its threads ended before exit (kvr_net_shutdown) */
 }
 
 kvr_status kvr_client_begin(struct kvr_client *c, uint32_t n, bool closed,

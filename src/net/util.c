@@ -317,7 +317,7 @@ struct kvr_sink kvr_nats_sink(natsConnection *nc)
 
 void kvr_net_shutdown(void)
 {
-    nats_Close();
+    nats_CloseAndWait(5000);
 }
 
 uint64_t kvr_nats_reconnects(natsConnection *nc)

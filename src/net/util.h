@@ -62,7 +62,9 @@ kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,
                        kvr_status err);
 
-/* At exit, after every connection is destroyed: release the NATS library (nats_Close). */
+/* At exit, after every connection is destroyed: release the NATS library and wait (up to 5 s)
+ * for its threads to end. nats_Close alone returns with them still running; one that ends
+ * while exit() runs the atexit handlers locks a freed mutex (a SIGSEGV seen at exit). */
 void kvr_net_shutdown(void);
 
 /* Reconnects of nc so far (0 for NULL). */
