@@ -2,6 +2,7 @@
  * The insides of kvr_router (include/kvr/router.h), shared by the files that implement it:
  *   router.c              the object: configuration, create and destroy, scratch, counters
  *   router_decision.c     the pipeline: validate, hash, walk, price every worker, select, book
+ *   cost.h                the kv time model's price of one worker (static inline, for the above)
  *   router_queue.c        requests waiting for a worker that is not busy
  *   router_events.c       workers' and requests' lifecycle, KV events, housekeeping
  *   router_replication.c  what replicas exchange: import, export, reconcile, digest
