@@ -71,6 +71,14 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
     }
 #define KVR_MODEL_BATCH_TOKENS 8192u /* tokens an engine step takes */
 
+/*
+ * Called from kvr_router_tick (at most once per index_warn_ns) when entries the engines still
+ * hold were pruned since the last call: pruned says how many, max_entries is the bound, from_fleet
+ * whether index_max_entries is 0. Must not call into the router.
+ */
+typedef void (*kvr_index_warn_fn)(void *ctx, uint64_t pruned, uint32_t max_entries,
+                                  bool from_fleet);
+
 /* How the kv policy prices a worker (see docs/architecture.md). */
 enum kvr_cost_model {
     KVR_COST_BLOCKS = 0, /* ROUTING.md section 4: overlap_weight * prefill / B + decode blocks */
@@ -89,14 +97,28 @@ struct kvr_router_config {
                                        times, scaled by how full the worker's cache is */
     double share_weight;            /* time model: weight of recomputing a prefix that n > 2
                                        in-flight requests are computing now, times (n-2)/n */
+    double cache_weight_idle;       /* time model: cache_weight on an idle fleet; the weight in
+                                       force moves from it to cache_weight with the fraction of
+                                       workers that have requests in flight */
+    double stall_weight;            /* time model: the delay our prefill's steps add to each
+                                       request decoding on the worker is charged this many times */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */
     uint64_t seed;                  /* seeds every random choice */
     bool approximate;               /* no KV events: decisions feed the index, with a TTL */
     uint64_t index_ttl_ns;          /* approximate mode entry lifetime */
-    uint32_t index_max_entries;     /* bound on worker-block entries in the index */
+    uint32_t index_max_entries;     /* bound on worker-block entries in the index; 0: from the
+                                       fleet (docs/architecture.md, "Index sizing") */
     uint32_t index_prune_pct;       /* prune down to this percentage when over the bound */
+    double index_headroom;          /* from the fleet: entries per announced block (>= 1) */
+    uint32_t index_min_entries;     /* from the fleet: the bound never goes below this */
+    uint32_t index_ceiling;         /* from the fleet: the bound never goes above this */
+    uint64_t index_worker_max;      /* from the fleet: a worker's announced capacity counts
+                                       at most this many blocks (heartbeats are untrusted) */
+    uint64_t index_warn_ns;         /* index_warn at most once per this long; 0: never */
+    kvr_index_warn_fn index_warn;   /* pruned live entries are reported here; may be NULL */
+    void *index_warn_ctx;           /* passed to index_warn */
     double busy_threshold;          /* busy above this fraction of capacity in blocks; 0: off */
     uint64_t busy_prefill_tokens;   /* busy above this many queued prefill tokens; 0: off */
     uint32_t max_prompt_tokens;     /* longer prompts are refused */
@@ -210,7 +232,8 @@ struct kvr_index_counters {
     uint64_t unknown_parent; /* Stored events rejected for an unknown parent */
     uint64_t unknown_block;  /* Removed ids that were not in the index */
     uint64_t reassigned;     /* engine ids reused for another block, or duplicate blocks */
-    uint64_t pruned;         /* entries pruned to keep the bound */
+    uint64_t pruned;         /* entries pruned to keep the bound (TTL and event entries) */
+    uint64_t pruned_live;    /* ... of which event entries: blocks the engines still hold */
     uint64_t expired;        /* TTL entries expired */
     uint64_t cleared;        /* entries dropped by Cleared events or worker removal */
 };
@@ -234,11 +257,13 @@ struct kvr_router_stats {
     uint64_t reconciled;        /* requests dropped because their worker did not hold them */
     uint64_t routed_blocks;     /* prompt blocks of the requests this router routed */
     uint64_t routed_overlap;    /* ... of which its decisions expected cached on their worker */
+    uint64_t kv_ignored;        /* KV events dropped unapplied: the router is approximate */
     struct kvr_index_counters index;
     uint32_t workers;       /* registered now */
     uint32_t inflight;      /* requests in flight now */
     uint32_t queue_len;     /* requests waiting now */
     uint32_t index_entries; /* worker-block entries in the index */
+    uint32_t index_max;     /* the index's bound now, entries (set or from the fleet) */
     uint32_t nodes;         /* blocks in the shared block table */
     uint64_t active_blocks; /* sum over workers of predicted active blocks */
     size_t memory_bytes;    /* heap held by the router's structures */
@@ -293,7 +318,11 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
 /* Remove a worker: its cache entries go, its in-flight requests fail (FAILED events). */
 kvr_status kvr_router_worker_remove(struct kvr_router *r, uint64_t worker_id);
 
-/* KV events from a worker's engine (event mode; also applied in approximate mode). */
+/*
+ * KV events from a worker's engine. A router configured approximate counts Stored and Removed
+ * (kv_ignored) and drops them: its index holds its own decisions' guesses alone. Cleared, which
+ * only forgets, is applied in both modes.
+ */
 kvr_status kvr_router_kv_stored(struct kvr_router *r, uint64_t worker_id, const uint64_t *parent,
                                 const struct kvr_kv_block *blocks, size_t n);
 kvr_status kvr_router_kv_removed(struct kvr_router *r, uint64_t worker_id,

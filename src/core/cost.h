@@ -46,17 +46,24 @@ struct fleet_prefix {
     uint32_t omax;  /* the longest prefix any worker caches, blocks */
     uint32_t hmax;  /* the longest prefix any in-flight request uses, blocks */
     double share_w; /* weight of recomputing blocks in flight but cached nowhere */
+    double busy;    /* the fraction of live workers with a request in flight, 0 to 1 */
+    double cache_w; /* weight of the cache a recomputation evicts, at this load */
 };
 
-static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, struct fleet_prefix *f)
+static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, double cache_w,
+                                double cache_w_idle, struct fleet_prefix *f)
 {
     f->omax = f->hmax = 0;
     f->share_w = 0;
+    uint32_t busy = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];
         f->omax = r->overlap[slot] > f->omax ? r->overlap[slot] : f->omax;
         f->hmax = r->hits[slot] > f->hmax ? r->hits[slot] : f->hmax;
+        busy += r->act.w[slot].nreqs > 0;
     }
+    f->busy = r->reg.nlive ? (double)busy / r->reg.nlive : 0;
+    f->cache_w = cache_w_idle + (cache_w - cache_w_idle) * f->busy;
     if (f->hmax <= f->omax || f->hmax > walked)
         return;
     /* n requests in flight compute a prefix no cache holds yet (a burst of agents sharing a
@@ -67,17 +74,30 @@ static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, str
     while (kvr_hset_next(&it, &slot, &refs))
         n += refs;
     assert(n > 0); /* some worker's in-flight prefix reaches that block */
-    f->share_w = n > 2 ? r->cfg.share_weight * (double)(n - 2) / n : 0;
+    f->share_w = n > 2 ? f->busy * r->cfg.share_weight * (double)(n - 2) / n : 0;
+}
+
+/* The time steps of batch_tokens take to prefill `tokens`, ms (0 for none). */
+static inline double prefill_time(const struct kvr_router_config *c, uint64_t tokens)
+{
+    if (!tokens)
+        return 0;
+    if (tokens <= c->batch_tokens)
+        return poly(c->prefill_ms, (double)tokens);
+    uint64_t steps = (tokens + c->batch_tokens - 1) / c->batch_tokens;
+    double last = (double)(tokens - (steps - 1) * c->batch_tokens);
+    return (double)(steps - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
 }
 
 /*
- * The time model's price of worker slot: predicted TTFT, plus what recomputing costs others. The
- * prefill this request adds evicts as many blocks from a full cache, so it is charged again,
- * cache_w times, in proportion to how full the worker's cache is; and blocks that in-flight
- * requests are computing right now are charged share_w times.
+ * The time model's price of worker slot: predicted TTFT, plus what the choice costs others. The
+ * requests decoding there wait for our prefill's steps: each of them is delayed by its time,
+ * charged stall_weight times. The prefill this request adds evicts as many blocks from a full
+ * cache, so it is charged again, f->cache_w times, in proportion to how full the worker's cache
+ * is; and blocks that in-flight requests are computing right now are charged f->share_w times.
  */
 static inline double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reuse,
-                               uint64_t prefill, uint64_t decode, double cache_w,
+                               uint64_t prefill, uint64_t decode, double ow,
                                const struct fleet_prefix *f)
 {
     const struct kvr_router_config *c = &r->cfg;
@@ -85,10 +105,11 @@ static inline double time_cost(const struct kvr_router *r, uint32_t slot, uint32
     double inv = r->reg.by_slot[slot].inv_capacity; /* 0 when the capacity is unknown */
     double u = (double)decode * inv;
     double fill = inv > 0 ? (double)r->ix.counts[slot] * inv : 1.0;
-    double own = (double)(prefill - aw->prefill);
-    double cost =
-        predicted_ttft(c, prefill, u, aw->nreqs > 0) +
-        cache_w * (fill > 1.0 ? 1.0 : fill) * (poly(c->prefill_ms, own) - c->prefill_ms[0]);
+    uint64_t own = prefill - aw->prefill;
+    double cost = predicted_ttft(c, prefill, u, aw->nreqs > 0) +
+                  c->stall_weight * (double)aw->nreqs * prefill_time(c, own) +
+                  ow * f->cache_w * (fill > 1.0 ? 1.0 : fill) *
+                      (poly(c->prefill_ms, (double)own) - c->prefill_ms[0]);
     uint32_t base = reuse > f->omax ? reuse : f->omax;
     if (f->share_w > 0 && f->hmax > base) {
         double dup = (double)(f->hmax - base) * r->cfg.block_size;

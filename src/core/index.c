@@ -137,8 +137,41 @@ static void prune(struct kvr_index *ix)
         while (ix->entries.live > target && ix->lru[l].head != KVR_NIL) {
             entry_remove(ix, ix->lru[l].head);
             ix->cnt.pruned++;
+            ix->cnt.pruned_live += l; /* lru[1]: event entries, which the engines still hold */
         }
     }
+}
+
+uint32_t kvr_index_bound(const struct kvr_router_config *c, uint64_t fleet_blocks)
+{
+    double want = c->index_max_entries ? (double)c->index_max_entries
+                                       : (double)fleet_blocks * c->index_headroom;
+    if (!c->index_max_entries) {
+        want = want > (double)c->index_min_entries ? want : (double)c->index_min_entries;
+        want = want < (double)c->index_ceiling ? want : (double)c->index_ceiling;
+    }
+    if (!(want >= 1)) /* also NaN */
+        return 1;
+    return want < (double)KVR_INDEX_MAX_ENTRIES ? (uint32_t)want : KVR_INDEX_MAX_ENTRIES;
+}
+
+void kvr_index_set_bound(struct kvr_index *ix, uint32_t max_entries)
+{
+    assert(max_entries > 0);
+    ix->cfg.max_entries = max_entries;
+    prune(ix);
+}
+
+bool kvr_index_prune_report(struct kvr_index *ix, uint64_t now, uint64_t interval_ns,
+                            uint64_t *pruned)
+{
+    if (ix->cnt.pruned_live == ix->warned_live || (ix->warned && now - ix->warned_at < interval_ns))
+        return false;
+    *pruned = ix->cnt.pruned_live - ix->warned_live;
+    ix->warned_live = ix->cnt.pruned_live;
+    ix->warned_at = now;
+    ix->warned = true;
+    return true;
 }
 
 /* Bind engine_id to a new or existing entry of slot on node nh, as an event entry. */

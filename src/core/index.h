@@ -9,12 +9,15 @@
  *   assumed to cache the prompt's blocks for ttl_ns, refreshed whenever they are routed again.
  * Both kinds of entry live in one structure; TTL entries expire, event entries stay until the
  * engine removes them. The index is bounded: past max_entries it prunes the soonest-to-expire
- * entries (TTL entries first, then the oldest event entries) down to prune_pct percent.
+ * entries (TTL entries first, then the oldest event entries) down to prune_pct percent; pruned
+ * event entries (blocks the engines still hold: lost hits) are counted apart. The bound may be
+ * changed at any time (the router sizes it from the fleet); a lower one prunes, counted.
  * Overlaps are read with kvr_blocktab_walk over the idx sets. Single-threaded.
  */
 #ifndef KVR_INDEX_H
 #define KVR_INDEX_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "blocktab.h"
@@ -50,6 +53,9 @@ struct kvr_index {
                                       tie-break of every decision), owned */
     uint32_t nslots;               /* slots with state */
     struct kvr_index_counters cnt; /* what happened, for stats */
+    uint64_t warned_live;          /* cnt.pruned_live when it was last reported */
+    uint64_t warned_at;            /* ns of that report (warned: there was one) */
+    bool warned;                   /* */
 };
 
 kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
@@ -94,6 +100,35 @@ void kvr_index_each(const struct kvr_index *ix,
  */
 kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, bool has_engine,
                             uint64_t engine_id, uint64_t expires);
+
+/* KVR_INDEX_MAX_ENTRIES: no bound goes above it (entry handles are 32-bit; KVR_NIL is taken). */
+#define KVR_INDEX_MAX_ENTRIES (1u << 31)
+
+/*
+ * The bound c gives the index (kvr_router_config's index_* fields): index_max_entries when set,
+ * else fleet_blocks (the sum of the workers' announced capacities, each already clamped by
+ * kvr_index_counted_blocks) times index_headroom, kept within [index_min_entries,
+ * index_ceiling] (the ceiling wins) and within [1, KVR_INDEX_MAX_ENTRIES].
+ */
+uint32_t kvr_index_bound(const struct kvr_router_config *c, uint64_t fleet_blocks);
+
+/* How many of a worker's announced blocks the fleet's bound counts: at most
+ * c->index_worker_max (a heartbeat is untrusted). */
+static inline uint64_t kvr_index_counted_blocks(const struct kvr_router_config *c,
+                                                uint64_t announced)
+{
+    return announced < c->index_worker_max ? announced : c->index_worker_max;
+}
+
+/* Bound the index at max_entries (> 0) from now on; over it, it prunes at once (counted). */
+void kvr_index_set_bound(struct kvr_index *ix, uint32_t max_entries);
+
+/*
+ * Whether event entries were pruned since the last report and the last report is at least
+ * interval_ns old at now; if so, *pruned is how many and now is the last report.
+ */
+bool kvr_index_prune_report(struct kvr_index *ix, uint64_t now, uint64_t interval_ns,
+                            uint64_t *pruned);
 
 /* Drop TTL entries that expired at or before now. */
 void kvr_index_expire(struct kvr_index *ix, uint64_t now);

@@ -1,7 +1,8 @@
 /*
  * kvr_registry implementation: an array of workers by slot, a kvr_map from id to slot, and the
  * join-order list of live slots. Invariants: order[0..nlive) are distinct slots with a non-zero
- * id, the map holds exactly their ids, and every other slot below nslots has id 0.
+ * id, the map holds exactly their ids, every other slot below nslots has id 0, and index_blocks is
+ * the sum of the live workers' index_blocks.
  */
 #include "registry.h"
 
@@ -74,9 +75,18 @@ kvr_status kvr_registry_add(struct kvr_registry *g, uint64_t id, uint32_t *out)
     return KVR_OK;
 }
 
+void kvr_registry_set_index_blocks(struct kvr_registry *g, uint32_t slot, uint64_t blocks)
+{
+    struct kvr_worker *w = &g->by_slot[slot];
+    assert(slot < g->nslots && w->id != 0 && g->index_blocks >= w->index_blocks);
+    g->index_blocks = g->index_blocks - w->index_blocks + blocks;
+    w->index_blocks = blocks;
+}
+
 void kvr_registry_remove(struct kvr_registry *g, uint32_t slot)
 {
     assert(slot < g->nslots && g->by_slot[slot].id != 0);
+    kvr_registry_set_index_blocks(g, slot, 0);
     for (uint32_t i = 0; i < g->nlive; i++) {
         if (g->order[i] == slot) {
             memmove(g->order + i, g->order + i + 1, (size_t)(g->nlive - i - 1) * sizeof *g->order);

@@ -3,7 +3,8 @@
  * indexes every per-worker array of the core; slots are reused after a worker leaves, once all of
  * its state is gone. Workers live in one array indexed by slot, so the per-decision scan over all
  * workers reads memory in order. The join order of live workers is kept, so every scan (and so
- * every decision) is deterministic. Single-threaded.
+ * every decision) is deterministic. It also keeps the sum of the capacities the workers announced,
+ * as the prefix index's bound counts them. Single-threaded.
  */
 #ifndef KVR_REGISTRY_H
 #define KVR_REGISTRY_H
@@ -24,6 +25,7 @@ struct kvr_worker {
     uint64_t timeout_ns;      /* its own silence timeout; 0: the router's */
     bool draining;            /* announced it is shutting down */
     bool approximate;         /* announced that its engine publishes no KV events */
+    uint64_t index_blocks;    /* its capacity as the index bound counts it (clamped), blocks */
 };
 
 struct kvr_registry {
@@ -33,6 +35,7 @@ struct kvr_registry {
     uint32_t *order;            /* live slots in join order, nslots room, owned */
     uint32_t nlive;             /* live workers */
     uint32_t max_workers;       /* bound on live workers */
+    uint64_t index_blocks;      /* sum of the live workers' index_blocks, blocks */
 };
 
 kvr_status kvr_registry_init(struct kvr_registry *g, uint32_t max_workers);
@@ -52,7 +55,10 @@ static inline uint32_t kvr_registry_slot(const struct kvr_registry *g, const str
     return (uint32_t)(w - g->by_slot);
 }
 
-/* Unregister the worker in slot; the slot becomes free. */
+/* Count blocks (already clamped by the caller) as the worker in slot's share of the index. */
+void kvr_registry_set_index_blocks(struct kvr_registry *g, uint32_t slot, uint64_t blocks);
+
+/* Unregister the worker in slot (its index_blocks leave the sum); the slot becomes free. */
 void kvr_registry_remove(struct kvr_registry *g, uint32_t slot);
 
 #endif

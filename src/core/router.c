@@ -30,14 +30,21 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->cost_model = KVR_COST_TIME;
     c->cache_weight = 4.0;
     c->share_weight = 16.0;
+    c->cache_weight_idle = 4.0;
+    c->stall_weight = 0;
     static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
     memcpy(c->prefill_ms, prefill, sizeof prefill);
     memcpy(c->decode_ms, decode, sizeof decode);
     c->batch_tokens = KVR_MODEL_BATCH_TOKENS;
     c->seed = 1;
     c->index_ttl_ns = 120ull * 1000000000ull;
-    c->index_max_entries = 1u << 20;
+    c->index_max_entries = 0; /* from the fleet: docs/architecture.md, "Index sizing" */
     c->index_prune_pct = 80;
+    c->index_headroom = 1.25;
+    c->index_min_entries = 1u << 20;
+    c->index_ceiling = 1u << 24;
+    c->index_worker_max = 1u << 22;
+    c->index_warn_ns = 60ull * 1000000000ull;
     c->busy_threshold = 0.95;
     c->busy_prefill_tokens = 0;
     c->max_prompt_tokens = 1u << 20;
@@ -58,13 +65,21 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->chwbl_load_factor = 1.25;
 }
 
+static bool index_config_valid(const struct kvr_router_config *c)
+{
+    return c->index_max_entries <= KVR_INDEX_MAX_ENTRIES && c->index_headroom >= 1.0 &&
+           c->index_headroom <= 64.0 && c->index_min_entries > 0 && c->index_ceiling > 0 &&
+           c->index_ceiling <= KVR_INDEX_MAX_ENTRIES;
+}
+
 static bool config_valid(const struct kvr_router_config *c)
 {
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
            c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
-           c->temperature >= 0 && c->batch_tokens > 0 && c->busy_threshold >= 0 &&
-           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 &&
-           c->max_workers > 0 && c->index_max_entries > 0 && c->chwbl_load_factor >= 1.0;
+           c->cache_weight_idle >= 0 && c->stall_weight >= 0 && c->temperature >= 0 &&
+           c->batch_tokens > 0 && c->busy_threshold >= 0 && c->max_prompt_tokens > 0 &&
+           c->max_output_tokens > 0 && c->max_inflight > 0 && c->max_workers > 0 &&
+           c->chwbl_load_factor >= 1.0 && index_config_valid(c);
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
@@ -82,7 +97,7 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
     }
     r->cfg = *cfg;
     kvr_select_init(&r->sel, cfg->seed);
-    struct kvr_index_config icfg = {cfg->index_ttl_ns, cfg->index_max_entries,
+    struct kvr_index_config icfg = {cfg->index_ttl_ns, kvr_index_bound(cfg, 0),
                                     cfg->index_prune_pct};
     s = kvr_registry_init(&r->reg, cfg->max_workers);
     if (s == KVR_OK)
@@ -203,6 +218,7 @@ void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out)
     out->inflight = kvr_active_count(&r->act);
     out->queue_len = r->qlen;
     out->index_entries = kvr_index_entries(&r->ix);
+    out->index_max = r->ix.cfg.max_entries;
     out->nodes = kvr_blocktab_count(&r->tab);
     out->active_blocks = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++)

@@ -47,9 +47,9 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     bool timed = r->cfg.cost_model == KVR_COST_TIME;
-    struct fleet_prefix f = {0, 0, 0};
+    struct fleet_prefix f = {0, 0, 0, 0, 0};
     if (timed)
-        fleet_prefix(r, walked, &f);
+        fleet_prefix(r, walked, r->cfg.cache_weight, r->cfg.cache_weight_idle, &f);
     uint32_t neligible = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];
@@ -61,9 +61,8 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         uint64_t cached = (uint64_t)reuse * B;
         uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
-        r->costs[i] = timed
-                          ? time_cost(r, slot, reuse, prefill, decode, ow * r->cfg.cache_weight, &f)
-                          : ow / B * (double)prefill + (double)decode;
+        r->costs[i] = timed ? time_cost(r, slot, reuse, prefill, decode, ow, &f)
+                            : ow / B * (double)prefill + (double)decode;
         r->cand_ids[i] = r->reg.by_slot[slot].id;
         r->cand_slot[i] = slot;
         r->eligible[neligible] = i;

@@ -3,9 +3,11 @@
  * output block, done; those for requests not booked yet are kept as early events), heartbeats
  * that register workers and refresh their load, worker removal (its index entries go, its
  * in-flight requests fail), KV events into the prefix index, and the periodic tick (TTL expiry,
- * silent workers, the queue). Invariant: a slot is given back to the registry only once all of
- * its state is gone (no index entry, no in-flight request), so a new worker in it starts clean.
- * Single-threaded: the router's state thread; events are emitted from inside these calls.
+ * silent workers, the queue, the warning of pruned live entries); the index's bound follows the
+ * capacities the workers announce (docs/architecture.md, "Index sizing"). Invariant: a slot is
+ * given back to the registry only once all of its state is gone (no index entry, no in-flight
+ * request), so a new worker in it starts clean. Single-threaded: the router's state thread; events
+ * are emitted from inside these calls.
  */
 #include "kvr/router.h"
 
@@ -81,6 +83,17 @@ static struct kvr_worker *join(struct kvr_router *r, const struct kvr_worker_inf
     return w;
 }
 
+/*
+ * Worker w now announces capacity blocks: its clamped share of the index's bound changes, and the
+ * bound follows (a lower one prunes at once, counted). O(1): the registry keeps the sum.
+ */
+static void size_index(struct kvr_router *r, struct kvr_worker *w, uint64_t capacity)
+{
+    kvr_registry_set_index_blocks(&r->reg, kvr_registry_slot(&r->reg, w),
+                                  kvr_index_counted_blocks(&r->cfg, capacity));
+    kvr_index_set_bound(&r->ix, kvr_index_bound(&r->cfg, r->reg.index_blocks));
+}
+
 kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_info *info,
                                   uint64_t now)
 {
@@ -97,6 +110,8 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
         if (!w)
             return st;
     }
+    if (w->capacity_blocks != info->capacity_blocks)
+        size_index(r, w, info->capacity_blocks);
     w->capacity_blocks = info->capacity_blocks;
     w->inv_capacity = info->capacity_blocks ? 1.0 / (double)info->capacity_blocks : 0.0;
     w->waiting = info->waiting;
@@ -133,6 +148,7 @@ static void remove_worker(struct kvr_router *r, uint32_t slot)
     assert(r->act.w[slot].nreqs == 0 && r->act.w[slot].blocks == 0 && r->act.w[slot].prefill == 0 &&
            kvr_index_worker_blocks(&r->ix, slot) == 0);
     kvr_registry_remove(&r->reg, slot);
+    kvr_index_set_bound(&r->ix, kvr_index_bound(&r->cfg, r->reg.index_blocks));
     r->ring_dirty = true;
     r->st.workers_left++;
     kvr__router_emit(r, KVR_EV_WORKER_LEFT, 0, id, KVR_ERR_WORKER_LOST, NULL);
@@ -157,20 +173,39 @@ static struct kvr_worker *event_worker(struct kvr_router *r, uint64_t worker_id)
     return w;
 }
 
+/*
+ * A router configured approximate keeps one truth, its decisions' TTL guesses: an event entry
+ * would never expire and would outrank them, and the engines' event streams are what the operator
+ * said not to trust. So Stored and Removed are counted and dropped (KVR_OK: not the sender's
+ * fault).
+ */
+static bool ignore_kv(struct kvr_router *r)
+{
+    if (r->cfg.approximate)
+        r->st.kv_ignored++;
+    return r->cfg.approximate;
+}
+
 kvr_status kvr_router_kv_stored(struct kvr_router *r, uint64_t worker_id, const uint64_t *parent,
                                 const struct kvr_kv_block *blocks, size_t n)
 {
     struct kvr_worker *w = event_worker(r, worker_id);
-    return w ? kvr_index_stored(&r->ix, kvr_registry_slot(&r->reg, w), parent, blocks, n)
-             : KVR_ERR_UNKNOWN_WORKER;
+    if (!w)
+        return KVR_ERR_UNKNOWN_WORKER;
+    if (ignore_kv(r))
+        return KVR_OK;
+    return kvr_index_stored(&r->ix, kvr_registry_slot(&r->reg, w), parent, blocks, n);
 }
 
 kvr_status kvr_router_kv_removed(struct kvr_router *r, uint64_t worker_id,
                                  const uint64_t *engine_ids, size_t n)
 {
     struct kvr_worker *w = event_worker(r, worker_id);
-    return w ? kvr_index_removed(&r->ix, kvr_registry_slot(&r->reg, w), engine_ids, n)
-             : KVR_ERR_UNKNOWN_WORKER;
+    if (!w)
+        return KVR_ERR_UNKNOWN_WORKER;
+    if (ignore_kv(r))
+        return KVR_OK;
+    return kvr_index_removed(&r->ix, kvr_registry_slot(&r->reg, w), engine_ids, n);
 }
 
 kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
@@ -196,9 +231,20 @@ static void remove_silent(struct kvr_router *r, uint64_t now)
     }
 }
 
+/* Tell the owner, at most once per index_warn_ns, that entries the engines hold were pruned. */
+static void warn_pruned(struct kvr_router *r, uint64_t now)
+{
+    uint64_t pruned;
+    if (r->cfg.index_warn && r->cfg.index_warn_ns &&
+        kvr_index_prune_report(&r->ix, now, r->cfg.index_warn_ns, &pruned))
+        r->cfg.index_warn(r->cfg.index_warn_ctx, pruned, r->ix.cfg.max_entries,
+                          r->cfg.index_max_entries == 0);
+}
+
 void kvr_router_tick(struct kvr_router *r, uint64_t now)
 {
     r->last_now = now;
+    warn_pruned(r, now);
     kvr_index_expire(&r->ix, now);
     kvr_early_expire(&r->early, now);
     if (r->cfg.request_ttl_ns && now >= r->cfg.request_ttl_ns) {

@@ -19,6 +19,19 @@ static const char *const policy_names[] = {KVR_POLICY_LIST(POLICY_NAME) NULL};
 #undef POLICY_NAME
 static const char *const cost_names[] = {"blocks", "time", NULL}; /* enum kvr_cost_model */
 
+/*
+ * The core's report that the prefix index pruned entries the engines still hold (lost cache
+ * hits), at most once per index_warn_ns (60 s): what, and how to raise the bound.
+ */
+static void index_warn(void *ctx, uint64_t pruned, uint32_t max_entries, bool from_fleet)
+{
+    (void)ctx;
+    kvr_log(KVR_LOG_WARN, "index_pruned_live",
+            "pruned=%llu max_entries=%u from_fleet=%s hint=\"the prefix index is full: raise "
+            "--index-max-entries above %u (0: sized from the workers' announced capacity)\"",
+            (unsigned long long)pruned, max_entries, from_fleet ? "true" : "false", max_entries);
+}
+
 void kvr_rd_config_default(struct kvr_rd_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -28,6 +41,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     /* a worker that announces no heartbeat interval is dropped after this much silence (one that
      * does: after 3.2 of its intervals); the simulator never drops a worker */
     c->core.worker_timeout_ns = 3200 * KVR_NS_PER_MS;
+    c->core.index_warn = index_warn; /* the simulator reports its pruning instead */
     c->max_output_tokens = 1u << 16;
     c->tick_ns = 20 * KVR_NS_PER_MS;
     c->warmup_ns = 2 * KVR_NS_PER_S;
@@ -49,6 +63,14 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
 #define NUM(n, t, p, lo, hi, h)                                                                    \
     {                                                                                              \
         .name = n, .type = t, .ptr = p, .help = h, .min = lo, .max = hi                            \
+    }
+#define ENV_NUM(n, e, t, p, lo, hi, h)                                                             \
+    {                                                                                              \
+        .name = n, .env = e, .type = t, .ptr = p, .help = h, .min = lo, .max = hi                  \
+    }
+#define FLAG(n, e, p, h)                                                                           \
+    {                                                                                              \
+        .name = n, .env = e, .type = KVR_OPT_BOOL, .ptr = p, .help = h                             \
     }
 
 size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
@@ -81,11 +103,12 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
             "kv: 0 = cheapest, > 0 samples"),
         NUM("busy-threshold", KVR_OPT_DOUBLE, &k->busy_threshold, 0, 1e6,
             "skip workers above this fraction of their KV capacity (0: off)"),
-        {.name = "approximate",
-         .env = "KVR_APPROXIMATE",
-         .type = KVR_OPT_BOOL,
-         .ptr = &k->approximate,
-         .help = "workers publish no KV events: learn from decisions"},
+        FLAG("approximate", "KVR_APPROXIMATE", &k->approximate,
+             "workers publish no KV events: learn from decisions"),
+        ENV_NUM("index-max-entries", "KVR_INDEX_MAX_ENTRIES", KVR_OPT_U32, &k->index_max_entries, 0,
+                2147483648.0,
+                "bound on prefix-index entries (0: the workers' announced capacity x 1.25, at "
+                "least 1048576, at most 16777216)"),
         NUM("max-prompt-tokens", KVR_OPT_U32, &k->max_prompt_tokens, 1, 1 << 24,
             "longer prompts refused"),
         NUM("max-output-tokens", KVR_OPT_U32, &c->max_output_tokens, 1, 1 << 24,
@@ -102,11 +125,8 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
         NUM("tick-ms", KVR_OPT_MS, &c->tick_ns, 1, 60000, "housekeeping period"),
         NUM("warmup-ms", KVR_OPT_MS, &c->warmup_ns, 0, 3.6e6,
             "at start, listen this long (at most) for workers before taking requests"),
-        {.name = "gossip",
-         .env = "KVR_GOSSIP",
-         .type = KVR_OPT_BOOL,
-         .ptr = &c->gossip,
-         .help = "share decisions with the other routers (--gossip=false: on its own)"},
+        FLAG("gossip", "KVR_GOSSIP", &c->gossip,
+             "share decisions with the other routers (--gossip=false: on its own)"),
         NUM("hello-ms", KVR_OPT_MS, &c->hello_ns, 1, 3.6e6, "period of the hello to the peers"),
         NUM("sync-timeout-ms", KVR_OPT_MS, &c->sync_timeout_ns, 1, 3.6e6,
             "at start, wait this long (twice at most) for a peer's snapshot"),

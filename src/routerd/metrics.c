@@ -124,6 +124,19 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    (double)s.active_blocks);
     kvr_prom_gauge(p, "kvrouter_index_entries", "Worker-block entries in the prefix index.",
                    s.index_entries);
+    kvr_prom_gauge(p, "kvrouter_index_max_entries",
+                   "Bound on prefix-index entries (--index-max-entries, or from the workers' "
+                   "announced capacity).",
+                   s.index_max);
+    kvr_prom_family(p, "kvrouter_index_pruned_total", KVR_PROM_COUNTER,
+                    "Prefix-index entries pruned to keep the bound, by kind (event: blocks the "
+                    "engines still hold, lost hits; ttl: approximate-mode guesses).");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"kind", "event"}, 1, s.index.pruned_live);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"kind", "ttl"}, 1,
+                 s.index.pruned - s.index.pruned_live);
+    kvr_prom_counter(p, "kvrouter_kv_events_ignored_total",
+                     "KV events dropped unapplied: the router is approximate (--approximate).",
+                     s.kv_ignored);
     kvr_prom_gauge(p, "kvrouter_memory_bytes", "Heap held by the routing core.",
                    (double)s.memory_bytes);
     kvr_prom_counter(p, "kvrouter_bad_events_total",

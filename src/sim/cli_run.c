@@ -159,10 +159,12 @@ static int run_one(struct kvr_run_config *c, const struct kvr_workload *w, const
     }
     const struct kvr_sim_result *r = out;
     printf("%-18s load=%-6g ttft_ms mean=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.1f  "
-           "hit=%.3f (%.0f%% of ceiling)  tok/s=%.0f  finished=%u rejected=%u\n",
+           "hit=%.3f (%.0f%% of ceiling)  tok/s=%.0f  finished=%u rejected=%u  "
+           "index_max=%u pruned=%llu live=%llu\n",
            label, r->load, r->ttft_ms.mean, r->ttft_ms.p90, r->ttft_ms.p99, r->itl_ms.mean,
            r->hit_rate, meta->hit_ceiling > 0 ? 100 * r->hit_rate / meta->hit_ceiling : 0.0,
-           r->throughput_tok_s, r->finished, r->rejected);
+           r->throughput_tok_s, r->finished, r->rejected, r->index_bound,
+           (unsigned long long)r->index_pruned, (unsigned long long)r->index_pruned_live);
     fflush(stdout);
     return 0;
 }

@@ -81,7 +81,9 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
             "\"imbalance\": %.4f, \"preemptions\": %llu, \"evictions\": %llu, "
             "\"prediction_error\": {\"blocks\": %.2f, \"relative\": %.4f}, "
             "\"makespan_s\": %.3f, \"router_memory_max_bytes\": %llu, "
-            "\"index_entries_max\": %llu, \"router_unknown_events\": %llu",
+            "\"index_entries_max\": %llu, \"router_unknown_events\": %llu, "
+            "\"index_max_entries\": %u, \"index_pruned\": %llu, \"index_pruned_live\": %llu, "
+            "\"kv_event_blocks_applied\": %llu, \"kv_events_ignored\": %llu",
             r->hit_rate, m->hit_ceiling, m->hit_ceiling_capacity,
             m->hit_ceiling > 0 ? r->hit_rate / m->hit_ceiling : 0,
             m->hit_ceiling_capacity > 0 ? r->hit_rate / m->hit_ceiling_capacity : 0,
@@ -89,7 +91,9 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
             (unsigned long long)r->preemptions, (unsigned long long)r->evictions,
             r->pred_err_blocks, r->pred_err_rel, r->makespan_s,
             (unsigned long long)r->router_memory_max, (unsigned long long)r->index_entries_max,
-            (unsigned long long)r->router_unknown);
+            (unsigned long long)r->router_unknown, r->index_bound,
+            (unsigned long long)r->index_pruned, (unsigned long long)r->index_pruned_live,
+            (unsigned long long)r->kv_applied, (unsigned long long)r->kv_ignored);
     if (m->replicas)
         fprintf(f,
                 ", \"replicas\": %u, \"gossip\": %s, \"decisions\": %llu, \"gossip_msgs\": %llu, "
@@ -186,8 +190,9 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
     fprintf(f, "\n## %s = %g\n\n| policy |", m->load_kind, load);
     for (size_t k = 0; k < NMETRICS; k++)
         fprintf(f, " %s |", metrics[k].name);
-    fprintf(f, " hit / ceiling | finished | rejected | imbalance | preempt | pred. err |\n|---|");
-    for (size_t k = 0; k < NMETRICS + 6; k++)
+    fprintf(f, " hit / ceiling | finished | rejected | imbalance | preempt | pred. err | "
+               "pruned (live) |\n|---|");
+    for (size_t k = 0; k < NMETRICS + 7; k++)
         fprintf(f, "---:|");
     fprintf(f, "\n");
     double best[NMETRICS];
@@ -203,9 +208,10 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++)
             fprintf(f, k == 8 ? " %.3f |" : " %.1f |", metrics[k].get(r));
-        fprintf(f, " %.3f | %u | %u | %.2f | %llu | %.1f%% |\n",
+        fprintf(f, " %.3f | %u | %u | %.2f | %llu | %.1f%% | %llu (%llu) |\n",
                 m->hit_ceiling > 0 ? r->hit_rate / m->hit_ceiling : 0, r->finished, r->rejected,
-                r->imbalance, (unsigned long long)r->preemptions, 100 * r->pred_err_rel);
+                r->imbalance, (unsigned long long)r->preemptions, 100 * r->pred_err_rel,
+                (unsigned long long)r->index_pruned, (unsigned long long)r->index_pruned_live);
         if (r->policy == KVR_POLICY_KV)
             continue;
         have_base = true;

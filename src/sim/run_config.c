@@ -65,6 +65,8 @@ static size_t run_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
     return append(t, n, o, sizeof o / sizeof o[0]);
 }
 
+#define INDEX_MAX 2147483648.0 /* the core's KVR_INDEX_MAX_ENTRIES (src/core/index.h) */
+
 static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
 {
     struct kvr_engine_config *e = &c->sim.engine;
@@ -93,12 +95,24 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
             "cache is"),
         OPT("share-weight", KVR_OPT_DOUBLE, &r->share_weight, 0, 1e6,
             "router, time: weight of recomputing a prefix other in-flight requests compute now"),
+        OPT("cache-weight-idle", KVR_OPT_DOUBLE, &r->cache_weight_idle, 0, 1e6,
+            "router, time: --cache-weight on an idle fleet (it moves to --cache-weight as workers "
+            "fill)"),
+        OPT("stall-weight", KVR_OPT_DOUBLE, &r->stall_weight, 0, 1e6,
+            "router, time: the delay a prefill adds to each request decoding there, charged this "
+            "many times"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("busy-threshold", KVR_OPT_DOUBLE, &r->busy_threshold, 0, 1e6,
             "router: busy above this fraction of capacity (0: off)"),
         FLAG("approximate", &r->approximate,
-             "router: no KV events; the index learns from decisions (TTL)"),
+             "router: the engines' KV events are withheld; the index learns from decisions (TTL)"),
+        OPT("index-max-entries", KVR_OPT_U32, &r->index_max_entries, 0, INDEX_MAX,
+            "router: bound on index entries; 0: from the fleet (capacities x 1.25)"),
+        OPT("index-ceiling", KVR_OPT_U32, &r->index_ceiling, 1, INDEX_MAX,
+            "router: the bound from the fleet stays at most this"),
+        OPT("index-worker-max", KVR_OPT_U64, &r->index_worker_max, 0, 0,
+            "router: a worker's announced capacity counts at most this many blocks"),
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
 }

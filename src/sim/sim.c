@@ -2,9 +2,9 @@
  * kvr_sim, the event loop (sim_int.h lists the other files): one event heap ordered by (time,
  * insertion), so events at equal times keep their order and a run is a pure function of its
  * inputs. Engine publications travel to the routers as heap events after the configured delay,
- * each delivered to every replica in turn; the client sees tokens at engine time. Invariant:
- * virtual time never goes back (every event is pushed at or after now, and the heap pops the
- * earliest). Single-threaded: one run, one thread.
+ * each delivered to every replica in turn (KV events only in event mode); the client sees tokens at
+ * engine time. Invariant: virtual time never goes back (every event is pushed at or after now, and
+ * the heap pops the earliest). Single-threaded: one run, one thread.
  */
 #include "sim.h"
 
@@ -41,10 +41,18 @@ static uint64_t deliver_at(const struct sim *s)
     return s->now + s->cfg->event_delay_ns;
 }
 
+/* Approximate mode: the engines publish no KV events (their lifecycle events still flow). */
+static bool withheld(const struct sim *s)
+{
+    return s->cfg->router.approximate;
+}
+
 static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_block *blocks,
                       size_t n)
 {
     struct wctx *c = ctx;
+    if (withheld(c->s))
+        return;
     struct stored_msg *m = malloc(sizeof *m + n * sizeof *blocks);
     if (!m) {
         kvr__sim_fail(c->s, KVR_ERR_NOMEM);
@@ -60,6 +68,8 @@ static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_blo
 static void on_removed(void *ctx, const uint64_t *ids, size_t n)
 {
     struct wctx *c = ctx;
+    if (withheld(c->s))
+        return;
     struct removed_msg *m = malloc(sizeof *m + n * sizeof *ids);
     if (!m) {
         kvr__sim_fail(c->s, KVR_ERR_NOMEM);

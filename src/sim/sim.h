@@ -4,10 +4,12 @@
  * by a rate scale, or closed loop with C clients), the router decides and books, the engine of the
  * chosen worker runs its steps, and everything the engine publishes (KV events, prefill done,
  * output blocks, done) reaches the router through the same entry points the NATS router uses,
- * after an event delay that models the network. Workers heartbeat their load every heartbeat
- * period; at each heartbeat the router's predicted active blocks are compared with the blocks the
- * engine really holds, so the prediction error is measured. Deterministic for a seed. Pure: no
- * I/O, no clock.
+ * after an event delay that models the network. In approximate mode (router.approximate) the
+ * engines' KV events are withheld, as from engines that publish none: the router learns each
+ * worker's cache from its own decisions (with the index TTL); lifecycle events still flow. Workers
+ * heartbeat their load every heartbeat period; at each heartbeat the router's predicted active
+ * blocks are compared with the blocks the engine really holds, so the prediction error is measured.
+ * Deterministic for a seed. Pure: no I/O, no clock.
  *
  * Router replicas: with replicas > 1 the requests are shared among that many routers, each its own
  * kvr_router, as a NATS queue group shares them (a seeded random draw per request). Every replica
@@ -71,6 +73,12 @@ struct kvr_sim_result {
                                    replicas, early events are counted apart) */
     uint64_t index_entries_max; /* largest index seen (at heartbeats) */
     uint64_t router_memory_max; /* largest router memory seen, bytes */
+    uint32_t index_bound;       /* the index's bound at the end (set or from the fleet), entries */
+    uint64_t index_pruned;      /* index entries pruned to keep the bound, over the replicas */
+    uint64_t index_pruned_live; /* ... of which event entries: blocks the engines still held */
+    uint64_t kv_applied;        /* KV event blocks the routers applied (stored + removed) */
+    uint64_t kv_ignored;        /* KV events the routers dropped (approximate; should stay 0:
+                                   the simulator withholds them) */
     /* router replicas (the gossip counters stay zero with one router) */
     uint32_t replicas;         /* routers that shared the requests */
     bool gossip;               /* they imported each other's decisions */

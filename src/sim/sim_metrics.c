@@ -55,6 +55,11 @@ static void collect_routers(const struct sim *s, struct kvr_sim_result *out)
         out->router_unknown += rs.unknown_request + rs.unknown_worker + rs.index.unknown_parent;
         out->early_events += rs.early_events;
         out->late_decisions += rs.late_decisions;
+        out->index_pruned += rs.index.pruned;
+        out->index_pruned_live += rs.index.pruned_live;
+        out->kv_applied += rs.index.stored_blocks + rs.index.removed_blocks;
+        out->kv_ignored += rs.kv_ignored;
+        out->index_bound = rs.index_max;
         double rel = rp->pred_actual > 0 ? rp->pred_abs / rp->pred_actual : 0;
         if (rel > out->pred_err_rel_worst)
             out->pred_err_rel_worst = rel;

@@ -239,3 +239,36 @@ Test(index, event_entry_outranks_ttl_entry)
     cr_assert(eq(int, kvr_index_removed(&ix, 0, &b[1].engine_id, 1), KVR_OK));
     cr_assert(eq(u32, kvr_index_entries(&ix), 1));
 }
+
+Test(index, pruning_counts_live_entries_apart_from_guesses)
+{
+    struct kvr_kv_block b[10];
+    uint64_t seq[10];
+    uint32_t nodes[10];
+    path(70, 10, b, seq);
+    for (int i = 0; i < 10; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, seq[i], &nodes[i]), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 1, nodes, 10, 0), KVR_OK)); /* 10 guesses */
+    for (int i = 0; i < 10; i++)
+        kvr_blocktab_release(&tab, nodes[i]);
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 10), KVR_OK)); /* 10 engine blocks */
+    cr_assert(eq(u32, kvr_index_entries(&ix), 20));
+    uint64_t n;
+    kvr_index_set_bound(&ix, 15); /* prune to 12: 8 of the 10 guesses go first */
+    cr_assert(eq(u32, kvr_index_entries(&ix), 12));
+    cr_assert(eq(u64, ix.cnt.pruned, 8));
+    cr_assert(eq(u64, ix.cnt.pruned_live, 0), "the guesses went first");
+    cr_assert(not(kvr_index_prune_report(&ix, 1 * NS, 60 * NS, &n)), "guesses are not reported");
+    kvr_index_set_bound(&ix, 5); /* prune to 4: the 2 guesses left, then 6 live entries */
+    cr_assert(eq(u64, ix.cnt.pruned, 16));
+    cr_assert(eq(u64, ix.cnt.pruned_live, 6));
+    cr_assert(kvr_index_prune_report(&ix, 5 * NS, 60 * NS, &n));
+    cr_assert(eq(u64, n, 6));
+    cr_assert(not(kvr_index_prune_report(&ix, 100 * NS, 60 * NS, &n)), "nothing new");
+    kvr_index_set_bound(&ix, 2); /* prune to 1: 3 more live entries */
+    cr_assert(not(kvr_index_prune_report(&ix, 6 * NS, 60 * NS, &n)), "too soon");
+    cr_assert(kvr_index_prune_report(&ix, 65 * NS, 60 * NS, &n));
+    cr_assert(eq(u64, n, 3));
+    kvr_index_set_bound(&ix, 1000);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 1), "a higher bound prunes nothing");
+}

@@ -585,8 +585,11 @@ Test(router, time_model_charges_recomputation_on_a_full_cache)
     free(t);
 }
 
-/* Three in-flight requests compute a prefix no cache holds: a fourth joins them (time model). */
-static uint64_t fourth_sharer(double share_weight)
+/*
+ * Three in-flight requests on worker 1 compute a prefix no cache holds; a fourth comes (time
+ * model). With `busy`, workers 2-4 each have a request of their own in flight too.
+ */
+static uint64_t fourth_sharer(double share_weight, bool busy)
 {
     cfg.cost_model = KVR_COST_TIME;
     cfg.share_weight = share_weight;
@@ -598,6 +601,13 @@ static uint64_t fourth_sharer(double share_weight)
     kvr_hash_prompt(t, 65 * B, B, NULL, seq);
     for (uint64_t id = 1; id <= 3; id++) /* booked on worker 1 by a peer, say */
         cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 64, 64 * B + 1, 0, 0), KVR_OK));
+    uint64_t other[2];
+    for (uint64_t w = 2; busy && w <= 4; w++) { /* one short unrelated request each */
+        uint32_t *o = prompt(20 + (uint32_t)w, 0, 100 + w, 2 * B);
+        kvr_hash_prompt(o, 2 * B, B, NULL, other);
+        cr_assert(eq(int, kvr_router_book(r, 100 + w, w, other, 2, 2 * B, 0, 0), KVR_OK));
+        free(o);
+    }
     struct kvr_decision d;
     cr_assert(eq(int, route(4, t, 65 * B, &d), KVR_OK));
     free(t);
@@ -609,8 +619,50 @@ static uint64_t fourth_sharer(double share_weight)
 
 Test(router, time_model_joins_a_burst_sharing_an_uncached_prefix)
 {
-    cr_assert(eq(u64, fourth_sharer(16.0), 1), "recomputing 64 blocks elsewhere costs more");
-    cr_assert(ne(u64, fourth_sharer(0.0), 1), "without the charge an idle worker is faster");
+    cr_assert(eq(u64, fourth_sharer(16.0, true), 1),
+              "on a busy fleet, recomputing 64 blocks elsewhere costs more");
+    cr_assert(ne(u64, fourth_sharer(0.0, true), 1), "without the charge another worker is faster");
+    cr_assert(ne(u64, fourth_sharer(16.0, false), 1),
+              "on an idle fleet the recomputation takes idle time: it spreads");
+}
+
+/* Decoders wait for every prefill step of their worker: the stall term prices that. */
+static uint64_t beside_decoders(double stall_weight)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.stall_weight = stall_weight;
+    make();
+    join(1, 10000);
+    join(2, 10000);
+    uint64_t seq[8];
+    for (uint64_t id = 1; id <= 6; id++) { /* six short requests decoding on worker 1 */
+        uint32_t *o = prompt(30 + (uint32_t)id, 0, id, 2 * B);
+        kvr_hash_prompt(o, 2 * B, B, NULL, seq);
+        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 2, 2 * B, 0, 0), KVR_OK));
+        cr_assert(eq(int, kvr_router_prefill_done(r, id, 0), KVR_OK));
+        free(o);
+    }
+    for (uint64_t id = 7; id <= 8; id++) { /* two long ones still prefilling on worker 2 */
+        uint32_t *o = prompt(40 + (uint32_t)id, 0, id, 8 * B);
+        kvr_hash_prompt(o, 8 * B, B, NULL, seq);
+        cr_assert(eq(int, kvr_router_book(r, id, 2, seq, 8, 8 * B, 0, 0), KVR_OK));
+        free(o);
+    }
+    uint32_t *t = prompt(50, 0, 9, 64 * B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(9, t, 64 * B, &d), KVR_OK));
+    free(t);
+    uint64_t w = d.worker_id;
+    kvr_router_destroy(r);
+    r = NULL;
+    return w;
+}
+
+Test(router, time_model_prices_the_stall_of_decoders)
+{
+    cr_assert(eq(u64, beside_decoders(0.0), 1), "for its own TTFT alone, no queued prefill wins");
+    cr_assert(eq(u64, beside_decoders(1.0), 2),
+              "six decoders would each wait for its 64 blocks: behind 16 queued ones is cheaper");
 }
 
 /* --- replication ---------------------------------------------------------------------------- */

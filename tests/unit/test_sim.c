@@ -293,3 +293,53 @@ Test(sim, spread_keeps_arrivals_sorted_and_within_the_step)
     kvr_workload_free(&w);
     kvr_workload_free(&orig);
 }
+
+/* Approximate mode withholds the engines' KV events: the router applies none (and drops none: none
+ * reach it), learns from its decisions alone, and every request still finishes. */
+Test(sim, approximate_runs_deliver_no_kv_events)
+{
+    struct kvr_workload w;
+    uint64_t bad = 0;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, &bad), KVR_OK));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    struct kvr_sim_result ev, ap;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &ev), KVR_OK));
+    cr_assert(gt(u64, ev.kv_applied, 0), "event mode: the engines' blocks reach the index");
+    cr_assert(eq(u64, ev.kv_ignored, 0));
+    c.router.approximate = true;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &ap), KVR_OK));
+    cr_assert(eq(u64, ap.kv_applied, 0), "approximate: no KV event applied");
+    cr_assert(eq(u64, ap.kv_ignored, 0), "... none even delivered");
+    cr_assert(eq(u32, ap.finished, 200), "lifecycle events still flow");
+    cr_assert(eq(u64, ap.router_unknown, 0));
+    cr_assert(gt(dbl, ap.hit_rate, 0.0), "the router still finds cache from its own decisions");
+    cr_assert(gt(u64, ap.index_entries_max, 0));
+    kvr_sim_result_free(&ev);
+    kvr_sim_result_free(&ap);
+    kvr_workload_free(&w);
+}
+
+/* The index's bound and its pruning reach the result: a bound below what the engines hold prunes
+ * live entries, the fleet's bound (4 x 2,048 blocks, under the floor) prunes none. */
+Test(sim, pruning_of_live_entries_is_reported)
+{
+    struct kvr_workload w;
+    uint64_t bad = 0;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, &bad), KVR_OK));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.index_bound, 1u << 20), "from the fleet: the floor");
+    cr_assert(eq(u64, r.index_pruned, 0));
+    kvr_sim_result_free(&r);
+    c.router.index_max_entries = 1000;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.index_bound, 1000));
+    cr_assert(gt(u64, r.index_pruned_live, 0), "the engines held more than 1,000 blocks");
+    cr_assert(eq(u64, r.index_pruned, r.index_pruned_live), "event mode: every entry is live");
+    cr_assert(le(u64, r.index_entries_max, 1000));
+    kvr_sim_result_free(&r);
+    kvr_workload_free(&w);
+}
