@@ -10,6 +10,7 @@
 
 #include "codec.h"
 #include "fleet.h"
+#include "routers.h"
 #include "stats.h"
 
 #define HOP_TOKENS 1024 /* prompt length */
@@ -27,6 +28,8 @@ struct hop {
     size_t nrouted, nstraight;        /* */
     uint32_t sent, completed, errors; /* the max-rate phase */
     uint64_t rate_ns;                 /* ... its length */
+    struct kvr_routers_poll *polls;   /* [2]: the routers' $SRV.STATS around that phase */
+    struct kvr_routers_run routers;   /* ... their difference (CPU seconds, decisions) */
 };
 
 /* The worker to call: --worker-id, else the first heartbeat heard; 0 if none. */
@@ -82,6 +85,7 @@ static void max_rate(struct hop *h, uint32_t total)
     struct kvr_client *c = h->client;
     uint32_t window = h->cfg->hop_window, first = 2 * h->n;
     kvr_client_begin(c, total, false, NULL, NULL, 0);
+    kvr_routers_poll(c, h->cfg->net.prefix, h->cfg->net.ns, &h->polls[0]);
     uint64_t t0 = kvr_now_ns(), end = t0 + h->rate_ns;
     uint32_t sent = first;
     while (kvr_now_ns() < end && sent < total) {
@@ -103,6 +107,24 @@ static void max_rate(struct hop *h, uint32_t total)
         h->errors += c->reqs[i].done && c->reqs[i].error;
     pthread_mutex_unlock(&c->mu);
     h->sent = sent - first;
+    kvr_routers_poll(c, h->cfg->net.prefix, h->cfg->net.ns, &h->polls[1]);
+    kvr_routers_diff(&h->polls[0], &h->polls[1], &h->routers);
+}
+
+/* The routers' CPU per request routed in the max-rate phase: " router_cpu_us_per_request=12.3"
+ * (the CPU seconds of every router of the namespace, from their $SRV.STATS.kvrouter answers just
+ * before and after the phase, over the requests that ended without error in it); "=na" when none
+ * answered, one was new or restarted during it, or none reports its CPU. */
+static void print_router_cpu(const struct hop *h)
+{
+    const struct kvr_routers_run *r = &h->routers;
+    uint32_t ok = h->completed - h->errors;
+    if (!r->answered || !ok || r->fresh || r->cpu_seconds <= 0) {
+        printf(" router_cpu_us_per_request=na");
+        return;
+    }
+    printf(" router_cpu_us_per_request=%.1f router_cpu_s=%.3f", r->cpu_seconds * 1e6 / ok,
+           r->cpu_seconds);
 }
 
 static void print_result(struct hop *h)
@@ -118,9 +140,13 @@ static void print_result(struct hop *h)
            "), then %u routed requests in %.1f s with %u in flight (%u errors)\n",
            h->nrouted, h->nstraight, h->worker, h->sent, secs, h->cfg->hop_window, h->errors);
     printf("routed_p50_us=%.0f direct_p50_us=%.0f routed_p99_us=%.0f direct_p99_us=%.0f "
-           "ratio_p50=%.3f routed_max_rps=%.0f\n",
+           "ratio_p50=%.3f routed_max_rps=%.0f",
            rp50, dp50, rp99, dp99, dp50 > 0 ? rp50 / dp50 : 0,
            secs > 0 ? (double)(h->completed - h->errors) / secs : 0);
+    print_router_cpu(h);
+    printf("\n");
+    char line[768];
+    printf("routers (max-rate phase): %s\n", kvr_routers_format(&h->routers, line, sizeof line));
 }
 
 int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
@@ -141,8 +167,9 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
     kvr_subject(h.subj_worker, sizeof h.subj_worker, cfg->net.prefix, cfg->net.ns, tail);
     h.routed = calloc(h.n, sizeof *h.routed);
     h.straight = calloc(h.n, sizeof *h.straight);
+    h.polls = calloc(2, sizeof *h.polls);
     int rc = 1;
-    if (total <= UINT32_MAX && h.routed && h.straight &&
+    if (total <= UINT32_MAX && h.routed && h.straight && h.polls &&
         kvr_client_begin(client, (uint32_t)total, false, NULL, NULL, 0) == KVR_OK) {
         latencies(&h);
         max_rate(&h, (uint32_t)total);
@@ -152,6 +179,7 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
     kvr_client_end(client);
     free(h.routed);
     free(h.straight);
+    free(h.polls);
     kvr_buf_free(&h.req);
     kvr_buf_free(&h.direct);
     return rc;

@@ -52,6 +52,14 @@ char *kvr_codec_str(char *s);
  */
 kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t sub, size_t *n);
 
+/* kvr_wire_decode_generate through protobuf-c alone, without its fast path (for the tests that
+ * compare the two). */
+struct kvr_wire_limits;
+struct kvr_wire_request;
+kvr_status kvr_wire_decode_generate_pb(const void *buf, size_t len,
+                                       const struct kvr_wire_limits *lim,
+                                       struct kvr_wire_request *out);
+
 /* Pack m into b (replacing its contents). */
 kvr_status kvr_codec_pack(struct kvr_buf *b, const ProtobufCMessage *m);
 

@@ -224,11 +224,10 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
     }
     counted = kvr_events_bad(st);
     rd->ev_errors += counted;
-    pthread_mutex_unlock(&rd->mu);
+    kvr_rd_unlock_flush(rd);
     if (counted) {
         char safe[160];
         kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\"",
                 kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(st));
     }
-    kvr_rd_flush(rd);
 }

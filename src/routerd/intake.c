@@ -111,9 +111,8 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
         kvr_reply_refuse(&rd->generate, &rd->out, reply, &q, st);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->generate, kvr_now_ns() - t0);
-    pthread_mutex_unlock(&rd->mu);
+    kvr_rd_unlock_flush(rd);
     kvr_wire_request_free(&q);
-    kvr_rd_flush(rd);
 }
 
 /* Under mu: decide q (key), booking it when asked; *d describes the decision. */

@@ -83,20 +83,50 @@ void kvr_rd_free(struct kvr_rd *rd)
     memset(rd, 0, sizeof *rd);
 }
 
-void kvr_rd_flush(struct kvr_rd *rd)
+/* Under mu, which it releases: the outbox's messages taken (its counters stay), published after
+ * the lock; the tagged ones that failed into failed (at most 64), their number returned. */
+static uint32_t take_and_send(struct kvr_rd *rd, struct kvr_outbox_failure *failed)
 {
-    /* a failed forward is placed again (at most twice) or answered: a few rounds settle it */
+    struct kvr_outbox local = {rd->out.v, rd->out.n, rd->out.cap, 0};
+    if (!local.n) {
+        pthread_mutex_unlock(&rd->mu); /* nothing to send: the array is kept for the next */
+        return 0;
+    }
+    rd->out.v = NULL;
+    rd->out.n = rd->out.cap = 0;
+    pthread_mutex_unlock(&rd->mu);
+    uint32_t k = 0;
+    kvr_outbox_flush(&local, &rd->sink, failed, 64, &k);
+    kvr_outbox_free(&local);
+    return k;
+}
+
+/* Under mu, which it releases: publish what the outbox holds; a failed forward is placed again
+ * (at most twice) or answered: a few rounds settle it. */
+static void send_rounds(struct kvr_rd *rd)
+{
     for (int round = 0; round < 4; round++) {
         struct kvr_outbox_failure failed[64];
-        uint32_t n = kvr_outbox_send_report(&rd->out, &rd->mu, &rd->sink, failed, 64);
+        uint32_t n = take_and_send(rd, failed);
         if (!n || !rd->forward_failed)
             return;
         pthread_mutex_lock(&rd->mu);
         for (uint32_t i = 0; i < n; i++)
             rd->forward_failed(rd, failed[i].tag, failed[i].st);
-        pthread_mutex_unlock(&rd->mu);
     }
-    kvr_outbox_send(&rd->out, &rd->mu, &rd->sink); /* what is left: anti-entropy covers it */
+    take_and_send(rd,
+                  (struct kvr_outbox_failure[64]){0}); /* what is left: anti-entropy covers it */
+}
+
+void kvr_rd_flush(struct kvr_rd *rd)
+{
+    pthread_mutex_lock(&rd->mu);
+    send_rounds(rd);
+}
+
+void kvr_rd_unlock_flush(struct kvr_rd *rd)
+{
+    send_rounds(rd);
 }
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)

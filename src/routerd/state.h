@@ -117,6 +117,9 @@ void kvr_rd_free(struct kvr_rd *rd);
 /* Publish what the outbox holds (takes and releases mu; call without it); forwards that fail go
  * to rd->forward_failed, and what that queues is published too. */
 void kvr_rd_flush(struct kvr_rd *rd);
+/* The same from inside mu, which it releases first (one lock round less per message): the end of
+ * a handler's critical section. */
+void kvr_rd_unlock_flush(struct kvr_rd *rd);
 
 /* Under mu: hold a KV event back while a snapshot is applied; false when not holding. */
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);

@@ -511,3 +511,21 @@ Test(ops, a_real_prometheus_scrapes_three_routers)
     cr_assert(eq(int, st, 0), "prometheus exit status on SIGTERM");
     h_end();
 }
+
+/* --- kvbench --mode hop prints the router's own CPU per routed request --------------------- */
+
+Test(ops, hop_prints_the_routers_cpu_per_request)
+{
+    h_worker(srv.url, "1", 1, 200, H_ARGS("--null"));
+    h_router(srv.url, "r1", H_ARGS("--gossip=false"));
+    h_until_served(nc, GEN, 1, 15000);
+    const char *bench[] = {"--nats",      srv.url,         "--mode", "hop",          "--requests",
+                           "100",         "--hop-seconds", "1",      "--hop-window", "16",
+                           "--log-level", "error",         NULL};
+    pid_t b = h_spawn("kvbench", bench);
+    cr_assert(eq(int, h_wait(b, 30000), 0), "kvbench --mode hop failed");
+    cr_assert(h_log_has(b, " router_cpu_us_per_request="), "no router CPU in the summary line");
+    cr_assert(eq(int, h_log_has(b, "router_cpu_us_per_request=na"), 0), "no router CPU read");
+    cr_assert(h_log_has(b, "routers (max-rate phase): 1 answered"));
+    h_end();
+}

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codec.h"
+#include "codec_internal.h" /* kvr_wire_decode_generate_pb, to compare the fast path with */
 #include "kvr/rng.h"
 #include "kvrouter.pb-c.h" /* the ErrorCode enum, to check it against kvr_status */
 
@@ -1095,5 +1096,68 @@ Test(codec, a_chunk_carries_an_engines_text_and_finish_reason)
     kvr_wire_response_free(&r);
     c.ntext = KVR_WIRE_TEXT_MAX + 1;
     cr_assert(eq(int, kvr_wire_encode_chunk(&b, &c), KVR_ERR_TOO_LARGE));
+    kvr_buf_free(&b);
+}
+
+/* The fast path and protobuf-c give the same answer: status, id, tokens, figures. */
+static void same_as_protobuf(const uint8_t *buf, size_t len, const struct kvr_wire_limits *l)
+{
+    struct kvr_wire_request a, b;
+    kvr_status sa = kvr_wire_decode_generate(buf, len, l, &a);
+    kvr_status sb = kvr_wire_decode_generate_pb(buf, len, l, &b);
+    cr_assert(eq(int, sa, sb), "len %zu", len);
+    cr_assert(eq(int, !a.request_id, !b.request_id));
+    if (a.request_id)
+        cr_assert(eq(str, a.request_id, b.request_id));
+    cr_assert(eq(u32, a.ntokens, b.ntokens));
+    if (a.ntokens)
+        cr_assert(eq(int, memcmp(a.tokens, b.tokens, a.ntokens * sizeof *a.tokens), 0));
+    cr_assert(eq(u32, a.max_tokens, b.max_tokens));
+    cr_assert(eq(u32, a.deadline_ms, b.deadline_ms));
+    cr_assert(eq(u64, a.got, b.got));
+    cr_assert(eq(u64, a.limit, b.limit));
+    cr_assert(eq(int, memcmp(&a.ov, &b.ov, sizeof a.ov), 0));
+    kvr_wire_request_free(&a);
+    kvr_wire_request_free(&b);
+}
+
+Test(codec, generate_fast_path_answers_as_protobuf_does)
+{
+    struct kvr_wire_limits small = {64, 100};
+    struct kvr_buf b = {0};
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 11);
+    uint32_t t[80];
+    for (int round = 0; round < 4000; round++) {
+        uint32_t n = (uint32_t)kvr_rng_below(&rng, 80);
+        for (uint32_t i = 0; i < n; i++) /* 1 to 5 bytes each */
+            t[i] = (uint32_t)(kvr_rng_next(&rng) >> kvr_rng_below(&rng, 64));
+        char id[300];
+        size_t idlen =
+            kvr_rng_below(&rng, 4) ? kvr_rng_below(&rng, 8) : 250 + kvr_rng_below(&rng, 20);
+        for (size_t i = 0; i < idlen; i++)
+            id[i] = (char)(kvr_rng_below(&rng, 20) ? 'a' + kvr_rng_below(&rng, 26)
+                                                   : 1 + kvr_rng_below(&rng, 255));
+        id[idlen] = 0;
+        uint32_t max = (uint32_t)kvr_rng_below(&rng, 120);
+        struct kvr_overrides ov = {KVR_OV_POLICY, KVR_POLICY_CHWBL, 0, 0};
+        cr_assert(eq(
+            int, kvr_wire_encode_generate(&b, id, t, n, max, kvr_rng_below(&rng, 8) ? NULL : &ov),
+            KVR_OK));
+        same_as_protobuf(b.data, b.len, &small);
+        /* mutated: bytes changed, cut short, a field appended twice */
+        uint8_t m[1024];
+        size_t len = b.len < sizeof m ? b.len : sizeof m;
+        memcpy(m, b.data, len);
+        for (int k = (int)kvr_rng_below(&rng, 4); k > 0 && len; k--)
+            m[kvr_rng_below(&rng, len)] = (uint8_t)kvr_rng_next(&rng);
+        same_as_protobuf(m, len, &small);
+        same_as_protobuf(m, kvr_rng_below(&rng, len + 1), &small);
+        if (len + 2 <= sizeof m) {
+            m[len] = (uint8_t)(kvr_rng_below(&rng, 6) << 3 | kvr_rng_below(&rng, 3));
+            m[len + 1] = (uint8_t)kvr_rng_below(&rng, 3);
+            same_as_protobuf(m, len + 2, &small);
+        }
+    }
     kvr_buf_free(&b);
 }

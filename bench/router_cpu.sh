@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The router's CPU per routed request, on 127.0.0.1: one nats-server, one kvworker --null, one
+# kvrouter (gossip off), then kvbench --mode hop (routed and direct round trips of a 1,024-token
+# prompt, then the highest routed rate). kvbench prints router_cpu_us_per_request from the
+# routers' own $SRV.STATS (process CPU before and after the max-rate phase); this script checks
+# it against /proc/<pid>/stat and counts the router's context switches over the same run.
+# Prints figures, asserts nothing. usage: bench/router_cpu.sh [BUILD_DIR] (default build)
+# Environment: RUNS (1), HOP_SECONDS (5), WINDOW (256), REQUESTS (latency rounds, 2000),
+#   ROUTERS (router binaries to alternate, one run of each per round; default BUILD_DIR's),
+#   PERF (a perf record -g of the router's max-rate phase into this file; off by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+bin=$build/src
+RUNS=${RUNS:-1}
+HOP_SECONDS=${HOP_SECONDS:-5}
+WINDOW=${WINDOW:-256}
+REQUESTS=${REQUESTS:-2000}
+ROUTERS=${ROUTERS:-$bin/kvrouter}
+run=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$run"
+}
+trap cleanup EXIT
+
+# Wait (up to 10 s) for a line with msg=$2 in log file $1.
+wait_log() {
+  for _ in $(seq 200); do
+    grep -q "msg=$2 " "$1" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "no msg=$2 in $1" >&2; cat "$1" >&2; return 1
+}
+# CPU seconds (user + system) of process $1 so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+# Context switches (voluntary + involuntary) of every thread of process $1 so far.
+ctxt() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }'; }
+
+nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true); [ -n "$ports" ] && break; sleep 0.05; done
+url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
+
+"$bin/kvworker" --nats "$url" --id 1 --null --log-level info >"$run/worker.log" 2>&1 &
+pids+=($!)
+wait_log "$run/worker.log" worker_started
+
+for round in $(seq "$RUNS"); do
+  for router in $ROUTERS; do
+    "$router" --nats "$url" --id r1 --gossip=false >"$run/router.log" 2>&1 &
+    rpid=$!
+    pids+=("$rpid")
+    wait_log "$run/router.log" router_started
+    perf=
+    if [ -n "${PERF:-}" ]; then # the max-rate phase starts after the latency rounds (~2 s)
+      (sleep 3 && perf record -g -o "$PERF" -p "$rpid" -- sleep "$((HOP_SECONDS - 1))" \
+        >/dev/null 2>&1) &
+      perf=$!
+    fi
+    c0=$(cpu_s "$rpid"); x0=$(ctxt "$rpid")
+    out=$("$bin/kvbench" --nats "$url" --mode hop --requests "$REQUESTS" \
+      --hop-seconds "$HOP_SECONDS" --hop-window "$WINDOW" | grep -vE '^ts=')
+    c1=$(cpu_s "$rpid"); x1=$(ctxt "$rpid")
+    [ -n "$perf" ] && wait "$perf"
+    kill -TERM "$rpid"; wait "$rpid" 2>/dev/null || true
+    line=$(echo "$out" | grep -m1 '^routed_p50_us=')
+    reqs=$(echo "$out" | sed -nE 's/.*then ([0-9]+) routed requests.*/\1/p')
+    echo "round=$round router=$router"
+    echo "  $line"
+    awk -v c0="$c0" -v c1="$c1" -v x0="$x0" -v x1="$x1" -v n="$REQUESTS" -v r="${reqs:-0}" 'BEGIN {
+      t = n + 50 + r # routed over the whole run (the direct ones cost it their done events)
+      printf "  proc: router_cpu_s=%.2f over the whole run, %.1f us and %.2f context switches per routed request\n",
+        c1 - c0, (c1 - c0) / t * 1e6, (x1 - x0) / t }'
+  done
+done
