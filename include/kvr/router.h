@@ -97,9 +97,6 @@ struct kvr_router_config {
                                        times, scaled by how full the worker's cache is */
     double share_weight;            /* time model: weight of recomputing a prefix that n > 2
                                        in-flight requests are computing now, times (n-2)/n */
-    double cache_weight_idle;       /* time model: cache_weight on an idle fleet; the weight in
-                                       force moves from it to cache_weight with the fraction of
-                                       workers that have requests in flight */
     double stall_weight;            /* time model: the delay our prefill's steps add to each
                                        request decoding on the worker is charged this many times */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */

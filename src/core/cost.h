@@ -47,11 +47,9 @@ struct fleet_prefix {
     uint32_t hmax;  /* the longest prefix any in-flight request uses, blocks */
     double share_w; /* weight of recomputing blocks in flight but cached nowhere */
     double busy;    /* the fraction of live workers with a request in flight, 0 to 1 */
-    double cache_w; /* weight of the cache a recomputation evicts, at this load */
 };
 
-static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, double cache_w,
-                                double cache_w_idle, struct fleet_prefix *f)
+static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, struct fleet_prefix *f)
 {
     f->omax = f->hmax = 0;
     f->share_w = 0;
@@ -63,7 +61,6 @@ static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, dou
         busy += r->act.w[slot].nreqs > 0;
     }
     f->busy = r->reg.nlive ? (double)busy / r->reg.nlive : 0;
-    f->cache_w = cache_w_idle + (cache_w - cache_w_idle) * f->busy;
     if (f->hmax <= f->omax || f->hmax > walked)
         return;
     /* n requests in flight compute a prefix no cache holds yet (a burst of agents sharing a
@@ -93,7 +90,7 @@ static inline double prefill_time(const struct kvr_router_config *c, uint64_t to
  * The time model's price of worker slot: predicted TTFT, plus what the choice costs others. The
  * requests decoding there wait for our prefill's steps: each of them is delayed by its time,
  * charged stall_weight times. The prefill this request adds evicts as many blocks from a full
- * cache, so it is charged again, f->cache_w times, in proportion to how full the worker's cache
+ * cache, so it is charged again, cache_weight times, in proportion to how full the worker's cache
  * is; and blocks that in-flight requests are computing right now are charged f->share_w times.
  */
 static inline double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reuse,
@@ -106,10 +103,13 @@ static inline double time_cost(const struct kvr_router *r, uint32_t slot, uint32
     double u = (double)decode * inv;
     double fill = inv > 0 ? (double)r->ix.counts[slot] * inv : 1.0;
     uint64_t own = prefill - aw->prefill;
+    /* blocks other in-flight requests use are hot: a copy of them here is worth what it evicts */
+    uint64_t hot = f->hmax > reuse ? (uint64_t)(f->hmax - reuse) * c->block_size : 0;
+    uint64_t cold = own > hot ? own - hot : 0;
     double cost = predicted_ttft(c, prefill, u, aw->nreqs > 0) +
                   c->stall_weight * (double)aw->nreqs * prefill_time(c, own) +
-                  ow * f->cache_w * (fill > 1.0 ? 1.0 : fill) *
-                      (poly(c->prefill_ms, (double)own) - c->prefill_ms[0]);
+                  ow * c->cache_weight * (fill > 1.0 ? 1.0 : fill) *
+                      (poly(c->prefill_ms, (double)cold) - c->prefill_ms[0]);
     uint32_t base = reuse > f->omax ? reuse : f->omax;
     if (f->share_w > 0 && f->hmax > base) {
         double dup = (double)(f->hmax - base) * r->cfg.block_size;

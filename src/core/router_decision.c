@@ -47,9 +47,9 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     bool timed = r->cfg.cost_model == KVR_COST_TIME;
-    struct fleet_prefix f = {0, 0, 0, 0, 0};
+    struct fleet_prefix f = {0, 0, 0, 0};
     if (timed)
-        fleet_prefix(r, walked, r->cfg.cache_weight, r->cfg.cache_weight_idle, &f);
+        fleet_prefix(r, walked, &f);
     uint32_t neligible = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = r->reg.order[i];

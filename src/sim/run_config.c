@@ -95,9 +95,6 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
             "cache is"),
         OPT("share-weight", KVR_OPT_DOUBLE, &r->share_weight, 0, 1e6,
             "router, time: weight of recomputing a prefix other in-flight requests compute now"),
-        OPT("cache-weight-idle", KVR_OPT_DOUBLE, &r->cache_weight_idle, 0, 1e6,
-            "router, time: --cache-weight on an idle fleet (it moves to --cache-weight as workers "
-            "fill)"),
         OPT("stall-weight", KVR_OPT_DOUBLE, &r->stall_weight, 0, 1e6,
             "router, time: the delay a prefill adds to each request decoding there, charged this "
             "many times"),

@@ -136,6 +136,16 @@ static double until_metric(int port, const char *name, double v, int timeout_ms)
     return x;
 }
 
+/* Wait (up to timeout_ms) until metric name reads at most v; its last reading. */
+static double until_metric_below(int port, const char *name, double v, int timeout_ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
+    double x;
+    while ((x = metric(port, name)) > v && h_now_ms() < end)
+        h_sleep_ms(20);
+    return x;
+}
+
 static size_t sink(char *p, size_t size, size_t n, void *ctx)
 {
     return size * n;
@@ -249,7 +259,9 @@ Test(engines, a_prefix_routes_to_the_engine_that_caches_it)
     int rport = h_http_port(r, 10000);
     h_until_served(nc, GEN, 1, 15000);
     /* four prefixes, one request each; then, once the router's index holds their blocks from
-     * the engines' KV events, four more on each prefix: each goes where its prefix is cached */
+     * the engines' KV events, four more on each prefix, each sent once the router has heard the
+     * previous one's done (an idle fleet: kv's cost also prices the requests decoding on a
+     * worker): each goes where its prefix is cached */
     uint64_t first[4];
     for (int p = 0; p < 4; p++) {
         char id[16];
@@ -265,6 +277,7 @@ Test(engines, a_prefix_routes_to_the_engine_that_caches_it)
         for (int k = 0; k < 4; k++) {
             char id[16];
             snprintf(id, sizeof id, "b%d_%d", p, k);
+            cr_assert(eq(dbl, until_metric_below(rport, "kvrouter_inflight_requests", 0, 5000), 0));
             struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 560 + 16 * k, 4);
             cr_assert(g.final && g.error_code == 0);
             same += g.worker == first[p];

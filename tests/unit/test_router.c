@@ -665,6 +665,53 @@ Test(router, time_model_prices_the_stall_of_decoders)
               "six decoders would each wait for its 64 blocks: behind 16 queued ones is cheaper");
 }
 
+/*
+ * Worker 1 caches a 128-block prefix and has three requests queued for prefill; workers 2 and 3
+ * have full caches of other blocks. With `hot`, the queued requests use that prefix too.
+ */
+static uint64_t behind_a_queue(bool hot)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    make();
+    for (uint64_t w = 1; w <= 3; w++)
+        join(w, 1000);
+    uint64_t local[132], seq[192];
+    uint32_t *t = prompt(60, 128 * B, 9, 4 * B);
+    kvr_hash_prompt(t, 132 * B, B, local, NULL);
+    struct kvr_kv_block blocks[1000];
+    for (uint32_t i = 0; i < 128; i++)
+        blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 128), KVR_OK));
+    for (uint64_t w = 2; w <= 3; w++) {
+        for (uint32_t i = 0; i < 1000; i++)
+            blocks[i] = (struct kvr_kv_block){5000 + i, w * 100000 + i};
+        cr_assert(eq(int, kvr_router_kv_stored(r, w, NULL, blocks, 1000), KVR_OK));
+    }
+    for (uint64_t id = 1; id <= 3; id++) { /* 64 unique blocks each still to prefill */
+        uint32_t *q =
+            hot ? prompt(60, 128 * B, id, 64 * B) : prompt(70 + (uint32_t)id, 0, id, 192 * B);
+        kvr_hash_prompt(q, 192 * B, B, NULL, seq);
+        cr_assert(
+            eq(int, kvr_router_book(r, id, 1, seq, 192, 192 * B, 128, 0), KVR_OK));
+        free(q);
+    }
+    struct kvr_decision d;
+    cr_assert(eq(int, route(9, t, 132 * B, &d), KVR_OK));
+    free(t);
+    uint64_t w = d.worker_id;
+    kvr_router_destroy(r);
+    r = NULL;
+    return w;
+}
+
+Test(router, time_model_spreads_a_hot_prefix_and_keeps_a_cold_one)
+{
+    cr_assert(eq(u64, behind_a_queue(false), 1),
+              "a prefix no one else uses stays: copying it would evict a full cache");
+    cr_assert(ne(u64, behind_a_queue(true), 1),
+              "a prefix three queued requests use is worth copying to an idle worker");
+}
+
 /* --- replication ---------------------------------------------------------------------------- */
 
 static struct kvr_router *make_plain(void)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""kv against the best baseline on every figure, over the loads of docs/benchmarks.md.
+
+Runs kvsim once per (workload, load, fleet size) for the eight baselines and once for kv, and
+prints, per load, kv's figure over the best baseline's figure (TTFT mean and p90, ITL mean and
+p99, end-to-end mean and p99: lower is better; throughput: the best baseline's over kv's, so a
+ratio above 1 always means kv lost). Reports already in OUT are reused, so a second variant of kv
+reruns only kv.
+
+usage: bench/kvsim_matrix.py [--workers 8|32|N] [--out DIR] [--kvsim PATH] [--jobs J]
+                              [--name NAME] [--markdown] [-- extra kvsim flags for kv]
+Loads scale with the fleet: N workers run the 8-worker loads times N/8.
+"""
+import argparse
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINES = ['random', 'round_robin', 'least_loaded', 'power_of_two', 'prefix_only',
+             'sglang_cache_aware', 'llmd_weighted', 'chwbl']
+FIGURES = [('TTFT mean', 'ttft_ms', 'mean'), ('TTFT p90', 'ttft_ms', 'p90'),
+           ('ITL mean', 'itl_ms', 'mean'), ('ITL p99', 'itl_ms', 'p99'),
+           ('E2E mean', 'e2e_ms', 'mean'), ('E2E p99', 'e2e_ms', 'p99'),
+           ('tok/s', 'throughput_tok_s', None)]
+LOADS = [('seed', 10), ('seed', 20), ('seed-isl', 20), ('seed-osl', 20), ('conversation', 1),
+         ('conversation', 3), ('conversation', 6), ('synthetic', 2), ('synthetic', 4),
+         ('synthetic', 5), ('burst', 1), ('burst', 4), ('burst', 8)]
+TIE = 0.0005  # ratios within this of 1 count as equal
+
+
+def run(kvsim, workload, load, workers, policies, extra, out):
+    report = os.path.join(out, 'report.json')
+    if not os.path.exists(report):
+        flag = '--concurrency' if workload.startswith('seed') else '--rate-scale'
+        subprocess.run([kvsim, 'run', '--workload', workload, '--workers', str(workers),
+                        '--policies', policies, flag, '%g' % load, '--quiet', '--out', out] + extra,
+                       check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    with open(report) as f:
+        return json.load(f)['results']
+
+
+def value(r, fig):
+    return r[fig[1]] if fig[2] is None else r[fig[1]][fig[2]]
+
+
+def ratios(kv, base):
+    out = []
+    for fig in FIGURES:
+        vals = [value(b, fig) for b in base]
+        if fig[2] is None:
+            best = max(vals)
+            out.append(best / value(kv, fig))
+        else:
+            best = min(vals)
+            out.append(value(kv, fig) / best)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--workers', type=int, default=8)
+    ap.add_argument('--out', default='/tmp/kvsim-matrix')
+    ap.add_argument('--kvsim', default=os.path.join(ROOT, 'build', 'src', 'kvsim'))
+    ap.add_argument('--jobs', type=int, default=2)
+    ap.add_argument('--name', default='kv')
+    ap.add_argument('--markdown', action='store_true')
+    ap.add_argument('extra', nargs='*')
+    a = ap.parse_args()
+    scale = a.workers / 8.0
+
+    def one(wl):
+        workload, load = wl[0], wl[1] * scale
+        tag = '%s_%g_%d' % (workload, load, a.workers)
+        base = run(a.kvsim, workload, load, a.workers, ','.join(BASELINES), [],
+                   os.path.join(a.out, 'baselines', tag))
+        kv = run(a.kvsim, workload, load, a.workers, 'kv', a.extra,
+                 os.path.join(a.out, a.name, tag))[0]
+        return workload, load, kv, base
+
+    with ThreadPoolExecutor(a.jobs) as ex:
+        rows = list(ex.map(one, LOADS))
+    lost = 0
+    if a.markdown:
+        print('| workload | load | kv TTFT mean / p90 (ms) | ' +
+              ' | '.join('kv/best ' + f[0] for f in FIGURES) + ' | kv hit | best hit |')
+        print('|---|---:|---:|' + '---:|' * len(FIGURES) + '---:|---:|')
+    else:
+        print('%-14s %6s ' % ('workload', 'load') + ''.join('%10s' % f[0] for f in FIGURES) +
+              '   kv hit / best')
+    for workload, load, kv, base in rows:
+        rs = ratios(kv, base)
+        lost += sum(x > 1 + TIE for x in rs)
+        hit = max(b['hit_rate'] for b in base)
+        if a.markdown:
+            cells = ['**%.3f**' % x if x > 1 + TIE else '%.3f' % x for x in rs]
+            print('| %s | %g | %.1f / %.1f | %s | %.3f | %.3f |' %
+                  (workload, load, kv['ttft_ms']['mean'], kv['ttft_ms']['p90'],
+                   ' | '.join(cells), kv['hit_rate'], hit))
+        else:
+            print('%-14s %6g ' % (workload, load) +
+                  ''.join('%9.3f%s' % (x, '*' if x > 1 + TIE else ' ') for x in rs) +
+                  '   %.3f / %.3f' % (kv['hit_rate'], hit))
+    print('\nfigures where kv is behind the best baseline: %d of %d' %
+          (lost, len(rows) * len(FIGURES)))
+
+
+if __name__ == '__main__':
+    main()
