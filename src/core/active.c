@@ -1,9 +1,9 @@
 /*
  * kvr_active implementation. Invariants: a request holds exactly one reference in the act set of
  * each of its nodes under its slot; a worker's blocks equal the number of act sets holding its
- * slot plus its requests' extra blocks; its prefill equals the sum of its requests' prefill. The
- * TTL list is in last_ns order because time never decreases and every event moves its request to
- * the tail.
+ * slot plus its requests' extra blocks; its prefill equals the sum of its requests' prefill;
+ * nworking counts the workers whose nreqs is not 0. The TTL list is in last_ns order because time
+ * never decreases and every event moves its request to the tail.
  */
 #include "active.h"
 
@@ -59,12 +59,15 @@ kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
 #define WL  offsetof(struct kvr_active_req, wl)
 
 /*
- * Two-stage prefetch of the act sets of nodes[i + ...]: the set's first line 2 * UNREF_PREFETCH
- * ahead, then (its header now in cache) the lines slot will touch UNREF_PREFETCH ahead.
+ * Three-stage prefetch of the act sets of nodes[i + ...]: the node 3 * UNREF_PREFETCH ahead (its
+ * address needs no load), the set's first line 2 * UNREF_PREFETCH ahead (the node now in cache),
+ * then (its header now in cache) the lines slot will touch UNREF_PREFETCH ahead.
  */
 static void prefetch_act(const struct kvr_active *a, const uint32_t *nodes, uint32_t n, uint32_t i,
                          uint32_t slot)
 {
+    if (i + 3 * UNREF_PREFETCH < n)
+        __builtin_prefetch(kvr_blocktab_node(a->tab, nodes[i + 3 * UNREF_PREFETCH]));
     if (i + 2 * UNREF_PREFETCH < n)
         kvr_hset_prefetch(&kvr_blocktab_node(a->tab, nodes[i + 2 * UNREF_PREFETCH])->act);
     if (i + UNREF_PREFETCH < n)
@@ -83,11 +86,9 @@ static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, ui
     for (uint32_t i = 0; i < n; i++) {
         prefetch_act(a, nodes, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
-        uint32_t *refs = kvr_hset_find(&node->act, slot);
-        assert(refs && *refs > 0); /* each of a request's nodes holds its reference */
-        if (--*refs)
+        /* each of a request's nodes holds its reference */
+        if (!kvr_hset_unref(&node->act, slot, &a->tab->set_bytes))
             continue;
-        kvr_hset_del(&node->act, slot, &a->tab->set_bytes);
         assert(w->blocks > 0);
         w->blocks--;
         if (node->idx.n == 0 && node->act.n == 0) {
@@ -124,13 +125,10 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     for (uint32_t i = 0; i < n; i++) {
         prefetch_act(a, copy, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
-        uint32_t *refs = kvr_hset_find(&node->act, slot);
-        if (refs) {
-            assert(*refs > 0 && *refs < UINT32_MAX); /* a member holds at least one reference */
-            ++*refs;
+        bool added;
+        kvr_status st = kvr_hset_ref(&node->act, slot, &added, &a->tab->set_bytes);
+        if (st == KVR_OK && !added)
             continue;
-        }
-        kvr_status st = kvr_hset_add(&node->act, slot, 1, &a->tab->set_bytes);
         if (st != KVR_OK) {
             unref_nodes(a, slot, copy, i);
             kvr_map_del(&a->ids, id);
@@ -156,7 +154,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
-    w->nreqs++;
+    a->nworking += w->nreqs++ == 0;
     kvr_list_append(&a->ttl, &a->reqs, TTL, h);
     a->node_bytes += (size_t)n * sizeof *copy;
     return KVR_OK;
@@ -214,7 +212,7 @@ static void remove_handle(struct kvr_active *a, uint32_t h)
     assert(w->blocks >= r->extra && w->prefill >= r->prefill && w->nreqs > 0);
     w->blocks -= r->extra;
     w->prefill -= r->prefill;
-    w->nreqs--;
+    a->nworking -= --w->nreqs == 0;
     kvr_list_unlink(&w->reqs, &a->reqs, WL, h);
     kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
     kvr_map_del(&a->ids, r->id);

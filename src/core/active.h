@@ -48,6 +48,7 @@ struct kvr_active {
     struct kvr_map ids;          /* request id -> request handle */
     struct kvr_active_worker *w; /* per worker slot, owned */
     uint32_t nslots;             /* */
+    uint32_t nworking;           /* workers with at least one request in flight */
     struct kvr_list ttl;         /* requests, least recently active first */
     uint32_t block_size;         /* B */
     size_t node_bytes;           /* bytes of the requests' node arrays */

@@ -61,7 +61,8 @@ size_t kvr_blocktab_bytes(const struct kvr_blocktab *t);
  * path stops at the first unknown block, or once every given walk has no worker left. Each given
  * walk (idx over the cache sets, act over the in-flight sets; either may be NULL) writes, for
  * every worker slot holding blocks 0..k-1 consecutively, out[slot] = k; the caller zeroes out
- * for every slot beforehand, and slots it does not touch hold none of the first block.
+ * for every slot beforehand, and slots it does not touch hold none of the first block. Afterwards
+ * each walk's deepest is the largest value it wrote (the longest prefix any worker has).
  */
 uint32_t kvr_blocktab_walk(const struct kvr_blocktab *t, const uint64_t *seq, uint32_t n,
                            struct kvr_walk *idx_walk, uint32_t *idx_out, struct kvr_walk *act_walk,

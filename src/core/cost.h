@@ -51,16 +51,10 @@ struct fleet_prefix {
 
 static inline void fleet_prefix(const struct kvr_router *r, uint32_t walked, struct fleet_prefix *f)
 {
-    f->omax = f->hmax = 0;
+    f->omax = r->walk_idx.deepest; /* the walks' longest prefixes: no pass over the workers */
+    f->hmax = r->walk_act.deepest; /* (sets hold live workers' slots only) */
     f->share_w = 0;
-    uint32_t busy = 0;
-    for (uint32_t i = 0; i < r->reg.nlive; i++) {
-        uint32_t slot = r->reg.order[i];
-        f->omax = r->overlap[slot] > f->omax ? r->overlap[slot] : f->omax;
-        f->hmax = r->hits[slot] > f->hmax ? r->hits[slot] : f->hmax;
-        busy += r->act.w[slot].nreqs > 0;
-    }
-    f->busy = r->reg.nlive ? (double)busy / r->reg.nlive : 0;
+    f->busy = r->reg.nlive ? (double)r->act.nworking / r->reg.nlive : 0;
     if (f->hmax <= f->omax || f->hmax > walked)
         return;
     /* n requests in flight compute a prefix no cache holds yet (a burst of agents sharing a

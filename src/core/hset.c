@@ -40,6 +40,15 @@ static size_t sparse_size(uint32_t cap)
     return (size_t)cap * sizeof(struct kvr_hpair);
 }
 
+/* Position of slot in a sparse array p[0..n), or n when absent. */
+static uint32_t sparse_index(const struct kvr_hpair *p, uint32_t n, uint32_t slot)
+{
+    uint32_t i = 0;
+    while (i < n && p[i].slot != slot)
+        i++;
+    return i;
+}
+
 static size_t dense_size(uint32_t words, uint32_t tcap)
 {
     return sizeof(struct kvr_hdense) + (size_t)words * 8 + (size_t)tcap * sizeof(struct kvr_hpair);
@@ -50,9 +59,14 @@ static struct kvr_hpair *dense_table(const struct kvr_hdense *d)
     return (struct kvr_hpair *)(d->bits + d->words);
 }
 
+/*
+ * Fibonacci hashing: the top bits of the product. (The low bits of slot * odd depend only on the
+ * low bits of slot, and fleets often give the workers of one prefix slots with equal low bits:
+ * those would all share a few homes and probe long runs.)
+ */
 static uint32_t dense_home(const struct kvr_hdense *d, uint32_t slot)
 {
-    return (slot * 0x9e3779b1u) & (d->tcap - 1);
+    return (slot * 0x9e3779b1u) >> (32 - (uint32_t)__builtin_ctz(d->tcap));
 }
 
 static bool dense_has(const struct kvr_hdense *d, uint32_t slot)
@@ -148,14 +162,19 @@ void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot)
 {
     if (s->cap <= 1)
         return;
-    if (s->cap != KVR_HSET_DENSE) {
-        __builtin_prefetch(s->u.pairs);
+    if (s->cap != KVR_HSET_DENSE) { /* a find scans every line of the array */
+        const char *p = (const char *)s->u.pairs;
+        for (size_t off = 0; off < (size_t)s->n * sizeof *s->u.pairs; off += 64)
+            __builtin_prefetch(p + off);
         return;
     }
     const struct kvr_hdense *d = s->u.dense;
     if (slot >> 6 < d->words) {
+        const struct kvr_hpair *t = dense_table(d);
+        uint32_t home = dense_home(d, slot);
         __builtin_prefetch(&d->bits[slot >> 6]);
-        __builtin_prefetch(&dense_table(d)[dense_home(d, slot)]);
+        __builtin_prefetch(&t[home]);
+        __builtin_prefetch(&t[(home + 8) & (d->tcap - 1)]); /* a probe run may cross a line */
     }
 }
 
@@ -164,11 +183,8 @@ uint32_t *kvr_hset_find(struct kvr_hset *s, uint32_t slot)
     if (s->cap <= 1)
         return s->n && s->u.one.slot == slot ? &s->u.one.val : NULL;
     if (s->cap != KVR_HSET_DENSE) {
-        struct kvr_hpair *p = s->u.pairs;
-        for (uint32_t i = 0; i < s->n; i++)
-            if (p[i].slot == slot)
-                return &p[i].val;
-        return NULL;
+        uint32_t i = sparse_index(s->u.pairs, s->n, slot);
+        return i < s->n ? &s->u.pairs[i].val : NULL;
     }
     struct kvr_hdense *d = s->u.dense;
     if (!dense_has(d, slot))
@@ -284,6 +300,15 @@ static void sparse_shrink(struct kvr_hset *s, size_t *bytes)
     }
 }
 
+/* Delete the member at position i of a sparse set. */
+static void sparse_del_at(struct kvr_hset *s, uint32_t i, size_t *bytes)
+{
+    struct kvr_hpair *sp = s->u.pairs;
+    s->fp ^= kvr_mix64(sp[i].slot);
+    sp[i] = sp[--s->n];
+    sparse_shrink(s, bytes);
+}
+
 /* A dense set that fell below KVR_HSET_SPARSE_AT members becomes sparse. */
 static void to_sparse(struct kvr_hset *s, size_t *bytes)
 {
@@ -303,12 +328,13 @@ static void to_sparse(struct kvr_hset *s, size_t *bytes)
     sparse_shrink(s, bytes);
 }
 
-static void dense_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+/* Delete member slot, which sits at table position hole. */
+static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, size_t *bytes)
 {
     struct kvr_hdense *d = s->u.dense;
     struct kvr_hpair *t = dense_table(d);
     uint32_t mask = d->tcap - 1;
-    uint32_t hole = dense_pos(d, slot);
+    assert(t[hole].slot == slot);
     for (uint32_t j = (hole + 1) & mask; t[j].slot != EMPTY_SLOT; j = (j + 1) & mask) {
         uint32_t home = dense_home(d, t[j].slot);
         if (((j - home) & mask) >= ((j - hole) & mask)) {
@@ -341,19 +367,72 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
     if (s->cap == KVR_HSET_DENSE) {
         if (!dense_has(s->u.dense, slot))
             return false;
-        dense_del(s, slot, bytes);
+        dense_del_at(s, slot, dense_pos(s->u.dense, slot), bytes);
+        return true;
+    }
+    uint32_t i = sparse_index(s->u.pairs, s->n, slot);
+    if (i == s->n)
+        return false;
+    sparse_del_at(s, i, bytes);
+    return true;
+}
+
+kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes)
+{
+    assert(form_ok(s));
+    uint32_t *val = NULL;
+    if (s->cap <= 1) {
+        val = s->n && s->u.one.slot == slot ? &s->u.one.val : NULL;
+    } else if (s->cap != KVR_HSET_DENSE) {
+        uint32_t i = sparse_index(s->u.pairs, s->n, slot);
+        val = i < s->n ? &s->u.pairs[i].val : NULL;
+    } else if (dense_has(s->u.dense, slot)) {
+        val = &dense_table(s->u.dense)[dense_pos(s->u.dense, slot)].val;
+    }
+    *added = val == NULL;
+    if (val) {
+        assert(*val > 0 && *val < UINT32_MAX); /* a member holds at least one reference */
+        ++*val;
+        return KVR_OK;
+    }
+    return kvr_hset_add(s, slot, 1, bytes);
+}
+
+bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+{
+    assert(form_ok(s));
+    if (s->cap <= 1) {
+        assert(s->n == 1 && s->u.one.slot == slot && s->u.one.val > 0);
+        if (s->n == 0 || s->u.one.slot != slot)
+            return false; /* not a member: nothing changes */
+        if (--s->u.one.val)
+            return false;
+        s->n = 0;
+        s->cap = 0;
+        s->fp = 0;
+        return true;
+    }
+    if (s->cap == KVR_HSET_DENSE) {
+        struct kvr_hdense *d = s->u.dense;
+        assert(dense_has(d, slot)); /* slot is a member; if not, nothing changes */
+        if (!dense_has(d, slot))
+            return false;
+        uint32_t pos = dense_pos(d, slot);
+        assert(dense_table(d)[pos].val > 0);
+        if (--dense_table(d)[pos].val)
+            return false;
+        dense_del_at(s, slot, pos, bytes);
         return true;
     }
     struct kvr_hpair *sp = s->u.pairs;
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (sp[i].slot == slot) {
-            sp[i] = sp[--s->n];
-            s->fp ^= kvr_mix64(slot);
-            sparse_shrink(s, bytes);
-            return true;
-        }
-    }
-    return false;
+    uint32_t i = sparse_index(sp, s->n, slot);
+    assert(i < s->n && sp[i].val > 0); /* slot is a member; if not, nothing changes */
+    if (i == s->n)
+        return false;
+    if (--sp[i].val)
+        return false;
+    sparse_del_at(s, i, bytes);
+    return true;
 }
 
 void kvr_hset_release(struct kvr_hset *s, size_t *bytes)
@@ -467,6 +546,7 @@ static bool walk_same(struct kvr_walk *w, const struct kvr_hset *s)
 void kvr_walk_start(struct kvr_walk *w, const struct kvr_hset *first)
 {
     assert(w->nnz == 0); /* alive is all zero between walks */
+    w->deepest = 0;
     walk_same(w, first);
     if (first->cap <= 1) {
         if (first->n)
@@ -505,7 +585,7 @@ static void walk_mark(struct kvr_walk *w, uint32_t slot)
         w->tmp[i] |= b;
 }
 
-void kvr_walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth, uint32_t *out)
+static void walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth, uint32_t *out)
 {
     if (walk_same(w, s))
         return; /* alive is a subset of the previous set, which equals this one */
@@ -539,8 +619,18 @@ void kvr_walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth,
     }
 }
 
+void kvr_walk_step(struct kvr_walk *w, const struct kvr_hset *s, uint32_t depth, uint32_t *out)
+{
+    bool alive = w->nnz != 0;
+    walk_step(w, s, depth, out);
+    if (alive && w->nnz == 0)
+        w->deepest = depth; /* the last workers dropped out here: none reaches deeper */
+}
+
 void kvr_walk_finish(struct kvr_walk *w, uint32_t depth, uint32_t *out)
 {
+    if (w->nnz)
+        w->deepest = depth;
     for (uint32_t k = 0; k < w->nnz; k++) {
         uint32_t i = w->nz[k];
         for (uint64_t b = w->alive[i]; b; b &= b - 1)

@@ -94,6 +94,14 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
 /* Remove slot; returns whether it was a member. */
 bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes);
 
+/*
+ * Reference counting in one lookup (the active map's act sets): add a reference of slot, a new
+ * member with value 1 (*added set) or one more on its value (*added cleared); or drop one, which
+ * must be held, removing slot when its value reaches 0 (returns whether it did).
+ */
+kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes);
+bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes);
+
 /* Free everything; the set becomes empty. */
 void kvr_hset_release(struct kvr_hset *s, size_t *bytes);
 
@@ -114,6 +122,8 @@ struct kvr_walk {
     uint64_t *alive;  /* workers that held every set so far, owned */
     uint64_t *tmp;    /* scratch bitmap, zero between steps, owned */
     uint32_t *nz;     /* indices of the nonzero words of alive, owned */
+    uint32_t deepest; /* after kvr_walk_finish: the largest out[] value the walk wrote (0: none),
+                         so a caller needs no O(workers) pass for the longest prefix */
 };
 
 /* Make room for slots below nslots. */

@@ -170,6 +170,10 @@ Test(active, random_traffic_keeps_invariants)
         cr_assert(lt(u64, act.w[0].blocks + act.w[1].blocks + act.w[2].blocks + act.w[3].blocks,
                      (uint64_t)1 << 40),
                   "no counter wrapped below zero");
+        uint32_t working = 0;
+        for (int w = 0; w < 4; w++)
+            working += act.w[w].nreqs > 0;
+        cr_assert(eq(u32, act.nworking, working), "nworking counts the workers with requests");
     }
     for (uint32_t i = 0; i < N; i++)
         if (live[i])
@@ -179,4 +183,5 @@ Test(active, random_traffic_keeps_invariants)
         cr_assert(eq(u64, act.w[w].prefill, 0));
         cr_assert(eq(u32, act.w[w].nreqs, 0));
     }
+    cr_assert(eq(u32, act.nworking, 0));
 }

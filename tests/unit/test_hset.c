@@ -94,6 +94,58 @@ Test(hset, random_operations_match_reference)
     cr_assert(eq(sz, bytes, 0));
 }
 
+/* Reference counting (kvr_hset_ref/unref) against a reference array, through every form. */
+Test(hset, ref_unref_match_reference)
+{
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 11);
+    struct kvr_hset s = KVR_HSET_INIT;
+    size_t bytes = 0;
+    uint32_t ref[SLOTS];
+    memset(ref, 0xff, sizeof ref);
+    for (int op = 0; op < 40000; op++) {
+        bool grow = op % 8000 < 4000;
+        uint32_t slot = (uint32_t)kvr_rng_below(&rng, grow ? SLOTS : 80);
+        if (grow && (ref[slot] == UINT32_MAX || kvr_rng_below(&rng, 2))) {
+            bool added;
+            cr_assert(eq(int, kvr_hset_ref(&s, slot, &added, &bytes), KVR_OK));
+            cr_assert(eq(int, added, ref[slot] == UINT32_MAX));
+            ref[slot] = ref[slot] == UINT32_MAX ? 1 : ref[slot] + 1;
+        } else if (ref[slot] != UINT32_MAX) {
+            bool gone = kvr_hset_unref(&s, slot, &bytes);
+            cr_assert(eq(int, gone, ref[slot] == 1));
+            ref[slot] = ref[slot] == 1 ? UINT32_MAX : ref[slot] - 1;
+        }
+        if (op % 89 == 0)
+            check_against(&s, ref);
+    }
+    check_against(&s, ref);
+    kvr_hset_release(&s, &bytes);
+    cr_assert(eq(sz, bytes, 0));
+}
+
+/* Slots with equal low bits (one of every 4 workers) fill a dense set like any others. */
+Test(hset, dense_slots_with_equal_low_bits)
+{
+    struct kvr_hset s = KVR_HSET_INIT;
+    size_t bytes = 0;
+    uint32_t ref[SLOTS];
+    memset(ref, 0xff, sizeof ref);
+    for (uint32_t slot = 3; slot < SLOTS; slot += 4) {
+        cr_assert(eq(int, kvr_hset_add(&s, slot, slot * 2, &bytes), KVR_OK));
+        ref[slot] = slot * 2;
+    }
+    cr_assert(eq(u32, s.cap, KVR_HSET_DENSE));
+    check_against(&s, ref);
+    for (uint32_t slot = 3; slot < SLOTS; slot += 8) {
+        cr_assert(kvr_hset_del(&s, slot, &bytes));
+        ref[slot] = UINT32_MAX;
+    }
+    check_against(&s, ref);
+    kvr_hset_release(&s, &bytes);
+    cr_assert(eq(sz, bytes, 0));
+}
+
 /* Random chain of sets, sizes spanning all three forms; the walk must equal brute force. */
 Test(walk, equals_brute_force_prefix_intersection)
 {
@@ -127,12 +179,15 @@ Test(walk, equals_brute_force_prefix_intersection)
         for (; d < depth && kvr_walk_alive(&w); d++)
             kvr_walk_step(&w, &sets[d], d, out);
         kvr_walk_finish(&w, d, out);
+        uint32_t deepest = 0;
         for (uint32_t slot = 0; slot < SLOTS; slot++) {
             uint32_t expect = 0;
             while (expect < depth && member[expect][slot])
                 expect++;
             cr_assert(eq(u32, out[slot], expect), "trial %d slot %u", trial, slot);
+            deepest = expect > deepest ? expect : deepest;
         }
+        cr_assert(eq(u32, w.deepest, deepest), "trial %d: the longest prefix", trial);
         for (uint32_t k = 0; k < w.words; k++) {
             cr_assert(eq(u64, w.alive[k], 0), "the walk leaves no state behind");
             cr_assert(eq(u64, w.tmp[k], 0));
