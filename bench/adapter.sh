@@ -14,33 +14,11 @@ bin=$build/src
 SPEEDUP=${SPEEDUP:-1}
 ROUNDS=${ROUNDS:-200}
 REQUESTS=${REQUESTS:-400}
-run=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-
-# The value of key=... on the first line of log file $1 with msg=$2 (waits up to 10 s).
-log_value() {
-  for _ in $(seq 200); do
-    v=$(grep -m1 "msg=$2 " "$1" 2>/dev/null | sed -nE "s/.* $3=([^ ]+).*/\1/p" || true)
-    [ -n "$v" ] && { echo "$v"; return 0; }
-    sleep 0.05
-  done
-  echo "no msg=$2 in $1" >&2; cat "$1" >&2; return 1
-}
-# CPU seconds (user + system) of process $1 so far.
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+. bench/lib.sh
 # The value of series $2 at http://127.0.0.1:$1/metrics.
 metric() { curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n { print $2 }'; }
 
-nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true); [ -n "$ports" ] && break; sleep 0.05; done
-url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
+start_nats
 
 "$bin/standin/kvengine" --listen 127.0.0.1:0 --speedup "$SPEEDUP" --kv-events 'tcp://127.0.0.1:*' \
   --kv-replay 'tcp://127.0.0.1:*' >"$run/engine.log" 2>&1 &

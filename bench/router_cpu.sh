@@ -17,32 +17,11 @@ HOP_SECONDS=${HOP_SECONDS:-5}
 WINDOW=${WINDOW:-256}
 REQUESTS=${REQUESTS:-2000}
 ROUTERS=${ROUTERS:-$bin/kvrouter}
-run=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
-}
-trap cleanup EXIT
-
-# Wait (up to 10 s) for a line with msg=$2 in log file $1.
-wait_log() {
-  for _ in $(seq 200); do
-    grep -q "msg=$2 " "$1" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "no msg=$2 in $1" >&2; cat "$1" >&2; return 1
-}
-# CPU seconds (user + system) of process $1 so far.
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+. bench/lib.sh
 # Context switches (voluntary + involuntary) of every thread of process $1 so far.
 ctxt() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }'; }
 
-nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true); [ -n "$ports" ] && break; sleep 0.05; done
-url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
+start_nats
 
 "$bin/kvworker" --nats "$url" --id 1 --null --log-level info >"$run/worker.log" 2>&1 &
 pids+=($!)
