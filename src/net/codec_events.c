@@ -422,6 +422,109 @@ kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t 
     return kvr_codec_pack(b, &m.base);
 }
 
+/* --- event batches (read and written at the wire level: each item is a whole event) ------- */
+
+#define EVENT_BATCH_EVENTS 1 /* EventBatch.events; BatchedEvent's fields are the kinds' values */
+
+kvr_status kvr_wire_batch_open(const void *buf, size_t len, struct kvr_wire_batch_iter *it,
+                               uint32_t *n)
+{
+    *n = 0;
+    it->p = it->end = buf;
+    if (len > KVR_WIRE_BATCH_MAX)
+        return KVR_ERR_TOO_LARGE;
+    const uint8_t *p = buf, *end = p + len;
+    size_t k = 0;
+    while (p < end) {
+        uint64_t f;
+        const uint8_t *body;
+        size_t blen;
+        if (!kvr_codec_next_field(&p, end, &f, &body, &blen))
+            return KVR_ERR_MALFORMED;
+        if (f == EVENT_BATCH_EVENTS && !body)
+            return KVR_ERR_MALFORMED; /* not a message: protobuf refuses the whole batch */
+        k += f == EVENT_BATCH_EVENTS;
+        if (k > KVR_WIRE_BATCH_EVENTS_MAX)
+            return KVR_ERR_TOO_LARGE;
+    }
+    it->end = end;
+    it->p = buf;
+    *n = (uint32_t)k;
+    return KVR_OK;
+}
+
+/* The one event inside a BatchedEvent body[0..len) into *item (BAD unless exactly one). */
+static void batch_item(const uint8_t *body, size_t len, struct kvr_wire_batch_item *item)
+{
+    const uint8_t *p = body, *end = body + len;
+    *item = (struct kvr_wire_batch_item){KVR_WIRE_BATCH_BAD, NULL, 0};
+    uint32_t known = 0;
+    while (p < end) {
+        uint64_t f;
+        const uint8_t *b;
+        size_t blen;
+        if (!kvr_codec_next_field(&p, end, &f, &b, &blen))
+            known = 2; /* broken */
+        else if (f >= KVR_WIRE_BATCH_TOKENS && f <= KVR_WIRE_BATCH_KV && (known++ || !b))
+            known = 2; /* a second event, or one that is not a message */
+        else if (f >= KVR_WIRE_BATCH_TOKENS && f <= KVR_WIRE_BATCH_KV)
+            *item = (struct kvr_wire_batch_item){(enum kvr_wire_batch_kind)f, b, blen};
+        if (known > 1)
+            break;
+    }
+    if (known != 1)
+        *item = (struct kvr_wire_batch_item){KVR_WIRE_BATCH_BAD, NULL, 0};
+}
+
+bool kvr_wire_batch_next(struct kvr_wire_batch_iter *it, struct kvr_wire_batch_item *item)
+{
+    while (it->p < it->end) {
+        uint64_t f;
+        const uint8_t *body;
+        size_t blen;
+        if (!kvr_codec_next_field(&it->p, it->end, &f, &body, &blen)) {
+            it->p = it->end; /* checked by kvr_wire_batch_open: not reached */
+            return false;
+        }
+        if (f == EVENT_BATCH_EVENTS && body) {
+            batch_item(body, blen, item);
+            return true;
+        }
+    }
+    return false;
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+kvr_status kvr_wire_batch_append(struct kvr_buf *b, enum kvr_wire_batch_kind kind, const void *ev,
+                                 size_t len)
+{
+    if (kind < KVR_WIRE_BATCH_TOKENS || kind > KVR_WIRE_BATCH_KV)
+        return KVR_ERR_INVALID;
+    uint8_t tmp[10];
+    size_t inner = 1 + put_varint(tmp, len) + len;
+    kvr_status st = kvr_buf_reserve(b, b->len + 1 + 10 + inner);
+    if (st != KVR_OK)
+        return st;
+    uint8_t *p = b->data + b->len;
+    *p++ = (uint8_t)(EVENT_BATCH_EVENTS << 3 | 2); /* EventBatch.events, length-delimited */
+    p += put_varint(p, inner);
+    *p++ = (uint8_t)((uint32_t)kind << 3 | 2); /* BatchedEvent.<kind>, length-delimited */
+    p += put_varint(p, len);
+    if (len)
+        memcpy(p, ev, len);
+    b->len = (size_t)(p + len - b->data);
+    return KVR_OK;
+}
+
 kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_heartbeat *h)
 {
     Kvrouter__V1__Heartbeat m = KVROUTER__V1__HEARTBEAT__INIT;

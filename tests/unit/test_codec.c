@@ -1161,3 +1161,210 @@ Test(codec, generate_fast_path_answers_as_protobuf_does)
     }
     kvr_buf_free(&b);
 }
+
+/* --- event batches --------------------------------------------------------------------------- */
+
+/* Append one event of kind, encoded by its own encoder into scratch, to batch. */
+static void batch_tokens(struct kvr_buf *batch, struct kvr_buf *scratch, uint64_t key,
+                         enum kvr_wire_tokens_kind kind)
+{
+    cr_assert(eq(int, kvr_wire_encode_tokens(scratch, 7, key, kind), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_batch_append(batch, KVR_WIRE_BATCH_TOKENS, scratch->data, scratch->len),
+                 KVR_OK));
+}
+
+static void batch_done(struct kvr_buf *batch, struct kvr_buf *scratch, uint64_t key)
+{
+    cr_assert(eq(int, kvr_wire_encode_done(scratch, 7, key, KVR_OK, 9), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_batch_append(batch, KVR_WIRE_BATCH_DONE, scratch->data, scratch->len),
+                 KVR_OK));
+}
+
+/* The items of batch[0..len) into kinds (at most max); returns the count, asserting open's OK. */
+static uint32_t batch_kinds(const void *buf, size_t len, enum kvr_wire_batch_kind *kinds,
+                            uint32_t max)
+{
+    struct kvr_wire_batch_iter it;
+    uint32_t n, k = 0;
+    cr_assert(eq(int, kvr_wire_batch_open(buf, len, &it, &n), KVR_OK));
+    struct kvr_wire_batch_item e;
+    while (kvr_wire_batch_next(&it, &e)) {
+        cr_assert(lt(u32, k, max));
+        cr_assert(e.kind == KVR_WIRE_BATCH_BAD || e.data != NULL);
+        kinds[k++] = e.kind;
+    }
+    cr_assert(eq(u32, k, n), "open counts what next yields");
+    return k;
+}
+
+Test(codec, event_batch_round_trip)
+{
+    struct kvr_buf batch = {0}, s = {0};
+    batch_tokens(&batch, &s, 101, KVR_WIRE_PREFILL_DONE);
+    batch_tokens(&batch, &s, 101, KVR_WIRE_OUTPUT_BLOCK);
+    struct kvr_kv_block blocks[2] = {{1, 11}, {2, 22}};
+    cr_assert(eq(int, kvr_wire_encode_stored(&s, 7, 3, NULL, blocks, 2), KVR_OK));
+    cr_assert(eq(int, kvr_wire_batch_append(&batch, KVR_WIRE_BATCH_KV, s.data, s.len), KVR_OK));
+    batch_done(&batch, &s, 101);
+    cr_assert(
+        eq(int, kvr_wire_batch_append(&batch, KVR_WIRE_BATCH_BAD, s.data, s.len), KVR_ERR_INVALID));
+    /* the schema's EventBatch, as any protobuf library reads it */
+    Kvrouter__V1__EventBatch *m = kvrouter__v1__event_batch__unpack(NULL, batch.len, batch.data);
+    cr_assert(m != NULL);
+    cr_assert(eq(sz, m->n_events, 4));
+    cr_assert(eq(int, m->events[0]->event_case, KVROUTER__V1__BATCHED_EVENT__EVENT_TOKENS));
+    cr_assert(eq(u64, m->events[1]->tokens->request_key, 101));
+    cr_assert(eq(int, m->events[2]->event_case, KVROUTER__V1__BATCHED_EVENT__EVENT_KV));
+    cr_assert(eq(u64, m->events[3]->done->request_key, 101));
+    cr_assert(eq(u32, m->events[3]->done->output_tokens, 9));
+    kvrouter__v1__event_batch__free_unpacked(m, NULL);
+    /* and read in place: each item decodes with its own decoder */
+    struct kvr_wire_batch_iter it;
+    uint32_t n;
+    cr_assert(eq(int, kvr_wire_batch_open(batch.data, batch.len, &it, &n), KVR_OK));
+    cr_assert(eq(u32, n, 4));
+    struct kvr_wire_batch_item e;
+    struct kvr_wire_tokens tk;
+    cr_assert(kvr_wire_batch_next(&it, &e));
+    cr_assert(eq(int, e.kind, KVR_WIRE_BATCH_TOKENS));
+    cr_assert(eq(int, kvr_wire_decode_tokens(e.data, e.len, &tk), KVR_OK));
+    cr_assert(eq(int, tk.kind, KVR_WIRE_PREFILL_DONE));
+    cr_assert(eq(u64, tk.key, 101));
+    cr_assert(eq(u64, tk.worker_id, 7));
+    cr_assert(kvr_wire_batch_next(&it, &e));
+    cr_assert(eq(int, kvr_wire_decode_tokens(e.data, e.len, &tk), KVR_OK));
+    cr_assert(eq(int, tk.kind, KVR_WIRE_OUTPUT_BLOCK));
+    cr_assert(kvr_wire_batch_next(&it, &e));
+    cr_assert(eq(int, e.kind, KVR_WIRE_BATCH_KV));
+    struct kvr_wire_kv kv;
+    cr_assert(eq(int, kvr_wire_decode_kv(e.data, e.len, &kv), KVR_OK));
+    cr_assert(eq(u32, kv.nblocks, 2));
+    cr_assert(eq(u64, kv.blocks[1].local_hash, 22));
+    kvr_wire_kv_free(&kv);
+    cr_assert(kvr_wire_batch_next(&it, &e));
+    cr_assert(eq(int, e.kind, KVR_WIRE_BATCH_DONE));
+    struct kvr_wire_done dn;
+    cr_assert(eq(int, kvr_wire_decode_done(e.data, e.len, &dn), KVR_OK));
+    cr_assert(eq(u64, dn.key, 101));
+    cr_assert(eq(u32, dn.output_tokens, 9));
+    cr_assert(not(kvr_wire_batch_next(&it, &e)));
+    /* an empty batch is a batch of none; a field a newer version adds is skipped */
+    cr_assert(eq(int, kvr_wire_batch_open("", 0, &it, &n), KVR_OK));
+    cr_assert(eq(u32, n, 0));
+    put_len(&batch, 9, "later", 5);
+    enum kvr_wire_batch_kind kinds[8];
+    cr_assert(eq(u32, batch_kinds(batch.data, batch.len, kinds, 8), 4));
+    kvr_buf_free(&batch);
+    kvr_buf_free(&s);
+}
+
+Test(codec, an_oversized_event_batch_is_refused_before_it_is_read)
+{
+    size_t len = KVR_WIRE_BATCH_MAX + 1;
+    uint8_t *buf = calloc(1, len); /* zeros: field 0, itself malformed, were it read */
+    cr_assert(buf != NULL);
+    struct kvr_wire_batch_iter it;
+    uint32_t n = 5;
+    cr_assert(eq(int, kvr_wire_batch_open(buf, len, &it, &n), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(u32, n, 0));
+    struct kvr_wire_batch_item e;
+    cr_assert(not(kvr_wire_batch_next(&it, &e)), "nothing to read after a refusal");
+    free(buf);
+}
+
+Test(codec, a_truncated_event_batch_is_malformed)
+{
+    struct kvr_buf batch = {0}, s = {0};
+    batch_tokens(&batch, &s, 5, KVR_WIRE_PREFILL_DONE);
+    batch_done(&batch, &s, 5);
+    size_t whole = batch.len, first = whole - (s.len + 4); /* where the done's item starts */
+    struct kvr_wire_batch_iter it;
+    uint32_t n;
+    for (size_t cut = 1; cut < whole; cut++) {
+        kvr_status st = kvr_wire_batch_open(batch.data, cut, &it, &n);
+        if (cut == first) { /* a cut between two events: the first alone */
+            cr_assert(eq(int, st, KVR_OK));
+            cr_assert(eq(u32, n, 1));
+        } else {
+            cr_assert(eq(int, st, KVR_ERR_MALFORMED), "cut at %zu of %zu", cut, whole);
+        }
+    }
+    /* an events field that is not a message: the whole batch */
+    uint8_t varint_field[] = {0x08, 0x01};
+    cr_assert(eq(int, kvr_wire_batch_open(varint_field, sizeof varint_field, &it, &n),
+                 KVR_ERR_MALFORMED));
+    kvr_buf_free(&batch);
+    kvr_buf_free(&s);
+}
+
+Test(codec, an_event_batch_over_its_count_is_too_large)
+{
+    struct kvr_buf batch = {0}, s = {0};
+    for (uint32_t i = 0; i < KVR_WIRE_BATCH_EVENTS_MAX; i++)
+        batch_done(&batch, &s, i + 1);
+    struct kvr_wire_batch_iter it;
+    uint32_t n;
+    cr_assert(eq(int, kvr_wire_batch_open(batch.data, batch.len, &it, &n), KVR_OK));
+    cr_assert(eq(u32, n, KVR_WIRE_BATCH_EVENTS_MAX));
+    batch_done(&batch, &s, 1 << 20);
+    cr_assert(lt(sz, batch.len, (size_t)KVR_WIRE_BATCH_MAX), "refused by count, not bytes");
+    cr_assert(eq(int, kvr_wire_batch_open(batch.data, batch.len, &it, &n), KVR_ERR_TOO_LARGE));
+    cr_assert(eq(u32, n, 0));
+    /* empty items count too: they cost the reader as much */
+    struct kvr_buf empty = {0};
+    for (uint32_t i = 0; i <= KVR_WIRE_BATCH_EVENTS_MAX; i++)
+        put_len(&empty, 1, "", 0);
+    cr_assert(eq(int, kvr_wire_batch_open(empty.data, empty.len, &it, &n), KVR_ERR_TOO_LARGE));
+    kvr_buf_free(&empty);
+    kvr_buf_free(&batch);
+    kvr_buf_free(&s);
+}
+
+Test(codec, one_bad_event_in_a_batch_leaves_the_others)
+{
+    struct kvr_buf batch = {0}, s = {0}, item = {0};
+    batch_tokens(&batch, &s, 1, KVR_WIRE_PREFILL_DONE);
+    put_len(&batch, 1, "", 0); /* a BatchedEvent with no event */
+    cr_assert(eq(int, kvr_wire_encode_done(&s, 7, 2, KVR_OK, 0), KVR_OK));
+    put_len(&item, KVR_WIRE_BATCH_DONE, s.data, s.len);
+    put_len(&item, KVR_WIRE_BATCH_TOKENS, s.data, s.len);
+    put_len(&batch, 1, item.data, item.len); /* two events in one */
+    item.len = 0;
+    put_len(&item, 7, s.data, s.len);
+    put_len(&batch, 1, item.data, item.len); /* a kind this version does not know */
+    item.len = 0;
+    put_varint(&item, (uint64_t)KVR_WIRE_BATCH_DONE << 3); /* a done that is a varint */
+    put_varint(&item, 3);
+    put_len(&batch, 1, item.data, item.len);
+    item.len = 0;
+    put_varint(&item, (uint64_t)KVR_WIRE_BATCH_DONE << 3 | 2);
+    put_varint(&item, 50); /* a done longer than its item */
+    put_len(&batch, 1, item.data, item.len);
+    cr_assert(eq(int, kvr_wire_batch_append(&batch, KVR_WIRE_BATCH_TOKENS, "\xff", 1), KVR_OK));
+    batch_done(&batch, &s, 3);
+    enum kvr_wire_batch_kind kinds[16];
+    uint32_t n = batch_kinds(batch.data, batch.len, kinds, 16);
+    cr_assert(eq(u32, n, 8));
+    enum kvr_wire_batch_kind want[] = {
+        KVR_WIRE_BATCH_TOKENS, KVR_WIRE_BATCH_BAD, KVR_WIRE_BATCH_BAD,    KVR_WIRE_BATCH_BAD,
+        KVR_WIRE_BATCH_BAD,    KVR_WIRE_BATCH_BAD, KVR_WIRE_BATCH_TOKENS, KVR_WIRE_BATCH_DONE};
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert(eq(int, kinds[i], want[i]), "item %u", i);
+    /* the seventh is framed as a TokensEvent but is not one: its own decoder says so */
+    struct kvr_wire_batch_iter it;
+    struct kvr_wire_batch_item e;
+    cr_assert(eq(int, kvr_wire_batch_open(batch.data, batch.len, &it, &n), KVR_OK));
+    for (int i = 0; i < 7; i++)
+        cr_assert(kvr_wire_batch_next(&it, &e));
+    struct kvr_wire_tokens tk;
+    cr_assert(eq(int, kvr_wire_decode_tokens(e.data, e.len, &tk), KVR_ERR_MALFORMED));
+    cr_assert(kvr_wire_batch_next(&it, &e));
+    struct kvr_wire_done dn;
+    cr_assert(eq(int, kvr_wire_decode_done(e.data, e.len, &dn), KVR_OK));
+    cr_assert(eq(u64, dn.key, 3));
+    kvr_buf_free(&item);
+    kvr_buf_free(&batch);
+    kvr_buf_free(&s);
+}
