@@ -106,8 +106,8 @@ static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 }
 
 /* Step over the field at *p: its number in *field and, if length-delimited, its payload. */
-bool kvr_codec_next_field(const uint8_t **p, const uint8_t *end, uint64_t *field,
-                          const uint8_t **body, size_t *blen)
+static bool next_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **body,
+                       size_t *blen)
 {
     uint64_t key, v;
     if (!get_varint(p, end, &key))
@@ -147,7 +147,7 @@ kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t
         uint64_t f;
         const uint8_t *body;
         size_t blen, k;
-        if (!kvr_codec_next_field(&p, end, &f, &body, &blen))
+        if (!next_field(&p, end, &f, &body, &blen))
             return KVR_ERR_MALFORMED;
         if (f != field)
             continue;
@@ -417,10 +417,8 @@ static bool unpack_u32s(const uint8_t *p, size_t len, uint32_t *t)
 static uint32_t *fast_tokens(const struct fast_request *r, const struct kvr_wire_limits *lim,
                              size_t *n, bool *nomem)
 {
-    if (r->toklen == 0) /* no tokens field at all: tok is NULL */
-        return NULL;
     const uint8_t *p = r->tok, *end = r->tok + r->toklen;
-    if (end[-1] & 0x80)
+    if (r->toklen == 0 || end[-1] & 0x80)
         return NULL;
     *n = count_ends(p, r->toklen);
     if (*n > lim->max_prompt_tokens)

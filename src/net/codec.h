@@ -249,46 +249,6 @@ struct kvr_wire_heartbeat {
 kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wire_heartbeat *out);
 void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h);
 
-/*
- * An EventBatch (kv.<ns>.ev.<wid>.batch): a worker's tokens, done and KV events of one short
- * window, each item the bytes of the message it would have been alone, decoded by its own decoder
- * above (the same caps and checks). Read in place, nothing allocated: kvr_wire_batch_open checks
- * the bytes (at most KVR_WIRE_BATCH_MAX: KVR_ERR_TOO_LARGE), the framing of the whole batch
- * (KVR_ERR_MALFORMED) and the count of events (more than KVR_WIRE_BATCH_EVENTS_MAX:
- * KVR_ERR_TOO_LARGE) before anything is applied; kvr_wire_batch_next yields the items in order.
- * An item that is not exactly one known event comes as KVR_WIRE_BATCH_BAD (the caller counts and
- * drops it, and goes on). Fields of EventBatch other than its events are skipped.
- */
-#define KVR_WIRE_BATCH_EVENTS_MAX 1024u
-#define KVR_WIRE_BATCH_MAX        (1u << 20)
-/* A worker cuts its batch before this many bytes (a KvEvent at its cap fits in an empty one). */
-#define KVR_WIRE_BATCH_TARGET (256u << 10)
-_Static_assert(KVR_WIRE_KV_MAX + 32u < KVR_WIRE_BATCH_TARGET, "a KV event fits in a batch");
-
-enum kvr_wire_batch_kind {
-    KVR_WIRE_BATCH_BAD = 0,    /* broken, empty, two events, or an unknown one */
-    KVR_WIRE_BATCH_TOKENS = 1, /* a TokensEvent (BatchedEvent.tokens) */
-    KVR_WIRE_BATCH_DONE = 2,   /* a DoneEvent */
-    KVR_WIRE_BATCH_KV = 3,     /* a KvEvent */
-};
-struct kvr_wire_batch_item {
-    enum kvr_wire_batch_kind kind;
-    const uint8_t *data; /* the event's bytes, inside the batch (NULL for a bad one) */
-    size_t len;          /* */
-};
-struct kvr_wire_batch_iter {
-    const uint8_t *p, *end; /* the events not yet read */
-};
-/* *n = the batch's events (items, bad ones included). */
-kvr_status kvr_wire_batch_open(const void *buf, size_t len, struct kvr_wire_batch_iter *it,
-                               uint32_t *n);
-/* The next item into *item; false when there is none. */
-bool kvr_wire_batch_next(struct kvr_wire_batch_iter *it, struct kvr_wire_batch_item *item);
-/* Append one event (its encoded bytes ev[0..len)) of kind (not BAD) to the EventBatch being built
- * in b (empty: a batch of none). */
-kvr_status kvr_wire_batch_append(struct kvr_buf *b, enum kvr_wire_batch_kind kind, const void *ev,
-                                 size_t len);
-
 /* Encoders: each replaces b's contents with one message. */
 kvr_status kvr_wire_encode_generate(struct kvr_buf *b, const char *request_id,
                                     const uint32_t *tokens, uint32_t ntokens, uint32_t max_tokens,

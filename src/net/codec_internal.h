@@ -52,12 +52,6 @@ char *kvr_codec_str(char *s);
  */
 kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t sub, size_t *n);
 
-/* Step over the protobuf field at *p (before end): its number in *field and, when it is
- * length-delimited, its payload in *body and *blen (else *body NULL). False when the framing is
- * broken (a truncated varint or length, a group or an unknown wire type). */
-bool kvr_codec_next_field(const uint8_t **p, const uint8_t *end, uint64_t *field,
-                          const uint8_t **body, size_t *blen);
-
 /* kvr_wire_decode_generate through protobuf-c alone, without its fast path (for the tests that
  * compare the two). */
 struct kvr_wire_limits;

@@ -161,57 +161,15 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
     return st;
 }
 
-/* Under mu: the bad events of one message (a batch may hold several among good ones). */
-struct ev_bad {
-    uint32_t n;       /* counted in ev_errors */
-    kvr_status first; /* the first one's error, for the log */
-};
-
-static kvr_status kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
-{
-    return kvr_rd_hold(rd, wid, data, len) ? KVR_OK : kvr_events_apply_kv(rd, wid, data, len);
-}
-
-/* Under mu: an EventBatch, each event applied as if it had come alone on its own subject (the
- * same decoder, checks and counters; the core's deferred events settled after each), a bad one
- * counted and dropped, the others applied. The batch itself bounded (bytes, count, framing)
- * before any is applied: a broken batch is one bad message. */
-static kvr_status batch(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len, uint64_t now,
-                        struct ev_bad *bad)
-{
-    struct kvr_wire_batch_iter it;
-    uint32_t n;
-    kvr_status st = kvr_wire_batch_open(data, len, &it, &n);
-    if (st != KVR_OK)
-        return st;
-    struct kvr_wire_batch_item e;
-    while (kvr_wire_batch_next(&it, &e)) {
-        if (e.kind == KVR_WIRE_BATCH_TOKENS)
-            st = tokens(rd, wid, e.data, e.len, now);
-        else if (e.kind == KVR_WIRE_BATCH_DONE)
-            st = done(rd, wid, e.data, e.len, now);
-        else if (e.kind == KVR_WIRE_BATCH_KV)
-            st = kv(rd, wid, e.data, e.len);
-        else
-            st = KVR_ERR_MALFORMED;
-        kvr_place_settle(rd);
-        if (kvr_events_bad(st) && !bad->n++)
-            bad->first = st;
-    }
-    return KVR_OK;
-}
-
 /* Under mu: one worker event. */
 static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const void *data,
-                        size_t len, struct ev_bad *bad)
+                        size_t len)
 {
     uint64_t now = kvr_now_ns();
-    if (!strcmp(kind, "batch"))
-        return batch(rd, wid, data, len, now, bad);
     if (!strcmp(kind, "hb"))
         return heartbeat(rd, wid, data, len, now);
     if (!strcmp(kind, "kv"))
-        return kv(rd, wid, data, len);
+        return kvr_rd_hold(rd, wid, data, len) ? KVR_OK : kvr_events_apply_kv(rd, wid, data, len);
     if (!strcmp(kind, "tokens"))
         return tokens(rd, wid, data, len, now);
     if (!strcmp(kind, "done"))
@@ -258,19 +216,18 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
     uint64_t wid = 0;
     const char *kind = NULL;
     kvr_status st = KVR_ERR_MALFORMED;
-    struct ev_bad bad = {0, KVR_OK};
+    bool counted = false;
     pthread_mutex_lock(&rd->mu);
     if (kvr_events_parse_subject(rd->subj_ev, subject, &wid, &kind)) {
-        st = apply(rd, wid, kind, data, len, &bad);
+        st = apply(rd, wid, kind, data, len);
         kvr_place_settle(rd);
     }
-    if (kvr_events_bad(st) && !bad.n++)
-        bad.first = st;
-    rd->ev_errors += bad.n;
+    counted = kvr_events_bad(st);
+    rd->ev_errors += counted;
     kvr_rd_unlock_flush(rd);
-    if (bad.n) {
+    if (counted) {
         char safe[160];
-        kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\" events=%u",
-                kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(bad.first), bad.n);
+        kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\"",
+                kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(st));
     }
 }

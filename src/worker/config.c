@@ -101,13 +101,6 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
          .type = KVR_OPT_BOOL,
          .ptr = &c->null_mode,
          .help = "answer every request at once"},
-        {.name = "event-batch",
-         .env = "KVR_EVENT_BATCH",
-         .type = KVR_OPT_BOOL,
-         .ptr = &c->event_batch,
-         .help = "send routers the tokens, done and KV events as EventBatches on ev.<id>.batch "
-                 "(one message per 64 events or 1 ms, at once when idle); every router must "
-                 "understand them (docs/protocol.md)"},
         NUM("heartbeat-ms", KVR_OPT_MS, &c->heartbeat_ns, 1, 3.6e6,
             "heartbeat period (routers declare the worker lost after 3.2 of them)"),
         NUM("max-prompt-tokens", KVR_OPT_U32, &c->max_prompt_tokens, 1, 1 << 24,

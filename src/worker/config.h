@@ -47,7 +47,6 @@ struct kvr_wk_config {
     uint64_t heartbeat_ns;                /* heartbeat period */
     uint64_t drain_timeout_ns;            /* on SIGTERM, wait this long for the requests held */
     bool null_mode;                       /* answer every request at once */
-    bool event_batch;                     /* tokens, done and KV events in EventBatches */
     char metrics_addr[KVR_OPT_STR_MAX];   /* HOST:PORT of /metrics, /healthz, /readyz ("": none) */
 };
 

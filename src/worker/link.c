@@ -98,15 +98,6 @@ static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
     natsMsg_Destroy(msg);
 }
 
-/* Whether forwards wait for the generate delivery thread (the worker is not idle: an EventBatch
- * may wait for their events, within its 1 ms). Under the worker's mutex. */
-static bool generate_busy(void *ctx)
-{
-    struct kvr_wk_link *l = ctx;
-    int msgs = 0, bytes = 0;
-    return natsSubscription_GetPending(l->sub_gen, &msgs, &bytes) == NATS_OK && msgs > 0;
-}
-
 /* --- threads --------------------------------------------------------------------------------- */
 
 static void *engine_thread(void *arg)
@@ -308,8 +299,6 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
         return st;
     pthread_mutex_lock(&w->mu);
     w->serving = true;
-    w->busy = generate_busy;
-    w->busy_ctx = l;
     pthread_mutex_unlock(&w->mu);
     atomic_store_explicit(&l->live, true, memory_order_release);
     if (pthread_create(&l->engine, NULL, engine_thread, l))

@@ -1,8 +1,7 @@
 /*
  * kvr_worker's presence in the fleet: its heartbeat (also the answer to a hello), the worker id
- * clash rule, the outgoing connection's cuts (the repeat they call for is in worker.c), and the
- * event stream's batching (--event-batch) with the flush of the outbox. Runs on the heartbeat
- * thread, the delivery threads, the engine thread and the NATS library's event thread, under the
+ * clash rule, and the outgoing connection's cuts (the repeat they call for is in worker.c). Runs on
+ * the heartbeat thread, the delivery threads and the NATS library's event thread, under the
  * worker's mutex.
  */
 #define _DEFAULT_SOURCE
@@ -13,79 +12,6 @@
 #include "codec.h"
 #include "log.h"
 #include "worker.h"
-
-/* --- the event stream: batches, the outbox's flush -------------------------------------------- */
-
-/* Under mu: the batch, if any, to the outbox. */
-static void batch_out(struct kvr_worker *w)
-{
-    if (w->batch_n && !w->clashed)
-        kvr_outbox_add(&w->out, w->subj_batch, w->batch.data, w->batch.len, KVR_OK);
-    w->batch.len = 0;
-    w->batch_n = 0;
-    w->batch_told = false;
-}
-
-bool kvr__worker_batch(struct kvr_worker *w, const char *subject)
-{
-    if (!w->cfg->event_batch)
-        return false;
-    enum kvr_wire_batch_kind k = subject == w->subj_tokens ? KVR_WIRE_BATCH_TOKENS
-                                 : subject == w->subj_done ? KVR_WIRE_BATCH_DONE
-                                 : subject == w->subj_kv   ? KVR_WIRE_BATCH_KV
-                                                           : KVR_WIRE_BATCH_BAD;
-    if (k == KVR_WIRE_BATCH_BAD) {
-        if (subject == w->subj_hb || subject == w->subj_ask)
-            batch_out(w); /* the events before it go first */
-        return false;
-    }
-    if (w->batch.len + w->buf.len + 32 > KVR_WIRE_BATCH_TARGET)
-        batch_out(w);
-    if (kvr_wire_batch_append(&w->batch, k, w->buf.data, w->buf.len) != KVR_OK) {
-        batch_out(w); /* out of memory: this one alone, on its own subject */
-        return false;
-    }
-    uint64_t now = kvr_now_ns();
-    if (!w->batch_n++) { /* after a quiet spell it goes at once: only a stream of events waits */
-        w->batch_since = now;
-        w->batch_quiet = now - w->batch_last >= KVR_WK_BATCH_NS;
-    }
-    w->batch_last = now;
-    if (w->batch_n >= KVR_WK_BATCH_EVENTS)
-        batch_out(w);
-    return true;
-}
-
-void kvr__worker_batch_settle(struct kvr_worker *w, bool force)
-{
-    if (!w->batch_n)
-        return;
-    bool idle = w->batch_quiet && (!w->busy || !w->busy(w->busy_ctx));
-    if (force || idle || w->stopping || w->clashed ||
-        kvr_now_ns() - w->batch_since >= KVR_WK_BATCH_NS) {
-        batch_out(w);
-    } else if (!w->batch_told) { /* held back: the engine thread sends it when due */
-        w->batch_told = true;
-        pthread_cond_signal(&w->cv);
-    }
-}
-
-uint64_t kvr__worker_batch_due(const struct kvr_worker *w)
-{
-    return w->batch_n ? w->batch_since + KVR_WK_BATCH_NS : 0;
-}
-
-void kvr_worker_flush(struct kvr_worker *w)
-{
-    pthread_mutex_lock(&w->mu);
-    kvr__worker_batch_settle(w, false);
-    bool mute = w->clashed;
-    if (mute)
-        kvr_outbox_free(&w->out);
-    pthread_mutex_unlock(&w->mu);
-    if (!mute)
-        kvr_outbox_send(&w->out, &w->mu, &w->sink);
-}
 
 /* Keys of the requests that ended here (for the fleet: not stopped for another worker's copy) at
  * or after since, into keys (KVR_WIRE_ENDED_MAX at most, the newest); returns the count. */

@@ -30,8 +30,6 @@ void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st)
 {
     if (w->clashed)
         return; /* the older instance serves everything: say nothing */
-    if (st == KVR_OK && kvr__worker_batch(w, subject))
-        return;
     if (st == KVR_OK)
         kvr_outbox_add(&w->out, subject, w->buf.data, w->buf.len, KVR_OK);
     else
@@ -310,10 +308,9 @@ static bool subjects(struct kvr_worker *w)
     const char *p = w->cfg->net.prefix, *ns = w->cfg->net.ns;
     char tail[128];
     bool ok = true;
-    static const char *const ev[] = {"kv", "tokens", "done", "hb", "rebind", "batch"};
-    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done,
-                   w->subj_hb, w->subj_ask,    w->subj_batch};
-    for (int i = 0; i < 6; i++) {
+    static const char *const ev[] = {"kv", "tokens", "done", "hb", "rebind"};
+    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done, w->subj_hb, w->subj_ask};
+    for (int i = 0; i < 5; i++) {
         snprintf(tail, sizeof tail, "ev.%" PRIu64 ".%s", w->cfg->id, ev[i]);
         ok &= kvr_subject(dst[i], sizeof w->subj_kv, p, ns, tail);
     }
@@ -373,7 +370,6 @@ void kvr_worker_free(struct kvr_worker *w)
     kvr_recent_free(&w->recent);
     kvr_outbox_free(&w->out);
     kvr_buf_free(&w->buf);
-    kvr_buf_free(&w->batch);
     kvr_reply_free(&w->generate);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
@@ -384,6 +380,17 @@ void kvr_worker_close_engine(struct kvr_worker *w)
     if (w->be)
         w->be->free(w); /* its threads joined: nothing calls in any more */
     w->be = NULL;
+}
+
+void kvr_worker_flush(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    bool mute = w->clashed;
+    if (mute)
+        kvr_outbox_free(&w->out);
+    pthread_mutex_unlock(&w->mu);
+    if (!mute)
+        kvr_outbox_send(&w->out, &w->mu, &w->sink);
 }
 
 /* --- requests (under mu) --------------------------------------------------------------------- */
@@ -666,15 +673,12 @@ static void housekeep(struct kvr_worker *w, uint64_t now)
     kvr_recent_expire(&w->recent, now);
 }
 
-/* When something is next due (a deadline, the rebind ask, the repeat, the event batch), 0: none. */
+/* When something is next due (a deadline, the rebind ask, the repeat), 0 when nothing is. */
 static uint64_t next_due(struct kvr_worker *w)
 {
-    uint64_t t[] = {next_deadline(w), w->cut ? 0 : w->repeat_at, w->cut ? 0 : w->ask_at,
-                    kvr__worker_batch_due(w)},
-             next = 0;
-    for (int i = 0; i < 4; i++)
-        next = t[i] && (!next || t[i] < next) ? t[i] : next;
-    return next;
+    uint64_t d = next_deadline(w), r = w->cut ? 0 : w->repeat_at;
+    uint64_t next = d && r ? (d < r ? d : r) : d | r, a = w->cut ? 0 : w->ask_at;
+    return next && a ? (next < a ? next : a) : next | a;
 }
 
 uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now)
@@ -697,7 +701,6 @@ static void wait_until(struct kvr_worker *w, uint64_t until)
 /* Publish what the outbox holds, mu released meanwhile. */
 static void flush_locked(struct kvr_worker *w)
 {
-    kvr__worker_batch_settle(w, false);
     if (!w->out.n)
         return;
     pthread_mutex_unlock(&w->mu);
@@ -751,7 +754,6 @@ void kvr_worker_run_engine(struct kvr_worker *w)
         }
         step_wait(w, now + dur);
         w->be->step_end(w, kvr_now_ns());
-        kvr__worker_batch_settle(w, true); /* one step's events: one batch */
         flush_locked(w);
     }
     pthread_mutex_unlock(&w->mu);

@@ -206,16 +206,7 @@ struct kvr_worker {
     _Atomic uint64_t engine_ns;        /* the engine loop's last turn (monotonic ns), 0: none;
                                           read without mu (readiness: a stuck engine) */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
-    char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256], subj_batch[256];
-    /* --event-batch: the EventBatch being built (presence.c), under mu */
-    struct kvr_buf batch;    /* its bytes */
-    uint32_t batch_n;        /* its events */
-    uint64_t batch_since;    /* its first event's time (monotonic ns) */
-    uint64_t batch_last;     /* the last event's time, in this batch or an earlier one */
-    bool batch_quiet;        /* its first came after a quiet spell (1 ms without an event) */
-    bool batch_told;         /* the engine thread was woken for its due time */
-    bool (*busy)(void *ctx); /* more requests wait for the delivery thread (NULL: never) */
-    void *busy_ctx;          /* set by the link once it serves, under mu */
+    char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256];
 };
 
 /* Set up w for cfg (borrowed) publishing through sink; draws the instance. */
@@ -276,29 +267,13 @@ bool kvr_worker_stopping(struct kvr_worker *w);
  * Idempotent; kvr_worker_free does it too. */
 void kvr_worker_close_engine(struct kvr_worker *w);
 
-/* Publish what the outbox holds (takes and releases mu); after a yield, discard it. The
- * EventBatch being built goes with it when it is due (kvr__worker_batch_settle). */
+/* Publish what the outbox holds (takes and releases mu); after a yield, discard it. */
 void kvr_worker_flush(struct kvr_worker *w);
 
 /* Inside src/worker only (worker.c and presence.c), under mu. */
 /* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
  * after a yield nothing is queued. */
 void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
-/*
- * --event-batch (presence.c). kvr__worker_batch: an event encoded in w->buf for subject, taken
- * into the batch when subject is the tokens, done or KV one (true); before any other event
- * subject's (a heartbeat, a RebindAsk) the batch goes to the outbox, so routers see the worker's
- * events in the order they happened. kvr__worker_batch_settle: the batch to the outbox when it is
- * due: force (the engine thread after a step: its events are one batch), 64 events, 1 ms since
- * the first (KVR_WK_BATCH_NS), stopping, or the worker idle (its first event came after 1 ms
- * without any, and no request waits for the delivery thread: a lone event is not held back);
- * else the engine thread is woken for the due time, kvr__worker_batch_due (0: none).
- */
-#define KVR_WK_BATCH_EVENTS 64u
-#define KVR_WK_BATCH_NS     (1ull * 1000000ull)
-bool kvr__worker_batch(struct kvr_worker *w, const char *subject);
-void kvr__worker_batch_settle(struct kvr_worker *w, bool force);
-uint64_t kvr__worker_batch_due(const struct kvr_worker *w);
 /* Whether r is repeated after the cut that started at cut_at. */
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
 /* Queue the RebindAsks for the streams the repeat will cover. */
