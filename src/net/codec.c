@@ -417,8 +417,10 @@ static bool unpack_u32s(const uint8_t *p, size_t len, uint32_t *t)
 static uint32_t *fast_tokens(const struct fast_request *r, const struct kvr_wire_limits *lim,
                              size_t *n, bool *nomem)
 {
+    if (r->toklen == 0) /* no tokens field at all: tok is NULL */
+        return NULL;
     const uint8_t *p = r->tok, *end = r->tok + r->toklen;
-    if (r->toklen == 0 || end[-1] & 0x80)
+    if (end[-1] & 0x80)
         return NULL;
     *n = count_ends(p, r->toklen);
     if (*n > lim->max_prompt_tokens)
