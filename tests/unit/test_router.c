@@ -691,8 +691,7 @@ static uint64_t behind_a_queue(bool hot)
         uint32_t *q =
             hot ? prompt(60, 128 * B, id, 64 * B) : prompt(70 + (uint32_t)id, 0, id, 192 * B);
         kvr_hash_prompt(q, 192 * B, B, NULL, seq);
-        cr_assert(
-            eq(int, kvr_router_book(r, id, 1, seq, 192, 192 * B, 128, 0), KVR_OK));
+        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 192, 192 * B, 128, 0), KVR_OK));
         free(q);
     }
     struct kvr_decision d;
