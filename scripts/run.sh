@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The main job: install what is missing, build, then run a local fleet on an embedded NATS server
 # (127.0.0.1, ephemeral ports, started and stopped here): 8 simulated workers (kvworker, 10x
-# real time), 2 routers (kvrouter) sharing the request subject, and kvbench replaying the `seed`
-# workload through them with the kv policy and with round_robin. Prints the comparison, writes
-# out/fleet/report.{json,md} and plots, and stops everything cleanly.
+# real time), 2 routers (kvrouter) sharing the request subject, and kvbench replaying the first
+# 3,000 requests of the Mooncake conversation trace through them (arrivals 6 times the trace's
+# rate in the workers' time, outputs cut to 64 tokens so the run fits a minute on two cores),
+# once per policy: kv, round_robin and sglang_cache_aware. Prints the rows, the hit rates against
+# the ceiling, the ratios and a short verdict, writes out/fleet/report.{json,md} and plots, and
+# stops everything cleanly.
 #
-# Environment: WORKERS (8), ROUTERS (2), REQUESTS (1000), CONCURRENCY (20), SPEEDUP (10),
-# WORKLOAD (seed), POLICIES (kv,round_robin), OUT (out/fleet), and ENGINE: sim (the default: each
-# kvworker simulates its engine in-process) or standin (each worker is the adapter,
-# `kvworker --engine openai`, in front of its own engine stand-in `kvengine`, reached over the
-# engines' real interfaces: the OpenAI-compatible HTTP API and ZeroMQ KV events; see
-# docs/engines.md for the same with vLLM or SGLang).
+# Environment: WORKERS (8), ROUTERS (2), WORKLOAD (conversation; or seed, seed-isl, seed-osl,
+# burst, synthetic), REQUESTS (3000 for the traces, else 1000), RATE (open loop, the traces and
+# burst: arrivals this many times the trace's rate in the workers' time; 6), CONCURRENCY (closed
+# loop, the seed workloads: clients; 20), MAX_TOKENS (every output length; 64 for the traces, 0:
+# the workload's), SPEEDUP (10), POLICIES (kv,round_robin,sglang_cache_aware), OUT (out/fleet),
+# and ENGINE: sim (the default: each kvworker simulates its engine in-process) or standin (each
+# worker is the adapter, `kvworker --engine openai`, in front of its own engine stand-in
+# `kvengine`, reached over the engines' real interfaces: the OpenAI-compatible HTTP API and
+# ZeroMQ KV events; see docs/engines.md for the same with vLLM or SGLang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -18,11 +24,14 @@ bash scripts/build.sh build
 
 WORKERS=${WORKERS:-8}
 ROUTERS=${ROUTERS:-2}
-REQUESTS=${REQUESTS:-1000}
+WORKLOAD=${WORKLOAD:-conversation}
+case "$WORKLOAD" in conversation | synthetic) trace=1 ;; *) trace=0 ;; esac
+REQUESTS=${REQUESTS:-$([ "$trace" = 1 ] && echo 3000 || echo 1000)}
+MAX_TOKENS=${MAX_TOKENS:-$([ "$trace" = 1 ] && echo 64 || echo 0)}
+RATE=${RATE:-6}
 CONCURRENCY=${CONCURRENCY:-20}
 SPEEDUP=${SPEEDUP:-10}
-WORKLOAD=${WORKLOAD:-seed}
-POLICIES=${POLICIES:-kv,round_robin}
+POLICIES=${POLICIES:-kv,round_robin,sglang_cache_aware}
 OUT=${OUT:-out/fleet}
 ENGINE=${ENGINE:-sim}
 case "$ENGINE" in sim | standin) ;; *) echo "ENGINE must be sim or standin, not $ENGINE" >&2; exit 2 ;; esac
@@ -96,10 +105,17 @@ for i in $(seq "$ROUTERS"); do
 done
 sleep 1.5 # one heartbeat: every router knows every worker
 
-echo "== kvbench: $WORKLOAD, $REQUESTS requests, $CONCURRENCY clients, policies $POLICIES"
-"$bin/kvbench" --nats "$url" --workload "$WORKLOAD" --requests "$REQUESTS" \
-  --concurrency "$CONCURRENCY" --policies "$POLICIES" --out "$OUT"
-
 echo "== the routers, as NATS monitoring sees them"
 curl -s "$monitor/connz?limit=1024" | tr ',' '\n' | grep -o '"name": *"kvrouter-[^"]*"' | sort -u || true
-echo "== done: report in $OUT/report.md; stopping the fleet"
+
+# The workers run SPEEDUP times faster than real time, so the trace's arrivals are too.
+rate_scale=$(awk -v r="$RATE" -v s="$SPEEDUP" 'BEGIN { print r * s }')
+case "$WORKLOAD" in
+  seed*) load="$CONCURRENCY clients" ;;
+  *) load="arrivals ${RATE}x the trace's rate" ;;
+esac
+outs=$([ "$MAX_TOKENS" = 0 ] && echo "the workload's outputs" || echo "$MAX_TOKENS output tokens each")
+echo "== kvbench: $WORKLOAD, $REQUESTS requests, $load, $outs; policies $POLICIES"
+"$bin/kvbench" --nats "$url" --workload "$WORKLOAD" --requests "$REQUESTS" \
+  --concurrency "$CONCURRENCY" --rate-scale "$rate_scale" --max-tokens "$MAX_TOKENS" \
+  --policies "$POLICIES" --out "$OUT"

@@ -27,6 +27,8 @@ struct replay {
     uint64_t run;                             /* distinguishes request ids across runs */
     enum kvr_policy policy;                   /* this run's override */
     uint32_t workers, num_blocks, block_size; /* the hit-rate reference's fleet */
+    double ceiling;          /* hit rate of one unbounded cache: no routing does better */
+    double ceiling_capacity; /* ... of one cache as large as the fleet's (0: fleet unknown) */
     struct kvr_contract contract[KVR_POLICY_COUNT];   /* what each run broke of the contract */
     struct kvr_routers_run routers[KVR_POLICY_COUNT]; /* the routers' own figures of each run */
     struct kvr_routers_poll *polls; /* [2]: their answers before and after a run */
@@ -206,15 +208,17 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
     return rc;
 }
 
-static void print_row(const struct kvr_sim_result *r, const struct kvr_contract *k,
-                      const struct kvr_routers_run *rr)
+static void print_row(const struct replay *rp, const struct kvr_sim_result *r,
+                      const struct kvr_contract *k, const struct kvr_routers_run *rr)
 {
     char line[512];
     printf("%-18s load=%-6g ttft_ms mean=%.1f p50=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.2f "
-           "p99=%.2f  e2e_ms mean=%.0f  hit=%.3f  tok/s=%.0f  finished=%u failed=%u\n",
+           "p99=%.2f  e2e_ms mean=%.0f  hit=%.3f (%.0f%% of ceiling %.3f)  tok/s=%.0f  "
+           "finished=%u failed=%u\n",
            kvr_policy_name(r->policy), r->load, r->ttft_ms.mean, r->ttft_ms.p50, r->ttft_ms.p90,
            r->ttft_ms.p99, r->itl_ms.mean, r->itl_ms.p99, r->e2e_ms.mean, r->hit_rate,
-           r->throughput_tok_s, r->finished, r->rejected);
+           rp->ceiling > 0 ? 100 * r->hit_rate / rp->ceiling : 0, rp->ceiling, r->throughput_tok_s,
+           r->finished, r->rejected);
     printf("%-18s contract: %s\n", kvr_policy_name(r->policy),
            kvr_contract_format(k, line, sizeof line));
     if (r->rejected)
@@ -235,6 +239,45 @@ static void print_ratio(const struct kvr_sim_result *res)
            res[1].ttft_ms.mean > 0 ? res[0].ttft_ms.mean / res[1].ttft_ms.mean : 0,
            res[1].ttft_ms.p90 > 0 ? res[0].ttft_ms.p90 / res[1].ttft_ms.p90 : 0, res[0].hit_rate,
            res[1].hit_rate);
+}
+
+/* a over b as "0.36x (64% lower)" or "1.20x (20% higher)". */
+static const char *versus(char *out, size_t size, double a, double b)
+{
+    double r = b > 0 ? a / b : 0;
+    snprintf(out, size, "%.2fx (%.0f%% %s)", r, 100 * (r < 1 ? 1 - r : r - 1),
+             r < 1 ? "lower" : "higher");
+    return out;
+}
+
+/*
+ * The closing lines, for someone who has not read the docs: what was compared, by how much the
+ * first policy won or lost on time to first token against the second (and the best of the rest),
+ * why (the hit rates against what any routing could reach), and where the report is.
+ */
+static void print_summary(const struct replay *rp, const struct kvr_sim_result *res, size_t n,
+                          double seconds)
+{
+    const struct kvr_sim_result *a = &res[0], *b = &res[1], *best = NULL;
+    for (size_t i = 2; i < n; i++)
+        if (!best || res[i].ttft_ms.p90 < best->ttft_ms.p90)
+            best = &res[i];
+    const char *an = kvr_policy_name(a->policy), *bn = kvr_policy_name(b->policy);
+    char p90[64];
+    printf("\n== in short: %s against %s on %u workers, %u requests of %s (%zu runs, %.0f s)\n", an,
+           bn, rp->workers, rp->wl.nreqs, rp->cfg->workload, n, seconds);
+    printf("%s's p90 time to first token: %.0f ms against %s's %.0f ms, %s; mean %.2fx", an,
+           a->ttft_ms.p90, bn, b->ttft_ms.p90,
+           versus(p90, sizeof p90, a->ttft_ms.p90, b->ttft_ms.p90),
+           b->ttft_ms.mean > 0 ? a->ttft_ms.mean / b->ttft_ms.mean : 0);
+    if (best)
+        printf("; against %s, the best of the others, p90 %.2fx", kvr_policy_name(best->policy),
+               best->ttft_ms.p90 > 0 ? a->ttft_ms.p90 / best->ttft_ms.p90 : 0);
+    printf(".\nWhy: the workers' caches served %.0f%% of prompt tokens with %s, %.0f%% with %s; no "
+           "routing could pass %.0f%% here.\n",
+           100 * a->hit_rate, an, 100 * b->hit_rate, bn, 100 * rp->ceiling);
+    if (rp->cfg->out[0])
+        printf("Report and plots: %s/report.md, %s/*.png\n", rp->cfg->out, rp->cfg->out);
 }
 
 /* The contract's counts as JSON object members. */
@@ -360,10 +403,8 @@ static void write_report(const struct replay *rp, const struct kvr_sim_result *r
                                    .workers = rp->workers,
                                    .seed = cfg->seed,
                                    .load_kind = rp->closed ? "concurrency" : "rate_scale"};
-    kvr_sim_hit_ceiling(&rp->wl, rp->block_size, 0, &meta.hit_ceiling);
-    if (rp->workers)
-        kvr_sim_hit_ceiling(&rp->wl, rp->block_size, (uint64_t)rp->workers * rp->num_blocks,
-                            &meta.hit_ceiling_capacity);
+    meta.hit_ceiling = rp->ceiling;
+    meta.hit_ceiling_capacity = rp->ceiling_capacity;
     kvr_mkdir_p(cfg->out);
     if (kvr_report_write(cfg->out, &meta, res, n) != KVR_OK || append_runs(rp, res, n))
         fprintf(stderr, "kvbench: cannot write %s/report.json\n", cfg->out);
@@ -381,15 +422,18 @@ static int run_policies(struct replay *rp)
     double load = rp->closed ? cfg->concurrency : cfg->rate_scale;
     struct kvr_sim_result *res = calloc(np ? np : 1, sizeof *res);
     int rc = res ? 0 : 1;
+    uint64_t t0 = kvr_now_ns();
     for (size_t p = 0; p < np && rc == 0; p++) {
         rc = run_policy(rp, cfg->policy[p], load, &res[p]);
         if (rc == 0)
-            print_row(&res[p], &rp->contract[p], &rp->routers[p]);
+            print_row(rp, &res[p], &rp->contract[p], &rp->routers[p]);
     }
     if (rc == 0) {
         if (np >= 2)
             print_ratio(res);
         write_report(rp, res, np);
+        if (np >= 2)
+            print_summary(rp, res, np, (double)(kvr_now_ns() - t0) / 1e9);
     }
     for (size_t p = 0; res && p < np; p++) {
         rc |= res[p].finished == 0;
@@ -410,6 +454,10 @@ int kvr_replay_run(const struct kvr_bench_config *cfg, struct kvr_client *client
     int rc = rp.polls ? load_workload(&rp) : 1;
     if (rc == 0) {
         discover(&rp);
+        kvr_sim_hit_ceiling(&rp.wl, rp.block_size, 0, &rp.ceiling);
+        if (rp.workers)
+            kvr_sim_hit_ceiling(&rp.wl, rp.block_size, (uint64_t)rp.workers * rp.num_blocks,
+                                &rp.ceiling_capacity);
         rc = run_policies(&rp);
     }
     kvr_workload_free(&rp.wl);

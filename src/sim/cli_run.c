@@ -51,6 +51,13 @@ static const char *default_trace(const char *workload, char *buf, size_t len)
     return buf;
 }
 
+/* Every output length of w set to max_tokens (0: left as it is). */
+static void cut_outputs(struct kvr_workload *w, uint32_t max_tokens)
+{
+    for (uint32_t i = 0; max_tokens && i < w->nreqs; i++)
+        w->reqs[i].osl = max_tokens;
+}
+
 /* The workload into *w; *doc_ceiling: the trace's documented hit ceiling (0: none). 0 or 1. */
 static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
                          double *doc_ceiling)
@@ -63,6 +70,8 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
         kvr_status st = kvr_workload_generate(w, c->workload, c->requests, seed);
         if (st != KVR_OK)
             fprintf(stderr, "kvsim run: %s\n", kvr_status_str(st));
+        else
+            cut_outputs(w, c->max_tokens);
         return st == KVR_OK ? 0 : 1;
     }
     char buf[4096];
@@ -77,6 +86,8 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
     /* SOURCES.md: single-infinite-cache ceilings over 512-token blocks, whole traces */
     if (!c->requests)
         *doc_ceiling = !strcmp(c->workload, "conversation") ? 0.366 : 0.640;
+    if (st == KVR_OK)
+        cut_outputs(w, c->max_tokens);
     return st == KVR_OK ? 0 : 1;
 }
 

@@ -58,6 +58,8 @@ static size_t run_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
         OPT("requests", KVR_OPT_U32, &c->requests, 0, 1e7,
             "requests (generated: how many; traces: the first N); 0: the workload's default, or "
             "all"),
+        OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, 1e6,
+            "override every output length, as kvbench's (0: the workload's)"),
         OPT("seed", KVR_OPT_U64, &s->router.seed, 0, 0, "seeds the workload and the routers"),
         TEXT("out", c->out, "where report.json, report.md and plots go"),
         TEXT("trace", c->trace, "the trace file; none: traces/<workload>_trace.jsonl"),

@@ -31,6 +31,7 @@ struct kvr_run_config {
     char sweep[KVR_OPT_STR_MAX];        /* load values, comma-separated; "": the one load */
     char replica_list[KVR_OPT_STR_MAX]; /* router counts, comma-separated; "": one router */
     uint32_t requests;                  /* generated: how many; traces: the first N; 0: all */
+    uint32_t max_tokens;                /* every output length (kvbench's too); 0: the workload's */
     uint64_t spread_ns;                 /* open loop: arrivals spread over [0, this) */
     int gossip;                         /* --gossip: 0 on, 1 off, 2 both */
     bool quiet;                         /* no progress lines */

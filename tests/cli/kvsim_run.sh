@@ -34,8 +34,16 @@ cmp -s "$out/b/report.json" "$out/c/report.json" || fail "the same seed gave dif
   || fail "seed workload failed"
 grep -q '"load_kind": "concurrency"' "$out/d/report.json" || fail "seed is closed-loop"
 
+# --max-tokens sets every output length, as kvbench's does: 2 tokens end far sooner than seed's 100
+"$kvsim" run --workload seed --requests 100 --concurrency 10 --policies kv --max-tokens 2 \
+  --out "$out/m" --quiet >/dev/null 2>&1 || fail "--max-tokens run failed"
+e2e() { sed -nE 's/.*"e2e_ms": \{"mean": ([0-9.]+).*/\1/p' "$1/report.json" | head -1; }
+awk -v a="$(e2e "$out/m")" -v b="$(e2e "$out/d")" 'BEGIN { exit !(a > 0 && b > 0 && a < b / 5) }' \
+  || fail "--max-tokens 2: e2e mean $(e2e "$out/m") ms against $(e2e "$out/d") ms without it"
+
 for bad in "--workload nope" "--workload seed --workers 0" "--workload seed --policies kv,nope" \
-           "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent"; do
+           "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent" \
+           "--workload seed --max-tokens x"; do
   # shellcheck disable=SC2086
   "$kvsim" run $bad --out "$out/e" --quiet >/dev/null 2>&1
   rc=$?

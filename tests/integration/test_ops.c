@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "harness.h"
@@ -527,5 +528,58 @@ Test(ops, hop_prints_the_routers_cpu_per_request)
     cr_assert(h_log_has(b, " router_cpu_us_per_request="), "no router CPU in the summary line");
     cr_assert(eq(int, h_log_has(b, "router_cpu_us_per_request=na"), 0), "no router CPU read");
     cr_assert(h_log_has(b, "routers (max-rate phase): 1 answered"));
+    h_end();
+}
+
+/* --- kvbench --mode load ends with the lines a newcomer reads ---------------------------- */
+
+Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
+{
+    char out_dir[256], path[512], want[1024];
+    h_tmpdir(out_dir, sizeof out_dir, "verdict");
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_worker(srv.url, "2", 50, 200, NULL);
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, GEN, 1, 15000);
+    const char *bench[] = {"--nats",
+                           srv.url,
+                           "--workload",
+                           "conversation",
+                           "--trace",
+                           KVR_SOURCE_ROOT "/tests/fixtures/conversation_head.jsonl",
+                           "--requests",
+                           "40",
+                           "--rate-scale",
+                           "200",
+                           "--max-tokens",
+                           "4",
+                           "--policies",
+                           "kv,round_robin,random",
+                           "--out",
+                           out_dir,
+                           "--log-level",
+                           "error",
+                           NULL};
+    pid_t b = h_spawn("kvbench", bench);
+    cr_assert(eq(int, h_wait(b, 60000), 0), "kvbench --mode load failed");
+    cr_assert(h_log_has(b, "== in short: kv against round_robin on 2 workers, 40 requests of "
+                           "conversation (3 runs, "));
+    cr_assert(h_log_has(b, "kv's p90 time to first token: "));
+    cr_assert(h_log_has(b, "Why: the workers' caches served "));
+    cr_assert(h_log_has(b, "; against random, the best of the others, p90 "));
+    cr_assert(h_log_has(b, "% of ceiling 0."), "each row's hit rate against the ceiling");
+    snprintf(want, sizeof want, "Report and plots: %s/report.md, %s/*.png\n", out_dir, out_dir);
+    cr_assert(h_log_has(b, want), "the report's place");
+    snprintf(path, sizeof path, "%s/report.json", out_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f != NULL, "no %s", path);
+    char text[4096] = "";
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cr_assert(strstr(text, "\"hit_ceiling\": 0.") != NULL, "report.json's ceiling: %s", text);
+    snprintf(path, sizeof path, "%s/report.md", out_dir);
+    cr_assert(eq(int, access(path, R_OK), 0), "no %s", path);
+    h_rmdir(out_dir);
     h_end();
 }
