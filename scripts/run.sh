@@ -80,7 +80,7 @@ log_value() {
 if [ "$ENGINE" = standin ]; then
   echo "== starting $WORKERS engine stand-ins (kvengine) and their adapters, $ROUTERS routers"
   for i in $(seq "$WORKERS"); do
-    "$bin/standin/kvengine" --listen 127.0.0.1:0 --speedup "$SPEEDUP" \
+    "$bin/standin/kvengine" --listen 127.0.0.1:0 --speedup "$SPEEDUP" --max-model-len 131072 \
       --kv-events 'tcp://127.0.0.1:*' --kv-replay 'tcp://127.0.0.1:*' >"$run/engine$i.log" 2>&1 &
     pids+=($!)
   done
