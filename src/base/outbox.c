@@ -99,8 +99,12 @@ void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b)
 {
     struct kvr_outbox t = *a;
-    *a = *b;
-    *b = t;
+    a->v = b->v;
+    a->n = b->n;
+    a->cap = b->cap;
+    b->v = t.v;
+    b->n = t.n;
+    b->cap = t.cap;
 }
 
 void kvr_outbox_free(struct kvr_outbox *o)

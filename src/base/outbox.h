@@ -72,7 +72,7 @@ uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu,
                                 const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
                                 uint32_t max);
 
-/* Exchange contents (to publish outside a lock). */
+/* Exchange the queued messages (to publish outside a lock); each keeps its dropped count. */
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);
 
 void kvr_outbox_free(struct kvr_outbox *o);
