@@ -29,11 +29,15 @@ wait_log() {
 # CPU seconds (user + system) of process $1 so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
 
-# Start nats-server on a free 127.0.0.1 port; sets url.
+# Start nats-server on a free 127.0.0.1 port, with extra options "$@" (e.g. -c FILE, -m -1 for a
+# monitoring port); sets url, nats_pid, and monitor when it has a monitoring port.
 start_nats() {
-  nats-server -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
-  pids+=($!)
+  nats-server "$@" -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
+  nats_pid=$!
+  pids+=($nats_pid)
   local ports=
   for _ in $(seq 100); do ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true); [ -n "$ports" ] && break; sleep 0.05; done
+  [ -n "$ports" ] || { echo "nats-server did not start:" >&2; cat "$run/nats.log" >&2; return 1; }
   url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
+  monitor=$(sed -nE 's/.*"monitoring":\["([^"]+)".*/\1/p' "$ports")
 }

@@ -36,8 +36,7 @@ OUT=${OUT:-out/fleet}
 ENGINE=${ENGINE:-sim}
 case "$ENGINE" in sim | standin) ;; *) echo "ENGINE must be sim or standin, not $ENGINE" >&2; exit 2 ;; esac
 bin=build/src
-run=$(mktemp -d)
-pids=()
+source bench/lib.sh # run (the logs), pids, log_value, start_nats
 
 stop_all() {
   # routers first (they drain their queues), then workers (they finish what they hold), then NATS
@@ -49,33 +48,13 @@ stop_all() {
       if grep -q "$sig_group" "/proc/$p/cmdline" 2>/dev/null; then wait "$p" 2>/dev/null || true; fi
     done
   done
-  if [ -n "${nats_pid:-}" ]; then kill -TERM "$nats_pid" 2>/dev/null || true; wait "$nats_pid" 2>/dev/null || true; fi
-  rm -rf "$run"
+  cleanup # the server last
 }
 trap stop_all EXIT
 
 echo "== starting nats-server on 127.0.0.1 (logs in $run)"
-nats-server -c deploy/nats.conf -a 127.0.0.1 -p -1 -m -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
-nats_pid=$!
-for _ in $(seq 100); do
-  ports=$(ls "$run"/nats-server_*.ports 2>/dev/null || true)
-  [ -n "$ports" ] && break
-  sleep 0.05
-done
-[ -n "$ports" ] || { echo "nats-server did not start:"; cat "$run/nats.log"; exit 1; }
-url=$(sed -E 's/.*"nats":\["([^"]+)".*/\1/' "$ports")
-monitor=$(sed -E 's/.*"monitoring":\["([^"]+)".*/\1/' "$ports")
+start_nats -c deploy/nats.conf -m -1
 echo "   nats $url, monitoring $monitor"
-
-# The value of key=... on the first line of log file $1 with msg=$2, waiting up to 10 s.
-log_value() {
-  for _ in $(seq 200); do
-    v=$(grep -m1 "msg=$2 " "$1" 2>/dev/null | sed -nE "s/.* $3=([^ ]+).*/\1/p" || true)
-    [ -n "$v" ] && { echo "$v"; return 0; }
-    sleep 0.05
-  done
-  echo "no msg=$2 in $1:" >&2; cat "$1" >&2; return 1
-}
 
 if [ "$ENGINE" = standin ]; then
   echo "== starting $WORKERS engine stand-ins (kvengine) and their adapters, $ROUTERS routers"
