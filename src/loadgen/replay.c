@@ -264,12 +264,12 @@ static void print_summary(const struct replay *rp, const struct kvr_sim_result *
             best = &res[i];
     const char *an = kvr_policy_name(a->policy), *bn = kvr_policy_name(b->policy);
     char p90[64];
-    printf("\n== in short: %s against %s on %u workers, %u requests of %s (%zu runs, %.0f s)\n", an,
-           bn, rp->workers, rp->wl.nreqs, rp->cfg->workload, n, seconds);
-    printf("%s's p90 time to first token: %.0f ms against %s's %.0f ms, %s; mean %.2fx", an,
-           a->ttft_ms.p90, bn, b->ttft_ms.p90,
-           versus(p90, sizeof p90, a->ttft_ms.p90, b->ttft_ms.p90),
-           b->ttft_ms.mean > 0 ? a->ttft_ms.mean / b->ttft_ms.mean : 0);
+    printf(
+        "\nIn short: on %u workers, %u requests of %s (%zu runs, %.0f s), %s's p90 time to first "
+        "token was %.0f ms against %s's %.0f ms, %s; mean %.2fx",
+        rp->workers, rp->wl.nreqs, rp->cfg->workload, n, seconds, an, a->ttft_ms.p90, bn,
+        b->ttft_ms.p90, versus(p90, sizeof p90, a->ttft_ms.p90, b->ttft_ms.p90),
+        b->ttft_ms.mean > 0 ? a->ttft_ms.mean / b->ttft_ms.mean : 0);
     if (best)
         printf("; against %s, the best of the others, p90 %.2fx", kvr_policy_name(best->policy),
                best->ttft_ms.p90 > 0 ? a->ttft_ms.p90 / best->ttft_ms.p90 : 0);
