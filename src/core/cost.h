@@ -2,7 +2,8 @@
  * The kv policy's time model (docs/architecture.md, "The kv cost"): the price of one worker for
  * one prompt, from the engine timing model and the router's predicted state. Static inline so
  * the per-worker loop of a decision (score() in router_decision.c, its only user) compiles into
- * one tight loop. Pure: reads the router, changes nothing. Single-threaded: the state thread.
+ * one tight loop. Pure: reads the router, changes nothing (but a decision's local memo of the terms
+ * shared by workers of equal reuse). Single-threaded: the state thread.
  */
 #ifndef KVR_COST_H
 #define KVR_COST_H
@@ -19,23 +20,28 @@ static inline double poly(const double *c, double x)
 }
 
 /*
- * Predicted time to first token on a worker, ms: its queued prefill and ours go through steps of
- * batch_tokens, each also running the worker's decodes at its KV utilisation u.
+ * The prefill part of the predicted time to first token, ms: the worker's queued prefill and ours
+ * go through steps of batch_tokens; *steps receives how many.
  */
-static inline double predicted_ttft(const struct kvr_router_config *c, uint64_t prefill, double u,
-                                    bool decoding)
+static inline double prefill_steps(const struct kvr_router_config *c, uint64_t prefill,
+                                   uint64_t *steps)
 {
-    double ms;
-    uint64_t steps = 1;
     if (prefill <= c->batch_tokens) { /* the common case: one step */
-        ms = poly(c->prefill_ms, (double)prefill);
-    } else {
-        steps = (prefill + c->batch_tokens - 1) / c->batch_tokens;
-        double last = (double)(prefill - (steps - 1) * c->batch_tokens);
-        ms = (double)(steps - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+        *steps = 1;
+        return poly(c->prefill_ms, (double)prefill);
     }
+    *steps = (prefill + c->batch_tokens - 1) / c->batch_tokens;
+    double last = (double)(prefill - (*steps - 1) * c->batch_tokens);
+    return (double)(*steps - 1) * poly(c->prefill_ms, c->batch_tokens) + poly(c->prefill_ms, last);
+}
+
+/* Predicted time to first token, ms, from its prefill part ms over `steps`: each step also runs
+ * the worker's decodes at its KV utilisation u (decode_ms: the config's polynomial). */
+static inline double ttft_decode(const double *decode_ms, double ms, uint64_t steps, double u,
+                                 bool decoding)
+{
     if (decoding) {
-        double d = poly(c->decode_ms, u);
+        double d = poly(decode_ms, u);
         ms += (double)steps * (d < 1.0 ? 1.0 : d);
     }
     return ms;
@@ -81,34 +87,115 @@ static inline double prefill_time(const struct kvr_router_config *c, uint64_t to
 }
 
 /*
- * The time model's price of worker slot: predicted TTFT, plus what the choice costs others. The
- * requests decoding there wait for our prefill's steps: each of them is delayed by its time,
- * charged stall_weight times. The prefill this request adds evicts as many blocks from a full
- * cache, so it is charged again, cache_weight times, in proportion to how full the worker's cache
- * is; and blocks that in-flight requests are computing right now are charged f->share_w times.
+ * What the time model charges a worker that reuses `reuse` blocks of the prompt, apart from the
+ * worker's own load: equal for every worker with that reuse, so a decision computes it once per
+ * distinct reuse (the same expressions on the same values: the same doubles). A small
+ * direct-mapped table, local to one decision; reuse UINT32_MAX marks an empty entry.
  */
-static inline double time_cost(const struct kvr_router *r, uint32_t slot, uint32_t reuse,
-                               uint64_t prefill, uint64_t decode, double ow,
-                               const struct fleet_prefix *f)
+struct reuse_terms {
+    uint32_t reuse;    /* the key */
+    bool share;        /* the share term applies */
+    uint64_t steps0;   /* prefill steps of the request alone (a worker with no queued prefill) */
+    double ttft0;      /* their time, ms */
+    double stall_time; /* the time of the prefill this request adds, ms */
+    double cache_time; /* poly(cold) - prefill_ms[0]: what recomputing its cold blocks costs */
+    double share_cost; /* share_w x the recomputation of the in-flight prefix no cache holds */
+};
+
+#define REUSE_MEMO 16u /* entries, a power of 2 */
+
+static inline void reuse_memo_init(struct reuse_terms *memo)
+{
+    for (uint32_t i = 0; i < REUSE_MEMO; i++)
+        memo[i].reuse = UINT32_MAX;
+}
+
+/*
+ * Compute the terms for `reuse` blocks of a prompt of ntokens into t: a memo miss, out of line so
+ * the per-worker loop keeps its registers. The prefill this request adds evicts as many blocks
+ * from a full cache, so it is charged again, cache_weight times, in proportion to how full the
+ * worker's cache is (time_cost); blocks that other in-flight requests use are hot (a copy of them
+ * here is worth what it evicts), and blocks that in-flight requests are computing right now and
+ * no cache holds are charged f->share_w times.
+ */
+__attribute__((noinline, unused)) static void reuse_terms_fill(const struct kvr_router *r,
+                                                               struct reuse_terms *t,
+                                                               uint32_t reuse, uint32_t ntokens,
+                                                               const struct fleet_prefix *f)
 {
     const struct kvr_router_config *c = &r->cfg;
-    const struct kvr_active_worker *aw = &r->act.w[slot];
-    double inv = r->reg.by_slot[slot].inv_capacity; /* 0 when the capacity is unknown */
-    double u = (double)decode * inv;
-    double fill = inv > 0 ? (double)r->ix.counts[slot] * inv : 1.0;
-    uint64_t own = prefill - aw->prefill;
-    /* blocks other in-flight requests use are hot: a copy of them here is worth what it evicts */
+    uint64_t cached = (uint64_t)reuse * c->block_size;
+    uint64_t own = cached < ntokens ? ntokens - cached : 0;
     uint64_t hot = f->hmax > reuse ? (uint64_t)(f->hmax - reuse) * c->block_size : 0;
     uint64_t cold = own > hot ? own - hot : 0;
-    double cost = predicted_ttft(c, prefill, u, aw->nreqs > 0) +
-                  c->stall_weight * (double)aw->nreqs * prefill_time(c, own) +
-                  ow * c->cache_weight * (fill > 1.0 ? 1.0 : fill) *
-                      (poly(c->prefill_ms, (double)cold) - c->prefill_ms[0]);
     uint32_t base = reuse > f->omax ? reuse : f->omax;
-    if (f->share_w > 0 && f->hmax > base) {
-        double dup = (double)(f->hmax - base) * r->cfg.block_size;
-        cost += f->share_w * (poly(c->prefill_ms, dup) - c->prefill_ms[0]);
+    t->reuse = reuse;
+    t->ttft0 = prefill_steps(c, own, &t->steps0);
+    t->stall_time = prefill_time(c, own);
+    t->cache_time = poly(c->prefill_ms, (double)cold) - c->prefill_ms[0];
+    t->share = f->share_w > 0 && f->hmax > base;
+    t->share_cost = 0;
+    if (t->share) {
+        double dup = (double)(f->hmax - base) * c->block_size;
+        t->share_cost = f->share_w * (poly(c->prefill_ms, dup) - c->prefill_ms[0]);
     }
+}
+
+/* The terms for `reuse`, from memo or computed into it. */
+static inline const struct reuse_terms *reuse_terms(const struct kvr_router *r,
+                                                    struct reuse_terms *memo, uint32_t reuse,
+                                                    uint32_t ntokens, const struct fleet_prefix *f)
+{
+    /* top bits of a multiplicative hash: reuse values are often multiples of a power of 2 */
+    struct reuse_terms *t = &memo[(uint32_t)(reuse * 0x9E3779B1u) >> 28];
+    if (__builtin_expect(t->reuse != reuse, 0))
+        reuse_terms_fill(r, t, reuse, ntokens, f);
+    return t;
+}
+
+/*
+ * The figures of the time model that stay constant through one decision, copied once: the
+ * per-worker loop then keeps them in registers (its stores into the router's cost and eligible
+ * arrays could alias the configuration, so the compiler would reload it for every worker).
+ */
+struct cost_consts {
+    const struct kvr_router_config *c; /* for the rare prefill of several steps */
+    double decode_ms[3];               /* c->decode_ms */
+    double stall_weight;               /* c->stall_weight */
+    double ow_cache;                   /* ow x c->cache_weight */
+};
+
+static inline void cost_consts_init(struct cost_consts *k, const struct kvr_router *r, double ow)
+{
+    k->c = &r->cfg;
+    for (int i = 0; i < 3; i++)
+        k->decode_ms[i] = r->cfg.decode_ms[i];
+    k->stall_weight = r->cfg.stall_weight;
+    k->ow_cache = ow * r->cfg.cache_weight;
+}
+
+/*
+ * The time model's price of a worker with the in-flight figures aw, the hot entry h and `count`
+ * entries in the index, for prefill tokens (its queue and ours) and decode blocks, t the terms of
+ * its reuse: predicted TTFT, plus what the choice costs others. The requests decoding there wait
+ * for our prefill's steps: each of them is delayed by its time, charged stall_weight times; then
+ * the cache and share terms (reuse_terms). Reads only the compact per-slot arrays.
+ */
+static inline double time_cost(const struct cost_consts *k, const struct kvr_active_worker *aw,
+                               const struct kvr_worker_hot *h, const uint32_t *count,
+                               uint64_t prefill, uint64_t decode, const struct reuse_terms *t)
+{
+    static_assert(REUSE_MEMO == 16u, "reuse_terms indexes with the top 4 bits");
+    double inv = h->inv_capacity; /* 0 when the capacity is unknown */
+    double u = (double)decode * inv;
+    double fill = inv > 0 ? (double)*count * inv : 1.0;
+    uint64_t steps = t->steps0;
+    double ms = aw->prefill ? prefill_steps(k->c, prefill, &steps) : t->ttft0;
+    double cost = ttft_decode(k->decode_ms, ms, steps, u, aw->nreqs > 0) +
+                  k->stall_weight * (double)aw->nreqs * t->stall_time +
+                  k->ow_cache * (fill > 1.0 ? 1.0 : fill) * t->cache_time;
+    if (t->share)
+        cost += t->share_cost;
     return cost;
 }
 

@@ -4,11 +4,14 @@
  * its state is gone. Workers live in one array indexed by slot, so the per-decision scan over all
  * workers reads memory in order. The join order of live workers is kept, so every scan (and so
  * every decision) is deterministic. It also keeps the sum of the capacities the workers announced,
- * as the prefix index's bound counts them. Single-threaded.
+ * as the prefix index's bound counts them. What the per-decision pricing loop reads is also kept
+ * in compact arrays (the ids in join order, a 16-byte hot entry per slot), so the loop over every
+ * worker does not touch the 72-byte worker records. Single-threaded.
  */
 #ifndef KVR_REGISTRY_H
 #define KVR_REGISTRY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvr/status.h"
@@ -28,11 +31,20 @@ struct kvr_worker {
     uint64_t index_blocks;    /* its capacity as the index bound counts it (clamped), blocks */
 };
 
+/* The part of a worker the pricing loop reads, per slot (kvr_registry_sync_hot keeps it). */
+struct kvr_worker_hot {
+    double inv_capacity; /* its inv_capacity */
+    double busy_blocks;  /* busy above this many predicted active blocks: busy_threshold x
+                            capacity_blocks, INFINITY when either is 0, -1 while draining */
+};
+
 struct kvr_registry {
     struct kvr_worker *by_slot; /* nslots entries (id 0 where free), owned */
+    struct kvr_worker_hot *hot; /* nslots entries, owned (zero where free) */
     struct kvr_map ids;         /* worker id -> slot */
     uint32_t nslots;            /* slots allocated */
     uint32_t *order;            /* live slots in join order, nslots room, owned */
+    uint64_t *order_ids;        /* order_ids[i] = by_slot[order[i]].id, nslots room, owned */
     uint32_t nlive;             /* live workers */
     uint32_t max_workers;       /* bound on live workers */
     uint64_t index_blocks;      /* sum of the live workers' index_blocks, blocks */
@@ -57,6 +69,19 @@ static inline uint32_t kvr_registry_slot(const struct kvr_registry *g, const str
 
 /* Count blocks (already clamped by the caller) as the worker in slot's share of the index. */
 void kvr_registry_set_index_blocks(struct kvr_registry *g, uint32_t slot, uint64_t blocks);
+
+/*
+ * Recompute the hot entry of the live worker in slot from its record, with busy_threshold (the
+ * router's): after every change of its capacity_blocks, inv_capacity or draining.
+ */
+void kvr_registry_sync_hot(struct kvr_registry *g, uint32_t slot, double busy_threshold);
+
+/* Whether the worker in slot is busy by its blocks: what worker_busy tests of the record. */
+static inline bool kvr_registry_busy_blocks(const struct kvr_registry *g, uint32_t slot,
+                                            uint64_t blocks)
+{
+    return (double)blocks > g->hot[slot].busy_blocks;
+}
 
 /* Unregister the worker in slot (its index_blocks leave the sum); the slot becomes free. */
 void kvr_registry_remove(struct kvr_registry *g, uint32_t slot);

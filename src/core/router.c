@@ -136,8 +136,6 @@ void kvr_router_destroy(struct kvr_router *r)
     free(r->slot_cand);
     free(r->cands);
     free(r->costs);
-    free(r->cand_ids);
-    free(r->cand_slot);
     free(r->eligible);
     free(r->seq);
     free(r->nodes);
@@ -175,8 +173,7 @@ kvr_status kvr__router_ensure_slots(struct kvr_router *r)
     if (st != KVR_OK)
         return st;
     if (!GROW_SLOTS(r->overlap, n) || !GROW_SLOTS(r->hits, n) || !GROW_SLOTS(r->slot_cand, n) ||
-        !GROW_SLOTS(r->cands, n) || !GROW_SLOTS(r->costs, n) || !GROW_SLOTS(r->cand_ids, n) ||
-        !GROW_SLOTS(r->cand_slot, n) || !GROW_SLOTS(r->eligible, n))
+        !GROW_SLOTS(r->cands, n) || !GROW_SLOTS(r->costs, n) || !GROW_SLOTS(r->eligible, n))
         return KVR_ERR_NOMEM;
     r->nslots = n;
     return KVR_OK;
@@ -225,7 +222,8 @@ void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out)
     out->memory_bytes = sizeof *r + kvr_blocktab_bytes(&r->tab) + kvr_index_bytes(&r->ix) +
                         kvr_active_bytes(&r->act) +
                         (size_t)r->nslots * (3 * sizeof(uint32_t) + sizeof(struct kvr_candidate) +
-                                             2 * sizeof(uint32_t) + 3 * 8) +
+                                             sizeof(uint32_t) + 2 * 8) +
+                        (size_t)r->reg.nslots * (sizeof(struct kvr_worker_hot) + sizeof(uint64_t)) +
                         (size_t)r->cap_blocks * (sizeof(uint64_t) + sizeof(uint32_t));
 }
 

@@ -26,21 +26,19 @@
 
 static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
-    const struct kvr_worker *w = &r->reg.by_slot[slot];
     const struct kvr_active_worker *aw = &r->act.w[slot];
-    if (w->draining)
-        return true;
-    if (r->cfg.busy_threshold > 0 && w->capacity_blocks &&
-        (double)aw->blocks > r->cfg.busy_threshold * (double)w->capacity_blocks)
+    if (kvr_registry_busy_blocks(&r->reg, slot, aw->blocks)) /* draining, or its blocks */
         return true;
     return r->cfg.busy_prefill_tokens && aw->prefill > r->cfg.busy_prefill_tokens;
 }
 
 /*
  * Price every live worker for prompt p whose walk resolved `walked` nodes (r->overlap, r->hits
- * and r->nodes filled): costs, cand_ids and cand_slot in registry order, and the workers that are
- * not busy listed in eligible. ow is the overlap weight in force. Returns how many are eligible.
- * This loop is the O(workers) part of every decision, so it reads only compact per-slot arrays.
+ * and r->nodes filled): costs in registry order (the order of reg.order and reg.order_ids), and
+ * the workers that are not busy listed in eligible. ow is the overlap weight in force. Returns how
+ * many are eligible. This loop is the O(workers) part of every decision, so it reads only compact
+ * per-slot arrays (never the registry's worker records), and the time model's terms that depend
+ * only on a worker's reuse are computed once per distinct reuse (reuse_terms).
  */
 static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked)
 {
@@ -48,23 +46,53 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     bool timed = r->cfg.cost_model == KVR_COST_TIME;
     struct fleet_prefix f = {0, 0, 0, 0};
-    if (timed)
+    struct reuse_terms memo[REUSE_MEMO];
+    if (timed) {
         fleet_prefix(r, walked, &f);
+        reuse_memo_init(memo);
+    }
+    const uint32_t *order = r->reg.order;
     uint32_t neligible = 0;
+    if (timed) { /* one loop per cost model: neither pays for the other's arithmetic */
+        /* locals, not the router's fields: the stores below could alias those */
+        struct cost_consts k;
+        cost_consts_init(&k, r, ow);
+        const uint32_t n = r->reg.nlive, ntokens = p->ntokens;
+        const uint64_t busy_prefill = r->cfg.busy_prefill_tokens;
+        const struct kvr_active_worker *aws = r->act.w;
+        const struct kvr_worker_hot *hot = r->reg.hot;
+        const uint32_t *overlap = r->overlap, *hits = r->hits, *counts = r->ix.counts;
+        double *costs = r->costs;
+        uint32_t *eligible = r->eligible;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t slot = order[i];
+            const struct kvr_active_worker *aw = &aws[slot];
+            uint32_t reuse = overlap[slot], hit = hits[slot];
+            assert(reuse <= walked && hit <= walked); /* the walk stops where both do */
+            if (hit > reuse)
+                reuse = hit; /* an in-flight request there computes them first */
+            uint64_t cached = (uint64_t)reuse * B;
+            uint64_t prefill = aw->prefill + (cached < ntokens ? ntokens - cached : 0);
+            uint64_t decode = aw->blocks + req_blocks - hit;
+            costs[i] = time_cost(&k, aw, &hot[slot], &counts[slot], prefill, decode,
+                                 reuse_terms(r, memo, reuse, ntokens, &f));
+            eligible[neligible] = i;
+            /* worker_busy(r, slot), from the locals */
+            bool busy = (double)aw->blocks > hot[slot].busy_blocks ||
+                        (busy_prefill && aw->prefill > busy_prefill);
+            neligible += !busy;
+        }
+        return neligible;
+    }
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
-        uint32_t slot = r->reg.order[i];
+        uint32_t slot = order[i];
         const struct kvr_active_worker *aw = &r->act.w[slot];
         uint32_t reuse = r->overlap[slot];
-        assert(reuse <= walked && r->hits[slot] <= walked); /* the walk stops where both do */
-        if (timed && r->hits[slot] > reuse)
-            reuse = r->hits[slot]; /* an in-flight request there computes them first */
+        assert(reuse <= walked && r->hits[slot] <= walked);
         uint64_t cached = (uint64_t)reuse * B;
         uint64_t prefill = aw->prefill + (cached < p->ntokens ? p->ntokens - cached : 0);
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
-        r->costs[i] = timed ? time_cost(r, slot, reuse, prefill, decode, ow, &f)
-                            : ow / B * (double)prefill + (double)decode;
-        r->cand_ids[i] = r->reg.by_slot[slot].id;
-        r->cand_slot[i] = slot;
+        r->costs[i] = ow / B * (double)prefill + (double)decode;
         r->eligible[neligible] = i;
         neligible += !worker_busy(r, slot);
     }
@@ -77,7 +105,7 @@ static void fill_candidates(struct kvr_router *r, const struct prompt *p)
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
-        uint32_t slot = r->cand_slot[i];
+        uint32_t slot = r->reg.order[i];
         const struct kvr_worker *w = &r->reg.by_slot[slot];
         const struct kvr_active_worker *aw = &r->act.w[slot];
         struct kvr_candidate *c = &r->cands[i];
@@ -147,14 +175,14 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
                        double temp, uint32_t neligible)
 {
     if (policy == KVR_POLICY_KV)
-        return kvr_select_kv(&r->sel, temp, r->costs, r->cand_slot, r->ix.counts, r->eligible,
+        return kvr_select_kv(&r->sel, temp, r->costs, r->reg.order, r->ix.counts, r->eligible,
                              neligible);
-    struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->cand_slot};
+    struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->reg.order};
     if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
         for (uint32_t i = 0; i < r->nslots; i++)
             r->slot_cand[i] = KVR_NIL;
         for (uint32_t e = 0; e < neligible; e++)
-            r->slot_cand[r->cand_slot[r->eligible[e]]] = e;
+            r->slot_cand[r->reg.order[r->eligible[e]]] = e;
         in.slot_cand = r->slot_cand;
     }
     return kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible);
@@ -190,7 +218,7 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     uint32_t pick = choose(r, p, policy, temp, neligible);
     assert(pick < neligible && neligible <= r->reg.nlive);
     pick = r->eligible[pick];
-    uint32_t slot = r->cand_slot[pick];
+    uint32_t slot = r->reg.order[pick];
     if (do_book) {
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
                               r->overlap[slot], now);
@@ -198,7 +226,7 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
             return st;
     }
     out->request_id = p->id;
-    out->worker_id = r->cand_ids[pick];
+    out->worker_id = r->reg.order_ids[pick];
     out->policy = policy;
     out->overlap_blocks = r->overlap[slot];
     out->prompt_blocks = p->nblocks;
@@ -206,7 +234,7 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     out->cost = r->costs[pick];
     out->block_hashes = p->seq;
     out->ncandidates = r->reg.nlive;
-    out->worker_ids = r->cand_ids;
+    out->worker_ids = r->reg.order_ids;
     out->costs = r->costs;
     out->candidates = full ? r->cands : NULL;
     out->booked = do_book;

@@ -121,6 +121,7 @@ kvr_status kvr_router_worker_seen(struct kvr_router *r, const struct kvr_worker_
         w->timeout_ns = info->timeout_ns;
     w->draining = info->draining;
     w->approximate = info->approximate;
+    kvr_registry_sync_hot(&r->reg, kvr_registry_slot(&r->reg, w), r->cfg.busy_threshold);
     if (now > w->last_seen)
         w->last_seen = now;
     return KVR_OK;

@@ -55,10 +55,9 @@ struct kvr_router {
     uint32_t *overlap;           /* per slot: cached prefix blocks of the current prompt */
     uint32_t *hits;              /* per slot: in-flight prefix blocks of the current prompt */
     uint32_t *slot_cand;         /* per slot: position in eligible, or KVR_NIL */
-    struct kvr_candidate *cands; /* per live worker, registry order: the full view */
+    struct kvr_candidate *cands; /* per live worker, registry order: the full view (the live
+                                    workers' slots and ids in that order: reg.order, order_ids) */
     double *costs;               /* per live worker: kv cost */
-    uint64_t *cand_ids;          /* per live worker: id */
-    uint32_t *cand_slot;         /* per live worker: slot */
     uint32_t *eligible;          /* candidates that are not busy */
     uint32_t cap_blocks;         /* room in seq and nodes */
     uint64_t *seq;               /* the current prompt's sequence hashes */
