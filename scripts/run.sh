@@ -59,8 +59,9 @@ echo "   nats $url, monitoring $monitor"
 if [ "$ENGINE" = standin ]; then
   echo "== starting $WORKERS engine stand-ins (kvengine) and their adapters, $ROUTERS routers"
   for i in $(seq "$WORKERS"); do
+    # like vLLM: long prompts, and a connection for every stream the adapter may open (1,024)
     "$bin/standin/kvengine" --listen 127.0.0.1:0 --speedup "$SPEEDUP" --max-model-len 131072 \
-      --kv-events 'tcp://127.0.0.1:*' --kv-replay 'tcp://127.0.0.1:*' >"$run/engine$i.log" 2>&1 &
+      --max-connections 1100 --kv-events 'tcp://127.0.0.1:*' --kv-replay 'tcp://127.0.0.1:*' >"$run/engine$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq "$WORKERS"); do

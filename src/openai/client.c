@@ -666,27 +666,49 @@ static char *request_body(const struct kvr_oai *c, const uint32_t *prompt, uint3
     return body;
 }
 
+char *kvr_oai_body(const struct kvr_oai *c, const uint32_t *prompt, uint32_t n, uint32_t max_tokens,
+                   kvr_status *st)
+{
+    *st = KVR_OK;
+    if (n == 0)
+        *st = KVR_ERR_EMPTY_PROMPT;
+    else if (!prompt)
+        *st = KVR_ERR_INVALID;
+    else if (n > KVR_OAI_MAX_PROMPT)
+        *st = KVR_ERR_PROMPT_TOO_LONG;
+    else if (max_tokens == 0)
+        *st = KVR_ERR_MAX_TOKENS_ZERO;
+    char *body = *st == KVR_OK ? request_body(c, prompt, n, max_tokens) : NULL;
+    if (*st == KVR_OK && !body)
+        *st = KVR_ERR_NOMEM;
+    return body;
+}
+
 kvr_status kvr_oai_submit(struct kvr_oai *c, uint64_t key, const uint32_t *prompt, uint32_t n,
                           uint32_t max_tokens)
 {
-    kvr_status st = KVR_OK;
-    if (n == 0)
-        st = KVR_ERR_EMPTY_PROMPT;
-    else if (!prompt)
-        st = KVR_ERR_INVALID;
-    else if (n > KVR_OAI_MAX_PROMPT)
-        st = KVR_ERR_PROMPT_TOO_LONG;
-    else if (max_tokens == 0)
-        st = KVR_ERR_MAX_TOKENS_ZERO;
+    kvr_status st;
+    char *body = kvr_oai_body(c, prompt, n, max_tokens, &st);
+    if (body)
+        return kvr_oai_submit_body(c, key, body);
+    pthread_mutex_lock(&c->lock);
+    c->stats.refused++;
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+kvr_status kvr_oai_submit_body(struct kvr_oai *c, uint64_t key, char *body)
+{
+    kvr_status st = body ? KVR_OK : KVR_ERR_INVALID;
     struct stream *s = st == KVR_OK ? calloc(1, sizeof *s) : NULL;
     if (st == KVR_OK && !s)
         st = KVR_ERR_NOMEM;
     if (s) {
         s->c = c;
         s->key = key;
-        s->body = request_body(c, prompt, n, max_tokens);
-        if (!s->body)
-            st = KVR_ERR_NOMEM;
+        s->body = body;
+    } else {
+        free(body);
     }
     pthread_mutex_lock(&c->lock);
     bool created = false;

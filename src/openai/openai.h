@@ -186,6 +186,18 @@ kvr_status kvr_oai_submit(struct kvr_oai *c, uint64_t key, const uint32_t *promp
                           uint32_t max_tokens);
 
 /*
+ * kvr_oai_submit in two halves, so that a caller builds the body (the costly part: a 50,000-token
+ * prompt is tens of milliseconds of JSON) outside its own locks. kvr_oai_body checks the prompt
+ * as kvr_oai_submit does and builds its request body; thread-safe (it reads only c's settings).
+ * NULL with the reason in *st (kvr_oai_submit counts such a prompt in stats.refused; a caller of
+ * the two halves refuses it itself). kvr_oai_submit_body takes the body from then on, freed
+ * whatever it returns, and answers as kvr_oai_submit.
+ */
+char *kvr_oai_body(const struct kvr_oai *c, const uint32_t *prompt, uint32_t n, uint32_t max_tokens,
+                   kvr_status *st);
+kvr_status kvr_oai_submit_body(struct kvr_oai *c, uint64_t key, char *body);
+
+/*
  * Abort the stream of key: the client's thread removes its transfer, which closes the connection
  * (how vLLM and SGLang abort a request). Thread-safe, non-blocking; unknown or ended keys are a
  * no-op. The guarantee: no hook for this submission of key begins after cancel returns. Called

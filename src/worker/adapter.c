@@ -161,8 +161,7 @@ static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
             output_blocks(w, r);
         }
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
@@ -191,8 +190,7 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
     } else if (r) {
         fail(ad, r, st, message);
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 /* --- the engine's KV events (the subscriber's thread) ---------------------------------------- */
@@ -264,8 +262,7 @@ static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool rep
             ad->s.kv_removed_blocks += e->nhashes;
         }
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 static void on_reset(void *ctx, const char *why)
@@ -277,8 +274,7 @@ static void on_reset(void *ctx, const char *why)
     pthread_mutex_lock(&w->mu);
     kvr__worker_cleared(w);
     ad->s.kv_resets++;
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 static void on_bad(void *ctx, uint64_t seq, kvr_status st)
@@ -361,8 +357,7 @@ static void probe(struct kvr_adapter *ad)
                 "their decisions until a batch comes\"",
                 a->kv_events, (uint64_t)((now - ad->served_full_at) / KVR_NS_PER_S));
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w); /* a Cleared made above */
+    kvr__worker_unlock(w); /* a Cleared made above */
 }
 
 static void *poll_main(void *arg)
@@ -385,12 +380,24 @@ static void *poll_main(void *arg)
 
 /* --- the backend ------------------------------------------------------------------------------ */
 
+/* The request's JSON body, which for a long prompt costs milliseconds: built before the worker's
+ * mutex is taken, which the heartbeat, the streams and the KV events need meanwhile. */
+static void prepare(struct kvr_worker *w, const struct kvr_wire_request *q,
+                    struct kvr_wk_prep *prep)
+{
+    prep->data = kvr_oai_body(w->ad->oai, q->tokens, q->ntokens, q->max_tokens, &prep->st);
+}
+
 static kvr_status submit(struct kvr_worker *w, struct kvr_wreq *r, const struct kvr_wire_request *q,
-                         uint64_t now)
+                         struct kvr_wk_prep *prep, uint64_t now)
 {
     if (w->ad->down)
         return KVR_ERR_WORKER_LOST;
-    return kvr_oai_submit(w->ad->oai, r->key, q->tokens, q->ntokens, q->max_tokens);
+    if (prep->st != KVR_OK)
+        return prep->st;
+    char *body = prep->data;
+    prep->data = NULL;
+    return kvr_oai_submit_body(w->ad->oai, r->key, body);
 }
 
 static void cancel(struct kvr_worker *w, uint64_t key)
@@ -442,8 +449,8 @@ static void destroy(struct kvr_worker *w)
     w->ad = NULL;
 }
 
-static const struct kvr_wk_backend adapter = {"openai", submit, cancel, step_begin,
-                                              step_end, load,   destroy};
+static const struct kvr_wk_backend adapter = {"openai",   prepare,  submit, cancel,
+                                              step_begin, step_end, load,   destroy};
 
 /* Wait for the engine to answer its /health, up to the connect timeout (0: for ever) or a
  * signal, logging every STARTUP_LOG_NS. */

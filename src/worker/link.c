@@ -114,17 +114,26 @@ static bool connected(const struct kvr_wk_link *l)
            natsConnection_Status(l->nc_in) == NATS_CONN_STATUS_CONNECTED;
 }
 
+/* A beat every period on the clock (a late one does not push the next back), each sent without
+ * waiting on the worker's mutex behind the busy threads (kvr_worker_beat); the stop is seen
+ * within 10 ms, without the mutex either. */
 static void *heartbeat_thread(void *arg)
 {
     struct kvr_wk_link *l = arg;
-    uint64_t period = l->w->cfg->heartbeat_ns;
+    uint64_t period = l->w->cfg->heartbeat_ns, next = kvr_now_ns();
     while (!kvr_worker_stopping(l->w)) {
-        /* one buffered while disconnected would arrive late and list stale requests: skip it */
-        if (connected(l))
-            kvr_worker_heartbeat(l->w);
-        for (uint64_t slept = 0; slept < period && !kvr_worker_stopping(l->w);
-             slept += 10 * KVR_NS_PER_MS)
-            kvr_sleep_ns(10 * KVR_NS_PER_MS);
+        uint64_t now = kvr_now_ns();
+        if (now >= next) {
+            /* one buffered while disconnected would arrive late and list stale requests: skip */
+            if (connected(l))
+                kvr_worker_beat(l->w);
+            next += period;
+            now = kvr_now_ns();
+            if (next <= now) /* over a period late (a stopped process): start again from now */
+                next = now + period;
+        }
+        uint64_t left = next - now;
+        kvr_sleep_ns(left < 10 * KVR_NS_PER_MS ? left : 10 * KVR_NS_PER_MS);
     }
     nats_ReleaseThreadMemory();
     return NULL;

@@ -6,6 +6,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "clock.h"
@@ -62,10 +63,31 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
 void kvr_worker_heartbeat(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
+    atomic_store(&w->beat_wanted, false); /* this is the one asked for */
     if (!w->clashed)
         kvr__worker_emit(w, w->subj_hb, encode_heartbeat(w));
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
+}
+
+void kvr__worker_beat_if_wanted(struct kvr_worker *w)
+{
+    if (!atomic_load_explicit(&w->beat_wanted, memory_order_relaxed) ||
+        !atomic_exchange(&w->beat_wanted, false))
+        return;
+    if (!w->clashed && !w->cut) /* cut: it would arrive late, listing stale requests */
+        kvr__worker_emit(w, w->subj_hb, encode_heartbeat(w));
+}
+
+void kvr_worker_beat(struct kvr_worker *w)
+{
+    atomic_store(&w->beat_wanted, true);
+    while (atomic_load(&w->beat_wanted) && !atomic_load(&w->stopping)) {
+        if (pthread_mutex_trylock(&w->mu) == 0) {
+            kvr__worker_unlock(w); /* sends it, unless another thread just did */
+            return;
+        }
+        kvr_sleep_ns(KVR_NS_PER_MS); /* meanwhile whoever holds mu sends it as it lets go */
+    }
 }
 
 void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)
@@ -73,8 +95,7 @@ void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)
     pthread_mutex_lock(&w->mu);
     if (!w->clashed && reply && *reply)
         kvr__worker_emit(w, reply, encode_heartbeat(w));
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 /* --- the id clash ---------------------------------------------------------------------------- */
@@ -130,10 +151,7 @@ void kvr_worker_on_heartbeat(struct kvr_worker *w, const void *data, size_t len)
 
 bool kvr_worker_clashed(struct kvr_worker *w)
 {
-    pthread_mutex_lock(&w->mu);
-    bool c = w->clashed;
-    pthread_mutex_unlock(&w->mu);
-    return c;
+    return atomic_load(&w->clashed); /* the main thread asks every 20 ms: never behind mu */
 }
 
 /* --- connection cuts ------------------------------------------------------------------------- */
@@ -164,8 +182,7 @@ void kvr_worker_on_reconnected(struct kvr_worker *w)
         kvr__worker_ask_rebind(w);
         pthread_cond_signal(&w->cv);
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 /* Queue one RebindAsk of keys[0..n) (n may be 0: nothing). */

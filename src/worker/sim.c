@@ -60,18 +60,27 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
     kvr__worker_finished(w, res->id, NULL);
 }
 
-static kvr_status submit(struct kvr_worker *w, struct kvr_wreq *r, const struct kvr_wire_request *q,
-                         uint64_t now)
+/* The prompt's block hashes (its chained ones, then the local ones), before the mutex. */
+static void prepare(struct kvr_worker *w, const struct kvr_wire_request *q,
+                    struct kvr_wk_prep *prep)
 {
     uint32_t bs = w->cfg->engine.block_size, nb = q->ntokens / bs;
     uint64_t *h = malloc((2 * (size_t)nb + 1) * sizeof *h);
-    if (!h)
-        return KVR_ERR_NOMEM;
-    kvr_hash_prompt(q->tokens, q->ntokens, bs, h, h + nb);
+    if (h)
+        kvr_hash_prompt(q->tokens, q->ntokens, bs, h, h + nb);
+    prep->data = h;
+    prep->st = h ? KVR_OK : KVR_ERR_NOMEM;
+}
+
+static kvr_status submit(struct kvr_worker *w, struct kvr_wreq *r, const struct kvr_wire_request *q,
+                         struct kvr_wk_prep *prep, uint64_t now)
+{
+    if (prep->st != KVR_OK)
+        return prep->st;
+    uint32_t nb = q->ntokens / w->cfg->engine.block_size;
+    const uint64_t *h = prep->data;
     struct kvr_engine_request er = {r->key, h + nb, h, nb, q->ntokens, q->max_tokens};
-    kvr_status st = kvr_engine_submit(w->eng, &er, now);
-    free(h);
-    return st;
+    return kvr_engine_submit(w->eng, &er, now); /* the worker frees the hashes */
 }
 
 static void cancel(struct kvr_worker *w, uint64_t key)
@@ -104,8 +113,8 @@ static void destroy(struct kvr_worker *w)
     w->eng = NULL;
 }
 
-static const struct kvr_wk_backend sim = {"sim",    submit, cancel, step_begin,
-                                          step_end, load,   destroy};
+static const struct kvr_wk_backend sim = {"sim",      prepare,  submit, cancel,
+                                          step_begin, step_end, load,   destroy};
 
 kvr_status kvr__wk_sim_open(struct kvr_worker *w)
 {

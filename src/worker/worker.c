@@ -382,15 +382,24 @@ void kvr_worker_close_engine(struct kvr_worker *w)
     w->be = NULL;
 }
 
+void kvr__worker_unlock(struct kvr_worker *w)
+{
+    kvr__worker_beat_if_wanted(w);
+    struct kvr_outbox local = {0};
+    if (w->clashed)
+        kvr_outbox_free(&w->out); /* the older instance serves everything: say nothing */
+    else if (w->out.n)
+        kvr_outbox_swap(&local, &w->out);
+    pthread_mutex_unlock(&w->mu);
+    if (local.n)
+        kvr_outbox_flush(&local, &w->sink, NULL, 0, NULL);
+    kvr_outbox_free(&local);
+}
+
 void kvr_worker_flush(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
-    bool mute = w->clashed;
-    if (mute)
-        kvr_outbox_free(&w->out);
-    pthread_mutex_unlock(&w->mu);
-    if (!mute)
-        kvr_outbox_send(&w->out, &w->mu, &w->sink);
+    kvr__worker_unlock(w);
 }
 
 /* --- requests (under mu) --------------------------------------------------------------------- */
@@ -428,9 +437,9 @@ static struct kvr_wreq *new_req(const struct kvr_wire_request *q, uint64_t key, 
     return r;
 }
 
-/* Hand q (key, answered at reply, arrived at now) to the engine. */
+/* Hand q (key, answered at reply, arrived at now, prepared into prep) to the engine. */
 static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                         const char *reply, uint64_t now)
+                         const char *reply, struct kvr_wk_prep *prep, uint64_t now)
 {
     if (w->draining)
         return KVR_ERR_SHUTDOWN;
@@ -441,7 +450,7 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
     if (st == KVR_OK && r->deadline && !push_deadline(w, r))
         st = KVR_ERR_NOMEM;
     if (st == KVR_OK)
-        st = w->be->submit(w, r, q, now);
+        st = w->be->submit(w, r, q, prep, now);
     if (st == KVR_OK) {
         HASH_ADD(hh, w->reqs, key, sizeof r->key, r);
         w->nreqs++;
@@ -488,7 +497,7 @@ static void absorb(struct kvr_worker *w, uint64_t key, const char *why)
 }
 
 static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                       const char *reply, uint64_t now)
+                       const char *reply, struct kvr_wk_prep *prep, uint64_t now)
 {
     if (kvr__worker_find(w, key)) {
         absorb(w, key, "held");
@@ -507,7 +516,7 @@ static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, u
         answer_now(w, q, key, reply, now);
         return KVR_OK;
     }
-    return submit(w, q, key, reply, now);
+    return submit(w, q, key, reply, prep, now);
 }
 
 /* Whether q can ever finish here: its prompt and output in the KV pool at once (else the engine
@@ -550,6 +559,9 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
     kvr_status st = kvr_wire_decode_worker_generate(data, len, &lim, &q, &key, &overlap);
     if (!kvr_reply_usable(reply, w->cfg->net.prefix))
         reply = NULL; /* never answered: the fleet's own subjects, or none */
+    struct kvr_wk_prep prep = {NULL, KVR_OK};
+    if (st == KVR_OK && reply && !w->cfg->null_mode && w->be->prepare)
+        w->be->prepare(w, &q, &prep); /* outside mu: heartbeats and streams go on meanwhile */
     pthread_mutex_lock(&w->mu);
     if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
         if (st == KVR_OK && !reply)
@@ -557,14 +569,14 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
         if (st == KVR_OK)
             st = fits_engine(w, &q);
         if (st == KVR_OK)
-            st = take(w, &q, key, reply, t0);
+            st = take(w, &q, key, reply, &prep, t0);
         if (st != KVR_OK)
             refuse(w, &q, key, reply, st);
         kvr_reply_count(&w->generate, kvr_now_ns() - t0);
     }
-    pthread_mutex_unlock(&w->mu);
+    kvr__worker_unlock(w);
+    free(prep.data);
     kvr_wire_request_free(&q);
-    kvr_worker_flush(w);
 }
 
 /* A router's cancel: end the request if held, else remember it for a forward still to come. */
@@ -599,8 +611,7 @@ void kvr_worker_on_cancel(struct kvr_worker *w, const void *data, size_t len)
     } else if (!w->clashed) {
         cancel(w, &c, now);
     }
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
 }
 
 /* --- deadlines and the engine thread (under mu) ---------------------------------------------- */
@@ -686,8 +697,7 @@ uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now)
     pthread_mutex_lock(&w->mu);
     housekeep(w, now);
     uint64_t next = next_due(w);
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
     return next;
 }
 
@@ -698,13 +708,12 @@ static void wait_until(struct kvr_worker *w, uint64_t until)
     pthread_cond_timedwait(&w->cv, &w->mu, &ts);
 }
 
-/* Publish what the outbox holds, mu released meanwhile. */
+/* Publish what the outbox holds (and a heartbeat asked for), mu released meanwhile. */
 static void flush_locked(struct kvr_worker *w)
 {
-    if (!w->out.n)
+    if (!w->out.n && !atomic_load_explicit(&w->beat_wanted, memory_order_relaxed))
         return;
-    pthread_mutex_unlock(&w->mu);
-    kvr_worker_flush(w);
+    kvr__worker_unlock(w);
     pthread_mutex_lock(&w->mu);
 }
 
@@ -786,8 +795,5 @@ void kvr_worker_stop(struct kvr_worker *w)
 
 bool kvr_worker_stopping(struct kvr_worker *w)
 {
-    pthread_mutex_lock(&w->mu);
-    bool s = w->stopping;
-    pthread_mutex_unlock(&w->mu);
-    return s;
+    return atomic_load(&w->stopping); /* the heartbeat thread asks often: never behind mu */
 }

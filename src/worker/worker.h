@@ -35,9 +35,18 @@
  * it publishes nothing more at all (the older serves the same forwards) and stops.
  *
  * Threads: delivery threads call the kvr_worker_on_* handlers; the engine thread runs
- * kvr_worker_run_engine; the heartbeat thread calls kvr_worker_heartbeat; the NATS library's
- * event thread calls kvr_worker_on_disconnected / on_reconnected. All state is behind one mutex;
- * messages made under it go out through the outbox and the sink after it is released.
+ * kvr_worker_run_engine; the heartbeat thread calls kvr_worker_beat; the NATS library's event
+ * thread calls kvr_worker_on_disconnected / on_reconnected. All state is behind one mutex;
+ * messages made under it go out through the outbox and the sink after it is released
+ * (kvr__worker_unlock: taken out under the mutex, published after).
+ *
+ * The heartbeat is never starved by the mutex: the busy threads (an adapter's streams take it
+ * once per token) release and take it again back to back, and a waiter on glibc's mutex can wait
+ * hundreds of milliseconds while they take it hundreds of times. So the heartbeat thread, when a
+ * beat is due, asks for it (beat_wanted) and tries the mutex without blocking; whichever thread
+ * has it next, or the heartbeat thread once it gets it, queues the beat before releasing it (its
+ * content made under the mutex, as ever). The heartbeat thread itself never waits on the mutex
+ * between beats, and keeps to its period on the clock, not by counting its sleeps.
  */
 #ifndef KVR_WORKER_H
 #define KVR_WORKER_H
@@ -152,11 +161,23 @@ struct kvr_worker;
  * its OpenAI-compatible API and its KV events (adapter.c). Every op is called under mu. The
  * engine answers through the kvr__worker_* calls below, under mu too.
  */
+/* What a backend makes of a request before the worker's mutex is taken (its costly part), for
+ * its submit; data is malloc'd, and freed by the worker when submit left it there. */
+struct kvr_wk_prep {
+    void *data;
+    kvr_status st; /* a refusal found meanwhile: submit answers it */
+};
+
 struct kvr_wk_backend {
     const char *name;
-    /* Start r (not yet held) for its request q at now: KVR_OK, or why not (r is then freed). */
+    /* Without mu, on the thread of the forward q: its costly part into prep (every thread may
+     * call it at once; it reads only what is fixed from open on). */
+    void (*prepare)(struct kvr_worker *w, const struct kvr_wire_request *q,
+                    struct kvr_wk_prep *prep);
+    /* Start r (not yet held) for its request q at now, with what prepare made of it: KVR_OK, or
+     * why not (r is then freed). It may take prep->data (then sets it NULL). */
     kvr_status (*submit)(struct kvr_worker *w, struct kvr_wreq *r, const struct kvr_wire_request *q,
-                         uint64_t now);
+                         struct kvr_wk_prep *prep, uint64_t now);
     /* Stop key now; nothing more comes for it. */
     void (*cancel)(struct kvr_worker *w, uint64_t key);
     /* The next engine step at now, its duration in ns; 0: nothing to step (the engine thread
@@ -191,7 +212,7 @@ struct kvr_worker {
     struct kvr_wk_counters c;          /* under mu */
     uint64_t event_seq;                /* KV event sequence number, under mu */
     uint64_t clash_logged;             /* the last other instance logged (older side), under mu */
-    bool stopping;                     /* threads exit, under mu */
+    _Atomic bool stopping;             /* threads exit; set under mu, read without it */
     bool draining;                     /* no new requests, under mu */
     struct kvr_wreq *kept, *kept_tail; /* ended streams, oldest first, under mu */
     uint32_t nkept;                    /* */
@@ -201,7 +222,8 @@ struct kvr_worker {
     uint64_t ask_at;                   /* when the second RebindAsk is due; 0: none */
     uint64_t list_from, list_until;    /* heartbeats list what ended since list_from until then */
     bool cut;                          /* the outgoing connection is down, under mu */
-    bool clashed;                      /* yielded to an older instance: silent, under mu */
+    _Atomic bool clashed;              /* yielded to an older instance: silent; set under mu */
+    _Atomic bool beat_wanted;          /* a heartbeat is due: the next release of mu sends it */
     bool serving;                      /* the link took its subscriptions, under mu */
     _Atomic uint64_t engine_ns;        /* the engine loop's last turn (monotonic ns), 0: none;
                                           read without mu (readiness: a stuck engine) */
@@ -245,8 +267,14 @@ uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now);
  * step too), each turn stamping engine_ns. */
 void kvr_worker_run_engine(struct kvr_worker *w);
 
-/* Publish one heartbeat now (its load, the requests it holds, whether it drains, its instance). */
+/* Publish one heartbeat now (its load, the requests it holds, whether it drains, its instance);
+ * waits for mu. */
 void kvr_worker_heartbeat(struct kvr_worker *w);
+/* The heartbeat thread's beat: the same heartbeat, without waiting on mu behind the busy threads:
+ * asked for (beat_wanted), then sent by whichever thread releases mu first through
+ * kvr__worker_unlock (this one when mu is free: it tries it every millisecond). Returns once it is
+ * queued (or the worker stops). */
+void kvr_worker_beat(struct kvr_worker *w);
 
 /* The outgoing connection was cut: the streams open now or ending from now on will be repeated. */
 void kvr_worker_on_disconnected(struct kvr_worker *w);
@@ -260,7 +288,7 @@ void kvr_worker_set_draining(struct kvr_worker *w);
 uint32_t kvr_worker_held(struct kvr_worker *w);
 /* Make the engine thread (and the heartbeat thread's waits) return. */
 void kvr_worker_stop(struct kvr_worker *w);
-bool kvr_worker_stopping(struct kvr_worker *w);
+bool kvr_worker_stopping(struct kvr_worker *w); /* without mu */
 
 /* Stop the engine's own threads (the adapter's client, subscriber and poller) and free it: after
  * the link's threads are joined, before its connections close, so nothing publishes after.
@@ -269,6 +297,13 @@ void kvr_worker_close_engine(struct kvr_worker *w);
 
 /* Publish what the outbox holds (takes and releases mu); after a yield, discard it. */
 void kvr_worker_flush(struct kvr_worker *w);
+
+/* Inside src/worker only, under mu: release mu (taken by the caller) and publish what the outbox
+ * holds, a heartbeat asked for first (kvr_worker_beat). The one way its threads let mu go after
+ * changing state: one acquisition per event (the outbox taken out under it). */
+void kvr__worker_unlock(struct kvr_worker *w);
+/* Under mu: queue the heartbeat if kvr_worker_beat asked for one (presence.c). */
+void kvr__worker_beat_if_wanted(struct kvr_worker *w);
 
 /* Inside src/worker only (worker.c and presence.c), under mu. */
 /* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
