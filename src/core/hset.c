@@ -158,10 +158,8 @@ static kvr_status dense_rebuild(struct kvr_hset *s, uint32_t words, size_t *byte
     return KVR_OK;
 }
 
-void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot)
+void kvr__hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot)
 {
-    if (s->cap <= 1)
-        return;
     if (s->cap != KVR_HSET_DENSE) { /* a find scans every line of the array */
         const char *p = (const char *)s->u.pairs;
         for (size_t off = 0; off < (size_t)s->n * sizeof *s->u.pairs; off += 64)
@@ -377,7 +375,7 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
     return true;
 }
 
-kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes)
+kvr_status kvr__hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes)
 {
     assert(form_ok(s));
     uint32_t *val = NULL;
@@ -398,7 +396,7 @@ kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *
     return kvr_hset_add(s, slot, 1, bytes);
 }
 
-bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
 {
     assert(form_ok(s));
     if (s->cap <= 1) {
@@ -435,7 +433,7 @@ bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
     return true;
 }
 
-void kvr_hset_release(struct kvr_hset *s, size_t *bytes)
+void kvr__hset_release(struct kvr_hset *s, size_t *bytes)
 {
     if (s->cap == KVR_HSET_DENSE) {
         dense_free(s->u.dense, bytes);

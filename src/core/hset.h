@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvr/rng.h"
 #include "kvr/status.h"
 
 #define KVR_HSET_DENSE     UINT32_MAX /* cap value of a dense set */
@@ -66,7 +67,12 @@ static inline void kvr_hset_prefetch(const struct kvr_hset *s)
 }
 
 /* Hint the cache that slot will be looked up in s soon (its bitmap word and table home). */
-void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot);
+void kvr__hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot); /* heap forms */
+static inline void kvr_hset_prefetch_slot(const struct kvr_hset *s, uint32_t slot)
+{
+    if (s->cap > 1)
+        kvr__hset_prefetch_slot(s, slot);
+}
 
 /* Fingerprint of the members: XOR of kvr_mix64(slot); 0 for the empty set. */
 static inline uint64_t kvr_hset_fp(const struct kvr_hset *s)
@@ -99,11 +105,56 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes);
  * member with value 1 (*added set) or one more on its value (*added cleared); or drop one, which
  * must be held, removing slot when its value reaches 0 (returns whether it did).
  */
-kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes);
-bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes);
+kvr_status kvr__hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes);
+bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes);
+
+/*
+ * The inline form (a block one worker uses: every block of a prompt's unique tail) is handled
+ * here, without a call; the heap forms, and an inline set gaining a second member, out of line.
+ */
+static inline kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t *bytes)
+{
+    if (s->cap <= 1 && s->n == 0) {
+        s->u.one.slot = slot;
+        s->u.one.val = 1;
+        s->fp = kvr_mix64(slot);
+        s->n = 1;
+        s->cap = 1;
+        *added = true;
+        return KVR_OK;
+    }
+    if (s->cap <= 1 && s->u.one.slot == slot && s->u.one.val < UINT32_MAX - 1) {
+        s->u.one.val++;
+        *added = false;
+        return KVR_OK;
+    }
+    return kvr__hset_ref(s, slot, added, bytes);
+}
+
+static inline bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
+{
+    if (s->cap > 1 || s->n == 0 || s->u.one.slot != slot)
+        return kvr__hset_unref(s, slot, bytes); /* a heap form, or not a member (asserts) */
+    if (--s->u.one.val)
+        return false;
+    s->n = 0;
+    s->cap = 0;
+    s->fp = 0;
+    return true;
+}
 
 /* Free everything; the set becomes empty. */
-void kvr_hset_release(struct kvr_hset *s, size_t *bytes);
+void kvr__hset_release(struct kvr_hset *s, size_t *bytes);
+static inline void kvr_hset_release(struct kvr_hset *s, size_t *bytes)
+{
+    if (s->cap > 1) {
+        kvr__hset_release(s, bytes);
+        return;
+    }
+    s->n = 0;
+    s->cap = 0;
+    s->fp = 0;
+}
 
 /* Iteration in no particular order; the set must not change during it. */
 struct kvr_hset_iter {

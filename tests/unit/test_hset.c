@@ -94,6 +94,38 @@ Test(hset, random_operations_match_reference)
     cr_assert(eq(sz, bytes, 0));
 }
 
+/*
+ * The inline form's reference counting (handled in hset.h without a call): a first reference,
+ * more on the same slot, a second slot moving the set to the heap and back, and the set emptying
+ * to the all-zero state with the fingerprint kept equal to the members'.
+ */
+Test(hset, ref_unref_inline_form)
+{
+    struct kvr_hset s = KVR_HSET_INIT;
+    size_t bytes = 0;
+    bool added;
+    cr_assert(eq(int, kvr_hset_ref(&s, 7, &added, &bytes), KVR_OK));
+    cr_assert(added && s.n == 1 && s.cap == 1 && s.fp == kvr_mix64(7) && bytes == 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert(eq(int, kvr_hset_ref(&s, 7, &added, &bytes), KVR_OK));
+        cr_assert(added == false);
+    }
+    cr_assert(eq(u32, *kvr_hset_find(&s, 7), 4));
+    cr_assert(eq(int, kvr_hset_ref(&s, 9, &added, &bytes), KVR_OK)); /* to the heap */
+    cr_assert(added && s.n == 2 && s.cap > 1 && bytes > 0);
+    cr_assert(s.fp == (kvr_mix64(7) ^ kvr_mix64(9)));
+    cr_assert(kvr_hset_unref(&s, 9, &bytes));
+    for (int i = 0; i < 3; i++)
+        cr_assert(kvr_hset_unref(&s, 7, &bytes) == false);
+    cr_assert(eq(u32, *kvr_hset_find(&s, 7), 1));
+    cr_assert(kvr_hset_unref(&s, 7, &bytes));
+    cr_assert(s.n == 0 && s.fp == 0 && kvr_hset_find(&s, 7) == NULL);
+    cr_assert(eq(int, kvr_hset_ref(&s, 3, &added, &bytes), KVR_OK)); /* reused after emptying */
+    cr_assert(added && s.n == 1 && s.fp == kvr_mix64(3));
+    kvr_hset_release(&s, &bytes);
+    cr_assert(s.n == 0 && s.cap == 0 && s.fp == 0 && bytes == 0);
+}
+
 /* Reference counting (kvr_hset_ref/unref) against a reference array, through every form. */
 Test(hset, ref_unref_match_reference)
 {
