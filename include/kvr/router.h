@@ -172,6 +172,9 @@ struct kvr_request {
     bool explain;            /* fill decision.candidates with every worker's full view */
     uint64_t deadline;       /* 0: none; else, queued past this time (the core's clock) it is
                                 rejected with KVR_ERR_DEADLINE rather than waiting on */
+    uint64_t avoid_worker;   /* 0: none; else another eligible worker is chosen over this one (a
+                                request placed again after it never reached it); not kept while
+                                queued */
 };
 
 /* One worker as the decision saw it. */

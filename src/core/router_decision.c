@@ -170,6 +170,18 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
     return KVR_OK;
 }
 
+/* r->eligible[0..n) without the worker avoid when another is left; the new count. */
+static uint32_t drop_avoided(struct kvr_router *r, uint64_t avoid, uint32_t n)
+{
+    for (uint32_t e = 0; avoid && n > 1 && e < n; e++)
+        if (r->reg.order_ids[r->eligible[e]] == avoid) {
+            memmove(&r->eligible[e], &r->eligible[e + 1],
+                    (size_t)(n - e - 1) * sizeof *r->eligible);
+            return n - 1;
+        }
+    return n;
+}
+
 /* The position in r->eligible[0..neligible) the policy in force chooses. */
 static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_policy policy,
                        double temp, uint32_t neligible)
@@ -208,7 +220,7 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
                                         &r->walk_act, r->hits, r->nodes);
     assert(walked <= p->nblocks);
-    uint32_t neligible = score(r, p, ow, walked);
+    uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked));
     if (neligible == 0)
         return KVR_ERR_OVERLOADED;
     bool full = p->explain || policy != KVR_POLICY_KV;
@@ -277,6 +289,7 @@ static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, s
     p->ov = &req->ov;
     p->explain = req->explain;
     p->deadline = req->deadline;
+    p->avoid = req->avoid_worker;
     return KVR_OK;
 }
 

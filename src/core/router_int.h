@@ -34,6 +34,7 @@ struct prompt {
     const struct kvr_overrides *ov; /* may be NULL */
     bool explain;                   /* fill every candidate's full view */
     uint64_t deadline;              /* the request's own (0: none) */
+    uint64_t avoid;                 /* a worker not to choose when another is eligible (0: none) */
 };
 
 struct queued; /* a waiting request (router_queue.c) */

@@ -90,7 +90,7 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
     while (r->qhead) {
         struct queued *q = r->qhead;
         struct kvr_overrides ov = q->ov;
-        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false, 0};
+        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false, 0, 0};
         struct kvr_decision d;
         kvr_status st = KVR_ERR_OVERLOADED;
         if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)

@@ -98,6 +98,7 @@ kvr_status kvr_pending_place_later(struct kvr_pending_table *t, struct kvr_pendi
     if (!KVR_GROW(t->again, t->capagain, t->nagain + 1, 64))
         return KVR_ERR_NOMEM;
     t->again[t->nagain++] = p->key;
+    p->avoid_worker = p->worker_id; /* placed again elsewhere when another worker can take it */
     p->worker_id = 0;
     return KVR_OK;
 }

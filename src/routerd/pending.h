@@ -32,6 +32,7 @@ struct kvr_pending {
     size_t rawlen;                 /* */
     uint64_t worker_id;            /* 0 while queued (or between placements) */
     uint32_t attempts;             /* placements after the first */
+    uint64_t avoid_worker;         /* the worker it last failed to reach (0: none) */
     uint64_t orphan_at;            /* failed while its origin was silent: answer then (0: no) */
     kvr_status orphan_status;      /* ... with this */
     const struct kvr_peer *origin; /* the router that decided it; NULL: this one */

@@ -55,7 +55,8 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
                               .ntokens = q.ntokens,
                               .max_tokens = q.max_tokens,
                               .ov = q.ov,
-                              .deadline = p->deadline_ns};
+                              .deadline = p->deadline_ns,
+                              .avoid_worker = p->avoid_worker};
     struct kvr_decision d;
     p->attempts++;
     rd->placed_again++;

@@ -176,6 +176,33 @@ Test(router, event_mode_follows_the_cached_prefix)
     free(t);
 }
 
+Test(router, a_request_placed_again_avoids_the_worker_it_never_reached)
+{
+    make();
+    for (uint64_t w = 1; w <= 2; w++)
+        join(w, 0);
+    uint32_t *t = prompt(1, 8 * B, 1, 2 * B);
+    uint64_t local[10], seq[10];
+    kvr_hash_prompt(t, 10 * B, B, local, seq);
+    struct kvr_kv_block blocks[8];
+    for (int i = 0; i < 8; i++)
+        blocks[i] = (struct kvr_kv_block){(uint64_t)i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 2, NULL, blocks, 8), KVR_OK));
+    struct kvr_decision d;
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 10 * B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 2), "the cached prefix wins");
+    cr_assert(eq(int, kvr_router_cancel(r, 1), KVR_OK));
+    q.avoid_worker = 2; /* its forward to 2 never arrived */
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 1), "another worker takes it");
+    cr_assert(eq(int, kvr_router_cancel(r, 1), KVR_OK));
+    cr_assert(eq(int, kvr_router_worker_remove(r, 1), KVR_OK));
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 2), "the only worker left still takes it");
+    free(t);
+}
+
 Test(router, costs_always_candidates_on_request)
 {
     make();
