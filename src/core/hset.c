@@ -357,9 +357,7 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
         if (s->n == 0 || s->u.one.slot != slot)
             return false;
         assert(s->fp == kvr_mix64(slot));
-        s->n = 0;
-        s->cap = 0;
-        s->fp = 0;
+        kvr__hset_empty(s);
         return true;
     }
     if (s->cap == KVR_HSET_DENSE) {
@@ -405,9 +403,7 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
             return false; /* not a member: nothing changes */
         if (--s->u.one.val)
             return false;
-        s->n = 0;
-        s->cap = 0;
-        s->fp = 0;
+        kvr__hset_empty(s);
         return true;
     }
     if (s->cap == KVR_HSET_DENSE) {
@@ -441,9 +437,7 @@ void kvr__hset_release(struct kvr_hset *s, size_t *bytes)
         *bytes -= sparse_size(s->cap);
         free(s->u.pairs);
     }
-    s->n = 0;
-    s->cap = 0;
-    s->fp = 0;
+    kvr__hset_empty(s);
 }
 
 void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s)

@@ -131,15 +131,21 @@ static inline kvr_status kvr_hset_ref(struct kvr_hset *s, uint32_t slot, bool *a
     return kvr__hset_ref(s, slot, added, bytes);
 }
 
+/* The set made empty (its storage already freed, or inline). */
+static inline void kvr__hset_empty(struct kvr_hset *s)
+{
+    s->n = 0;
+    s->cap = 0;
+    s->fp = 0;
+}
+
 static inline bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
 {
     if (s->cap > 1 || s->n == 0 || s->u.one.slot != slot)
         return kvr__hset_unref(s, slot, bytes); /* a heap form, or not a member (asserts) */
     if (--s->u.one.val)
         return false;
-    s->n = 0;
-    s->cap = 0;
-    s->fp = 0;
+    kvr__hset_empty(s);
     return true;
 }
 
@@ -151,9 +157,7 @@ static inline void kvr_hset_release(struct kvr_hset *s, size_t *bytes)
         kvr__hset_release(s, bytes);
         return;
     }
-    s->n = 0;
-    s->cap = 0;
-    s->fp = 0;
+    kvr__hset_empty(s);
 }
 
 /* Iteration in no particular order; the set must not change during it. */
