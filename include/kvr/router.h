@@ -335,6 +335,12 @@ kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id);
  * free load.
  */
 void kvr_router_tick(struct kvr_router *r, uint64_t now);
+/*
+ * kvr_router_tick, with the workers' silence judged at heard (at most now) instead: the caller
+ * has applied every event that had reached it by heard, and later ones may still wait in its
+ * queue (a heartbeat stuck there behind a burst of KV events says nothing of its worker).
+ */
+void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard);
 
 void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out);
 

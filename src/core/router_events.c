@@ -218,7 +218,8 @@ kvr_status kvr_router_kv_cleared(struct kvr_router *r, uint64_t worker_id)
     return KVR_OK;
 }
 
-/* Remove every worker silent for longer than its timeout at now. */
+/* Remove every worker silent for longer than its timeout at now (the time up to which every
+ * event that reached the router is applied). */
 static void remove_silent(struct kvr_router *r, uint64_t now)
 {
     for (uint32_t i = 0; i < r->reg.nlive;) {
@@ -244,6 +245,11 @@ static void warn_pruned(struct kvr_router *r, uint64_t now)
 
 void kvr_router_tick(struct kvr_router *r, uint64_t now)
 {
+    kvr_router_tick_heard(r, now, now);
+}
+
+void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard)
+{
     r->last_now = now;
     warn_pruned(r, now);
     kvr_index_expire(&r->ix, now);
@@ -252,7 +258,7 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
         struct fail_ctx f = {r, 0, KVR_EV_EXPIRED, KVR_ERR_TIMEOUT};
         kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, kvr__router_on_drop, &f);
     }
-    remove_silent(r, now);
+    remove_silent(r, heard < now ? heard : now);
     kvr__router_drain(r, now);
 }
 

@@ -142,7 +142,8 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
         NUM("test-drop-gossip", KVR_OPT_U64, &c->test_drop_gossip, 0, 0,
             "tests only: do not send every Nth decision (0: send all)"),
         NUM("test-stall-ms", KVR_OPT_MS, &c->test_stall_ns, 0, 60000,
-            "tests only: a message on <prefix>.<ns>.router.stall holds the state lock this long"),
+            "tests only: a message on <prefix>.<ns>.router.stall holds the state lock this long, "
+            "one on <prefix>.<ns>.ev.stall the events' handler"),
         {.name = "metrics-addr",
          .env = "KVR_METRICS_ADDR",
          .type = KVR_OPT_STR,

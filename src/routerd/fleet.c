@@ -26,7 +26,9 @@ static uint64_t hello_ns(const struct kvr_rd *rd)
 
 bool kvr_fleet_peer_alive(const struct kvr_rd *rd, const struct kvr_peer *p, uint64_t now)
 {
-    return p && p->heard_ns && now - p->heard_ns < hello_ns(rd) * 7 / 2;
+    /* its hellos may wait in the gossip queue: judged at what was applied, not at the clock */
+    uint64_t heard = rd->fleet->heard_ns, t = heard && heard < now ? heard : now;
+    return p && p->heard_ns && (p->heard_ns >= t || t - p->heard_ns < hello_ns(rd) * 7 / 2);
 }
 
 /* With the table full: forget the peer silent the longest, if it is silent now and no request

@@ -57,6 +57,8 @@ struct kvr_fleet {
     char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
     char subj_gossip_all[256]; /* router.gossip.*: every router's */
     uint64_t epochs_back;      /* a peer's older epoch taken back: its newer one fell silent */
+    uint64_t heard_ns;         /* gossip that reached the router by then is applied (0: by now), the
+                                  time peers' silence is judged at (timer.c, backlog.h) */
     /* counters */
     uint64_t decided, sent, sent_bytes, dropped_by_knob;   /* decisions gossiped */
     uint64_t received, received_bytes, bad, stale;         /* gossip from peers */

@@ -39,11 +39,27 @@ static void on_cancel(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     natsMsg_Destroy(msg);
 }
 
+/* Tests only (--test-stall-ms): <prefix>.<ns>.ev.stall holds the events' handler, not the state
+ * lock, as a long burst of KV events would: what comes meanwhile waits in its queue. */
+static bool stall_events(struct kvr_link *l, const char *subject)
+{
+    const struct kvr_rd *rd = l->rd;
+    size_t k = strlen(rd->subj_ev);
+    if (!rd->cfg->test_stall_ns || strncmp(subject, rd->subj_ev, k) || strcmp(subject + k, "stall"))
+        return false;
+    kvr_log(KVR_LOG_WARN, "test_stall_events", "ms=%llu",
+            (unsigned long long)(rd->cfg->test_stall_ns / KVR_NS_PER_MS));
+    kvr_sleep_ns(rd->cfg->test_stall_ns);
+    return true;
+}
+
 static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
-    kvr_events_on_message(l->rd, natsMsg_GetSubject(msg), DATA(msg));
+    if (!stall_events(l, natsMsg_GetSubject(msg)))
+        kvr_events_on_message(l->rd, natsMsg_GetSubject(msg), DATA(msg));
     natsMsg_Destroy(msg);
+    kvr_backlog_done(&l->ev_backlog);
 }
 
 static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
@@ -51,6 +67,7 @@ static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, v
     struct kvr_link *l = ctx;
     kvr_fleet_on_gossip(l->rd, natsMsg_GetSubject(msg), DATA(msg));
     natsMsg_Destroy(msg);
+    kvr_backlog_done(&l->gossip_backlog);
 }
 
 /* Tests only (--test-stall-ms): hold the state mutex, as a handler stuck inside it would. */
@@ -198,6 +215,17 @@ static bool events_were_cut(struct kvr_link *l)
     return cut;
 }
 
+/* Timer thread: up to when what reached sub is applied (backlog.h); 0 when it cannot tell. */
+static uint64_t heard(struct kvr_backlog *b, natsSubscription *sub, uint64_t now)
+{
+    int pending = 0;
+    int64_t delivered = 0;
+    if (!sub ||
+        natsSubscription_GetStats(sub, &pending, NULL, NULL, NULL, &delivered, NULL) != NATS_OK)
+        return 0;
+    return kvr_backlog_note(b, now, (uint64_t)delivered + (uint64_t)pending);
+}
+
 static void *timer_thread(void *arg)
 {
     struct kvr_link *l = arg;
@@ -209,8 +237,14 @@ static void *timer_thread(void *arg)
         pthread_mutex_unlock(&l->rd->mu);
         if (stop)
             break;
-        bool up = natsConnection_Status(l->nc_ev) == NATS_CONN_STATUS_CONNECTED;
-        kvr_timer_tick(l->rd, kvr_now_ns(), up, events_were_cut(l));
+        uint64_t now = kvr_now_ns();
+        struct kvr_timer_seen seen = {
+            .events_up = natsConnection_Status(l->nc_ev) == NATS_CONN_STATUS_CONNECTED,
+            .events_cut = events_were_cut(l),
+            .events_heard = heard(&l->ev_backlog, l->sub_ev, now),
+            .gossip_heard = heard(&l->gossip_backlog, l->sub_gossip, now),
+        };
+        kvr_timer_tick_seen(l->rd, now, &seen);
     }
     nats_ReleaseThreadMemory();
     return NULL;

@@ -16,6 +16,7 @@
 
 #include "prom.h"
 #include "service.h"
+#include "backlog.h"
 #include "state.h"
 
 #define KVR_LINK_FORWARD_ENVELOPE                                                                  \
@@ -28,13 +29,15 @@ struct kvr_link {
     natsConnection *nc_req, *nc_ev; /* */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
     natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3], *sub_stall;
-    natsStatistics *stats;            /* timer thread only */
-    uint64_t reconnects;              /* of the events connection, as last seen (timer thread) */
-    pthread_t timer;                  /* */
-    bool timer_running;               /* */
-    volatile bool stopping;           /* under rd->mu */
-    _Atomic bool live;                /* connections and subscriptions made (metrics may read) */
-    char name_req[300], name_ev[300]; /* connection names (they outlive the connections) */
+    struct kvr_backlog ev_backlog;     /* how far behind on_event runs (sub_ev) */
+    struct kvr_backlog gossip_backlog; /* on_gossip's (sub_gossip) */
+    natsStatistics *stats;             /* timer thread only */
+    uint64_t reconnects;               /* of the events connection, as last seen (timer thread) */
+    pthread_t timer;                   /* */
+    bool timer_running;                /* */
+    volatile bool stopping;            /* under rd->mu */
+    _Atomic bool live;                 /* connections and subscriptions made (metrics may read) */
+    char name_req[300], name_ev[300];  /* connection names (they outlive the connections) */
 };
 
 /* Connect both connections (retrying until the server answers); rd->sink becomes nc_req's. */

@@ -149,6 +149,10 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                      "Housekeeping ticks far later than due (the router was "
                      "stopped).",
                      rd->stalls);
+    kvr_prom_gauge(p, "kvrouter_events_behind_seconds",
+                   "How far behind the worker events' handler ran at the last tick: workers are "
+                   "judged silent by the events applied, not by the clock.",
+                   (double)rd->events_behind_ns / 1e9);
 }
 
 static void replication(struct kvr_prom *p, const struct kvr_rd *rd)

@@ -34,6 +34,7 @@ void kvr_pending_clear(struct kvr_pending_table *t)
         free_item(p);
     }
     free(t->again);
+    free(t->waiting);
     free(t->orphans);
     free(t->bookings);
     uint32_t max = t->max;
@@ -93,13 +94,36 @@ void kvr_pending_started(struct kvr_pending *p)
     p->rawlen = 0;
 }
 
-kvr_status kvr_pending_place_later(struct kvr_pending_table *t, struct kvr_pending *p)
+/* Add p's key to the list keys[0..*n) of capacity *cap; it no longer has a worker. */
+static kvr_status later(uint64_t **keys, uint32_t *n, uint32_t *cap, struct kvr_pending *p)
 {
-    if (!KVR_GROW(t->again, t->capagain, t->nagain + 1, 64))
+    if (!KVR_GROW(*keys, *cap, *n + 1, 64))
         return KVR_ERR_NOMEM;
-    t->again[t->nagain++] = p->key;
+    (*keys)[(*n)++] = p->key;
     p->avoid_worker = p->worker_id; /* placed again elsewhere when another worker can take it */
     p->worker_id = 0;
+    return KVR_OK;
+}
+
+kvr_status kvr_pending_place_later(struct kvr_pending_table *t, struct kvr_pending *p)
+{
+    return later(&t->again, &t->nagain, &t->capagain, p);
+}
+
+kvr_status kvr_pending_place_next_tick(struct kvr_pending_table *t, struct kvr_pending *p)
+{
+    return later(&t->waiting, &t->nwaiting, &t->capwaiting, p);
+}
+
+kvr_status kvr_pending_tick(struct kvr_pending_table *t)
+{
+    if (!t->nwaiting)
+        return KVR_OK;
+    if (!KVR_GROW(t->again, t->capagain, t->nagain + t->nwaiting, 64))
+        return KVR_ERR_NOMEM; /* they wait for the next tick */
+    memcpy(t->again + t->nagain, t->waiting, t->nwaiting * sizeof *t->waiting);
+    t->nagain += t->nwaiting;
+    t->nwaiting = 0;
     return KVR_OK;
 }
 

@@ -49,6 +49,8 @@ struct kvr_pending_table {
     uint64_t full;                   /* additions refused at the bound */
     uint64_t *again;                 /* keys to place again */
     uint32_t nagain, capagain;       /* */
+    uint64_t *waiting;               /* keys to place again at the next tick */
+    uint32_t nwaiting, capwaiting;   /* */
     uint64_t *orphans;               /* keys of orphans */
     uint32_t norphans, caporphans;   /* */
     uint64_t *bookings;              /* keys of booked selects not started yet */
@@ -76,6 +78,11 @@ void kvr_pending_started(struct kvr_pending *p);
 
 /* Remember p to place again (p->worker_id becomes 0); KVR_ERR_NOMEM when the list is full. */
 kvr_status kvr_pending_place_later(struct kvr_pending_table *t, struct kvr_pending *p);
+/* The same, but placed again only once kvr_pending_tick says so: its forward was lost to the
+ * connection, which nats.c has not seen cut yet (sent again at once, it would fail again). */
+kvr_status kvr_pending_place_next_tick(struct kvr_pending_table *t, struct kvr_pending *p);
+/* The keys kvr_pending_place_next_tick held join those to place again. */
+kvr_status kvr_pending_tick(struct kvr_pending_table *t);
 /* Take the keys to place again: *keys (owned by the table, valid until the next call), count. */
 uint32_t kvr_pending_take_again(struct kvr_pending_table *t, const uint64_t **keys);
 

@@ -18,7 +18,8 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     rd->n.forwards_failed++;
     /* too large fails the same way anywhere; anything else is the connection's trouble of the
-     * moment (nats.c buffers what is published while it reconnects): place it again */
+     * moment: place it again at the next tick, once nats.c has seen the cut (it buffers what is
+     * published while it reconnects; sent again at once, the forward meets the same dead socket) */
     bool again =
         st != KVR_ERR_TOO_LARGE && p && !p->origin && p->raw && p->attempts < KVR_PLACE_MAX_AGAIN;
     char id[128];
@@ -29,10 +30,8 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     if (!p || p->origin)
         return;
     kvr_router_cancel(rd->core, key); /* its booking is gone at once, not after its TTL */
-    if (again && kvr_pending_place_later(&rd->pend, p) == KVR_OK) {
-        kvr_place_settle(rd);
+    if (again && kvr_pending_place_next_tick(&rd->pend, p) == KVR_OK)
         return;
-    }
     struct kvr_reply_why why = {.worker_id = p->worker_id};
     kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id,
                    st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE : KVR_ERR_IO, &why);

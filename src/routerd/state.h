@@ -106,6 +106,10 @@ struct kvr_rd {
     _Atomic uint64_t alive_ns;        /* the last tick that got the mutex (monotonic ns; read
                                          without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
+    uint64_t events_behind_ns;        /* how far behind the events' handler ran at the last tick,
+                                         under mu (timer.c) */
+    uint64_t events_behind_max_ns;    /* the most in this episode */
+    bool events_behind;               /* logged as behind, not yet caught up */
     char subj_worker[528];            /* "<prefix>.<ns>.worker." */
     char subj_ev[528];                /* "<prefix>.<ns>.ev." */
 };

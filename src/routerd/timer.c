@@ -16,9 +16,41 @@
 #include "place.h"
 #include "sync.h"
 
+/* Under mu: how far behind the worker events' handler runs; logged once per episode. */
+static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
+{
+    heard = heard && heard < now ? heard : now;
+    uint64_t behind = now - heard;
+    rd->events_behind_ns = behind;
+    if (behind > rd->events_behind_max_ns)
+        rd->events_behind_max_ns = behind;
+    if (behind >= KVR_TIMER_BEHIND_NS && !rd->events_behind) {
+        rd->events_behind = true;
+        kvr_log(KVR_LOG_WARN, "events_behind",
+                "ms=%" PRIu64 " why=\"worker events wait in the router's queue: workers are "
+                "judged by what was applied\"",
+                behind / KVR_NS_PER_MS);
+    } else if (!behind && rd->events_behind) {
+        rd->events_behind = false;
+        kvr_log(KVR_LOG_INFO, "events_caught_up", "max_ms=%" PRIu64,
+                rd->events_behind_max_ns / KVR_NS_PER_MS);
+        rd->events_behind_max_ns = 0;
+    }
+    return heard;
+}
+
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut)
 {
+    kvr_timer_tick_seen(rd, now, &(struct kvr_timer_seen){events_up, events_cut, 0, 0});
+}
+
+void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer_seen *seen)
+{
+    bool events_up = seen->events_up, events_cut = seen->events_cut;
     pthread_mutex_lock(&rd->mu);
+    uint64_t heard = events_heard(rd, now, seen->events_heard);
+    if (rd->fleet)
+        rd->fleet->heard_ns = seen->gossip_heard;
     atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
     rd->last_tick = now;
@@ -42,8 +74,9 @@ void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events
             rd->resync_at = 0;
             kvr_sync_resync(rd);
         }
-        kvr_router_tick(rd->core, now);
+        kvr_router_tick_heard(rd->core, now, heard);
         kvr_intake_expire_bookings(rd, now);
+        kvr_pending_tick(&rd->pend); /* forwards lost to the connection go again */
         kvr_place_settle(rd);
     }
     kvr_sync_tick(rd, now);

@@ -19,8 +19,20 @@
  * starved of CPU), so the workers' silence meanwhile was its own. */
 #define KVR_TIMER_STALL_NS 1000000000ull
 
-/* One tick at now: events_up (the events connection is connected), events_cut (it reconnected
- * since the last tick). Takes mu; publishes. */
+/* The handlers' queues fall this far behind: logged (events_behind, then events_caught_up). */
+#define KVR_TIMER_BEHIND_NS 1000000000ull
+
+/* What the timer thread saw at a tick. */
+struct kvr_timer_seen {
+    bool events_up;        /* the events connection is connected */
+    bool events_cut;       /* it reconnected since the last tick */
+    uint64_t events_heard; /* the worker events received by then are applied (0: by now) */
+    uint64_t gossip_heard; /* the same for the peers' gossip (backlog.h) */
+};
+
+/* One tick at now. Takes mu; publishes. */
+void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer_seen *seen);
+/* The same with both queues caught up. */
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut);
 
 #endif

@@ -365,6 +365,44 @@ Test(ops, readyz_false_within_1s_of_a_stall)
     h_end();
 }
 
+/* The events' handler held for 2 s (as a long burst of KV events would hold it) while the state
+ * lock is free and the ticks come on time: the worker's heartbeats wait in the queue behind it,
+ * and a worker heard late is not a worker gone. */
+Test(ops, a_worker_whose_heartbeats_wait_in_the_queue_is_kept)
+{
+    enum { STALL_MS = 2000 };
+    int port;
+    pid_t r = router_http("r1", &port, H_ARGS("--test-stall-ms", "2000"));
+    h_worker(srv.url, "1", 50, 100, NULL); /* judged lost after 320 ms of silence */
+    until_ready(port, 15000);
+    struct h_result ok = h_ask(nc, GEN, "before", 1, 0, 128, 2, 10000);
+    cr_assert(ok.final && ok.error_code == 0);
+    uint64_t t0 = h_now_ms();
+    cr_assert(eq(int, natsConnection_PublishString(nc, "kv.default.ev.stall", ""), NATS_OK));
+    cr_assert(eq(int, natsConnection_FlushTimeout(nc, 2000), NATS_OK));
+    h_sleep_ms(STALL_MS / 2);
+    uint64_t at = h_now_ms() - t0;
+    char *m = scrape(port); /* the state lock is free: a scrape answers during the stall */
+    double behind = value(m, "kvrouter_events_behind_seconds");
+    double workers = value(m, "kvrouter_workers");
+    free(m);
+    h_sleep_ms(STALL_MS / 2 + 500);
+    char v[32] = "";
+    bool warned = h_log_value(r, "events_behind", "ms", v, sizeof v, 1000);
+    cr_assert(h_log_has(r, "msg=test_stall_events"), "the events' handler was held");
+    printf("events' handler held %d ms: %.3f s behind after %llu ms, events_behind ms=%s, "
+           "workers %g during it\n",
+           STALL_MS, behind, (unsigned long long)at, v, workers);
+    cr_assert(ge(dbl, behind, 0.5), "/metrics showed the handler %.3f s behind", behind);
+    cr_assert(eq(dbl, workers, 1), "the worker was kept during the stall");
+    cr_assert(warned, "the router warned that it ran behind");
+    cr_assert(not(h_log_has(r, "msg=worker_left")), "the worker was never dropped");
+    struct h_result after = h_ask(nc, GEN, "after", 2, 0, 128, 2, 10000);
+    cr_assert(after.final && after.error_code == 0, "served after (error %u)", after.error_code);
+    cr_assert(h_log_has(r, "msg=events_caught_up"), "and it said it caught up");
+    h_end();
+}
+
 /* --- 3. a real Prometheus ----------------------------------------------------------------- */
 
 /* Percent-encode s (a PromQL query) for a URL query string. */

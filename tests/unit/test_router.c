@@ -460,6 +460,18 @@ Test(router, silent_workers_and_stale_requests_time_out)
     free(t);
 }
 
+Test(router, a_worker_is_judged_by_what_was_applied_not_by_the_clock)
+{
+    cfg.worker_timeout_ns = 3 * NS;
+    make();
+    join(1, 0);
+    /* 10 s on the clock, but events were applied only up to 2 s: its heartbeats may be queued */
+    kvr_router_tick_heard(r, 10 * NS, 2 * NS);
+    cr_assert(eq(int, ev.left, 0), "a worker silent only past what was applied stays");
+    kvr_router_tick_heard(r, 10 * NS, 12 * NS); /* heard is taken at most at now */
+    cr_assert(eq(int, ev.left, 1), "silent for 10 s of applied events: removed");
+}
+
 Test(router, unknown_ids_are_counted_not_fatal)
 {
     make();

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backlog.h"
 #include "clock.h"
 #include "codec.h"
 #include "events.h"
@@ -677,6 +678,11 @@ Test(routerd, a_forward_lost_to_the_connection_is_placed_again)
     io_failures = 1;
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.g", "bumpy", 1, 128);
+    /* not at once: nats.c has not seen the cut yet, the same socket would fail it again */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "sent once");
+    heartbeat(1, 4096, NULL, 0, 1000); /* an event settles what waits, but not this one */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "still once");
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "sent again");
     cr_assert(eq(int, rec_count("_INBOX.g", 0, NULL), 0), "the client is told nothing");
     cr_assert(eq(u32, rd.pend.n, 1));
@@ -684,6 +690,10 @@ Test(routerd, a_forward_lost_to_the_connection_is_placed_again)
     io_failures = 3; /* every placement fails: then the client hears */
     generate("_INBOX.g", "doomed", 2, 128);
     const struct rec_sent *m = NULL;
+    for (int tick = 0; tick < KVR_PLACE_MAX_AGAIN; tick++) { /* placed again at each tick */
+        cr_assert(eq(int, rec_count("_INBOX.g", 0, NULL), 0), "tick %d: not yet", tick);
+        kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    }
     cr_assert(eq(int, rec_count("_INBOX.g", 0, &m), 1));
     cr_assert(eq(u32, rec_error_in(m), KVR_ERR_IO));
 }
@@ -700,6 +710,53 @@ Test(routerd, a_router_that_was_stopped_does_not_blame_the_workers)
     kvr_timer_tick(&rd, t + 2 * KVR_NS_PER_S + 500 * KVR_NS_PER_MS, true, false); /* not late */
     cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER),
               "but a silence after it counts");
+}
+
+Test(routerd, workers_are_judged_by_the_events_applied_not_by_the_clock)
+{
+    heartbeat(1, 4096, NULL, 0, 100); /* gone after 320 ms of silence */
+    uint64_t t = kvr_now_ns();
+    struct kvr_timer_seen seen = {.events_up = true, .events_heard = t};
+    /* its heartbeats wait in the queue behind 1.5 s of KV events: the clock runs on, and ticks
+     * come on time, but what was applied stays at t */
+    for (uint64_t ms = 20; ms <= 1500; ms += 20)
+        kvr_timer_tick_seen(&rd, t + ms * KVR_NS_PER_MS, &seen);
+    cr_assert(eq(u64, rd.stalls, 0), "no tick was late");
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_OK),
+              "a worker whose heartbeats may be queued stays");
+    cr_assert(eq(u64, rd.events_behind_ns, 1500 * KVR_NS_PER_MS), "and how far behind is shown");
+    cr_assert(rd.events_behind, "logged as behind");
+    seen.events_heard = t + 1600 * KVR_NS_PER_MS; /* applied past its timeout: no heartbeat */
+    kvr_timer_tick_seen(&rd, t + 1600 * KVR_NS_PER_MS, &seen);
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER),
+              "silent through what was applied: gone");
+    cr_assert(not(rd.events_behind), "caught up");
+}
+
+Test(routerd, a_backlog_tells_up_to_when_what_was_received_is_applied)
+{
+    static struct kvr_backlog b; /* 8 KiB of notes */
+    cr_assert(eq(u64, kvr_backlog_note(&b, 100, 0), 100), "nothing received: heard up to now");
+    cr_assert(eq(u64, kvr_backlog_note(&b, 200, 3), 100), "3 received, none done");
+    kvr_backlog_done(&b);
+    cr_assert(eq(u64, kvr_backlog_note(&b, 300, 5), 100), "1 of the 3 done");
+    kvr_backlog_done(&b);
+    kvr_backlog_done(&b);
+    cr_assert(eq(u64, kvr_backlog_note(&b, 400, 6), 200), "what had come by 200 is done");
+    kvr_backlog_done(&b);
+    kvr_backlog_done(&b);
+    kvr_backlog_done(&b);
+    cr_assert(eq(u64, kvr_backlog_note(&b, 500, 6), 500), "caught up");
+    /* a backlog longer than the notes: notes wait for room, heard never goes back */
+    for (uint64_t i = 1; i <= 2 * KVR_BACKLOG_NOTES; i++)
+        cr_assert(eq(u64, kvr_backlog_note(&b, 500 + i, 6 + i), 500));
+    for (int i = 0; i < 10; i++)
+        kvr_backlog_done(&b); /* the 10th message after 6 */
+    uint64_t h = kvr_backlog_note(&b, 5000, 6 + 2 * KVR_BACKLOG_NOTES);
+    cr_assert(eq(u64, h, 500 + 10), "the note of the 16th message (%llu)", (unsigned long long)h);
+    for (int i = 0; i < 2 * KVR_BACKLOG_NOTES; i++)
+        kvr_backlog_done(&b);
+    cr_assert(eq(u64, kvr_backlog_note(&b, 6000, 6 + 2 * KVR_BACKLOG_NOTES), 6000));
 }
 
 Test(routerd, a_heartbeat_ends_requests_whose_done_was_lost)
@@ -880,6 +937,25 @@ Test(routerd, gossip_under_another_routers_id_than_its_subjects_is_dropped)
     kvr_fleet_on_gossip(&rd, "kv.default.router.gossip.victim", b.data, b.len);
     cr_assert(eq(u32, rd.fleet->npeers, 1));
     kvr_buf_free(&b);
+}
+
+Test(routerd, a_peer_is_judged_by_the_gossip_applied_not_by_the_clock)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 1, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(rd.fleet->peers, "peer", p);
+    cr_assert(not(eq(ptr, p, NULL)));
+    uint64_t t = p->heard_ns, later = t + 100 * cfg.hello_ns;
+    cr_assert(not(kvr_fleet_peer_alive(&rd, p, later)), "silent for 100 hellos by the clock");
+    struct kvr_timer_seen seen = {.events_up = true, .gossip_heard = t + cfg.hello_ns};
+    kvr_timer_tick_seen(&rd, later, &seen); /* gossip applied only up to one hello after it */
+    cr_assert(kvr_fleet_peer_alive(&rd, p, later), "its hellos may wait in the queue");
+    seen.gossip_heard = later;
+    kvr_timer_tick_seen(&rd, later, &seen);
+    cr_assert(not(kvr_fleet_peer_alive(&rd, p, later)), "silent through what was applied");
 }
 
 Test(routerd, a_forged_newer_epoch_holds_only_while_its_forger_keeps_sending)
