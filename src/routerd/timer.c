@@ -29,11 +29,11 @@ static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
         kvr_log(KVR_LOG_WARN, "events_behind",
                 "ms=%" PRIu64 " why=\"worker events wait in the router's queue: workers are "
                 "judged by what was applied\"",
-                behind / KVR_NS_PER_MS);
+                (uint64_t)(behind / KVR_NS_PER_MS));
     } else if (!behind && rd->events_behind) {
         rd->events_behind = false;
         kvr_log(KVR_LOG_INFO, "events_caught_up", "max_ms=%" PRIu64,
-                rd->events_behind_max_ns / KVR_NS_PER_MS);
+                (uint64_t)(rd->events_behind_max_ns / KVR_NS_PER_MS));
         rd->events_behind_max_ns = 0;
     }
     return heard;
