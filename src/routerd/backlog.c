@@ -5,6 +5,12 @@
 
 #include <stdatomic.h>
 
+void kvr_backlog_start(struct kvr_backlog *b, uint64_t now)
+{
+    b->n = 0;
+    b->heard = now;
+}
+
 void kvr_backlog_done(struct kvr_backlog *b)
 {
     atomic_fetch_add_explicit(&b->done, 1, memory_order_release);

@@ -3,15 +3,17 @@
  * one thread, so under load a worker's heartbeat can wait there for seconds behind a burst of KV
  * events, and judging the worker by the clock then drops one that spoke. Every tick, the timer
  * notes how many messages had reached the subscription (delivered and pending); once the handler
- * has finished that many, everything that had reached the router by the time of the note is
- * applied: the router has heard the fleet up to then, and judges silence there.
+ * has finished that many, everything that had reached the subscription's queue by the time of the
+ * note is applied: the router has heard the fleet up to then, and judges silence there (bytes
+ * still in the socket or in nats.c's reader are not counted: a router starved of CPU is caught by
+ * the timer's own stall check instead).
  */
 #ifndef KVR_RD_BACKLOG_H
 #define KVR_RD_BACKLOG_H
 
 #include <stdint.h>
 
-#define KVR_BACKLOG_NOTES 512 /* 10 s of 20 ms ticks; when full, notes are taken more sparsely */
+#define KVR_BACKLOG_NOTES 512 /* 10 s of 20 ms ticks; when full, new notes wait for room */
 
 struct kvr_backlog {
     _Atomic uint64_t done; /* messages the handler finished (its thread writes) */
@@ -21,6 +23,9 @@ struct kvr_backlog {
     uint32_t head, n;          /* */
     uint64_t heard;            /* every message received by then is applied (timer thread) */
 };
+
+/* Before subscribing, at now: nothing received yet, so all is applied up to now. */
+void kvr_backlog_start(struct kvr_backlog *b, uint64_t now);
 
 /* The handler finished one message (any thread, once per message, after applying it). */
 void kvr_backlog_done(struct kvr_backlog *b);

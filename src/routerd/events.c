@@ -100,7 +100,9 @@ static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_statu
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
     kvr_status st = kvr_router_done_at(rd->core, key, now);
     if (kvr_router_queue_len(rd->core))
-        kvr_router_tick(rd->core, now); /* freed load may place waiting requests */
+        /* freed load may place waiting requests; workers are judged at what the timer last found
+         * applied, not at now: heartbeats may still wait behind this event */
+        kvr_router_tick_heard(rd->core, now, rd->events_heard_ns);
     return st;
 }
 

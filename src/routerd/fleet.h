@@ -59,6 +59,7 @@ struct kvr_fleet {
     uint64_t epochs_back;      /* a peer's older epoch taken back: its newer one fell silent */
     uint64_t heard_ns;         /* gossip that reached the router by then is applied (0: by now), the
                                   time peers' silence is judged at (timer.c, backlog.h) */
+    uint64_t behind_ns;        /* how far behind the gossip handler ran at the last tick */
     /* counters */
     uint64_t decided, sent, sent_bytes, dropped_by_knob;   /* decisions gossiped */
     uint64_t received, received_bytes, bad, stale;         /* gossip from peers */

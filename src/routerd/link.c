@@ -158,6 +158,9 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     const struct kvr_fleet *g = l->rd->fleet;
     char subj[256];
     kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "ev.>");
+    /* nothing had reached them before they existed: applied up to now (the timer starts later) */
+    kvr_backlog_start(&l->ev_backlog, kvr_now_ns());
+    kvr_backlog_start(&l->gossip_backlog, kvr_now_ns());
     natsStatus s = subscribe(&l->sub_ev, l->nc_ev, subj, NULL, on_event, l);
     if (s == NATS_OK)
         s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip_all, NULL, on_gossip, l);

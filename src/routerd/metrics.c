@@ -179,6 +179,10 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
     kvr_prom_gauge(p, "kvrouter_peers", "Peer routers known.", g->npeers);
     kvr_prom_gauge(p, "kvrouter_peers_alive", "Peer routers heard within 3.5 hellos.",
                    (double)alive);
+    kvr_prom_gauge(p, "kvrouter_gossip_behind_seconds",
+                   "How far behind the gossip handler ran at the last tick: peers are judged "
+                   "silent by the gossip applied, not by the clock.",
+                   (double)g->behind_ns / 1e9);
     kvr_prom_gauge(p, "kvrouter_synced", "1 once the start-up snapshot is applied.",
                    g->synced ? 1 : 0);
 }

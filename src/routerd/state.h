@@ -108,6 +108,8 @@ struct kvr_rd {
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
     uint64_t events_behind_ns;        /* how far behind the events' handler ran at the last tick,
                                          under mu (timer.c) */
+    uint64_t events_heard_ns;         /* the events received by then were applied at the last
+                                         tick (0: no tick yet), under mu */
     uint64_t events_behind_max_ns;    /* the most in this episode */
     bool events_behind;               /* logged as behind, not yet caught up */
     char subj_worker[528];            /* "<prefix>.<ns>.worker." */

@@ -20,8 +20,11 @@
 static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
 {
     heard = heard && heard < now ? heard : now;
+    if (now - heard > KVR_TIMER_BEHIND_MAX_NS)
+        heard = now - KVR_TIMER_BEHIND_MAX_NS; /* a handler stuck for good: judge by the clock */
     uint64_t behind = now - heard;
     rd->events_behind_ns = behind;
+    rd->events_heard_ns = heard;
     if (behind > rd->events_behind_max_ns)
         rd->events_behind_max_ns = behind;
     if (behind >= KVR_TIMER_BEHIND_NS && !rd->events_behind) {
@@ -30,7 +33,7 @@ static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
                 "ms=%" PRIu64 " why=\"worker events wait in the router's queue: workers are "
                 "judged by what was applied\"",
                 (uint64_t)(behind / KVR_NS_PER_MS));
-    } else if (!behind && rd->events_behind) {
+    } else if (behind < KVR_TIMER_BEHIND_NS / 2 && rd->events_behind) {
         rd->events_behind = false;
         kvr_log(KVR_LOG_INFO, "events_caught_up", "max_ms=%" PRIu64,
                 (uint64_t)(rd->events_behind_max_ns / KVR_NS_PER_MS));
@@ -49,8 +52,13 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     bool events_up = seen->events_up, events_cut = seen->events_cut;
     pthread_mutex_lock(&rd->mu);
     uint64_t heard = events_heard(rd, now, seen->events_heard);
-    if (rd->fleet)
-        rd->fleet->heard_ns = seen->gossip_heard;
+    if (rd->fleet) {
+        uint64_t g = seen->gossip_heard;
+        if (g && now > g && now - g > KVR_TIMER_BEHIND_MAX_NS)
+            g = now - KVR_TIMER_BEHIND_MAX_NS;
+        rd->fleet->heard_ns = g;
+        rd->fleet->behind_ns = g && g < now ? now - g : 0;
+    }
     atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
     rd->last_tick = now;
@@ -76,9 +84,9 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
         }
         kvr_router_tick_heard(rd->core, now, heard);
         kvr_intake_expire_bookings(rd, now);
-        kvr_pending_tick(&rd->pend); /* forwards lost to the connection go again */
-        kvr_place_settle(rd);
     }
+    kvr_pending_tick(&rd->pend); /* forwards lost to the connection go again, blind or not */
+    kvr_place_settle(rd);
     kvr_sync_tick(rd, now);
     kvr_fleet_tick(rd, now); /* hellos even when blind: its requests are still in good hands */
     kvr_recent_expire(&rd->recent, now);

@@ -19,8 +19,12 @@
  * starved of CPU), so the workers' silence meanwhile was its own. */
 #define KVR_TIMER_STALL_NS 1000000000ull
 
-/* The handlers' queues fall this far behind: logged (events_behind, then events_caught_up). */
+/* The handlers' queues fall this far behind: logged (events_behind, then events_caught_up once
+ * less than half of it). */
 #define KVR_TIMER_BEHIND_NS 1000000000ull
+/* Judged at most this far behind the clock: a handler stuck for good does not keep a dead worker
+ * forever (its detection is late by this much at most). */
+#define KVR_TIMER_BEHIND_MAX_NS 30000000000ull
 
 /* What the timer thread saw at a tick. */
 struct kvr_timer_seen {

@@ -682,7 +682,7 @@ Test(routerd, a_forward_lost_to_the_connection_is_placed_again)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "sent once");
     heartbeat(1, 4096, NULL, 0, 1000); /* an event settles what waits, but not this one */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "still once");
-    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    kvr_timer_tick(&rd, kvr_now_ns(), false, false); /* blind to the events: it goes anyway */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "sent again");
     cr_assert(eq(int, rec_count("_INBOX.g", 0, NULL), 0), "the client is told nothing");
     cr_assert(eq(u32, rd.pend.n, 1));
@@ -733,9 +733,33 @@ Test(routerd, workers_are_judged_by_the_events_applied_not_by_the_clock)
     cr_assert(not(rd.events_behind), "caught up");
 }
 
+Test(routerd, a_done_that_frees_load_judges_workers_at_what_was_applied)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 100); /* busy above 4 blocks; gone after 320 ms of silence */
+    generate("_INBOX.a", "first", 1, 320);
+    generate("_INBOX.b", "second", 2, 320); /* queued */
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 1));
+    uint64_t t = kvr_now_ns();
+    struct kvr_timer_seen seen = {.events_up = true, .events_heard = t};
+    kvr_timer_tick_seen(&rd, t, &seen);
+    kvr_sleep_ns(400 * KVR_NS_PER_MS); /* the clock passes its timeout; the queue holds its beats */
+    worker_done(1, kvr_pending_key("_INBOX.a", "first")); /* frees load: the queue moves */
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_OK),
+              "judged at the last tick's applied time, not at the clock");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "second placed");
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, NULL), 0), "and not failed");
+}
+
 Test(routerd, a_backlog_tells_up_to_when_what_was_received_is_applied)
 {
     static struct kvr_backlog b; /* 8 KiB of notes */
+    static struct kvr_backlog a;
+    kvr_backlog_start(&a, 50); /* subscribed at 50: nothing had come before */
+    cr_assert(eq(u64, kvr_backlog_note(&a, 60, 2), 50), "2 received since, none done");
+    kvr_backlog_done(&a);
+    kvr_backlog_done(&a);
+    cr_assert(eq(u64, kvr_backlog_note(&a, 70, 2), 70), "both done");
     cr_assert(eq(u64, kvr_backlog_note(&b, 100, 0), 100), "nothing received: heard up to now");
     cr_assert(eq(u64, kvr_backlog_note(&b, 200, 3), 100), "3 received, none done");
     kvr_backlog_done(&b);
