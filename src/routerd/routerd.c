@@ -123,7 +123,7 @@ void kvr_routerd_drain(struct kvr_routerd *d)
     uint64_t deadline = kvr_now_ns() + rd->cfg->drain_timeout_ns;
     for (;;) {
         pthread_mutex_lock(&rd->mu);
-        uint32_t waiting = kvr_router_queue_len(rd->core) + rd->pend.nwaiting + rd->pend.nagain;
+        uint32_t waiting = kvr_router_queue_len(rd->core) + rd->pend.nwaiting;
         pthread_mutex_unlock(&rd->mu);
         if (!waiting || kvr_now_ns() > deadline)
             break;

@@ -16,12 +16,20 @@
 #include "place.h"
 #include "sync.h"
 
+/* The time a handler's queue is judged at, from what it applied up to heard (0: cannot tell):
+ * never later than now, never more than KVR_TIMER_BEHIND_MAX_NS before it (a handler stuck for
+ * good: judged by the clock). */
+static uint64_t judged_at(uint64_t now, uint64_t heard)
+{
+    if (!heard || heard >= now)
+        return now;
+    return now - heard > KVR_TIMER_BEHIND_MAX_NS ? now - KVR_TIMER_BEHIND_MAX_NS : heard;
+}
+
 /* Under mu: how far behind the worker events' handler runs; logged once per episode. */
 static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
 {
-    heard = heard && heard < now ? heard : now;
-    if (now - heard > KVR_TIMER_BEHIND_MAX_NS)
-        heard = now - KVR_TIMER_BEHIND_MAX_NS; /* a handler stuck for good: judge by the clock */
+    heard = judged_at(now, heard);
     uint64_t behind = now - heard;
     rd->events_behind_ns = behind;
     rd->events_heard_ns = heard;
@@ -52,12 +60,10 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     bool events_up = seen->events_up, events_cut = seen->events_cut;
     pthread_mutex_lock(&rd->mu);
     uint64_t heard = events_heard(rd, now, seen->events_heard);
-    if (rd->fleet) {
-        uint64_t g = seen->gossip_heard;
-        if (g && now > g && now - g > KVR_TIMER_BEHIND_MAX_NS)
-            g = now - KVR_TIMER_BEHIND_MAX_NS;
-        rd->fleet->heard_ns = g;
-        rd->fleet->behind_ns = g && g < now ? now - g : 0;
+    if (rd->fleet) { /* 0 stays 0: peers are then judged at the clock of each question */
+        uint64_t g = judged_at(now, seen->gossip_heard);
+        rd->fleet->heard_ns = seen->gossip_heard ? g : 0;
+        rd->fleet->behind_ns = now - g;
     }
     atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;

@@ -146,9 +146,13 @@ Test(router, refuses_worker_with_other_block_size)
     cr_assert(eq(u64, s.bad_block_size, 1));
 }
 
-/* A prompt of 10 blocks whose first 8 worker w caches (stored events); its sequence hashes. */
-static uint32_t *cached_on(uint64_t w, uint64_t seq[10])
+/* A router of workers 1..n, and a prompt of 10 blocks whose first 8 worker w caches (stored
+ * events); its sequence hashes in seq. */
+static uint32_t *cached_on(uint64_t n, uint64_t w, uint64_t seq[10])
 {
+    make();
+    for (uint64_t i = 1; i <= n; i++)
+        join(i, 0);
     uint32_t *t = prompt(1, 8 * B, 1, 2 * B);
     uint64_t local[10];
     kvr_hash_prompt(t, 10 * B, B, local, seq);
@@ -161,11 +165,8 @@ static uint32_t *cached_on(uint64_t w, uint64_t seq[10])
 
 Test(router, event_mode_follows_the_cached_prefix)
 {
-    make();
-    for (uint64_t w = 1; w <= 4; w++)
-        join(w, 0);
     uint64_t seq[10];
-    uint32_t *t = cached_on(3, seq);
+    uint32_t *t = cached_on(4, 3, seq);
     struct kvr_decision d;
     cr_assert(eq(int, route(1, t, 10 * B, &d), KVR_OK));
     cr_assert(eq(u64, d.worker_id, 3));
@@ -186,11 +187,8 @@ Test(router, event_mode_follows_the_cached_prefix)
 
 Test(router, a_request_placed_again_avoids_the_worker_it_never_reached)
 {
-    make();
-    for (uint64_t w = 1; w <= 2; w++)
-        join(w, 0);
     uint64_t seq[10];
-    uint32_t *t = cached_on(2, seq);
+    uint32_t *t = cached_on(2, 2, seq);
     struct kvr_decision d;
     struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 10 * B};
     cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
