@@ -7,7 +7,8 @@
 # Prints figures, asserts nothing. usage: bench/router_cpu.sh [BUILD_DIR] (default build)
 # Environment: RUNS (1), HOP_SECONDS (5), WINDOW (256), REQUESTS (latency rounds, 2000),
 #   ROUTERS (router binaries to alternate, one run of each per round; default BUILD_DIR's),
-#   PERF (a perf record -g of the router's max-rate phase into this file; off by default).
+#   PERF (a perf record -g of the router's max-rate phase into this file; off by default),
+#   WORKER_ARGS (more kvworker options, e.g. "--event-batch-ms 1": its events in EventBatches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -23,7 +24,8 @@ ctxt() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += 
 
 start_nats
 
-"$bin/kvworker" --nats "$url" --id 1 --null --log-level info >"$run/worker.log" 2>&1 &
+# shellcheck disable=SC2086 # WORKER_ARGS is a list of options
+"$bin/kvworker" --nats "$url" --id 1 --null --log-level info ${WORKER_ARGS:-} >"$run/worker.log" 2>&1 &
 pids+=($!)
 wait_log "$run/worker.log" worker_started
 

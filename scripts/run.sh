@@ -13,6 +13,8 @@
 # burst: arrivals this many times the trace's rate in the workers' time; 6), CONCURRENCY (closed
 # loop, the seed workloads: clients; 20), MAX_TOKENS (every output length; 64 for the traces, 0:
 # the workload's), SPEEDUP (10), POLICIES (kv,round_robin,sglang_cache_aware), OUT (out/fleet),
+# EVENT_BATCH_MS (0: each lifecycle event alone; 1: each worker sends them in EventBatches of up
+# to 1 ms, fewer messages for the routers),
 # and ENGINE: sim (the default: each kvworker simulates its engine in-process) or standin (each
 # worker is the adapter, `kvworker --engine openai`, in front of its own engine stand-in
 # `kvengine`, reached over the engines' real interfaces: the OpenAI-compatible HTTP API and
@@ -34,6 +36,7 @@ SPEEDUP=${SPEEDUP:-10}
 POLICIES=${POLICIES:-kv,round_robin,sglang_cache_aware}
 OUT=${OUT:-out/fleet}
 ENGINE=${ENGINE:-sim}
+EVENT_BATCH_MS=${EVENT_BATCH_MS:-0}
 case "$ENGINE" in sim | standin) ;; *) echo "ENGINE must be sim or standin, not $ENGINE" >&2; exit 2 ;; esac
 bin=build/src
 source bench/lib.sh # run (the logs), pids, log_value, start_nats
@@ -69,13 +72,15 @@ if [ "$ENGINE" = standin ]; then
     events=$(log_value "$run/engine$i.log" kv_events_listening endpoint)
     replay=$(log_value "$run/engine$i.log" kv_events_listening replay)
     "$bin/kvworker" --nats "$url" --id "$i" --engine openai --engine-url "http://127.0.0.1:$port" \
-      --kv-events "$events" --kv-replay "$replay" --log-level warn >"$run/worker$i.log" 2>&1 &
+      --kv-events "$events" --kv-replay "$replay" --event-batch-ms "$EVENT_BATCH_MS" \
+      --log-level warn >"$run/worker$i.log" 2>&1 &
     pids+=($!)
   done
 else
   echo "== starting $WORKERS workers and $ROUTERS routers"
   for i in $(seq "$WORKERS"); do
-    "$bin/kvworker" --nats "$url" --id "$i" --speedup "$SPEEDUP" --log-level warn >"$run/worker$i.log" 2>&1 &
+    "$bin/kvworker" --nats "$url" --id "$i" --speedup "$SPEEDUP" --event-batch-ms "$EVENT_BATCH_MS" \
+      --log-level warn >"$run/worker$i.log" 2>&1 &
     pids+=($!)
   done
 fi

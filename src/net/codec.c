@@ -70,6 +70,21 @@ void *kvr_codec_unpack(struct kvr_codec_alloc *a, const ProtobufCMessageDescript
     return m;
 }
 
+void *kvr_codec_unpack_capped(struct kvr_codec_alloc *a, const ProtobufCMessageDescriptor *d,
+                              const void *buf, size_t len, const struct kvr_codec_caps *caps,
+                              kvr_status *st)
+{
+    if (len > caps->max_bytes) {
+        *st = KVR_ERR_TOO_LARGE;
+        return NULL;
+    }
+    size_t n;
+    *st = kvr_codec_count(buf, len, caps->field, caps->sub, &n);
+    if (*st == KVR_OK && n > caps->max_items)
+        *st = KVR_ERR_TOO_LARGE;
+    return *st == KVR_OK ? kvr_codec_unpack(a, d, buf, len, st) : NULL;
+}
+
 char *kvr_codec_str(char *s)
 {
     static char empty[1];
@@ -588,18 +603,12 @@ kvr_status kvr_wire_decode_select_response(const void *buf, size_t len, uint64_t
                                            uint32_t *overlap, uint32_t *ncandidates,
                                            uint32_t *error_code, uint64_t *key)
 {
-    if (len > KVR_WIRE_SELECT_RESPONSE_MAX)
-        return KVR_ERR_TOO_LARGE;
-    size_t n;
-    kvr_status st = kvr_codec_count(buf, len, SELECT_RESPONSE_CANDIDATES, 0, &n);
-    if (st != KVR_OK)
-        return st;
-    if (n > KVR_WIRE_CANDIDATES_MAX)
-        return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
     kvr_status why;
-    Kvrouter__V1__SelectResponse *m =
-        kvr_codec_unpack(&a, &kvrouter__v1__select_response__descriptor, buf, len, &why);
+    const struct kvr_codec_caps caps = {KVR_WIRE_SELECT_RESPONSE_MAX, SELECT_RESPONSE_CANDIDATES, 0,
+                                        KVR_WIRE_CANDIDATES_MAX};
+    Kvrouter__V1__SelectResponse *m = kvr_codec_unpack_capped(
+        &a, &kvrouter__v1__select_response__descriptor, buf, len, &caps, &why);
     if (!m)
         return why;
     *worker_id = m->worker_id;

@@ -233,6 +233,29 @@ struct kvr_wire_done {
 };
 kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_done *out);
 
+/* An EventBatch: a worker's lifecycle events sent together, in the order it emitted them. */
+#define KVR_WIRE_BATCH_MAX 256u
+/* Its bytes at most: KVR_WIRE_BATCH_MAX events of about 30 bytes each, and the slack. */
+#define KVR_WIRE_BATCH_BYTES_MAX (KVR_WIRE_BATCH_MAX * 64u + KVR_WIRE_SLACK)
+enum kvr_wire_event_kind { KVR_WIRE_EV_TOKENS = 1, KVR_WIRE_EV_DONE = 2 };
+struct kvr_wire_event {
+    enum kvr_wire_event_kind kind;
+    union {
+        struct kvr_wire_tokens tokens; /* KVR_WIRE_EV_TOKENS */
+        struct kvr_wire_done done;     /* KVR_WIRE_EV_DONE */
+    } u;
+};
+struct kvr_wire_batch {
+    uint64_t worker_id;
+    struct kvr_wire_event *ev; /* owned, n */
+    uint32_t n;
+};
+/* Over KVR_WIRE_BATCH_BYTES_MAX bytes or KVR_WIRE_BATCH_MAX events: KVR_ERR_TOO_LARGE (counted on
+ * the wire first); an event of no kind, of an unknown tokens kind, or naming another worker than
+ * the batch: KVR_ERR_INVALID. Nothing is owned after a failure. */
+kvr_status kvr_wire_decode_batch(const void *buf, size_t len, struct kvr_wire_batch *out);
+void kvr_wire_batch_free(struct kvr_wire_batch *b);
+
 struct kvr_wire_heartbeat {
     struct kvr_worker_info info; /* id, block size, capacity, waiting, kv usage */
     uint64_t *inflight;          /* owned */
@@ -319,6 +342,10 @@ kvr_status kvr_wire_encode_tokens(struct kvr_buf *b, uint64_t worker_id, uint64_
                                   enum kvr_wire_tokens_kind kind);
 kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
                                 uint32_t status, uint32_t output_tokens);
+/* ev[0..n) (1 <= n <= KVR_WIRE_BATCH_MAX) as one EventBatch of worker_id (each event's own
+ * worker_id is written as worker_id). */
+kvr_status kvr_wire_encode_batch(struct kvr_buf *b, uint64_t worker_id,
+                                 const struct kvr_wire_event *ev, uint32_t n);
 kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_heartbeat *h);
 
 /* --- router replicas ----------------------------------------------------------------------- */

@@ -16,6 +16,7 @@
 /* Field numbers the wire-level counts need (proto/kvrouter/v1/kvrouter.proto). */
 #define KV_EVENT_STORED 3 /* KvEvent.stored */
 #define STORED_BLOCKS   3 /* Stored.blocks */
+#define BATCH_EVENTS    2 /* EventBatch.events */
 
 /* --- worker events ----------------------------------------------------------------------- */
 
@@ -59,20 +60,14 @@ static kvr_status take_removed(const Kvrouter__V1__Removed *r, struct kvr_wire_k
 kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *out)
 {
     memset(out, 0, sizeof *out);
-    if (len > KVR_WIRE_KV_MAX)
-        return KVR_ERR_TOO_LARGE;
-    size_t n;
-    kvr_status st = kvr_codec_count(buf, len, KV_EVENT_STORED, STORED_BLOCKS, &n);
-    if (st != KVR_OK)
-        return st;
-    if (n > KVR_WIRE_STORED_BLOCKS_MAX)
-        return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
-    kvr_status why;
+    kvr_status st;
+    const struct kvr_codec_caps caps = {KVR_WIRE_KV_MAX, KV_EVENT_STORED, STORED_BLOCKS,
+                                        KVR_WIRE_STORED_BLOCKS_MAX};
     Kvrouter__V1__KvEvent *m =
-        kvr_codec_unpack(&a, &kvrouter__v1__kv_event__descriptor, buf, len, &why);
+        kvr_codec_unpack_capped(&a, &kvrouter__v1__kv_event__descriptor, buf, len, &caps, &st);
     if (!m)
-        return why;
+        return st;
     out->worker_id = m->worker_id;
     out->event_seq = m->event_seq;
     switch (m->event_case) {
@@ -94,6 +89,27 @@ kvr_status kvr_wire_decode_kv(const void *buf, size_t len, struct kvr_wire_kv *o
     return st;
 }
 
+static kvr_status take_tokens(const Kvrouter__V1__TokensEvent *m, struct kvr_wire_tokens *out)
+{
+    if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK)
+        out->kind = KVR_WIRE_OUTPUT_BLOCK;
+    else if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE)
+        out->kind = KVR_WIRE_PREFILL_DONE;
+    else
+        return KVR_ERR_INVALID;
+    out->worker_id = m->worker_id;
+    out->key = m->request_key;
+    return KVR_OK;
+}
+
+static void take_done(const Kvrouter__V1__DoneEvent *m, struct kvr_wire_done *out)
+{
+    out->worker_id = m->worker_id;
+    out->key = m->request_key;
+    out->status = (uint32_t)m->status;
+    out->output_tokens = m->output_tokens;
+}
+
 kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_tokens *out)
 {
     memset(out, 0, sizeof *out);
@@ -105,17 +121,9 @@ kvr_status kvr_wire_decode_tokens(const void *buf, size_t len, struct kvr_wire_t
         kvr_codec_unpack(&a, &kvrouter__v1__tokens_event__descriptor, buf, len, &why);
     if (!m)
         return why;
-    kvr_status st = KVR_OK;
-    if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK)
-        out->kind = KVR_WIRE_OUTPUT_BLOCK;
-    else if (m->kind == KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE)
-        out->kind = KVR_WIRE_PREFILL_DONE;
-    else
-        st = KVR_ERR_INVALID;
-    if (st == KVR_OK) {
-        out->worker_id = m->worker_id;
-        out->key = m->request_key;
-    }
+    kvr_status st = take_tokens(m, out);
+    if (st != KVR_OK)
+        memset(out, 0, sizeof *out);
     kvrouter__v1__tokens_event__free_unpacked(m, &a.pc);
     return st;
 }
@@ -131,12 +139,61 @@ kvr_status kvr_wire_decode_done(const void *buf, size_t len, struct kvr_wire_don
         kvr_codec_unpack(&a, &kvrouter__v1__done_event__descriptor, buf, len, &why);
     if (!m)
         return why;
-    out->worker_id = m->worker_id;
-    out->key = m->request_key;
-    out->status = (uint32_t)m->status;
-    out->output_tokens = m->output_tokens;
+    take_done(m, out);
     kvrouter__v1__done_event__free_unpacked(m, &a.pc);
     return KVR_OK;
+}
+
+void kvr_wire_batch_free(struct kvr_wire_batch *b)
+{
+    free(b->ev);
+    memset(b, 0, sizeof *b);
+}
+
+/* One event of a batch of worker wid into out. */
+static kvr_status take_event(const Kvrouter__V1__LifecycleEvent *e, uint64_t wid,
+                             struct kvr_wire_event *out)
+{
+    kvr_status st = KVR_OK;
+    if (e->event_case == KVROUTER__V1__LIFECYCLE_EVENT__EVENT_TOKENS) {
+        out->kind = KVR_WIRE_EV_TOKENS;
+        st = take_tokens(e->tokens, &out->u.tokens);
+        if (st == KVR_OK && out->u.tokens.worker_id != wid)
+            st = KVR_ERR_INVALID;
+    } else if (e->event_case == KVROUTER__V1__LIFECYCLE_EVENT__EVENT_DONE) {
+        out->kind = KVR_WIRE_EV_DONE;
+        take_done(e->done, &out->u.done);
+        if (out->u.done.worker_id != wid)
+            st = KVR_ERR_INVALID;
+    } else {
+        st = KVR_ERR_INVALID;
+    }
+    return st;
+}
+
+kvr_status kvr_wire_decode_batch(const void *buf, size_t len, struct kvr_wire_batch *out)
+{
+    memset(out, 0, sizeof *out);
+    struct kvr_codec_alloc a;
+    kvr_status st;
+    const struct kvr_codec_caps caps = {KVR_WIRE_BATCH_BYTES_MAX, BATCH_EVENTS, 0,
+                                        KVR_WIRE_BATCH_MAX};
+    Kvrouter__V1__EventBatch *m =
+        kvr_codec_unpack_capped(&a, &kvrouter__v1__event_batch__descriptor, buf, len, &caps, &st);
+    if (!m)
+        return st;
+    out->worker_id = m->worker_id;
+    if (m->n_events) {
+        out->ev = kvr_codec_array(m->n_events, sizeof *out->ev);
+        st = out->ev ? KVR_OK : KVR_ERR_NOMEM;
+    }
+    for (size_t i = 0; st == KVR_OK && i < m->n_events; i++)
+        st = take_event(m->events[i], m->worker_id, &out->ev[i]);
+    out->n = st == KVR_OK ? (uint32_t)m->n_events : 0;
+    kvrouter__v1__event_batch__free_unpacked(m, &a.pc);
+    if (st != KVR_OK)
+        kvr_wire_batch_free(out);
+    return st;
 }
 
 void kvr_wire_heartbeat_free(struct kvr_wire_heartbeat *h)
@@ -400,14 +457,29 @@ kvr_status kvr_wire_encode_cleared(struct kvr_buf *b, uint64_t worker_id, uint64
     return kvr_codec_pack(b, &m.base);
 }
 
+static void fill_tokens(Kvrouter__V1__TokensEvent *m, uint64_t worker_id, uint64_t key,
+                        enum kvr_wire_tokens_kind kind)
+{
+    m->worker_id = worker_id;
+    m->request_key = key;
+    m->kind = kind == KVR_WIRE_OUTPUT_BLOCK ? KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK
+                                            : KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE;
+}
+
+static void fill_done(Kvrouter__V1__DoneEvent *m, uint64_t worker_id, uint64_t key, uint32_t status,
+                      uint32_t output_tokens)
+{
+    m->worker_id = worker_id;
+    m->request_key = key;
+    m->status = (Kvrouter__V1__ErrorCode)status;
+    m->output_tokens = output_tokens;
+}
+
 kvr_status kvr_wire_encode_tokens(struct kvr_buf *b, uint64_t worker_id, uint64_t key,
                                   enum kvr_wire_tokens_kind kind)
 {
     Kvrouter__V1__TokensEvent m = KVROUTER__V1__TOKENS_EVENT__INIT;
-    m.worker_id = worker_id;
-    m.request_key = key;
-    m.kind = kind == KVR_WIRE_OUTPUT_BLOCK ? KVROUTER__V1__TOKENS_EVENT__KIND__OUTPUT_BLOCK
-                                           : KVROUTER__V1__TOKENS_EVENT__KIND__PREFILL_DONE;
+    fill_tokens(&m, worker_id, key, kind);
     return kvr_codec_pack(b, &m.base);
 }
 
@@ -415,10 +487,47 @@ kvr_status kvr_wire_encode_done(struct kvr_buf *b, uint64_t worker_id, uint64_t 
                                 uint32_t status, uint32_t output_tokens)
 {
     Kvrouter__V1__DoneEvent m = KVROUTER__V1__DONE_EVENT__INIT;
+    fill_done(&m, worker_id, key, status, output_tokens);
+    return kvr_codec_pack(b, &m.base);
+}
+
+/* One event of a batch and its submessage, on the encoder's stack. */
+struct batch_slot {
+    Kvrouter__V1__LifecycleEvent e;
+    union {
+        Kvrouter__V1__TokensEvent t;
+        Kvrouter__V1__DoneEvent d;
+    } u;
+};
+
+kvr_status kvr_wire_encode_batch(struct kvr_buf *b, uint64_t worker_id,
+                                 const struct kvr_wire_event *ev, uint32_t n)
+{
+    if (n == 0 || n > KVR_WIRE_BATCH_MAX || !ev)
+        return KVR_ERR_INVALID;
+    struct batch_slot slot[KVR_WIRE_BATCH_MAX];
+    Kvrouter__V1__LifecycleEvent *ptr[KVR_WIRE_BATCH_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        struct batch_slot *s = &slot[i];
+        kvrouter__v1__lifecycle_event__init(&s->e);
+        if (ev[i].kind == KVR_WIRE_EV_TOKENS) {
+            kvrouter__v1__tokens_event__init(&s->u.t);
+            fill_tokens(&s->u.t, worker_id, ev[i].u.tokens.key, ev[i].u.tokens.kind);
+            s->e.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_TOKENS;
+            s->e.tokens = &s->u.t;
+        } else {
+            kvrouter__v1__done_event__init(&s->u.d);
+            fill_done(&s->u.d, worker_id, ev[i].u.done.key, ev[i].u.done.status,
+                      ev[i].u.done.output_tokens);
+            s->e.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_DONE;
+            s->e.done = &s->u.d;
+        }
+        ptr[i] = &s->e;
+    }
+    Kvrouter__V1__EventBatch m = KVROUTER__V1__EVENT_BATCH__INIT;
     m.worker_id = worker_id;
-    m.request_key = key;
-    m.status = (Kvrouter__V1__ErrorCode)status;
-    m.output_tokens = output_tokens;
+    m.n_events = n;
+    m.events = ptr;
     return kvr_codec_pack(b, &m.base);
 }
 

@@ -32,6 +32,21 @@ struct kvr_codec_alloc {
 void *kvr_codec_unpack(struct kvr_codec_alloc *a, const ProtobufCMessageDescriptor *d,
                        const void *buf, size_t len, kvr_status *st);
 
+/* What a decoder with a repeated submessage refuses before protobuf-c allocates anything: over
+ * max_bytes, or more than max_items occurrences of field (or of sub inside field, as
+ * kvr_codec_count counts them). */
+struct kvr_codec_caps {
+    size_t max_bytes;
+    uint32_t field, sub;
+    size_t max_items;
+};
+
+/* kvr_codec_unpack after those caps: NULL with *st KVR_ERR_TOO_LARGE past one of them, or
+ * KVR_ERR_MALFORMED when the framing is broken. */
+void *kvr_codec_unpack_capped(struct kvr_codec_alloc *a, const ProtobufCMessageDescriptor *d,
+                              const void *buf, size_t len, const struct kvr_codec_caps *caps,
+                              kvr_status *st);
+
 /* n items of size bytes (at least one byte, so NULL always means failure); NULL when the product
  * overflows or malloc fails. Free with free(). */
 void *kvr_codec_array(size_t n, size_t size);

@@ -81,6 +81,8 @@ static json_t *core_data(struct kvr_rd *rd)
         {"recent_evicted", rd->recent.evicted},
         {"stalls", rd->stalls},
         {"ends_from_heartbeats", rd->n.ends_from_heartbeats},
+        {"event_batches", rd->n.event_batches},
+        {"batched_events", rd->n.batched_events},
     };
     for (size_t i = 0; o && i < sizeof v / sizeof v[0]; i++)
         kvr_json_u64(o, v[i].name, v[i].value);

@@ -55,6 +55,24 @@ static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wir
                 rd->cfg->core.block_size);
 }
 
+/* Under mu: a tokens event t of worker wid (decoded, its worker id checked). */
+static kvr_status apply_tokens(struct kvr_rd *rd, uint64_t wid, const struct kvr_wire_tokens *t,
+                               uint64_t now)
+{
+    struct kvr_pending *p = kvr_pending_find(&rd->pend, t->key);
+    if (p && p->worker_id && p->worker_id != wid) {
+        rd->n.stale_events++; /* a worker stopped because another one serves the request */
+        return KVR_OK;
+    }
+    if (t->kind != KVR_WIRE_PREFILL_DONE)
+        return kvr_router_output_block(rd->core, t->key, now);
+    if (p) { /* it started: it will not be placed again, nor expire as a booking */
+        kvr_pending_started(p);
+        p->book_expires = 0;
+    }
+    return kvr_router_prefill_done(rd->core, t->key, now);
+}
+
 static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
                          uint64_t now)
 {
@@ -64,18 +82,7 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
         return st;
     if (t.worker_id != wid)
         return KVR_ERR_INVALID;
-    struct kvr_pending *p = kvr_pending_find(&rd->pend, t.key);
-    if (p && p->worker_id && p->worker_id != wid) {
-        rd->n.stale_events++; /* a worker stopped because another one serves the request */
-        return KVR_OK;
-    }
-    if (t.kind != KVR_WIRE_PREFILL_DONE)
-        return kvr_router_output_block(rd->core, t.key, now);
-    if (p) { /* it started: it will not be placed again, nor expire as a booking */
-        kvr_pending_started(p);
-        p->book_expires = 0;
-    }
-    return kvr_router_prefill_done(rd->core, t.key, now);
+    return apply_tokens(rd, wid, &t, now);
 }
 
 /* Under mu: worker wid ended request key with status (its done event, or its heartbeat's list
@@ -115,6 +122,31 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
     if (d.worker_id != wid)
         return KVR_ERR_INVALID;
     return ended(rd, wid, d.key, (kvr_status)d.status, now);
+}
+
+/* Under mu: a batch of lifecycle events of wid, applied in order as if each had come alone; the
+ * whole batch is refused when any of it does not decode or names another worker. */
+static kvr_status batch(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len, uint64_t now)
+{
+    struct kvr_wire_batch b;
+    kvr_status st = kvr_wire_decode_batch(data, len, &b);
+    if (st != KVR_OK)
+        return st;
+    if (b.worker_id != wid) {
+        kvr_wire_batch_free(&b);
+        return KVR_ERR_INVALID;
+    }
+    for (uint32_t i = 0; i < b.n; i++) {
+        const struct kvr_wire_event *e = &b.ev[i];
+        if (e->kind == KVR_WIRE_EV_TOKENS)
+            apply_tokens(rd, wid, &e->u.tokens, now);
+        else
+            ended(rd, wid, e->u.done.key, (kvr_status)e->u.done.status, now);
+    }
+    rd->n.event_batches++;
+    rd->n.batched_events += b.n;
+    kvr_wire_batch_free(&b);
+    return KVR_OK;
 }
 
 /* Under mu: the requests a heartbeat of wid lists as ended whose done this router never heard
@@ -176,6 +208,8 @@ static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const
         return tokens(rd, wid, data, len, now);
     if (!strcmp(kind, "done"))
         return done(rd, wid, data, len, now);
+    if (!strcmp(kind, "batch"))
+        return batch(rd, wid, data, len, now);
     if (!strcmp(kind, "rebind"))
         return kvr_rebind_on_ask(rd, wid, data, len, now);
     return KVR_ERR_MALFORMED;

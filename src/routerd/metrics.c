@@ -141,6 +141,11 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    (double)s.memory_bytes);
     kvr_prom_counter(p, "kvrouter_bad_events_total",
                      "Worker events dropped as malformed or forged.", rd->ev_errors);
+    kvr_prom_counter(p, "kvrouter_event_batches_total",
+                     "EventBatch messages applied (workers started with --event-batch-us).",
+                     rd->n.event_batches);
+    kvr_prom_counter(p, "kvrouter_batched_events_total",
+                     "Lifecycle events that came in EventBatch messages.", rd->n.batched_events);
     kvr_prom_counter(p, "kvrouter_failed_requests_total",
                      "In-flight requests failed by a worker's loss.", s.failed_requests);
     kvr_prom_counter(p, "kvrouter_outbox_dropped_total",

@@ -44,6 +44,8 @@ struct kvr_rd_counts {
     uint64_t superseded;           /* ... and this router's was the later one */
     uint64_t stale_events;         /* events from a worker the request is not booked on */
     uint64_t ends_from_heartbeats; /* requests ended by a heartbeat's list: their done was lost */
+    uint64_t event_batches;        /* EventBatches applied */
+    uint64_t batched_events;       /* the lifecycle events they carried */
     uint64_t forwards_failed;      /* forwards that could not be published */
     uint64_t bookings_expired;     /* booked selects never started */
     uint64_t rebinds_sent;         /* WorkerRebinds sent for a worker's RebindAsk */

@@ -109,6 +109,9 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
             "larger max_tokens refused"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, wait this long for the requests held"),
+        NUM("event-batch-ms", KVR_OPT_MS, &c->event_batch_ns, 0, 20,
+            "hold the requests' lifecycle events this long and send them as one EventBatch "
+            "(fewer messages for the routers; every router must know EventBatch; 0: each alone)"),
         {.name = "engine",
          .env = "KVR_ENGINE",
          .type = KVR_OPT_ENUM,

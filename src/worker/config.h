@@ -46,6 +46,8 @@ struct kvr_wk_config {
     uint32_t max_output_tokens;           /* larger max_tokens refused */
     uint64_t heartbeat_ns;                /* heartbeat period */
     uint64_t drain_timeout_ns;            /* on SIGTERM, wait this long for the requests held */
+    uint64_t event_batch_ns;              /* lifecycle events held this long for one message (0:
+                                             each alone) */
     bool null_mode;                       /* answer every request at once */
     char metrics_addr[KVR_OPT_STR_MAX];   /* HOST:PORT of /metrics, /healthz, /readyz ("": none) */
 };

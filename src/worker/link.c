@@ -75,6 +75,8 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"rebinds", c->rebinds},
              {"rebinds_bad", c->rebinds_bad},
              {"dropped", c->dropped},
+             {"event_batches", c->batches},
+             {"batched_events", c->batched_events},
              {"recent", w->recent.n},
              {"recent_evicted", w->recent.evicted},
              {"instance", w->instance},

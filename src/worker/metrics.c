@@ -80,6 +80,11 @@ static void counters(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_rebinds_total", "WorkerRebinds received for a stream kept here.",
             c->rebinds);
     counter(p, "kvworker_dropped_total", "Messages not made (out of memory).", c->dropped);
+    counter(p, "kvworker_event_batches_total",
+            "EventBatch messages sent (--event-batch-ms): lifecycle events sent together.",
+            c->batches);
+    counter(p, "kvworker_batched_events_total", "Lifecycle events sent in EventBatch messages.",
+            c->batched_events);
     counter(p, "kvworker_engine_errors_total", "Requests the engine behind the adapter failed.",
             c->engine_errors);
 }

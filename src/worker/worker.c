@@ -1,7 +1,7 @@
 /*
  * kvr_worker implementation: streams, their ends and repeats, requests, cancels, deadlines, the
  * engine thread, the instance. Heartbeats, the id clash and the connection's state are in
- * presence.c.
+ * presence.c; the events it publishes for the routers in events.c.
  */
 #define _DEFAULT_SOURCE
 #include "worker.h"
@@ -23,51 +23,6 @@
 #include "subject.h"
 
 #define IDLE_NS (50 * KVR_NS_PER_MS) /* the engine thread's longest wait with nothing to do */
-
-/* --- publications (under mu) ----------------------------------------------------------------- */
-
-void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st)
-{
-    if (w->clashed)
-        return; /* the older instance serves everything: say nothing */
-    if (st == KVR_OK)
-        kvr_outbox_add(&w->out, subject, w->buf.data, w->buf.len, KVR_OK);
-    else
-        w->c.dropped++;
-}
-
-static void emit_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint32_t tokens)
-{
-    kvr__worker_emit(w, w->subj_done,
-                     kvr_wire_encode_done(&w->buf, w->cfg->id, key, (uint32_t)outcome, tokens));
-}
-
-/* A run of stored blocks, in events of KVR_WIRE_STORED_BLOCKS_MAX at most, each the parent of
- * the next (a router applies one event under its lock). */
-void kvr__worker_stored(struct kvr_worker *w, const uint64_t *parent, const struct kvr_kv_block *b,
-                        size_t n)
-{
-    for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_STORED_BLOCKS_MAX) {
-        size_t k = n - i < KVR_WIRE_STORED_BLOCKS_MAX ? n - i : KVR_WIRE_STORED_BLOCKS_MAX;
-        const uint64_t *p = i ? &b[i - 1].engine_id : parent;
-        kvr__worker_emit(w, w->subj_kv,
-                         kvr_wire_encode_stored(&w->buf, w->cfg->id, ++w->event_seq, p, b + i, k));
-    }
-}
-
-void kvr__worker_removed(struct kvr_worker *w, const uint64_t *ids, size_t n)
-{
-    for (size_t i = 0; i < n || (i == 0 && n == 0); i += KVR_WIRE_REMOVED_IDS_MAX) {
-        size_t k = n - i < KVR_WIRE_REMOVED_IDS_MAX ? n - i : KVR_WIRE_REMOVED_IDS_MAX;
-        kvr__worker_emit(w, w->subj_kv,
-                         kvr_wire_encode_removed(&w->buf, w->cfg->id, ++w->event_seq, ids + i, k));
-    }
-}
-
-void kvr__worker_cleared(struct kvr_worker *w)
-{
-    kvr__worker_emit(w, w->subj_kv, kvr_wire_encode_cleared(&w->buf, w->cfg->id, ++w->event_seq));
-}
 
 struct kvr_wreq *kvr__worker_find(struct kvr_worker *w, uint64_t key)
 {
@@ -185,18 +140,6 @@ void kvr__worker_tokens(struct kvr_worker *w, struct kvr_wreq *r, const uint32_t
     r->produced += n;
 }
 
-void kvr__worker_prefill(struct kvr_worker *w, uint64_t key)
-{
-    kvr__worker_emit(w, w->subj_tokens,
-                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, key, KVR_WIRE_PREFILL_DONE));
-}
-
-void kvr__worker_output_block(struct kvr_worker *w, uint64_t key)
-{
-    kvr__worker_emit(w, w->subj_tokens,
-                     kvr_wire_encode_tokens(&w->buf, w->cfg->id, key, KVR_WIRE_OUTPUT_BLOCK));
-}
-
 static void free_req(struct kvr_wreq *r)
 {
     free(r->reply);
@@ -266,7 +209,7 @@ void kvr__worker_finished(struct kvr_worker *w, uint64_t key, const char *finish
         tokens = r->produced;
         forget(w, r, KVR_OK, false, kvr_now_ns());
     }
-    emit_done(w, key, KVR_OK, tokens);
+    kvr__worker_done(w, key, KVR_OK, tokens);
     w->c.served++;
 }
 
@@ -277,7 +220,7 @@ void kvr__worker_failed(struct kvr_worker *w, struct kvr_wreq *r, kvr_status st,
                        &(struct kvr_reply_why){.position = r->produced,
                                                .cached_tokens = r->cached_tokens,
                                                .detail = detail && *detail ? detail : NULL});
-    emit_done(w, r->key, st, r->produced);
+    kvr__worker_done(w, r->key, st, r->produced);
     w->c.engine_errors++;
     forget(w, r, st, false, kvr_now_ns());
 }
@@ -293,7 +236,7 @@ static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, 
             &w->generate, &w->out, r->reply, r->request_id, why,
             &(struct kvr_reply_why){.position = r->produced, .cached_tokens = r->cached_tokens});
     /* a silent stop: the request is another worker's, and has not ended */
-    emit_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->produced);
+    kvr__worker_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->produced);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
     else
@@ -308,9 +251,10 @@ static bool subjects(struct kvr_worker *w)
     const char *p = w->cfg->net.prefix, *ns = w->cfg->net.ns;
     char tail[128];
     bool ok = true;
-    static const char *const ev[] = {"kv", "tokens", "done", "hb", "rebind"};
-    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done, w->subj_hb, w->subj_ask};
-    for (int i = 0; i < 5; i++) {
+    static const char *const ev[] = {"kv", "tokens", "done", "hb", "rebind", "batch"};
+    char *dst[] = {w->subj_kv, w->subj_tokens, w->subj_done,
+                   w->subj_hb, w->subj_ask,    w->subj_batch};
+    for (int i = 0; i < 6; i++) {
         snprintf(tail, sizeof tail, "ev.%" PRIu64 ".%s", w->cfg->id, ev[i]);
         ok &= kvr_subject(dst[i], sizeof w->subj_kv, p, ns, tail);
     }
@@ -370,6 +314,7 @@ void kvr_worker_free(struct kvr_worker *w)
     kvr_recent_free(&w->recent);
     kvr_outbox_free(&w->out);
     kvr_buf_free(&w->buf);
+    kvr_buf_free(&w->bbuf);
     kvr_reply_free(&w->generate);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
@@ -399,6 +344,7 @@ void kvr__worker_unlock(struct kvr_worker *w)
 void kvr_worker_flush(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
+    kvr__worker_seal(w);
     kvr__worker_unlock(w);
 }
 
@@ -468,7 +414,7 @@ static void answer_now(struct kvr_worker *w, const struct kvr_wire_request *q, u
     uint32_t tok = (uint32_t)(key % 32000);
     struct kvr_wreq r = {.key = key, .reply = (char *)reply, .request_id = q->request_id};
     chunk(w, &r, &tok, 1, NULL, 0, 0, "");
-    emit_done(w, key, KVR_OK, 1);
+    kvr__worker_done(w, key, KVR_OK, 1);
     remember(w, key, KVR_OK, false, now);
 }
 
@@ -480,7 +426,7 @@ static void end_unborn(struct kvr_worker *w, const struct kvr_wire_request *q, u
     kvr_status why = cancel->outcome;
     if (!cancel->silent)
         kvr_reply_fail(&w->generate, &w->out, reply, q->request_id, why, NULL);
-    emit_done(w, key, cancel->silent ? KVR_ERR_SUPERSEDED : why, 0);
+    kvr__worker_done(w, key, cancel->silent ? KVR_ERR_SUPERSEDED : why, 0);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
     else
@@ -546,7 +492,7 @@ static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint6
 {
     kvr_reply_refuse(&w->generate, &w->out, reply, q, st);
     if (key)
-        emit_done(w, key, st, 0);
+        kvr__worker_done(w, key, st, 0);
 }
 
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)
@@ -682,14 +628,23 @@ static void housekeep(struct kvr_worker *w, uint64_t now)
     repeat_due(w, now);
     prune_kept(w, now);
     kvr_recent_expire(&w->recent, now);
+    if (w->nbatch && now >= w->batch_due)
+        kvr__worker_seal(w);
 }
 
-/* When something is next due (a deadline, the rebind ask, the repeat), 0 when nothing is. */
+/* The earlier of two times, 0 standing for none. */
+static uint64_t earlier(uint64_t a, uint64_t b)
+{
+    return a && b ? (a < b ? a : b) : a | b;
+}
+
+/* When something is next due (a deadline, the rebind ask, the repeat, the held events), 0 when
+ * nothing is. */
 static uint64_t next_due(struct kvr_worker *w)
 {
-    uint64_t d = next_deadline(w), r = w->cut ? 0 : w->repeat_at;
-    uint64_t next = d && r ? (d < r ? d : r) : d | r, a = w->cut ? 0 : w->ask_at;
-    return next && a ? (next < a ? next : a) : next | a;
+    uint64_t next = earlier(next_deadline(w), w->cut ? 0 : w->repeat_at);
+    next = earlier(next, w->cut ? 0 : w->ask_at);
+    return earlier(next, w->nbatch ? w->batch_due : 0);
 }
 
 uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now)

@@ -130,6 +130,8 @@ struct kvr_wk_counters {
     uint64_t rebinds_bad;    /* ... that did not decode, or for a key not kept here */
     uint64_t engine_errors;  /* requests the engine behind the adapter failed */
     uint64_t dropped;        /* messages not made (out of memory) */
+    uint64_t batches;        /* EventBatches sent (--event-batch-ms) */
+    uint64_t batched_events; /* the lifecycle events they carried */
 };
 
 /* The adapter's figures (adapter.c), for its metrics. */
@@ -208,9 +210,13 @@ struct kvr_worker {
     struct kvr_recent recent;          /* ended keys and early cancels, under mu */
     struct kvr_outbox out;             /* under mu */
     struct kvr_buf buf;                /* encoding scratch, under mu */
-    struct kvr_reply generate;         /* its answers and error counts, under mu */
-    struct kvr_wk_counters c;          /* under mu */
-    uint64_t event_seq;                /* KV event sequence number, under mu */
+    struct kvr_buf bbuf;               /* the lifecycle events' own, under mu */
+    struct kvr_wire_event batch[KVR_WIRE_BATCH_MAX]; /* held for one EventBatch, under mu */
+    uint32_t nbatch;                                 /* */
+    uint64_t batch_due;                              /* when they go (monotonic ns) */
+    struct kvr_reply generate;                       /* its answers and error counts, under mu */
+    struct kvr_wk_counters c;                        /* under mu */
+    uint64_t event_seq;                              /* KV event sequence number, under mu */
     uint64_t clash_logged;             /* the last other instance logged (older side), under mu */
     _Atomic bool stopping;             /* threads exit; set under mu, read without it */
     bool draining;                     /* no new requests, under mu */
@@ -228,7 +234,7 @@ struct kvr_worker {
     _Atomic uint64_t engine_ns;        /* the engine loop's last turn (monotonic ns), 0: none;
                                           read without mu (readiness: a stuck engine) */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
-    char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256];
+    char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256], subj_batch[256];
 };
 
 /* Set up w for cfg (borrowed) publishing through sink; draws the instance. */
@@ -307,8 +313,13 @@ void kvr__worker_beat_if_wanted(struct kvr_worker *w);
 
 /* Inside src/worker only (worker.c and presence.c), under mu. */
 /* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
- * after a yield nothing is queued. */
+ * after a yield nothing is queued. The lifecycle events held for a batch go before a message on
+ * another of the worker's event subjects. */
 void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
+/* Request key ended with outcome after tokens streamed: its done event (events.c). */
+void kvr__worker_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint32_t tokens);
+/* Queue the lifecycle events held (--event-batch-ms): one EventBatch, or the event alone. */
+void kvr__worker_seal(struct kvr_worker *w);
 /* Whether r is repeated after the cut that started at cut_at. */
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
 /* Queue the RebindAsks for the streams the repeat will cover. */

@@ -102,6 +102,15 @@ static void events(void)
     put("done", 0, &b);
     check(kvr_wire_encode_done(&b, 7, 1001, KVR_ERR_WORKER_LOST, 0), "done");
     put("done", 1, &b);
+    struct kvr_wire_event ev[3] = {
+        {.kind = KVR_WIRE_EV_TOKENS}, {.kind = KVR_WIRE_EV_TOKENS}, {.kind = KVR_WIRE_EV_DONE}};
+    ev[0].u.tokens = (struct kvr_wire_tokens){7, 1000, KVR_WIRE_PREFILL_DONE};
+    ev[1].u.tokens = (struct kvr_wire_tokens){7, 1000, KVR_WIRE_OUTPUT_BLOCK};
+    ev[2].u.done = (struct kvr_wire_done){7, 1000, 0, 17};
+    check(kvr_wire_encode_batch(&b, 7, ev, 3), "batch");
+    put("batch", 0, &b);
+    check(kvr_wire_encode_batch(&b, 7, ev + 2, 1), "batch");
+    put("batch", 1, &b);
     check(kvr_wire_encode_cancel(&b, "req-1", "_INBOX.x"), "cancel");
     put("cancel", 0, &b);
     struct kvr_wire_worker_cancel wc = {1000, KVR_ERR_CANCELLED, false};

@@ -362,3 +362,50 @@ Test(fleet, selects_and_generates_at_once_are_all_answered)
     kvr_buf_free(&sel);
     h_end();
 }
+
+/* A counter of the (one) router's $SRV.STATS: its generate endpoint's, at path. */
+static uint64_t router_stat(const char *path)
+{
+    json_t *stats = h_stats(nc, 3000);
+    uint64_t v = h_json_u64(h_endpoint(stats, "generate"), path);
+    json_decref(stats);
+    return v;
+}
+
+/* Workers that send their lifecycle events in EventBatches: every request is served, the router
+ * applies them (its predicted load goes back to nothing), in fewer messages than events. */
+Test(fleet, lifecycle_events_in_batches_book_and_free_as_alone)
+{
+    h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, (const char *[]){"--event-batch-ms", "5", NULL});
+    h_worker(srv.url, "2", 50, 200, (const char *[]){"--event-batch-ms", "5", NULL});
+    h_until_served(nc, GEN, 0, 5000);
+    h_sleep_ms(500); /* both have announced themselves */
+    enum { N = 40 };
+    struct h_req q[N];
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "batched-%d", i);
+        cr_assert(h_send(nc, GEN, &q[i], id, 100 + (uint32_t)i * 7, i % 2 ? 512 : 0, 1024, 40));
+    }
+    for (int i = 0; i < N; i++) {
+        cr_assert(h_collect(&q[i], 20000), "request %d finished", i);
+        cr_assert(eq(u32, q[i].res.error_code, 0));
+        cr_assert(eq(u32, q[i].res.tokens, 40));
+    }
+    uint64_t inflight = 1, blocks = 1;
+    for (int i = 0; i < 100 && (inflight || blocks); i++, h_sleep_ms(20)) {
+        inflight = router_stat("data.inflight");
+        blocks = router_stat("data.active_blocks");
+    }
+    cr_assert(eq(u64, inflight, 0), "every done applied");
+    cr_assert(eq(u64, blocks, 0), "every block freed");
+    uint64_t batches = router_stat("data.event_batches"),
+             events = router_stat("data.batched_events");
+    cr_assert(gt(u64, batches, 0), "the events came in batches");
+    cr_assert(gt(u64, events, batches), "more events than messages (%" PRIu64 " in %" PRIu64 ")",
+              events, batches);
+    cr_assert(eq(u64, router_stat("data.bad_events"), 0));
+    cr_assert(eq(u64, router_stat("data.unknown_request_events"), 0), "none out of order");
+    h_end();
+}

@@ -16,6 +16,8 @@
 
 #include "codec.h"
 #include "harness.h"
+#include "kvr/hash.h"
+#include "kvrouter.pb-c.h"
 
 static struct nats_srv srv;
 static natsConnection *nc;
@@ -202,6 +204,86 @@ Test(hostile, a_worker_cannot_speak_for_another_through_a_longer_subject)
         bad = router_stat("data.bad_events");
     cr_assert(eq(u64, bad, 1), "dropped, counted");
     cr_assert(eq(u64, router_stat("data.workers"), 1), "no worker 7");
+    h_end();
+}
+
+/* The router's key of a client request: the hash of "<reply>\0<id>" (docs/protocol.md). */
+static uint64_t key_of(const char *reply, const char *id)
+{
+    char buf[512];
+    size_t a = strlen(reply), b = strlen(id);
+    cr_assert(lt(sz, a + b + 1, sizeof buf));
+    memcpy(buf, reply, a);
+    buf[a] = 0;
+    memcpy(buf + a + 1, id, b);
+    uint64_t k = kvr_hash_bytes(buf, a + 1 + b);
+    return k ? k : 1;
+}
+
+/* Forged EventBatches that would end a request booked on worker 2: worker 2's batch on worker
+ * 1's subject, worker 1's batch carrying worker 2's done, and one over the event cap. Each is
+ * dropped whole and counted, and the booking stands until the request really ends. */
+Test(hostile, a_batch_cannot_end_another_workers_requests)
+{
+    h_worker(srv.url, "1", 1, 200, NULL); /* real time: a request stays in flight for seconds */
+    h_worker(srv.url, "2", 1, 200, NULL);
+    h_router(srv.url, "r1", NULL);
+    h_until_served(nc, H_GEN, 1, 20000);
+    h_sleep_ms(500);
+    struct h_req q[4];
+    char id[4][16];
+    int on2 = -1, sent = 0;
+    for (int i = 0; i < 4 && on2 < 0; i++, sent++) {
+        snprintf(id[i], sizeof id[i], "long-%d", i);
+        cr_assert(h_send(nc, H_GEN, &q[i], id[i], 1000 * (uint32_t)i, 0, 256, 300));
+        if (h_first_worker(&q[i], 10000) == 2)
+            on2 = i;
+    }
+    cr_assert(ge(int, on2, 0), "a request on worker 2");
+    uint64_t key = key_of(q[on2].inbox, id[on2]);
+    uint64_t inflight = router_stat("data.inflight");
+    cr_assert(eq(u64, inflight, (uint64_t)sent), "each request booked");
+    struct kvr_wire_event ev = {.kind = KVR_WIRE_EV_DONE};
+    ev.u.done = (struct kvr_wire_done){2, key, 0, 0};
+    struct kvr_buf b = {0};
+    struct kvr_wire_event pair[2] = {ev, ev};
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 2, pair, 2), KVR_OK));
+    publish("kv.default.ev.1.batch", &b); /* worker 2's batch on worker 1's subject */
+    Kvrouter__V1__DoneEvent d = KVROUTER__V1__DONE_EVENT__INIT;
+    d.worker_id = 2;
+    d.request_key = key;
+    Kvrouter__V1__LifecycleEvent le = KVROUTER__V1__LIFECYCLE_EVENT__INIT, *lp[2] = {&le, &le};
+    le.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_DONE;
+    le.done = &d;
+    Kvrouter__V1__EventBatch m = KVROUTER__V1__EVENT_BATCH__INIT;
+    m.worker_id = 1; /* the subject's worker, carrying another's event */
+    m.n_events = 2;
+    m.events = lp;
+    cr_assert(eq(int, kvr_buf_reserve(&b, protobuf_c_message_get_packed_size(&m.base)), KVR_OK));
+    b.len = protobuf_c_message_pack(&m.base, b.data);
+    publish("kv.default.ev.1.batch", &b);
+    /* over the cap: two full batches of worker 2 back to back merge into 512 events */
+    static struct kvr_wire_event many[KVR_WIRE_BATCH_MAX];
+    for (uint32_t i = 0; i < KVR_WIRE_BATCH_MAX; i++)
+        many[i] = ev;
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 2, many, KVR_WIRE_BATCH_MAX), KVR_OK));
+    size_t one = b.len;
+    cr_assert(eq(int, kvr_buf_reserve(&b, 2 * one), KVR_OK));
+    memcpy(b.data + one, b.data, one);
+    b.len = 2 * one;
+    publish("kv.default.ev.2.batch", &b);
+    kvr_buf_free(&b);
+    natsConnection_Flush(nc);
+    uint64_t bad = 0;
+    for (int i = 0; i < 100 && bad < 3; i++, h_sleep_ms(20))
+        bad = router_stat("data.bad_events");
+    cr_assert(eq(u64, bad, 3), "each forgery dropped and counted");
+    cr_assert(eq(u64, router_stat("data.event_batches"), 0), "none applied");
+    cr_assert(eq(u64, router_stat("data.inflight"), inflight), "the booking stands");
+    for (int i = 0; i < sent; i++) {
+        cr_assert(h_collect(&q[i], 60000), "request %d finishes", i);
+        cr_assert(eq(u32, q[i].res.tokens, 300));
+    }
     h_end();
 }
 

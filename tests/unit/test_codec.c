@@ -121,6 +121,16 @@ static kvr_status dec_done(const void *buf, size_t len)
     return kvr_wire_decode_done(buf, len, &d);
 }
 
+static kvr_status dec_batch(const void *buf, size_t len)
+{
+    struct kvr_wire_batch b;
+    kvr_status st = kvr_wire_decode_batch(buf, len, &b);
+    if (st != KVR_OK)
+        cr_assert(b.ev == NULL && b.n == 0, "cleaned up");
+    kvr_wire_batch_free(&b);
+    return st;
+}
+
 static kvr_status dec_heartbeat(const void *buf, size_t len)
 {
     struct kvr_wire_heartbeat h;
@@ -205,6 +215,7 @@ static const struct decoder *decoders(size_t *n)
         {"kv", dec_kv, KVR_WIRE_KV_MAX},
         {"tokens", dec_tokens, KVR_WIRE_SMALL_EVENT_MAX},
         {"done", dec_done, KVR_WIRE_SMALL_EVENT_MAX},
+        {"batch", dec_batch, KVR_WIRE_BATCH_BYTES_MAX},
         {"heartbeat", dec_heartbeat, KVR_WIRE_HEARTBEAT_MAX},
         {"gossip", dec_gossip, KVR_WIRE_GOSSIP_MAX},
         {"sync", dec_sync, KVR_WIRE_SYNC_MAX},
@@ -1159,5 +1170,109 @@ Test(codec, generate_fast_path_answers_as_protobuf_does)
             same_as_protobuf(m, len + 2, &small);
         }
     }
+    kvr_buf_free(&b);
+}
+
+/* m packed into b (replacing its contents). */
+static void pack_into(struct kvr_buf *b, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    cr_assert(eq(int, kvr_buf_reserve(b, n + 1), KVR_OK));
+    b->len = protobuf_c_message_pack(m, b->data);
+}
+
+/* b with a copy of data[0..len) appended. */
+static void append_to(struct kvr_buf *b, const void *data, size_t len)
+{
+    cr_assert(eq(int, kvr_buf_reserve(b, b->len + len), KVR_OK));
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+}
+
+/* A batch of n events of worker 7 alternating prefill, output block and done of keys from 100. */
+static void batch_of(struct kvr_wire_event *ev, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        memset(&ev[i], 0, sizeof ev[i]);
+        if (i % 3 == 2) {
+            ev[i].kind = KVR_WIRE_EV_DONE;
+            ev[i].u.done = (struct kvr_wire_done){7, 100 + i, i % 2 ? KVR_ERR_CANCELLED : 0, i};
+        } else {
+            ev[i].kind = KVR_WIRE_EV_TOKENS;
+            ev[i].u.tokens = (struct kvr_wire_tokens){
+                7, 100 + i, i % 3 ? KVR_WIRE_OUTPUT_BLOCK : KVR_WIRE_PREFILL_DONE};
+        }
+    }
+}
+
+Test(codec, an_event_batch_keeps_its_events_in_order_and_refuses_what_no_worker_sends)
+{
+    static struct kvr_wire_event ev[KVR_WIRE_BATCH_MAX + 1];
+    struct kvr_buf b = {0};
+    struct kvr_wire_batch out;
+    batch_of(ev, KVR_WIRE_BATCH_MAX + 1);
+    /* the largest batch fits its byte cap, and comes back event for event */
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, KVR_WIRE_BATCH_MAX), KVR_OK));
+    cr_assert(le(sz, b.len, KVR_WIRE_BATCH_BYTES_MAX));
+    cr_assert(eq(int, kvr_wire_decode_batch(b.data, b.len, &out), KVR_OK));
+    cr_assert(eq(u64, out.worker_id, 7));
+    cr_assert(eq(u32, out.n, KVR_WIRE_BATCH_MAX));
+    for (uint32_t i = 0; i < out.n; i++) {
+        cr_assert(eq(int, out.ev[i].kind, ev[i].kind), "event %u", i);
+        if (ev[i].kind == KVR_WIRE_EV_DONE) {
+            cr_assert(eq(u64, out.ev[i].u.done.key, ev[i].u.done.key));
+            cr_assert(eq(u32, out.ev[i].u.done.status, ev[i].u.done.status));
+            cr_assert(eq(u32, out.ev[i].u.done.output_tokens, i));
+        } else {
+            cr_assert(eq(u64, out.ev[i].u.tokens.key, ev[i].u.tokens.key));
+            cr_assert(eq(int, out.ev[i].u.tokens.kind, ev[i].u.tokens.kind));
+        }
+    }
+    kvr_wire_batch_free(&out);
+    cr_assert(out.ev == NULL && out.n == 0);
+    /* the encoder takes 1 to KVR_WIRE_BATCH_MAX events */
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, 0), KVR_ERR_INVALID));
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, KVR_WIRE_BATCH_MAX + 1), KVR_ERR_INVALID));
+    /* one event more than the cap, written by hand (two batches' events merge on the wire):
+     * counted before protobuf-c allocates them */
+    struct kvr_buf two = {0};
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, KVR_WIRE_BATCH_MAX / 2 + 1), KVR_OK));
+    kvr_buf_set(&two, b.data, b.len);
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, KVR_WIRE_BATCH_MAX / 2), KVR_OK));
+    append_to(&two, b.data, b.len);
+    cr_assert(eq(int, dec_batch(two.data, two.len), KVR_ERR_TOO_LARGE));
+    /* an event that names another worker than the batch's: the whole batch is refused */
+    ev[1].u.tokens.worker_id = 8;
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, 3), KVR_OK)); /* the encoder writes 7 */
+    Kvrouter__V1__TokensEvent t = KVROUTER__V1__TOKENS_EVENT__INIT;
+    t.worker_id = 8;
+    t.request_key = 5;
+    Kvrouter__V1__LifecycleEvent le = KVROUTER__V1__LIFECYCLE_EVENT__INIT, *lp = &le;
+    le.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_TOKENS;
+    le.tokens = &t;
+    Kvrouter__V1__EventBatch m = KVROUTER__V1__EVENT_BATCH__INIT;
+    m.worker_id = 7;
+    m.n_events = 1;
+    m.events = &lp;
+    pack_into(&b, &m.base);
+    cr_assert(eq(int, dec_batch(b.data, b.len), KVR_ERR_INVALID));
+    /* an event of no kind */
+    le.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT__NOT_SET;
+    pack_into(&b, &m.base);
+    cr_assert(eq(int, dec_batch(b.data, b.len), KVR_ERR_INVALID));
+    /* a tokens event of an unknown kind */
+    t.worker_id = 7;
+    t.kind = 5;
+    le.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_TOKENS;
+    pack_into(&b, &m.base);
+    cr_assert(eq(int, dec_batch(b.data, b.len), KVR_ERR_INVALID));
+    /* no event at all: a batch of none, harmless */
+    m.n_events = 0;
+    pack_into(&b, &m.base);
+    cr_assert(eq(int, dec_batch(b.data, b.len), KVR_OK));
+    /* each allocation failing is NOMEM, never a partial batch */
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev + 2, 3), KVR_OK));
+    fail_each_allocation("batch", dec_batch, &b);
+    kvr_buf_free(&two);
     kvr_buf_free(&b);
 }

@@ -349,3 +349,83 @@ Test(hostile_events, a_rebind_ask_gets_a_worker_its_own_clients_only)
     cr_assert(eq(str, m->reply, "_INBOX.theirs"), "with its client's inbox as reply");
     free(keys);
 }
+
+/* EventBatches (kvworker --event-batch-ms): applied in order as if each had come alone; refused
+ * whole, and counted once, when any of it does not decode or speaks for another worker. */
+Test(hostile_events, a_batch_is_applied_as_its_events_alone_or_refused_whole)
+{
+    hr_heartbeat(7, 4096, NULL, 0, 1000);
+    hr_generate("_INBOX.b", "one", 1, 128, 8);
+    hr_generate("_INBOX.b", "two", 500, 128, 8);
+    uint64_t k1 = kvr_pending_key("_INBOX.b", "one"), k2 = kvr_pending_key("_INBOX.b", "two");
+    cr_assert(eq(u32, hr_rd.pend.n, 2));
+    struct kvr_wire_event ev[4] = {{.kind = KVR_WIRE_EV_TOKENS},
+                                   {.kind = KVR_WIRE_EV_TOKENS},
+                                   {.kind = KVR_WIRE_EV_TOKENS},
+                                   {.kind = KVR_WIRE_EV_DONE}};
+    ev[0].u.tokens = (struct kvr_wire_tokens){7, k1, KVR_WIRE_PREFILL_DONE};
+    ev[1].u.tokens = (struct kvr_wire_tokens){7, k2, KVR_WIRE_PREFILL_DONE};
+    ev[2].u.tokens = (struct kvr_wire_tokens){7, k1, KVR_WIRE_OUTPUT_BLOCK};
+    ev[3].u.done = (struct kvr_wire_done){7, k1, KVR_OK, 8};
+    struct kvr_buf b = {0};
+
+    /* refused whole: worker 8's batch on worker 7's subject; one event of worker 8 inside worker
+     * 7's; 0xff bytes; an event of no kind; 257 events (two batches' bytes back to back) */
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 8, ev, 4), KVR_OK));
+    bad("a batch of worker 8", "kv.default.ev.7.batch", b.data, b.len);
+    Kvrouter__V1__DoneEvent d = KVROUTER__V1__DONE_EVENT__INIT;
+    d.worker_id = 8;
+    d.request_key = k2;
+    Kvrouter__V1__TokensEvent t = KVROUTER__V1__TOKENS_EVENT__INIT;
+    t.worker_id = 7;
+    t.request_key = k1;
+    Kvrouter__V1__LifecycleEvent e0 = KVROUTER__V1__LIFECYCLE_EVENT__INIT,
+                                 e1 = KVROUTER__V1__LIFECYCLE_EVENT__INIT, *ep[2] = {&e0, &e1};
+    e0.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_TOKENS;
+    e0.tokens = &t;
+    e1.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT_DONE;
+    e1.done = &d;
+    Kvrouter__V1__EventBatch m = KVROUTER__V1__EVENT_BATCH__INIT;
+    m.worker_id = 7;
+    m.n_events = 2;
+    m.events = ep;
+    pack(&b, &m.base);
+    bad("worker 8's done in worker 7's batch", "kv.default.ev.7.batch", b.data, b.len);
+    uint8_t junk[64];
+    memset(junk, 0xff, sizeof junk);
+    bad("0xff bytes", "kv.default.ev.7.batch", junk, sizeof junk);
+    e1.event_case = KVROUTER__V1__LIFECYCLE_EVENT__EVENT__NOT_SET;
+    pack(&b, &m.base);
+    bad("an event of no kind", "kv.default.ev.7.batch", b.data, b.len);
+    static struct kvr_wire_event many[KVR_WIRE_BATCH_MAX];
+    for (uint32_t i = 0; i < KVR_WIRE_BATCH_MAX; i++)
+        many[i] = ev[0];
+    struct kvr_buf two = {0};
+    cr_assert(eq(int, kvr_wire_encode_batch(&two, 7, many, KVR_WIRE_BATCH_MAX), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, many, 1), KVR_OK));
+    cr_assert(eq(int, kvr_buf_reserve(&two, two.len + b.len), KVR_OK));
+    memcpy(two.data + two.len, b.data, b.len);
+    two.len += b.len;
+    bad("257 events", "kv.default.ev.7.batch", two.data, two.len);
+    kvr_buf_free(&two);
+    cr_assert(eq(u32, hr_rd.pend.n, 2), "nothing of them applied");
+    cr_assert(eq(u64, hr_stat("data.event_batches"), 0));
+
+    /* applied: both started, the first took a block and ended; the second is still on */
+    uint64_t blocks0, blocks1;
+    cr_assert(eq(int, kvr_router_worker_load(hr_rd.core, 7, &blocks0, NULL, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 7, ev, 4), KVR_OK));
+    hr_event("kv.default.ev.7.batch", b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.event_batches"), 1));
+    cr_assert(eq(u64, hr_stat("data.batched_events"), 4));
+    cr_assert(eq(u32, hr_rd.pend.n, 1), "the first ended");
+    cr_assert(kvr_pending_find(&hr_rd.pend, k2) != NULL, "the second is on");
+    cr_assert(eq(int, kvr_router_worker_load(hr_rd.core, 7, &blocks1, NULL, NULL), KVR_OK));
+    cr_assert(lt(u64, blocks1, blocks0), "the first's blocks are freed");
+    cr_assert(eq(u64, hr_stat("data.unknown_request_events"), 0), "in order: none was unknown");
+    /* the same batch again: its events name a request that ended, as they would alone */
+    hr_event("kv.default.ev.7.batch", b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.bad_events"), 5), "not bad, only late");
+    cr_assert(kvr_pending_find(&hr_rd.pend, k2) != NULL, "the second still on");
+    kvr_buf_free(&b);
+}

@@ -130,8 +130,9 @@ static void cancel(uint64_t key, kvr_status reason, bool silent)
     kvr_buf_free(&b);
 }
 
-/* One engine step in virtual time, as the engine thread runs it; false when idle. */
-static bool step(void)
+/* One engine step in virtual time, as the engine thread runs it, then what it made published
+ * (with flush, the lifecycle events held for a batch too); false when idle. */
+static bool step_then(bool flush)
 {
     pthread_mutex_lock(&w.mu);
     uint64_t d = kvr_engine_step_begin(w.eng, vt);
@@ -139,9 +140,15 @@ static bool step(void)
         vt += d;
         kvr_engine_step_end(w.eng, vt);
     }
-    pthread_mutex_unlock(&w.mu);
-    kvr_worker_flush(&w);
+    if (flush)
+        kvr__worker_seal(&w);
+    kvr__worker_unlock(&w);
     return d != 0;
+}
+
+static bool step(void)
+{
+    return step_then(true);
 }
 
 static void run(void)
@@ -746,4 +753,143 @@ Test(worker, an_engine_failure_ends_the_stream_with_its_error_and_a_done)
     cr_assert(eq(u32, d[0].status, (uint32_t)KVR_ERR_WORKER_LOST));
     cr_assert(eq(u32, w.nreqs, 0));
     cr_assert(eq(u64, w.c.engine_errors, 1));
+}
+
+/* --- lifecycle events in batches (--event-batch-ms) ------------------------------------------ */
+
+#define BATCH  "kv.default.ev.3.batch"
+#define TOKENS "kv.default.ev.3.tokens"
+
+/* One engine step, publishing what it made but the events held for a batch. */
+static bool step_held(void)
+{
+    return step_then(false);
+}
+
+/* Messages published on subject since index from. */
+static int count_on(size_t from, const char *subject)
+{
+    int n = 0;
+    for (size_t i = from; i < rec_nsent; i++)
+        n += !strcmp(rec_sent[i].subject, subject);
+    return n;
+}
+
+/* The index of the first message on subject since from (rec_nsent: none). */
+static size_t first_on(size_t from, const char *subject)
+{
+    for (size_t i = from; i < rec_nsent; i++)
+        if (!strcmp(rec_sent[i].subject, subject))
+            return i;
+    return rec_nsent;
+}
+
+/* Each of keys[0..n) has its events in the batch b in the order a router must apply them: its
+ * prefill first, its output blocks, its done last (with its output tokens). */
+static void assert_lifecycles(const struct kvr_wire_batch *b, const uint64_t *keys, int n,
+                              uint32_t output_tokens)
+{
+    for (int k = 0; k < n; k++) {
+        int seen = 0;
+        bool done = false;
+        for (uint32_t i = 0; i < b->n; i++) {
+            const struct kvr_wire_event *e = &b->ev[i];
+            uint64_t key = e->kind == KVR_WIRE_EV_DONE ? e->u.done.key : e->u.tokens.key;
+            if (key != keys[k])
+                continue;
+            cr_assert(not(done), "nothing of %" PRIu64 " after its done", keys[k]);
+            if (seen++ == 0)
+                cr_assert(e->kind == KVR_WIRE_EV_TOKENS &&
+                              e->u.tokens.kind == KVR_WIRE_PREFILL_DONE,
+                          "%" PRIu64 " starts with its prefill", keys[k]);
+            if (e->kind == KVR_WIRE_EV_DONE) {
+                done = true;
+                cr_assert(eq(u32, e->u.done.output_tokens, output_tokens));
+                cr_assert(eq(u64, e->u.done.worker_id, 3));
+            }
+        }
+        cr_assert(done, "%" PRIu64 " ended in the batch", keys[k]);
+    }
+}
+
+Test(worker, lifecycle_events_wait_for_one_batch_and_go_before_the_next_heartbeat)
+{
+    cfg.event_batch_ns = 5 * KVR_NS_PER_MS; /* w borrows cfg */
+    uint64_t t0 = kvr_now_ns();
+    forward(901, "a", 5, 0);
+    forward(902, "b", 5, 0);
+    for (int guard = 0; step_held(); guard++)
+        cr_assert(lt(int, guard, 10000));
+    cr_assert(eq(int, chunks(0, (struct kvr_wire_response[16]){0}, 16), 12), "streams go at once");
+    cr_assert(eq(int, count_on(0, DONE) + count_on(0, TOKENS) + count_on(0, BATCH), 0),
+              "the events wait");
+    cr_assert(ge(u64, w.batch_due, t0 + cfg.event_batch_ns), "due a window after the first");
+    size_t mark = rec_nsent;
+    kvr_worker_tick(&w, w.batch_due - 1);
+    cr_assert(eq(int, count_on(mark, BATCH), 0), "not before they are due");
+    kvr_worker_tick(&w, w.batch_due);
+    cr_assert(eq(int, count_on(mark, BATCH), 1), "one message for both requests");
+    size_t at = first_on(mark, BATCH);
+    struct kvr_wire_batch b;
+    cr_assert(eq(int, kvr_wire_decode_batch(rec_sent[at].data, rec_sent[at].len, &b), KVR_OK));
+    cr_assert(eq(u64, b.worker_id, 3));
+    cr_assert(ge(u32, b.n, 4), "two prefills and two dones at least");
+    assert_lifecycles(&b, (uint64_t[]){901, 902}, 2, 5);
+    kvr_wire_batch_free(&b);
+    cr_assert(eq(u64, w.c.batches, 1));
+
+    /* held events go before a heartbeat, so no router hears a request left the list before it
+     * hears the request ended */
+    mark = rec_nsent;
+    forward(903, "c", 5, 0);
+    for (int guard = 0; step_held(); guard++)
+        cr_assert(lt(int, guard, 10000));
+    cr_assert(eq(int, count_on(mark, BATCH), 0));
+    kvr_worker_heartbeat(&w);
+    size_t batch_at = first_on(mark, BATCH), hb_at = first_on(mark, HB);
+    cr_assert(lt(sz, batch_at, hb_at), "the batch, then the heartbeat");
+    cr_assert(lt(sz, hb_at, rec_nsent));
+
+    /* one event held alone goes as it would unbatched: a router of any version reads it */
+    mark = rec_nsent;
+    forward(904, "d", 5, 0);
+    step_held(); /* its prefill */
+    cr_assert(eq(u32, w.nbatch, 1));
+    kvr_worker_tick(&w, w.batch_due);
+    cr_assert(eq(int, count_on(mark, BATCH), 0));
+    size_t t = first_on(mark, TOKENS);
+    cr_assert(lt(sz, t, rec_nsent), "a plain TokensEvent");
+    struct kvr_wire_tokens tk;
+    cr_assert(eq(int, kvr_wire_decode_tokens(rec_sent[t].data, rec_sent[t].len, &tk), KVR_OK));
+    cr_assert(eq(u64, tk.key, 904));
+    cr_assert(eq(int, tk.kind, KVR_WIRE_PREFILL_DONE));
+
+    /* a flush (the drain, the close) sends what is held */
+    for (int guard = 0; step_held(); guard++)
+        cr_assert(lt(int, guard, 10000));
+    cr_assert(gt(u32, w.nbatch, 0));
+    mark = rec_nsent;
+    kvr_worker_flush(&w);
+    cr_assert(eq(u32, w.nbatch, 0));
+    cr_assert(eq(int, count_on(mark, DONE) + count_on(mark, BATCH), 1));
+    assert_engine_empty();
+}
+
+Test(worker, a_full_batch_goes_at_once)
+{
+    cfg.event_batch_ns = 20 * KVR_NS_PER_MS;
+    pthread_mutex_lock(&w.mu);
+    for (uint32_t i = 0; i < KVR_WIRE_BATCH_MAX + 3; i++)
+        kvr__worker_prefill(&w, 5000 + i);
+    kvr__worker_unlock(&w);
+    cr_assert(eq(int, count_on(0, BATCH), 1), "the full one went without waiting");
+    cr_assert(eq(u32, w.nbatch, 3), "the rest waits");
+    struct kvr_wire_batch b;
+    cr_assert(eq(int, kvr_wire_decode_batch(rec_sent[0].data, rec_sent[0].len, &b), KVR_OK));
+    cr_assert(eq(u32, b.n, KVR_WIRE_BATCH_MAX));
+    for (uint32_t i = 0; i < b.n; i++)
+        cr_assert(eq(u64, b.ev[i].u.tokens.key, 5000 + i), "in the order made");
+    kvr_wire_batch_free(&b);
+    kvr_worker_flush(&w);
+    cr_assert(eq(int, count_on(0, BATCH), 2));
 }
