@@ -87,8 +87,8 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
 
 /* Under mu: worker wid ended request key with status (its done event, or its heartbeat's list
  * of ended requests when the event was lost). */
-static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
-                        uint64_t now)
+static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
+                              uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (p && p->worker_id && p->worker_id != wid) {
@@ -105,11 +105,23 @@ static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_statu
      * refusal (shutting down, out of memory): its client was told and may try again. */
     if (status == KVR_OK || status == KVR_ERR_CANCELLED || status == KVR_ERR_DEADLINE)
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
-    kvr_status st = kvr_router_done_at(rd->core, key, now);
+    return kvr_router_done_at(rd->core, key, now);
+}
+
+/* Freed load may place waiting requests; workers are judged at what the timer last found
+ * applied, not at now: heartbeats may still wait behind these events. */
+static void place_waiting(struct kvr_rd *rd, uint64_t now)
+{
     if (kvr_router_queue_len(rd->core))
-        /* freed load may place waiting requests; workers are judged at what the timer last found
-         * applied, not at now: heartbeats may still wait behind this event */
         kvr_router_tick_heard(rd->core, now, rd->events_heard_ns);
+}
+
+/* Under mu: end_request, then what the freed load lets go. */
+static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
+                        uint64_t now)
+{
+    kvr_status st = end_request(rd, wid, key, status, now);
+    place_waiting(rd, now);
     return st;
 }
 
@@ -136,13 +148,18 @@ static kvr_status batch(struct kvr_rd *rd, uint64_t wid, const void *data, size_
         kvr_wire_batch_free(&b);
         return KVR_ERR_INVALID;
     }
+    bool freed = false;
     for (uint32_t i = 0; i < b.n; i++) {
         const struct kvr_wire_event *e = &b.ev[i];
-        if (e->kind == KVR_WIRE_EV_TOKENS)
+        if (e->kind == KVR_WIRE_EV_TOKENS) {
             apply_tokens(rd, wid, &e->u.tokens, now);
-        else
-            ended(rd, wid, e->u.done.key, (kvr_status)e->u.done.status, now);
+        } else {
+            end_request(rd, wid, e->u.done.key, (kvr_status)e->u.done.status, now);
+            freed = true;
+        }
     }
+    if (freed) /* once for the batch: its dones are one moment's */
+        place_waiting(rd, now);
     rd->n.event_batches++;
     rd->n.batched_events += b.n;
     kvr_wire_batch_free(&b);

@@ -142,7 +142,7 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
     kvr_prom_counter(p, "kvrouter_bad_events_total",
                      "Worker events dropped as malformed or forged.", rd->ev_errors);
     kvr_prom_counter(p, "kvrouter_event_batches_total",
-                     "EventBatch messages applied (workers started with --event-batch-us).",
+                     "EventBatch messages applied (workers started with --event-batch-ms).",
                      rd->n.event_batches);
     kvr_prom_counter(p, "kvrouter_batched_events_total",
                      "Lifecycle events that came in EventBatch messages.", rd->n.batched_events);

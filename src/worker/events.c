@@ -46,9 +46,11 @@ void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st)
 {
     if (w->clashed)
         return; /* the older instance serves everything: say nothing */
-    /* the lifecycle events held go first: routers see every event of this worker in the order it
-     * made them (a heartbeat after the done of a request it no longer lists, say) */
-    if (w->nbatch && (subject == w->subj_kv || subject == w->subj_hb || subject == w->subj_ask))
+    /* the lifecycle events held go before the messages that list requests: a heartbeat that no
+     * longer lists a request after its done, a rebind ask after the ends it follows. KV events
+     * need no such order (a router applies them to its index, apart from the requests' load),
+     * so they do not cut a batch short. */
+    if (w->nbatch && (subject == w->subj_hb || subject == w->subj_ask))
         kvr__worker_seal(w);
     if (st == KVR_OK)
         kvr_outbox_add(&w->out, subject, w->buf.data, w->buf.len, KVR_OK);
@@ -62,7 +64,7 @@ static void lifecycle(struct kvr_worker *w, const struct kvr_wire_event *ev)
 {
     if (w->clashed)
         return;
-    if (!w->cfg->event_batch_ns) {
+    if (!w->cfg->event_batch_ns || w->stopping) { /* stopping: no engine thread may seal it */
         send_event(w, ev);
         return;
     }

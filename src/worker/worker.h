@@ -263,7 +263,8 @@ bool kvr_worker_yields(uint64_t started_ns, uint64_t instance, uint64_t other_st
 bool kvr_worker_clashed(struct kvr_worker *w);
 
 /* What is due at now (monotonic ns): end the held requests past their deadline, the repeat after
- * a cut, forget what has been kept long enough (takes mu; publishes). Returns when the next thing
+ * a cut, forget what has been kept long enough, send the lifecycle events held for a batch once
+ * due (takes mu; publishes). Returns when the next thing
  * is due, 0 when nothing is. The engine thread does this itself; tests call it with their own now.
  */
 uint64_t kvr_worker_tick(struct kvr_worker *w, uint64_t now);
@@ -311,7 +312,7 @@ void kvr__worker_unlock(struct kvr_worker *w);
 /* Under mu: queue the heartbeat if kvr_worker_beat asked for one (presence.c). */
 void kvr__worker_beat_if_wanted(struct kvr_worker *w);
 
-/* Inside src/worker only (worker.c and presence.c), under mu. */
+/* Inside src/worker only (worker.c, events.c and presence.c), under mu. */
 /* Queue w->buf (just encoded with status st) to subject; an encoding failure is counted, and
  * after a yield nothing is queued. The lifecycle events held for a batch go before a message on
  * another of the worker's event subjects. */

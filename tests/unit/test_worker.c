@@ -820,7 +820,10 @@ Test(worker, lifecycle_events_wait_for_one_batch_and_go_before_the_next_heartbea
     forward(902, "b", 5, 0);
     for (int guard = 0; step_held(); guard++)
         cr_assert(lt(int, guard, 10000));
-    cr_assert(eq(int, chunks(0, (struct kvr_wire_response[16]){0}, 16), 12), "streams go at once");
+    struct kvr_wire_response c[16];
+    int nc = chunks(0, c, 16);
+    free_chunks(c, nc);
+    cr_assert(eq(int, nc, 12), "streams go at once");
     cr_assert(eq(int, count_on(0, DONE) + count_on(0, TOKENS) + count_on(0, BATCH), 0),
               "the events wait");
     cr_assert(ge(u64, w.batch_due, t0 + cfg.event_batch_ns), "due a window after the first");
@@ -892,4 +895,61 @@ Test(worker, a_full_batch_goes_at_once)
     kvr_wire_batch_free(&b);
     kvr_worker_flush(&w);
     cr_assert(eq(int, count_on(0, BATCH), 2));
+}
+
+/* A prompt no other forward of these tests shares: its blocks are stored (KV events). */
+static void forward_fresh(uint64_t key, const char *id, uint32_t base)
+{
+    uint32_t toks[64];
+    for (uint32_t i = 0; i < 64; i++)
+        toks[i] = base + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, toks, 64, 5, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, key, 0, "r1", 0), KVR_OK));
+    kvr_worker_on_generate(&w, REPLY, b.data, b.len);
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
+
+Test(worker, kv_events_do_not_cut_a_batch_short_and_rebind_asks_wait_for_it)
+{
+    cfg.event_batch_ns = 5 * KVR_NS_PER_MS;
+    forward_fresh(951, "a", 1000);
+    forward_fresh(952, "b", 2000);
+    for (int guard = 0; step_held(); guard++)
+        cr_assert(lt(int, guard, 10000));
+    cr_assert(gt(int, count_on(0, "kv.default.ev.3.kv"), 0), "their blocks were stored");
+    cr_assert(eq(int, count_on(0, TOKENS) + count_on(0, DONE) + count_on(0, BATCH), 0),
+              "every lifecycle event still held: KV events go on their own");
+    size_t mark = rec_nsent;
+    kvr_worker_tick(&w, w.batch_due);
+    cr_assert(eq(int, count_on(mark, BATCH), 1));
+    struct kvr_wire_batch b;
+    size_t at = first_on(mark, BATCH);
+    cr_assert(eq(int, kvr_wire_decode_batch(rec_sent[at].data, rec_sent[at].len, &b), KVR_OK));
+    assert_lifecycles(&b, (uint64_t[]){951, 952}, 2, 5);
+    kvr_wire_batch_free(&b);
+
+    /* a stream open across a cut: the rebind ask lists it, after the events held before it */
+    forward_fresh(953, "c", 3000);
+    step_held(); /* its prefill, held */
+    cr_assert(eq(u32, w.nbatch, 1));
+    kvr_worker_on_disconnected(&w);
+    mark = rec_nsent;
+    kvr_worker_on_reconnected(&w);
+    size_t ask = first_on(mark, "kv.default.ev.3.rebind"), prefill = first_on(mark, TOKENS);
+    cr_assert(lt(sz, ask, rec_nsent), "the ask went");
+    cr_assert(lt(sz, prefill, ask), "after the prefill held before it");
+    cr_assert(eq(u32, w.nbatch, 0));
+}
+
+Test(worker, a_stopping_worker_holds_nothing)
+{
+    cfg.event_batch_ns = 5 * KVR_NS_PER_MS;
+    kvr_worker_stop(&w); /* its engine thread is gone: nothing would seal a batch */
+    pthread_mutex_lock(&w.mu);
+    kvr__worker_done(&w, 77, KVR_OK, 3);
+    kvr__worker_unlock(&w);
+    cr_assert(eq(u32, w.nbatch, 0));
+    cr_assert(eq(int, count_on(0, DONE), 1), "sent at once");
 }
