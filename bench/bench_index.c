@@ -9,7 +9,12 @@
  * bytes: entries, jump tables, block-table nodes, idx sets) and from the process's resident set
  * (/proc/self/statm, measured around the fill, so malloc's overhead counts). Each case runs in
  * its own child process, so one case's freed heap does not hide the next one's growth.
- * Usage: bench_index [--quick | --case ENTRIES WORKERS SHARING].
+ *
+ * The churn case measures what engines' KV events cost a router at steady state: an index of N
+ * entries over W workers, then rounds in which one worker stores a new chain of 64 blocks (a
+ * Stored event) and evicts its oldest chain (a Removed event of 64 engine ids), as a full cache
+ * does. It prints the nanoseconds per stored and per removed block.
+ * Usage: bench_index [--quick | --case ENTRIES WORKERS SHARING | --churn ENTRIES WORKERS].
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
@@ -52,21 +57,32 @@ static void chain(uint64_t c, struct kvr_kv_block *b)
         b[i] = (struct kvr_kv_block){c * CHAIN + i + 1, kvr_mix64(c * CHAIN + i + 1)};
 }
 
-static int run_case(uint64_t entries, uint32_t workers, uint32_t sharing)
+/* A router whose index holds entries (and `sharing` chains more) unpruned; workers 1..workers. */
+static struct kvr_router *router_for(uint64_t entries, uint32_t workers, uint32_t sharing)
 {
     struct kvr_router_config cfg;
     kvr_router_config_default(&cfg);
     cfg.block_size = 16;
     cfg.index_max_entries = (uint32_t)(entries + entries / 4 + CHAIN * sharing); /* no pruning */
     kvr_status st;
-    uint64_t rss0 = rss_bytes();
     struct kvr_router *r = kvr_router_create(&cfg, &st);
-    if (!r)
-        return fprintf(stderr, "bench_index: %s\n", kvr_status_str(st)), 1;
+    if (!r) {
+        fprintf(stderr, "bench_index: %s\n", kvr_status_str(st));
+        return NULL;
+    }
     for (uint32_t w = 1; w <= workers; w++) {
         struct kvr_worker_info info = {.id = w, .block_size = 16, .capacity_blocks = 0};
         kvr_router_worker_seen(r, &info, 0);
     }
+    return r;
+}
+
+static int run_case(uint64_t entries, uint32_t workers, uint32_t sharing)
+{
+    uint64_t rss0 = rss_bytes();
+    struct kvr_router *r = router_for(entries, workers, sharing);
+    if (!r)
+        return 1;
     struct kvr_router_stats s0, s;
     kvr_router_stats(r, &s0);
     struct kvr_kv_block b[CHAIN];
@@ -93,6 +109,48 @@ static int run_case(uint64_t entries, uint32_t workers, uint32_t sharing)
     return s.index.pruned != 0;
 }
 
+static int run_churn(uint64_t entries, uint32_t workers, uint32_t rounds)
+{
+    struct kvr_router *r = router_for(entries, workers, 1);
+    if (!r)
+        return 1;
+    uint64_t chains = entries / CHAIN, next = 0;
+    struct kvr_kv_block b[CHAIN];
+    uint64_t ids[CHAIN];
+    for (; next < chains; next++) { /* chain c on worker c % workers + 1 */
+        chain(next, b);
+        if (kvr_router_kv_stored(r, next % workers + 1, NULL, b, CHAIN) != KVR_OK)
+            return fprintf(stderr, "bench_index: a Stored event failed\n"), 1;
+    }
+    double t_store = 0, t_remove = 0;
+    for (uint32_t k = 0; k < rounds; k++, next++) {
+        uint64_t w = next % workers + 1, old = next - chains; /* the oldest chain, same worker */
+        chain(next, b);
+        double t0 = now_s();
+        kvr_status st = kvr_router_kv_stored(r, w, NULL, b, CHAIN);
+        double t1 = now_s();
+        chain(old, b);
+        for (uint32_t i = 0; i < CHAIN; i++)
+            ids[i] = b[i].engine_id;
+        double t2 = now_s();
+        st = st == KVR_OK ? kvr_router_kv_removed(r, w, ids, CHAIN) : st;
+        t_remove += now_s() - t2;
+        t_store += t1 - t0;
+        if (st != KVR_OK)
+            return fprintf(stderr, "bench_index: %s\n", kvr_status_str(st)), 1;
+    }
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    double blocks = (double)rounds * CHAIN;
+    printf("churn entries=%u workers=%u rounds=%u store_ns_per_block=%.0f "
+           "remove_ns_per_block=%.0f pruned=%" PRIu64 "\n",
+           s.index_entries, workers, rounds, t_store * 1e9 / blocks, t_remove * 1e9 / blocks,
+           s.index.pruned);
+    fflush(stdout);
+    kvr_router_destroy(r);
+    return s.index_entries != chains * CHAIN || s.index.pruned != 0;
+}
+
 /* One case in a child process; its exit status. */
 static int in_child(uint64_t entries, uint32_t workers, uint32_t sharing)
 {
@@ -110,12 +168,15 @@ static int in_child(uint64_t entries, uint32_t workers, uint32_t sharing)
 
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--churn"))
+        return run_churn(strtoull(argv[2], NULL, 10), (uint32_t)strtoul(argv[3], NULL, 10), 20000);
     if (argc == 5 && !strcmp(argv[1], "--case"))
         return run_case(strtoull(argv[2], NULL, 10), (uint32_t)strtoul(argv[3], NULL, 10),
                         (uint32_t)strtoul(argv[4], NULL, 10));
     bool quick = argc == 2 && !strcmp(argv[1], "--quick");
     if (argc > 1 && !quick) {
-        fprintf(stderr, "usage: bench_index [--quick | --case ENTRIES WORKERS SHARING]\n");
+        fprintf(stderr, "usage: bench_index [--quick | --case ENTRIES WORKERS SHARING | --churn "
+                        "ENTRIES WORKERS]\n");
         return 2;
     }
     static const struct {
@@ -129,5 +190,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (quick ? 2 : sizeof cases / sizeof cases[0]); i++)
         rc |= in_child(quick ? cases[i].entries / 16 : cases[i].entries, cases[i].workers,
                        cases[i].sharing);
+    fflush(stdout);
+    rc |= quick ? run_churn(1u << 16, 8, 2000) : run_churn(1u << 20, 8, 20000);
     return rc;
 }

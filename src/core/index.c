@@ -174,6 +174,9 @@ bool kvr_index_prune_report(struct kvr_index *ix, uint64_t now, uint64_t interva
     return true;
 }
 
+#define ST_AHEAD 8u  /* stored blocks looked ahead */
+#define ST_RING  16u /* > ST_AHEAD, a power of 2 */
+
 /* Bind engine_id to a new or existing entry of slot on node nh, as an event entry. */
 static kvr_status store_one(struct kvr_index *ix, uint32_t slot, uint32_t nh, uint64_t engine_id)
 {
@@ -234,9 +237,27 @@ kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t 
         }
         prev = kvr_blocktab_node(ix->tab, ent(ix, p)->node)->seq;
     }
+    /* the chain of sequence hashes runs ST_AHEAD blocks ahead of the stores, in a ring, so the
+     * table slots of later blocks are prefetched while earlier ones are stored */
+    uint64_t ring[ST_RING], chain = prev;
+    size_t ahead = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t seq =
-            (i == 0 && !parent) ? blocks[i].local_hash : kvr_hash_seq(prev, blocks[i].local_hash);
+        for (; ahead < n && ahead <= i + ST_AHEAD; ahead++) {
+            chain = (ahead == 0 && !parent) ? blocks[0].local_hash
+                                            : kvr_hash_seq(chain, blocks[ahead].local_hash);
+            ring[ahead % ST_RING] = chain;
+            kvr_map_prefetch(&ix->tab->map, chain);
+            kvr_map_prefetch(&w->engines, blocks[ahead].engine_id);
+        }
+        if (i + ST_AHEAD / 2 < n) { /* its table slot is cached: the node and its set */
+            uint32_t h = kvr_blocktab_find(ix->tab, ring[(i + ST_AHEAD / 2) % ST_RING]);
+            if (h != KVR_NIL) {
+                const struct kvr_node *node = kvr_blocktab_node(ix->tab, h);
+                __builtin_prefetch(node);
+                kvr_hset_prefetch_slot(&node->idx, slot);
+            }
+        }
+        uint64_t seq = ring[i % ST_RING];
         uint32_t nh;
         kvr_status st = kvr_blocktab_get(ix->tab, seq, &nh);
         if (st == KVR_OK) {
@@ -249,10 +270,51 @@ kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t 
             return st;
         }
         ix->cnt.stored_blocks++;
-        prev = seq;
     }
     prune(ix);
     return KVR_OK;
+}
+
+/*
+ * Removing a block is a chain of dependent loads, each a likely miss on a large index: the jump
+ * table's slot, the entry, its list neighbours, its node, the node's idx set and the block
+ * table's slot. They are prefetched in stages, so the misses of different blocks overlap: the
+ * slot RM_AHEAD * 2 ids ahead, the entry RM_AHEAD ahead (its slot now cached), its neighbours
+ * and node RM_AHEAD / 2 ahead (the entry now cached), the node's set and table slot 2 ahead.
+ * Hints only: a handle gone stale (an id listed twice) costs a useless line, never a wrong read.
+ */
+#define RM_AHEAD 8u
+
+static const struct kvr_index_entry *entry_ahead(const struct kvr_index *ix,
+                                                 const struct kvr_index_worker *w, uint64_t id)
+{
+    uint32_t h = kvr_map_get(&w->engines, id);
+    return h != KVR_NIL && h < ix->entries.next ? ent(ix, h) : NULL;
+}
+
+static void prefetch_removal(const struct kvr_index *ix, const struct kvr_index_worker *w,
+                             const uint64_t *ids, size_t n, size_t i)
+{
+    if (i + 2 * RM_AHEAD < n)
+        kvr_map_prefetch(&w->engines, ids[i + 2 * RM_AHEAD]);
+    if (i + RM_AHEAD < n) {
+        uint32_t h = kvr_map_get(&w->engines, ids[i + RM_AHEAD]);
+        if (h != KVR_NIL)
+            kvr_pool_prefetch(&ix->entries, h);
+    }
+    const struct kvr_index_entry *e;
+    if (i + RM_AHEAD / 2 < n && (e = entry_ahead(ix, w, ids[i + RM_AHEAD / 2]))) {
+        kvr_pool_prefetch(&ix->tab->nodes, e->node);
+        kvr_pool_prefetch(&ix->entries, e->lru.prev);
+        kvr_pool_prefetch(&ix->entries, e->lru.next);
+        kvr_pool_prefetch(&ix->entries, e->wl.prev);
+        kvr_pool_prefetch(&ix->entries, e->wl.next);
+    }
+    if (i + 2 < n && (e = entry_ahead(ix, w, ids[i + 2])) && e->node < ix->tab->nodes.next) {
+        const struct kvr_node *node = kvr_blocktab_node(ix->tab, e->node);
+        kvr_hset_prefetch(&node->idx);
+        kvr_map_prefetch(&ix->tab->map, node->seq);
+    }
 }
 
 kvr_status kvr_index_removed(struct kvr_index *ix, uint32_t slot, const uint64_t *engine_ids,
@@ -261,7 +323,11 @@ kvr_status kvr_index_removed(struct kvr_index *ix, uint32_t slot, const uint64_t
     if (slot >= ix->nslots || (n && !engine_ids))
         return KVR_ERR_INVALID;
     struct kvr_index_worker *w = &ix->w[slot];
+    for (size_t i = 0; i < n && w->engines.slots && i < 2 * RM_AHEAD; i++)
+        kvr_map_prefetch(&w->engines, engine_ids[i]);
     for (size_t i = 0; i < n; i++) {
+        if (w->engines.slots)
+            prefetch_removal(ix, w, engine_ids, n, i);
         uint32_t h = w->engines.slots ? kvr_map_get(&w->engines, engine_ids[i]) : KVR_NIL;
         if (h == KVR_NIL) {
             ix->cnt.unknown_block++;
