@@ -106,39 +106,25 @@ kvr_status kvr_codec_dup(const char *s, size_t max, char **out)
     return KVR_OK;
 }
 
-static bool get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
-        uint8_t c = *(*p)++;
-        x |= (uint64_t)(c & 0x7f) << shift;
-        if (!(c & 0x80)) {
-            *v = x;
-            return true;
-        }
-    }
-    return false;
-}
-
 /* Step over the field at *p: its number in *field and, if length-delimited, its payload. */
 static bool next_field(const uint8_t **p, const uint8_t *end, uint64_t *field, const uint8_t **body,
                        size_t *blen)
 {
     uint64_t key, v;
-    if (!get_varint(p, end, &key))
+    if (!kvr_codec_varint(p, end, &key))
         return false;
     *field = key >> 3;
     *body = NULL;
     *blen = 0;
     switch (key & 7) {
     case 0: /* varint */
-        return get_varint(p, end, &v);
+        return kvr_codec_varint(p, end, &v);
     case 1: /* 64-bit */
     case 5: /* 32-bit */
         v = (key & 7) == 1 ? 8 : 4;
         break;
     case 2: /* length-delimited */
-        if (!get_varint(p, end, &v))
+        if (!kvr_codec_varint(p, end, &v))
             return false;
         *body = *p;
         break;

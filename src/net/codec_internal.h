@@ -75,6 +75,27 @@ kvr_status kvr_wire_decode_generate_pb(const void *buf, size_t len,
                                        const struct kvr_wire_limits *lim,
                                        struct kvr_wire_request *out);
 
+/* The varint at *p (10 bytes at most, as protobuf-c reads them: bits past 64 are dropped), *p
+ * moved past it; false when it runs past end or over 10 bytes. */
+static inline bool kvr_codec_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t c = *(*p)++;
+        x |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80)) {
+            *v = x;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* kvr_wire_decode_kv through protobuf-c alone, without its fast path (for the tests that compare
+ * the two). */
+struct kvr_wire_kv;
+kvr_status kvr_wire_decode_kv_pb(const void *buf, size_t len, struct kvr_wire_kv *out);
+
 /* Pack m into b (replacing its contents). */
 kvr_status kvr_codec_pack(struct kvr_buf *b, const ProtobufCMessage *m);
 

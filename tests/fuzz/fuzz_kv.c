@@ -1,5 +1,8 @@
-/* kvr_wire_decode_kv: a worker's KvEvent (Stored, Removed or Cleared). */
+/* kvr_wire_decode_kv: a worker's KvEvent (Stored, Removed or Cleared), its fast path compared
+ * with protobuf-c's answer. */
 #include "fuzz.h"
+
+#include "codec_internal.h" /* kvr_wire_decode_kv_pb */
 
 static kvr_status decode_and_free(const uint8_t *data, size_t size)
 {
@@ -49,10 +52,25 @@ static void round_trip(const struct kvr_wire_kv *e)
     kvr_buf_free(&b);
 }
 
+/* The fast path's answer is protobuf-c's, field for field. */
+static void same_as_protobuf(const uint8_t *data, size_t size, kvr_status st,
+                             const struct kvr_wire_kv *e)
+{
+    struct kvr_wire_kv p;
+    FUZZ_CHECK(kvr_wire_decode_kv_pb(data, size, &p) == st);
+    FUZZ_CHECK(e->worker_id == p.worker_id && e->event_seq == p.event_seq && e->kind == p.kind);
+    FUZZ_CHECK(e->has_parent == p.has_parent && e->parent == p.parent);
+    FUZZ_CHECK(e->nblocks == p.nblocks && e->nids == p.nids);
+    FUZZ_CHECK(fuzz_memeq(e->blocks, p.blocks, e->nblocks, sizeof *e->blocks));
+    FUZZ_CHECK(fuzz_memeq(e->ids, p.ids, e->nids, sizeof *e->ids));
+    kvr_wire_kv_free(&p);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct kvr_wire_kv e;
     kvr_status st = kvr_wire_decode_kv(data, size, &e);
+    same_as_protobuf(data, size, st, &e);
     if (st == KVR_OK) {
         round_trip(&e);
     } else {

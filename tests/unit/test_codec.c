@@ -1276,3 +1276,85 @@ Test(codec, an_event_batch_keeps_its_events_in_order_and_refuses_what_no_worker_
     kvr_buf_free(&two);
     kvr_buf_free(&b);
 }
+
+/* The KvEvent fast path and protobuf-c give the same answer: status, kind, every field. */
+static void kv_same_as_protobuf(const uint8_t *buf, size_t len)
+{
+    struct kvr_wire_kv a, b;
+    kvr_status sa = kvr_wire_decode_kv(buf, len, &a);
+    kvr_status sb = kvr_wire_decode_kv_pb(buf, len, &b);
+    cr_assert(eq(int, sa, sb), "len %zu", len);
+    cr_assert(eq(u64, a.worker_id, b.worker_id));
+    cr_assert(eq(u64, a.event_seq, b.event_seq));
+    cr_assert(eq(int, a.kind, b.kind));
+    cr_assert(eq(int, a.has_parent, b.has_parent));
+    cr_assert(eq(u64, a.parent, b.parent));
+    cr_assert(eq(u32, a.nblocks, b.nblocks));
+    for (uint32_t i = 0; i < a.nblocks; i++) {
+        cr_assert(eq(u64, a.blocks[i].engine_id, b.blocks[i].engine_id), "block %u", i);
+        cr_assert(eq(u64, a.blocks[i].local_hash, b.blocks[i].local_hash), "block %u", i);
+    }
+    cr_assert(eq(u32, a.nids, b.nids));
+    if (a.nids)
+        cr_assert(eq(int, memcmp(a.ids, b.ids, a.nids * sizeof *a.ids), 0));
+    kvr_wire_kv_free(&a);
+    kvr_wire_kv_free(&b);
+}
+
+/* A random value of 1 to 10 varint bytes. */
+static uint64_t any_width(struct kvr_rng *rng)
+{
+    return kvr_rng_next(rng) >> kvr_rng_below(rng, 64);
+}
+
+Test(codec, kv_fast_path_answers_as_protobuf_does)
+{
+    struct kvr_buf b = {0};
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 12);
+    struct kvr_kv_block blk[70];
+    uint64_t ids[8];
+    for (int round = 0; round < 4000; round++) {
+        uint32_t n = (uint32_t)kvr_rng_below(&rng, 70);
+        for (uint32_t i = 0; i < n; i++)
+            blk[i] = (struct kvr_kv_block){any_width(&rng), any_width(&rng)};
+        uint64_t parent = any_width(&rng), wid = any_width(&rng), seq = any_width(&rng);
+        int kind = (int)kvr_rng_below(&rng, 8);
+        if (kind == 0) {
+            for (int i = 0; i < 8; i++)
+                ids[i] = any_width(&rng);
+            cr_assert(eq(int, kvr_wire_encode_removed(&b, wid, seq, ids, 8), KVR_OK));
+        } else if (kind == 1) {
+            cr_assert(eq(int, kvr_wire_encode_cleared(&b, wid, seq), KVR_OK));
+        } else {
+            cr_assert(eq(int,
+                         kvr_wire_encode_stored(&b, wid, seq, kind % 2 ? &parent : NULL, blk, n),
+                         KVR_OK));
+        }
+        kv_same_as_protobuf(b.data, b.len);
+        /* mutated: bytes changed, cut short, a field appended (another event, a field twice) */
+        uint8_t m[2048];
+        size_t len = b.len < sizeof m - 16 ? b.len : sizeof m - 16;
+        memcpy(m, b.data, len);
+        for (int k = (int)kvr_rng_below(&rng, 4); k > 0 && len; k--)
+            m[kvr_rng_below(&rng, len)] = (uint8_t)kvr_rng_next(&rng);
+        kv_same_as_protobuf(m, len);
+        kv_same_as_protobuf(m, kvr_rng_below(&rng, len + 1));
+        m[len] = (uint8_t)(kvr_rng_below(&rng, 7) << 3 | kvr_rng_below(&rng, 3));
+        m[len + 1] = (uint8_t)kvr_rng_below(&rng, 3);
+        kv_same_as_protobuf(m, len + 2);
+    }
+    /* bool widths and bit 64 and past: has_parent of 2 bytes, a 10-byte varint whose last byte
+     * carries more than bit 63, an 11-byte varint */
+    static const uint8_t odd[][16] = {
+        {0x1a, 0x03, 0x08, 0x80, 0x01}, /* stored { has_parent of 2 bytes } */
+        {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},       /* worker_id */
+        {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, /* 11 bytes */
+        {0x1a, 0x0d, 0x1a, 0x0b, 0x10, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+         0x02}, /* stored { block { local_hash: bit 64 only } } */
+    };
+    static const size_t odd_len[] = {5, 11, 12, 15};
+    for (size_t i = 0; i < sizeof odd_len / sizeof odd_len[0]; i++)
+        kv_same_as_protobuf(odd[i], odd_len[i]);
+    kvr_buf_free(&b);
+}
