@@ -9,6 +9,9 @@
 #   ROUTERS (router binaries to alternate, one run of each per round; default BUILD_DIR's),
 #   PERF (a perf record -g of the router's max-rate phase into this file; off by default),
 #   WORKER_ARGS (more kvworker options, e.g. "--event-batch-ms 1": its events in EventBatches).
+# A binary named relay_floor in ROUTERS (BUILD_DIR/bench/relay_floor) takes the router's place:
+# the same messages in and out with no routing in between, the floor under the router's figure
+# (kvbench then prints router_cpu_us_per_request=na: the proc line is the one to read).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -31,10 +34,17 @@ wait_log "$run/worker.log" worker_started
 
 for round in $(seq "$RUNS"); do
   for router in $ROUTERS; do
-    "$router" --nats "$url" --id r1 --gossip=false >"$run/router.log" 2>&1 &
-    rpid=$!
-    pids+=("$rpid")
-    wait_log "$run/router.log" router_started
+    if [ "$(basename "$router")" = relay_floor ]; then
+      "$router" --nats "$url" >"$run/router.log" 2>&1 &
+      rpid=$!
+      pids+=("$rpid")
+      wait_log "$run/router.log" relay_started
+    else
+      "$router" --nats "$url" --id r1 --gossip=false >"$run/router.log" 2>&1 &
+      rpid=$!
+      pids+=("$rpid")
+      wait_log "$run/router.log" router_started
+    fi
     perf=
     if [ -n "${PERF:-}" ]; then # the max-rate phase starts after the latency rounds (~2 s)
       (sleep 3 && perf record -g -o "$PERF" -p "$rpid" -- sleep "$((HOP_SECONDS - 1))" \

@@ -10,14 +10,19 @@ kvr_status kvr_kept_init(struct kvr_kept *k)
 {
     memset(k, 0, sizeof *k);
     k->slots = calloc(KVR_KEPT_MAX, sizeof *k->slots);
-    return k->slots ? KVR_OK : KVR_ERR_NOMEM;
+    if (!k->slots || kvr_map_init(&k->at, KVR_KEPT_MAX) != KVR_OK) {
+        free(k->slots);
+        k->slots = NULL;
+        return KVR_ERR_NOMEM;
+    }
+    return KVR_OK;
 }
 
 static void release(struct kvr_kept *k, struct kvr_kept_item *it)
 {
     if (!it->key)
         return;
-    HASH_DEL(k->head, it);
+    kvr_map_del(&k->at, it->key);
     free(it->reply);
     memset(it, 0, sizeof *it);
 }
@@ -27,29 +32,33 @@ void kvr_kept_free(struct kvr_kept *k)
     for (uint32_t i = 0; k->slots && i < KVR_KEPT_MAX; i++)
         release(k, &k->slots[i]);
     free(k->slots);
+    if (k->at.slots)
+        kvr_map_free(&k->at);
     memset(k, 0, sizeof *k);
 }
 
 void kvr_kept_put(struct kvr_kept *k, uint64_t key, uint64_t worker_id, char *reply, uint64_t now)
 {
-    struct kvr_kept_item *it = NULL;
     if (!k->slots || !key) {
         free(reply);
         return;
     }
-    HASH_FIND(hh, k->head, &key, sizeof key, it);
-    if (it)
-        release(k, it); /* the same key ended twice (a resend after an error final) */
-    it = &k->slots[k->next];
+    uint32_t was = kvr_map_get(&k->at, key);
+    if (was != KVR_NIL)
+        release(k, &k->slots[was]); /* the same key ended twice (a resend after an error final) */
+    uint32_t slot = k->next;
     k->next = (k->next + 1) % KVR_KEPT_MAX;
-    release(k, it);
-    *it = (struct kvr_kept_item){.key = key, .worker_id = worker_id, .at = now, .reply = reply};
-    HASH_ADD(hh, k->head, key, sizeof it->key, it);
+    release(k, &k->slots[slot]);
+    if (kvr_map_put(&k->at, key, slot) != KVR_OK) { /* sized for every slot at init: no growth */
+        free(reply);
+        return;
+    }
+    k->slots[slot] =
+        (struct kvr_kept_item){.key = key, .worker_id = worker_id, .at = now, .reply = reply};
 }
 
 const struct kvr_kept_item *kvr_kept_find(const struct kvr_kept *k, uint64_t key)
 {
-    struct kvr_kept_item *it = NULL;
-    HASH_FIND(hh, k->head, &key, sizeof key, it);
-    return it;
+    uint32_t slot = k->slots ? kvr_map_get(&k->at, key) : KVR_NIL;
+    return slot == KVR_NIL ? NULL : &k->slots[slot];
 }

@@ -1,7 +1,8 @@
 /*
  * The reply subjects of the last KVR_KEPT_MAX requests that ended here, by key, with the worker
  * that served each and when it ended: what a rebind after a worker's cut needs of a request that
- * ended just before it (rebind.h). A fixed ring, the oldest reused first; lookups hash the key.
+ * ended just before it (rebind.h). A fixed ring, the oldest reused first, and a kvr_map from key
+ * to slot (salted: keys a client chose cannot be aimed at one probe run).
  * Pure; not thread-safe (the router's state mutex covers it).
  */
 #ifndef KVR_RD_KEPT_H
@@ -9,9 +10,8 @@
 
 #include <stdint.h>
 
-#include <uthash.h>
-
 #include "kvr/status.h"
+#include "map.h"
 
 #define KVR_KEPT_MAX 4096u /* ended requests whose reply subject is kept */
 
@@ -20,13 +20,12 @@ struct kvr_kept_item {
     uint64_t worker_id; /* where it ran */
     uint64_t at;        /* when it ended (monotonic ns) */
     char *reply;        /* the client's reply subject (owned) */
-    UT_hash_handle hh;  /* by key */
 };
 
 struct kvr_kept {
     struct kvr_kept_item *slots; /* KVR_KEPT_MAX, reused oldest first */
     uint32_t next;               /* the slot the next one takes */
-    struct kvr_kept_item *head;  /* uthash head over the used slots */
+    struct kvr_map at;           /* key -> slot, over the used slots */
 };
 
 kvr_status kvr_kept_init(struct kvr_kept *k);

@@ -20,7 +20,8 @@ static uint32_t ended_since(struct kvr_worker *w, uint64_t since, uint64_t *keys
 {
     uint32_t n = 0;
     uint64_t ttl = w->recent.ttl_ns;
-    for (const struct kvr_recent_item *it = w->recent.head; it; it = it->hh.next) {
+    uint32_t pos = 0;
+    for (const struct kvr_recent_item *it; (it = kvr_recent_next(&w->recent, &pos));) {
         if (it->kind != KVR_RECENT_ENDED || it->silent || it->expires < since + ttl)
             continue;
         keys[n % KVR_WIRE_ENDED_MAX] = it->key; /* oldest first: past the cap, wrap around */

@@ -347,34 +347,6 @@ Test(worker, duplicates_are_absorbed_without_a_chunk)
     cr_assert(eq(int, dones(0, d, 4), 1));
 }
 
-Test(worker, the_recent_table_is_bounded_and_forgets_the_oldest_first)
-{
-    struct kvr_recent t;
-    kvr_recent_init(&t, 3, 10);
-    for (uint64_t k = 1; k <= 3; k++)
-        cr_assert(eq(int, kvr_recent_put(&t, k, KVR_RECENT_ENDED, KVR_OK, false, 0), KVR_OK));
-    cr_assert(
-        eq(int, kvr_recent_put(&t, 4, KVR_RECENT_CANCELLED, KVR_ERR_DEADLINE, true, 0), KVR_OK));
-    cr_assert(eq(u32, t.n, 3));
-    cr_assert(eq(u64, t.evicted, 1));
-    cr_assert(kvr_recent_find(&t, 1, 0) == NULL, "the oldest went first");
-    const struct kvr_recent_item *it = kvr_recent_find(&t, 4, 0);
-    cr_assert(it != NULL);
-    cr_assert(eq(int, it->kind, KVR_RECENT_CANCELLED));
-    cr_assert(eq(int, it->outcome, KVR_ERR_DEADLINE));
-    cr_assert(it->silent);
-    kvr_recent_put(&t, 2, KVR_RECENT_ENDED, KVR_ERR_CANCELLED, false, 5); /* again: younger */
-    cr_assert(kvr_recent_find(&t, 3, 10) == NULL, "its time is up");
-    cr_assert(kvr_recent_find(&t, 4, 10) == NULL);
-    it = kvr_recent_find(&t, 2, 10);
-    cr_assert(it != NULL, "restarted at 5: until 15");
-    cr_assert(eq(int, it->outcome, KVR_ERR_CANCELLED));
-    cr_assert(eq(u32, t.n, 1));
-    cr_assert(kvr_recent_find(&t, 2, 15) == NULL);
-    cr_assert(eq(u32, t.n, 0));
-    kvr_recent_free(&t);
-}
-
 /* --- the id clash ---------------------------------------------------------------------------- */
 
 Test(worker, the_younger_instance_yields)

@@ -4,9 +4,13 @@
  * or a duplicate forward is absorbed instead of generated twice, and cancels that came before their
  * request, so the request is ended the moment it arrives.
  *
- * Invariants: at most `max` keys, each once; the uthash list runs oldest put first, and every key
- * is put for the same time, so the head is always the first to expire or to be evicted when the
- * table is full. Pure data, no I/O, no clock (time is an argument); its owner's lock covers it.
+ * Every key is put for the same time, so the items form a queue, oldest put first: a ring of
+ * items (grown by doubling up to `max`, never shrunk) and a kvr_map from key to the ring position
+ * of its live item. A key put again leaves a dead item behind, which the queue drops when it
+ * reaches the head. Expiry and eviction pop the head; nothing is allocated per key, and the map's
+ * keys are salted like every kvr_map's, so keys a client chose cannot be aimed at one probe run.
+ * Invariants: at most `max` items (so at most `max` live keys), each live key once in the map.
+ * Pure data, no I/O, no clock (time is an argument); its owner's lock covers it.
  */
 #ifndef KVR_RECENT_H
 #define KVR_RECENT_H
@@ -14,9 +18,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <uthash.h>
-
 #include "kvr/status.h"
+#include "map.h"
 
 #define KVR_RECENT_TTL_NS (60ull * 1000000000ull) /* how long a key is remembered */
 #define KVR_RECENT_MAX    65536u                  /* keys remembered at most */
@@ -32,16 +35,19 @@ struct kvr_recent_item {
     enum kvr_recent_kind kind; /* */
     kvr_status outcome;        /* ENDED: how (KVR_OK finished); CANCEL: the reason */
     bool silent;               /* CANCEL: end it without a chunk to the client */
-    UT_hash_handle hh;         /* by key, in the order put; the table owns the item */
+    bool live;                 /* false: its key was put again later, or forgotten */
 };
 
 struct kvr_recent {
-    struct kvr_recent_item *head; /* uthash head: the oldest */
-    uint32_t n, max;              /* keys held, at most */
+    struct kvr_recent_item *ring; /* cap items, owned; [head, head + len) mod cap in use */
+    uint32_t cap, head, len;      /* cap: 0 until the first put, at most max */
+    struct kvr_map at;            /* live key -> ring position (slots NULL until the first put) */
+    uint32_t n, max;              /* live keys, at most */
     uint64_t ttl_ns;              /* */
     uint64_t evicted;             /* forgotten before their time because the table was full */
 };
 
+/* Allocates nothing (the first put does). */
 void kvr_recent_init(struct kvr_recent *t, uint32_t max, uint64_t ttl_ns);
 void kvr_recent_free(struct kvr_recent *t);
 
@@ -55,5 +61,9 @@ const struct kvr_recent_item *kvr_recent_find(struct kvr_recent *t, uint64_t key
 
 /* Forget what is past its time at now. */
 void kvr_recent_expire(struct kvr_recent *t, uint64_t now);
+
+/* The live entries, oldest put first: start *pos at 0; NULL after the last. Borrowed until the
+ * next put or expiry. */
+const struct kvr_recent_item *kvr_recent_next(const struct kvr_recent *t, uint32_t *pos);
 
 #endif
