@@ -218,6 +218,23 @@ static bool peer_stands(const struct kvr_rd *rd, const struct kvr_pending *p,
     return strcmp(d->origin, p->origin ? p->origin->id : rd->cfg->id) < 0;
 }
 
+/* Whether d comes from p's origin (a peer's, not this router's). */
+static bool same_origin(const struct kvr_rd *rd, const struct kvr_pending *p,
+                        const struct kvr_wire_decision *d)
+{
+    return p->origin && !strcmp(d->origin, p->origin->id) && strcmp(d->origin, rd->cfg->id);
+}
+
+/* Whether d is p's origin placing p again (its worker never had it) or placing it at last (it
+ * was queued): the origin's later decision replaces its earlier one everywhere, with no
+ * conflict (place.c: a placement again is decided anew, at a later time). */
+static bool placed_anew(const struct kvr_rd *rd, const struct kvr_pending *p,
+                        const struct kvr_wire_decision *d)
+{
+    return same_origin(rd, p, d) &&
+           (d->decided_ns > p->decided_ns || (!p->worker_id && d->rec.worker_id));
+}
+
 /*
  * Two routers decided one request (a resend reached both before either heard of the other's
  * decision, or one was paused with it in its socket): keep the decision that stands, stop the
@@ -228,6 +245,19 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
 {
     if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns)
         return false; /* the same decision again (a snapshot, a repair) */
+    if (placed_anew(rd, p, d) && p->worker_id == d->rec.worker_id) {
+        p->decided_ns = d->decided_ns; /* sent again to the same worker: booked there already */
+        return false;
+    }
+    if (placed_anew(rd, p, d)) {
+        rd->fleet->placed_anew++;
+        kvr_router_cancel(rd->core, p->key); /* its booking on the worker that never had it */
+        p->worker_id = d->rec.worker_id;
+        p->decided_ns = d->decided_ns;
+        return true;
+    }
+    if (same_origin(rd, p, d) && d->decided_ns < p->decided_ns)
+        return false; /* an older decision of its origin, late (a repair): replaced already */
     rd->n.conflicts++;
     bool peer = peer_stands(rd, p, d);
     uint64_t kept = peer ? d->rec.worker_id : p->worker_id;
@@ -538,6 +568,7 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"resends", g->resends},
         {"resyncs", g->resyncs},
         {"orphans_answered", g->orphans_answered},
+        {"placed_anew", g->placed_anew},
         {"gossip_dropped_by_test_knob", g->dropped_by_knob},
         {"conflicts", rd->n.conflicts},
         {"superseded", rd->n.superseded},

@@ -67,7 +67,8 @@ struct kvr_fleet {
     uint64_t gaps, repairs_asked, repaired, lookups;       /* recovery */
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
-    uint64_t peers_evicted;                                /* silent ones, the table full */
+    uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
+    uint64_t peers_evicted; /* silent ones, the table full */
 };
 
 /* Create rd->fleet (subjects from rd->cfg). */

@@ -6,7 +6,7 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>

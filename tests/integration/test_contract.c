@@ -6,7 +6,7 @@
  * limits a router announces.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <curl/curl.h>
 #include <signal.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * processes, protobuf on the wire. Each test starts its own server and processes.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

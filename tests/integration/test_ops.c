@@ -8,7 +8,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,7 +14,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>

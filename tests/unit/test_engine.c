@@ -1,6 +1,6 @@
 /* The simulated engine: prefix hits, eviction order, preemption, chunked prefill, step timing. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <math.h>
 #include <string.h>
 

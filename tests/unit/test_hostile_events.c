@@ -6,7 +6,7 @@
  * the forgeries a router cannot tell from its workers' own (still open: subject permissions).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * $SRV.STATS (data.replication) unless noted; each case is a row of docs/hostile-inputs.md.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

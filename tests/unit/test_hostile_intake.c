@@ -5,7 +5,7 @@
  * errors_by_code in $SRV.STATS), or the counter of a message nobody can be told about.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

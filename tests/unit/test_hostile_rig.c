@@ -5,7 +5,7 @@
 #include "test_hostile_rig.h"
 
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>

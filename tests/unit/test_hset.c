@@ -1,6 +1,6 @@
 /* kvr_hset in all three forms, and kvr_walk against a brute-force prefix intersection. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <string.h>
 
 #include "hset.h"

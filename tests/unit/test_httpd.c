@@ -6,7 +6,7 @@
  * holding a probe, no CPU when idle, and stop then start again.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* The prefix index: events, strict prefixes, all overlaps in one walk, bounds, TTL. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <string.h>
 
 #include "index.h"

@@ -4,7 +4,7 @@
  * when entries the engines still hold are pruned. Real daemon state (kvr_rd, a recording sink).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

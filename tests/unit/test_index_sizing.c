@@ -5,7 +5,7 @@
  * an approximate router drops KV events.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <math.h>
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* kvr_map against a reference, including growth, shrink and backward-shift deletion. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdlib.h>
 
 #include "kvr/rng.h"

@@ -3,7 +3,7 @@
  * (ranges, choices, types), durations, --print-config and --help showing the defaults.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <criterion/redirect.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * count of messages lost to allocation failures survives every send (the operators' counter).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>

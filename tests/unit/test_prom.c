@@ -5,7 +5,7 @@
  * (the test fails when promtool is missing: scripts/deps.sh installs the prometheus package).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <fcntl.h>
 #include <math.h>
 #include <stdbool.h>

@@ -1,6 +1,6 @@
 /* kvr_recent: the table of ended requests and early cancels, against a reference model. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdbool.h>
 #include <stdlib.h>
 

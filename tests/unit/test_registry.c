@@ -3,7 +3,7 @@
  * loop reads (order_ids, the hot entries) through random joins, leaves and announcements.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The decision pipeline end to end on the pure core: errors, queueing, events, invariants. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdlib.h>
 #include <string.h>
 

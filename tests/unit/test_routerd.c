@@ -4,7 +4,7 @@
  * with real protobuf bytes and observed through a recording sink (what would have been published).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +35,9 @@ static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
 }
 
 /* Gossiped decisions (not hellos) since index from. */
-static int decisions_since(size_t from)
+/* Decisions gossiped from rec_sent[from] on; *last_ns (when given): the decided_ns of the last one
+ * (0: none). */
+static int gossiped(size_t from, uint64_t *last_ns)
 {
     int n = 0;
     for (size_t i = from; i < rec_nsent; i++) {
@@ -43,10 +45,26 @@ static int decisions_since(size_t from)
         if (strncmp(rec_sent[i].subject, "kv.default.router.gossip.", 25) ||
             kvr_wire_decode_gossip(rec_sent[i].data, rec_sent[i].len, &g) != KVR_OK)
             continue;
-        n += g.kind == KVR_WIRE_GOSSIP_DECISION;
+        if (g.kind == KVR_WIRE_GOSSIP_DECISION) {
+            n++;
+            if (last_ns)
+                *last_ns = g.d.decided_ns;
+        }
         kvr_wire_gossip_free(&g);
     }
     return n;
+}
+
+static int decisions_since(size_t from)
+{
+    return gossiped(from, NULL);
+}
+
+static uint64_t last_decided_ns(size_t from)
+{
+    uint64_t at = 0;
+    gossiped(from, &at);
+    return at;
 }
 
 /* --- the daemon state under test ----------------------------------------------------------- */
@@ -195,6 +213,8 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
     heartbeat(1, 4096, NULL, 0, 1); /* a 1 ms interval: removed after 3.2 ms of silence */
     generate("_INBOX.c1", "moves", 1, 256);
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
+    uint64_t first = last_decided_ns(0);
+    cr_assert(gt(u64, first, 0), "the first decision was gossiped");
     heartbeat(2, 4096, NULL, 0, 1000);
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
     size_t mark = rec_nsent;
@@ -204,6 +224,51 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
     cr_assert(eq(int, rec_count("_INBOX.c1", 0, NULL), 0), "the client hears no error");
     cr_assert(eq(u64, rd.placed_again, 1));
     cr_assert(eq(int, decisions_since(mark), 1), "the new decision");
+    cr_assert(gt(u64, last_decided_ns(mark), first),
+              "decided anew: later, so peers replace the first one rather than keep it");
+}
+
+/* A peer's decision, as its gossip brings it: from router `origin`, for key on worker wid, made
+ * at decided_ns. */
+static void peer_decision_at(const char *origin, uint64_t seq, uint64_t key, uint64_t wid,
+                             const char *reply, const char *id, uint64_t decided_ns)
+{
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(
+        eq(int,
+           kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &rec, reply, id, origin, decided_ns),
+           KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    uint64_t key = kvr_pending_key("_INBOX.e", "moved"), t = kvr_realtime_ns();
+    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t);
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u64, p->worker_id, 1));
+    /* worker 1 never had it: its origin placed it again on worker 2, later */
+    peer_decision_at("peer", 2, key, 2, "_INBOX.e", "moved", t + 1000);
+    cr_assert(eq(u64, p->worker_id, 2), "the later placement of its origin stands");
+    cr_assert(eq(u64, rd.n.conflicts, 0), "no conflict: one router's decisions");
+    cr_assert(eq(u64, rd.fleet->placed_anew, 1));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 0));
+    cr_assert(eq(int, rec_count("kv.default.worker.2.cancel", 0, NULL), 0));
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK));
+    cr_assert(eq(u64, rec.worker_id, 2), "booked on worker 2 only");
+    /* the first decision again, late (a repair): replaced already */
+    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t);
+    cr_assert(eq(u64, p->worker_id, 2));
+    cr_assert(eq(u64, rd.n.conflicts, 0));
+    worker_done(2, key);
+    cr_assert(eq(u32, rd.pend.n, 0), "its done ends it here too");
 }
 
 Test(routerd, a_request_that_started_fails_to_its_client_once)
@@ -249,18 +314,11 @@ Test(routerd, a_queued_request_is_forwarded_when_load_frees)
     cr_assert(eq(int, decisions_since(0), 2));
 }
 
-/* A peer's decision, as its gossip brings it. */
+/* A peer's decision for request "orphan", made at time 0. */
 static void peer_decision(const char *peer, uint64_t seq, uint64_t key, uint64_t wid,
                           const char *reply)
 {
-    uint64_t hashes[2] = {11, 12};
-    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
-    struct kvr_buf b = {0};
-    cr_assert(eq(int,
-                 kvr_wire_encode_gossip_decision(&b, peer, 5, seq, &rec, reply, "orphan", peer, 0),
-                 KVR_OK));
-    gossip_in(&rd, b.data, b.len);
-    kvr_buf_free(&b);
+    peer_decision_at(peer, seq, key, wid, reply, "orphan", 0);
 }
 
 Test(routerd, an_orphan_is_answered_after_its_grace_by_the_smallest_live_id)

@@ -1,6 +1,6 @@
 /* Every policy's rule on hand-made candidates. */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <string.h>
 
 #include "kvr/policy.h"

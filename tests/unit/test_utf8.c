@@ -3,7 +3,7 @@
  * bytes, NULs dropped, and a character cut between two pieces carried, never split or replaced.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -6,7 +6,7 @@
  * the stall limit, stalled when it cannot run) and the worker's state (serving, draining).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../criterion_gt.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * allocations) end in an error with nothing leaked (valgrind, ASan).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>

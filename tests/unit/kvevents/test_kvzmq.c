@@ -7,7 +7,7 @@
  * seqs only ever go up between two resets.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * token, printed.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>

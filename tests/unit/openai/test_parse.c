@@ -5,7 +5,7 @@
  * expositions (several versions, written from their docs), SGLang's /get_server_info.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
 #include "rig.h"
 
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>

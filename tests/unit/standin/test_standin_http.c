@@ -8,7 +8,7 @@
  * test hooks, and the time to first token (printed, not asserted).
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>

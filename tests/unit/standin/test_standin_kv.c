@@ -8,7 +8,7 @@
  * batches; a dropped batch is served by the replay socket.
  */
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

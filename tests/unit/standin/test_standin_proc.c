@@ -5,7 +5,7 @@
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
-#include <criterion/new/assert.h>
+#include "../../criterion_gt.h"
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
