@@ -68,6 +68,22 @@ static kvr_status grow(struct kvr_recent *t)
     return KVR_OK;
 }
 
+/* Drop every dead item, the live ones closing up behind the head in order (the map told): the
+ * k-th live item moves to head + k, never past an item not yet read (k <= i). */
+static void compact(struct kvr_recent *t)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < t->len; i++) {
+        struct kvr_recent_item it = t->ring[wrap(t, (uint64_t)t->head + i)];
+        if (!it.live)
+            continue;
+        uint32_t to = wrap(t, (uint64_t)t->head + k++);
+        t->ring[to] = it;
+        kvr_map_put(&t->at, it.key, to); /* a key already held: cannot fail */
+    }
+    t->len = k;
+}
+
 kvr_status kvr_recent_put(struct kvr_recent *t, uint64_t key, enum kvr_recent_kind kind,
                           kvr_status outcome, bool silent, uint64_t now)
 {
@@ -82,6 +98,8 @@ kvr_status kvr_recent_put(struct kvr_recent *t, uint64_t key, enum kvr_recent_ki
     }
     if (t->len == t->cap && t->cap < t->max && grow(t) != KVR_OK)
         return KVR_ERR_NOMEM;
+    if (t->len == t->cap && t->len - t->n > t->cap / 4)
+        compact(t);         /* a quarter dead: O(len) once per cap / 4 dead items, O(1) a put */
     if (t->len == t->cap) { /* full at max: the oldest goes, early if it is still live */
         t->evicted += t->ring[t->head].live;
         pop(t);

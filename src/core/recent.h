@@ -7,10 +7,12 @@
  * Every key is put for the same time, so the items form a queue, oldest put first: a ring of
  * items (grown by doubling up to `max`, never shrunk) and a kvr_map from key to the ring position
  * of its live item. A key put again leaves a dead item behind, which the queue drops when it
- * reaches the head. Expiry and eviction pop the head; nothing is allocated per key, and the map's
- * keys are salted like every kvr_map's, so keys a client chose cannot be aimed at one probe run.
- * Invariants: at most `max` items (so at most `max` live keys), each live key once in the map.
- * Pure data, no I/O, no clock (time is an argument); its owner's lock covers it.
+ * reaches the head, or when the full ring is over a quarter dead (then the dead are compacted
+ * out, so live keys keep at least 3/4 of the room). Expiry and eviction pop the head; nothing is
+ * allocated per key, and the map's keys are salted like every kvr_map's, so keys a client chose
+ * cannot be aimed at one probe run. Invariants: at most `max` items (so at most `max` live keys),
+ * each live key once in the map. Pure data, no I/O, no clock (time is an argument); its owner's
+ * lock covers it.
  */
 #ifndef KVR_RECENT_H
 #define KVR_RECENT_H

@@ -357,6 +357,7 @@ struct kvr_wire_decision {
     char *request_id;              /* */
     char *origin;                  /* the router that answers the client */
     uint64_t decided_ns;           /* when the origin decided, Unix ns */
+    uint32_t placement;            /* the origin's placements of it before this one */
 };
 void kvr_wire_decision_free(struct kvr_wire_decision *d);
 
@@ -375,7 +376,8 @@ void kvr_wire_gossip_free(struct kvr_wire_gossip *g);
 kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                            uint64_t seq, const struct kvr_request_record *rec,
                                            const char *reply, const char *request_id,
-                                           const char *origin, uint64_t decided_ns);
+                                           const char *origin, uint64_t decided_ns,
+                                           uint32_t placement);
 kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                         uint64_t seq, bool serving);
 /*
@@ -413,7 +415,7 @@ void kvr_page_free(struct kvr_page *p);
 /* Add a record (copied): KVR_ERR_NOMEM, or KVR_ERR_FULL past 2^31 records of a kind. */
 kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
                                  const char *reply, const char *request_id, const char *origin,
-                                 uint64_t decided_ns);
+                                 uint64_t decided_ns, uint32_t placement);
 kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record *rec);
 /* Encode the page into b (last: the final page) and empty it. */
 kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);

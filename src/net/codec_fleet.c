@@ -34,9 +34,10 @@ void kvr_wire_decision_free(struct kvr_wire_decision *d)
 
 static void fill_decision_msg(Kvrouter__V1__Decision *m, const struct kvr_request_record *rec,
                               const char *reply, const char *request_id, const char *origin,
-                              uint64_t decided_ns)
+                              uint64_t decided_ns, uint32_t placement)
 {
     m->decided_ns = decided_ns;
+    m->placement = placement;
     m->request_key = rec->request_id;
     m->worker_id = rec->worker_id;
     m->block_hashes = (uint64_t *)rec->block_hashes;
@@ -76,6 +77,7 @@ static void view_decision(const Kvrouter__V1__Decision *m, struct kvr_wire_decis
     d->request_id = kvr_codec_str(m->request_id);
     d->origin = kvr_codec_str(m->origin);
     d->decided_ns = m->decided_ns;
+    d->placement = m->placement;
 }
 
 /* Check an unpacked Decision and copy it into d (owned; zeroed on an error). */
@@ -95,6 +97,7 @@ static kvr_status take_decision(const Kvrouter__V1__Decision *m, struct kvr_wire
     d->rec = v.rec;
     d->rec.block_hashes = h;
     d->decided_ns = v.decided_ns;
+    d->placement = v.placement;
     st = kvr_codec_dup(v.reply, KVR_REPLY_MAX, &d->reply);
     if (st == KVR_OK)
         st = kvr_codec_dup(v.request_id, KVR_REQUEST_ID_MAX, &d->request_id);
@@ -117,11 +120,12 @@ void kvr_wire_gossip_free(struct kvr_wire_gossip *g)
 kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                            uint64_t seq, const struct kvr_request_record *rec,
                                            const char *reply, const char *request_id,
-                                           const char *origin, uint64_t decided_ns)
+                                           const char *origin, uint64_t decided_ns,
+                                           uint32_t placement)
 {
     Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
     Kvrouter__V1__Decision d = KVROUTER__V1__DECISION__INIT;
-    fill_decision_msg(&d, rec, reply, request_id, origin, decided_ns);
+    fill_decision_msg(&d, rec, reply, request_id, origin, decided_ns, placement);
     g.router_id = (char *)router_id;
     g.epoch = epoch;
     g.seq = seq;
@@ -240,6 +244,7 @@ struct page_decision {
     struct kvr_request_record rec;            /* block_hashes unused: hashes at arena offset */
     size_t hashes, reply, request_id, origin; /* arena offsets */
     uint64_t decided_ns;                      /* */
+    uint32_t placement;                       /* */
 };
 
 void kvr_page_init(struct kvr_page *p)
@@ -287,7 +292,7 @@ static kvr_status page_grow(void **items, uint32_t n, uint32_t *cap, uint32_t fi
 
 kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_record *rec,
                                  const char *reply, const char *request_id, const char *origin,
-                                 uint64_t decided_ns)
+                                 uint64_t decided_ns, uint32_t placement)
 {
     kvr_status st =
         page_grow(&p->decisions, p->ndecisions, &p->capd, 64, sizeof(struct page_decision));
@@ -296,6 +301,7 @@ kvr_status kvr_page_add_decision(struct kvr_page *p, const struct kvr_request_re
     struct page_decision *pd = (struct page_decision *)p->decisions + p->ndecisions;
     pd->rec = *rec;
     pd->decided_ns = decided_ns;
+    pd->placement = placement;
     reply = reply ? reply : "";
     request_id = request_id ? request_id : "";
     origin = origin ? origin : "";
@@ -341,7 +347,7 @@ kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uin
         rec.block_hashes = (const uint64_t *)(p->strings.data + pd->hashes);
         fill_decision_msg(&x, &rec, (char *)p->strings.data + pd->reply,
                           (char *)p->strings.data + pd->request_id,
-                          (char *)p->strings.data + pd->origin, pd->decided_ns);
+                          (char *)p->strings.data + pd->origin, pd->decided_ns, pd->placement);
         d[i] = x;
         dp[i] = &d[i];
     }

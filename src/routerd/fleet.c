@@ -163,7 +163,8 @@ void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p)
         return;
     }
     if (kvr_wire_encode_gossip_decision(&rd->buf, rd->cfg->id, g->epoch, seq, &rec, p->reply,
-                                        p->request_id, rd->cfg->id, p->decided_ns) != KVR_OK)
+                                        p->request_id, rd->cfg->id, p->decided_ns,
+                                        p->attempts) != KVR_OK)
         return;
     kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
     g->sent++;
@@ -218,21 +219,21 @@ static bool peer_stands(const struct kvr_rd *rd, const struct kvr_pending *p,
     return strcmp(d->origin, p->origin ? p->origin->id : rd->cfg->id) < 0;
 }
 
-/* Whether d comes from p's origin (a peer's, not this router's). */
+/* Whether d comes from the router that decided p (this one, when p->origin is NULL). */
 static bool same_origin(const struct kvr_rd *rd, const struct kvr_pending *p,
                         const struct kvr_wire_decision *d)
 {
-    return p->origin && !strcmp(d->origin, p->origin->id) && strcmp(d->origin, rd->cfg->id);
+    return !strcmp(d->origin, p->origin ? p->origin->id : rd->cfg->id);
 }
 
-/* Whether d is p's origin placing p again (its worker never had it) or placing it at last (it
- * was queued): the origin's later decision replaces its earlier one everywhere, with no
- * conflict (place.c: a placement again is decided anew, at a later time). */
-static bool placed_anew(const struct kvr_rd *rd, const struct kvr_pending *p,
-                        const struct kvr_wire_decision *d)
+/* Whether d is p's origin placing p again (its worker never had it: a later placement) or at
+ * last (it was queued): the origin's newer decision replaces its older one everywhere, with no
+ * conflict. The placement count orders one origin's decisions; decided_ns, which orders
+ * different origins' decisions, stays that of the first (place.c). */
+static bool placed_anew(const struct kvr_pending *p, const struct kvr_wire_decision *d)
 {
-    return same_origin(rd, p, d) &&
-           (d->decided_ns > p->decided_ns || (!p->worker_id && d->rec.worker_id));
+    return d->placement > p->attempts ||
+           (d->placement == p->attempts && !p->worker_id && d->rec.worker_id);
 }
 
 /*
@@ -243,21 +244,20 @@ static bool placed_anew(const struct kvr_rd *rd, const struct kvr_pending *p,
  */
 static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d)
 {
-    if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns)
-        return false; /* the same decision again (a snapshot, a repair) */
-    if (placed_anew(rd, p, d) && p->worker_id == d->rec.worker_id) {
-        p->decided_ns = d->decided_ns; /* sent again to the same worker: booked there already */
-        return false;
-    }
-    if (placed_anew(rd, p, d)) {
+    if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns &&
+        p->attempts == d->placement)
+        return false;            /* the same decision again (a snapshot, a repair) */
+    if (same_origin(rd, p, d)) { /* one router's decisions: never a conflict */
+        if (!p->origin || !placed_anew(p, d))
+            return false; /* this router's own (it knows its latest), or an older one, late */
+        p->attempts = d->placement;
+        if (p->worker_id == d->rec.worker_id)
+            return false; /* sent again to the same worker: booked there already */
         rd->fleet->placed_anew++;
         kvr_router_cancel(rd->core, p->key); /* its booking on the worker that never had it */
         p->worker_id = d->rec.worker_id;
-        p->decided_ns = d->decided_ns;
         return true;
     }
-    if (same_origin(rd, p, d) && d->decided_ns < p->decided_ns)
-        return false; /* an older decision of its origin, late (a repair): replaced already */
     rd->n.conflicts++;
     bool peer = peer_stands(rd, p, d);
     uint64_t kept = peer ? d->rec.worker_id : p->worker_id;
@@ -279,6 +279,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     kvr_pending_started(p);              /* its origin now places it, if anyone does */
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
+    p->attempts = d->placement;
     p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
     return true;
 }
@@ -331,6 +332,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     }
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
+    p->attempts = d->placement;
     /* a decision of this router's earlier incarnation is answered by this one */
     p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
     if (!d->reply[0] && !d->rec.prefill_done) /* a booked select: it expires here too */

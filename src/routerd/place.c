@@ -61,10 +61,9 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
     rd->placed_again++;
     st = kvr_router_route(rd->core, &req, kvr_now_ns(), &d);
     if (st == KVR_OK && !d.queued) {
-        /* decided anew, later than before: peers replace the earlier decision with this one
-         * (fleet.c, placed_anew) instead of keeping the earlier as a conflict would */
-        uint64_t now = kvr_realtime_ns();
-        p->decided_ns = now > p->decided_ns ? now : p->decided_ns + 1;
+        /* gossiped with its placement count (attempts, counted above): peers replace its
+         * earlier decision with this one (fleet.c, placed_anew) instead of keeping the earlier
+         * as a conflict would; a queued one carries it when PLACED forwards it */
         p->worker_id = d.worker_id;
         kvr_send_forward(rd, p, p->raw, p->rawlen, d.worker_id, d.overlap_blocks);
         kvr_fleet_decided(rd, p);

@@ -47,7 +47,7 @@ static void pager_record(void *ctx, const struct kvr_request_record *rec)
     const struct kvr_pending *p = kvr_pending_find(&rd->pend, rec->request_id);
     const char *origin = p && p->origin ? p->origin->id : rd->cfg->id;
     if (kvr_page_add_decision(&pg->page, rec, p ? p->reply : NULL, p ? p->request_id : NULL, origin,
-                              p ? p->decided_ns : 0) != KVR_OK)
+                              p ? p->decided_ns : 0, p ? p->attempts : 0) != KVR_OK)
         return;
     pg->records++;
     if (pg->page.approx > SYNC_PAGE_BYTES || pg->page.ndecisions >= SYNC_PAGE_ITEMS)

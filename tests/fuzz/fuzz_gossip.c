@@ -14,7 +14,7 @@ static void encode(struct kvr_buf *b, const struct kvr_wire_gossip *g)
     kvr_status st;
     if (g->kind == KVR_WIRE_GOSSIP_DECISION)
         st = kvr_wire_encode_gossip_decision(b, g->router_id, g->epoch, g->seq, &g->d.rec,
-                                             g->d.reply, g->d.request_id, g->d.origin, 0);
+                                             g->d.reply, g->d.request_id, g->d.origin, 0, 0);
     else
         st = kvr_wire_encode_gossip_hello(b, g->router_id, g->epoch, g->seq, g->serving);
     FUZZ_CHECK(st == KVR_OK);

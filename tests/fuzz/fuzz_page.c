@@ -39,7 +39,7 @@ static void keep_decision(struct ctx *c, const struct kvr_wire_decision *d)
     k->reply = copy_str(d->reply);
     k->request_id = copy_str(d->request_id);
     k->origin = copy_str(d->origin);
-    FUZZ_CHECK(kvr_page_add_decision(&c->page, &d->rec, d->reply, d->request_id, d->origin, 0) ==
+    FUZZ_CHECK(kvr_page_add_decision(&c->page, &d->rec, d->reply, d->request_id, d->origin, 0, 0) ==
                KVR_OK);
 }
 

@@ -163,7 +163,7 @@ static void replicas(void)
     struct kvr_buf b = {0};
     uint64_t hashes[4] = {0xa1, 0xa2, 0xa3, 0xa4}, keys[2] = {1000, 1001};
     struct kvr_request_record rec = {1000, 7, hashes, 4, 64, 2, true, 3};
-    check(kvr_wire_encode_gossip_decision(&b, "r1", 5, 1, &rec, "_INBOX.x", "req-1", "r1", 0),
+    check(kvr_wire_encode_gossip_decision(&b, "r1", 5, 1, &rec, "_INBOX.x", "req-1", "r1", 0, 0),
           "gossip");
     put("gossip", 0, &b);
     check(kvr_wire_encode_gossip_hello(&b, "r2", 6, 9, true), "gossip");
@@ -177,7 +177,7 @@ static void replicas(void)
     struct kvr_page p;
     kvr_page_init(&p);
     struct kvr_index_record e1 = {7, 0xa1, true, 1, 0}, e2 = {8, 0xa2, false, 0, 5000000000ull};
-    check(kvr_page_add_decision(&p, &rec, "_INBOX.x", "req-1", "r1", 0), "page");
+    check(kvr_page_add_decision(&p, &rec, "_INBOX.x", "req-1", "r1", 0, 0), "page");
     check(kvr_page_add_entry(&p, &e1), "page");
     check(kvr_page_add_entry(&p, &e2), "page");
     check(kvr_page_encode(&p, &b, false, 77), "page");
@@ -236,8 +236,9 @@ static void handlers(void)
     seq.len = 0;
     uint64_t hashes[2] = {0xa1, 0xa2};
     struct kvr_request_record rec = {1000, 2, hashes, 2, 40, 1, false, 0};
-    check(kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer", 0),
-          "gossip");
+    check(
+        kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer", 0, 0),
+        "gossip");
     frame(&seq, H_GOSSIP, &w);
     check(kvr_wire_encode_gossip_hello(&w, "peer", 5, 3, true), "gossip");
     frame(&seq, H_GOSSIP, &w);

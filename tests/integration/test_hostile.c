@@ -76,20 +76,20 @@ static void forge_gossip(void)
     uint64_t h[2] = {11, 12};
     struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
     cr_assert(eq(int,
-                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec,
-                                                 "_INBOX.x\r\nPUB evil 3\r\nabc", "c", "peer", 1),
+                 kvr_wire_encode_gossip_decision(
+                     &b, "peer", 5, 1, &rec, "_INBOX.x\r\nPUB evil 3\r\nabc", "c", "peer", 1, 0),
                  KVR_OK));
     publish("kv.default.router.gossip.peer", &b);
     rec.request_id = 4243;
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 2, &rec, "_INBOX.y", "c",
-                                                 "evil\r\nPUB evil 1\r\nx", 1),
+                                                 "evil\r\nPUB evil 1\r\nx", 1, 0),
                  KVR_OK));
     publish("kv.default.router.gossip.peer", &b);
     rec = (struct kvr_request_record){4244, 1, h, 2, 128, 0, true, UINT32_MAX};
-    cr_assert(
-        eq(int, kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &rec, "_INBOX.z", "c", "peer", 1),
-           KVR_OK));
+    cr_assert(eq(
+        int, kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &rec, "_INBOX.z", "c", "peer", 1, 0),
+        KVR_OK));
     publish("kv.default.router.gossip.peer", &b);
     kvr_buf_free(&b);
 }
@@ -168,7 +168,7 @@ Test(hostile, forged_bookings_that_fill_a_worker_go_with_its_heartbeats)
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.nobody", "c",
-                                                 "forger", 1),
+                                                 "forger", 1, 0),
                  KVR_OK));
     publish("kv.default.router.gossip.forger", &b);
     kvr_buf_free(&b);

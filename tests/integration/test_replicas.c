@@ -296,7 +296,7 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     struct kvr_request_record rec = {4242, 99, h, 2, 128, 0, false, 0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id",
-                                                 "stranger", 0),
+                                                 "stranger", 0, 0),
                  KVR_OK));
     natsConnection_Publish(nc, "kv.default.router.gossip.stranger", b.data, (int)b.len);
     /* a full snapshot is served to the pages subject of the router that asks, only */

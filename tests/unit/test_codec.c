@@ -468,7 +468,8 @@ Test(codec, gossip_round_trip)
     uint64_t h[3] = {11, 22, 33};
     struct kvr_request_record rec = {77, 5, h, 3, 150, 2, true, 4};
     cr_assert(eq(
-        int, kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1", 0),
+        int,
+        kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1", 123, 2),
         KVR_OK));
     struct kvr_wire_gossip g;
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
@@ -478,6 +479,8 @@ Test(codec, gossip_round_trip)
     cr_assert(eq(int, g.kind, KVR_WIRE_GOSSIP_DECISION));
     cr_assert(eq(u64, g.d.rec.request_id, 77));
     cr_assert(eq(u64, g.d.rec.worker_id, 5));
+    cr_assert(eq(u64, g.d.decided_ns, 123));
+    cr_assert(eq(u32, g.d.placement, 2), "its origin's third placement");
     cr_assert(eq(u32, g.d.rec.nblocks, 3));
     cr_assert(eq(u64, g.d.rec.block_hashes[2], 33));
     cr_assert(eq(u32, g.d.rec.prompt_tokens, 150));
@@ -499,16 +502,16 @@ Test(codec, gossip_round_trip)
     /* a decision naming no worker or no request, a cached prefix longer than the prompt, no
      * sender: well-formed, values out of range */
     rec.worker_id = 0;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0);
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0, 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     cr_assert(eq(ptr, g.router_id, NULL), "freed and zeroed on an error");
     rec.worker_id = 5;
     rec.request_id = 0;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0);
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 43, &rec, "", "", "r1", 0, 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     rec.request_id = 77;
     rec.overlap_blocks = 4;
-    kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1", 0);
+    kvr_wire_encode_gossip_decision(&b, "r1", 9, 44, &rec, "", "", "r1", 0, 0);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
     kvr_wire_encode_gossip_hello(&b, "", 3, 8, true);
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
@@ -547,7 +550,7 @@ Test(codec, sync_request_round_trip)
 }
 
 struct page_seen {
-    uint32_t decisions, entries;
+    uint32_t decisions, entries, placements;
     uint64_t hash_sum, ttl_sum;
     char last_origin[16];
 };
@@ -556,6 +559,7 @@ static void seen_decision(void *ctx, const struct kvr_wire_decision *d)
 {
     struct page_seen *s = ctx;
     s->decisions++;
+    s->placements += d->placement;
     for (uint32_t i = 0; i < d->rec.nblocks; i++)
         s->hash_sum += d->rec.block_hashes[i];
     snprintf(s->last_origin, sizeof s->last_origin, "%s", d->origin);
@@ -578,9 +582,10 @@ Test(codec, sync_pages_carry_decisions_and_entries)
         uint64_t h[4] = {i, i + 1, i + 2, i + 3};
         expect += 4 * (uint64_t)i + 6;
         struct kvr_request_record rec = {i, 1 + i % 4, h, 4, 200, 1, false, 0};
-        cr_assert(eq(int,
-                     kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra", 0),
-                     KVR_OK));
+        cr_assert(
+            eq(int,
+               kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra", 0, i % 2),
+               KVR_OK));
     }
     for (uint32_t i = 1; i <= 500; i++) { /* within KVR_WIRE_PAGE_ITEMS_MAX */
         struct kvr_index_record e = {1 + i % 4, i, false, 0, 5000000ull};
@@ -602,6 +607,7 @@ Test(codec, sync_pages_carry_decisions_and_entries)
     cr_assert(eq(u64, seen.hash_sum, expect));
     cr_assert(eq(u64, seen.ttl_sum, 500 * 5000000ull));
     cr_assert(eq(str, seen.last_origin, "rz"));
+    cr_assert(eq(u32, seen.placements, seen.decisions / 2), "each decision's placement kept");
     /* the emptied page encodes to an empty page */
     cr_assert(eq(int, kvr_page_encode(&p, &b, false, 32), KVR_OK));
     memset(&seen, 0, sizeof seen);
@@ -771,11 +777,11 @@ Test(codec, over_long_strings_are_too_large)
     for (int k = 0; k < 3; k++) {
         cr_assert(eq(int,
                      kvr_wire_encode_gossip_decision(&b, "r1", 1, 1, &rec, strs[k][0], strs[k][1],
-                                                     strs[k][2], 0),
+                                                     strs[k][2], 0, 0),
                      KVR_OK));
         cr_assert(eq(int, dec_gossip(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "ok", "ok", "ok", 0), KVR_OK));
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, strs[k][0], strs[k][1], strs[k][2], 0),
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "ok", "ok", "ok", 0, 0), KVR_OK));
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, strs[k][0], strs[k][1], strs[k][2], 0, 0),
                      KVR_OK));
         cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
         cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE), "string %d", k);
@@ -828,7 +834,7 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
             put_len(b, 4, "", 0);
         break;
     case 5:
-        cr_assert(eq(int, kvr_wire_encode_gossip_decision(b, "r1", 1, 1, &rec, "", "q", "r1", 0),
+        cr_assert(eq(int, kvr_wire_encode_gossip_decision(b, "r1", 1, 1, &rec, "", "q", "r1", 0, 0),
                      KVR_OK));
         break;
     case 6:
@@ -868,7 +874,7 @@ Test(codec, over_many_items_are_too_large)
     uint64_t h[1] = {11};
     for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++) {
         struct kvr_request_record rec = {i + 1, 5, h, 1, 64, 0, false, 0};
-        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", "", 0), KVR_OK));
+        cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", "", 0, 0), KVR_OK));
     }
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
     cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_TOO_LARGE));
@@ -922,12 +928,12 @@ Test(codec, values_out_of_range_are_invalid)
     struct kvr_index_record e = {5, 1, true, 9, 0}, noworker = {0, 1, true, 9, 0};
     struct kvr_page p;
     kvr_page_init(&p);
-    kvr_page_add_decision(&p, &good, "", "q", "r1", 0);
-    kvr_page_add_decision(&p, &bad, "", "q", "r1", 0);
+    kvr_page_add_decision(&p, &good, "", "q", "r1", 0, 0);
+    kvr_page_add_decision(&p, &bad, "", "q", "r1", 0, 0);
     kvr_page_add_entry(&p, &e);
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
     cr_assert(eq(int, dec_page(b.data, b.len), KVR_ERR_INVALID));
-    kvr_page_add_decision(&p, &good, "", "q", "r1", 0);
+    kvr_page_add_decision(&p, &good, "", "q", "r1", 0, 0);
     kvr_page_add_entry(&p, &e);
     kvr_page_add_entry(&p, &noworker);
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 3), KVR_OK));
@@ -1044,7 +1050,7 @@ Test(codec, allocation_failure_is_nomem_never_malformed)
     uint64_t h[2] = {1, 2};
     struct kvr_request_record rec = {77, 5, h, 2, 128, 1, false, 0};
     struct kvr_index_record e = {5, 1, true, 9, 0};
-    kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1", 0);
+    kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1", 0, 0);
     kvr_page_add_entry(&p, &e);
     kvr_page_encode(&p, &b, true, 3);
     fail_each_allocation("page", dec_page, &b);

@@ -167,7 +167,7 @@ Test(hostile, lockup_a_sync_page_decision_is_bounded_the_same_way)
     struct kvr_page pg;
     struct kvr_buf b = {0};
     kvr_page_init(&pg);
-    cr_assert(eq(int, kvr_page_add_decision(&pg, &rec, "_INBOX.f", "f", "forger", 1), KVR_OK));
+    cr_assert(eq(int, kvr_page_add_decision(&pg, &rec, "_INBOX.f", "f", "forger", 1, 0), KVR_OK));
     cr_assert(eq(int, kvr_page_encode(&pg, &b, true, 0), KVR_OK));
     uint64_t t0 = hr_now();
     kvr_sync_on_page(&hr_rd, b.data, b.len);

@@ -162,7 +162,7 @@ void hr_gossip(const char *peer, uint64_t epoch, uint64_t seq, const struct kvr_
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, peer, epoch, seq, rec, reply, "c", origin,
-                                                 kvr_realtime_ns()),
+                                                 kvr_realtime_ns(), 0),
                  KVR_OK));
     hr_on_gossip(peer, b.data, b.len);
     kvr_buf_free(&b);

@@ -100,9 +100,13 @@ Test(recent, random_operations_match_the_reference_through_growth_and_wraps)
     struct kvr_rng rng;
     kvr_rng_seed(&rng, 5);
     uint64_t now = 0;
+    int compactions = 0;
     for (int op = 0; op < OPS; op++) {
-        now += kvr_rng_below(&rng, 3);
-        uint64_t key = kvr_rng_below(&rng, KEYS);
+        /* phases: time passing (keys expire); time still, few keys (each put again leaves a dead
+         * item: compacted out); time still, many keys (live keys evicted) */
+        int phase = op / 10000 % 3;
+        now += phase == 0 ? kvr_rng_below(&rng, 3) : 0;
+        uint64_t key = kvr_rng_below(&rng, phase == 1 ? KEYS / 3 : KEYS);
         if (kvr_rng_below(&rng, 2)) {
             int outcome = (int)kvr_rng_below(&rng, 4);
             cr_assert(
@@ -112,6 +116,18 @@ Test(recent, random_operations_match_the_reference_through_growth_and_wraps)
             if (i >= 0) {
                 r.live[i] = false;
                 r.live_n--;
+            }
+            if (r.n == MAX && r.n - r.live_n > MAX / 4) { /* compacted */
+                uint32_t k = 0;
+                for (uint32_t j = 0; j < r.n; j++)
+                    if (r.live[j]) {
+                        r.key[k] = r.key[j];
+                        r.expires[k] = r.expires[j];
+                        r.outcome[k] = r.outcome[j];
+                        r.live[k++] = true;
+                    }
+                r.n = k;
+                compactions++;
             }
             if (r.n == MAX) {
                 r.evicted += r.live[0];
@@ -144,5 +160,7 @@ Test(recent, random_operations_match_the_reference_through_growth_and_wraps)
         }
     }
     cr_assert(eq(u32, t.cap, MAX), "grown from 64 to 128, then to max");
+    cr_assert(gt(int, compactions, 0), "the dead were compacted out");
+    cr_assert(gt(u64, r.evicted, 0), "live keys were evicted");
     kvr_recent_free(&t);
 }

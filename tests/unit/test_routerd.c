@@ -34,10 +34,13 @@ static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
     kvr_fleet_on_gossip(r, subject, data, len);
 }
 
-/* Gossiped decisions (not hellos) since index from. */
-/* Decisions gossiped from rec_sent[from] on; *last_ns (when given): the decided_ns of the last one
- * (0: none). */
-static int gossiped(size_t from, uint64_t *last_ns)
+/* Decisions gossiped from rec_sent[from] on; *last (when given): the last one's decided_ns and
+ * placement (0, 0: none). */
+struct last_decision {
+    uint64_t decided_ns;
+    uint32_t placement;
+};
+static int gossiped(size_t from, struct last_decision *last)
 {
     int n = 0;
     for (size_t i = from; i < rec_nsent; i++) {
@@ -47,8 +50,8 @@ static int gossiped(size_t from, uint64_t *last_ns)
             continue;
         if (g.kind == KVR_WIRE_GOSSIP_DECISION) {
             n++;
-            if (last_ns)
-                *last_ns = g.d.decided_ns;
+            if (last)
+                *last = (struct last_decision){g.d.decided_ns, g.d.placement};
         }
         kvr_wire_gossip_free(&g);
     }
@@ -60,9 +63,9 @@ static int decisions_since(size_t from)
     return gossiped(from, NULL);
 }
 
-static uint64_t last_decided_ns(size_t from)
+static struct last_decision last_decision(size_t from)
 {
-    uint64_t at = 0;
+    struct last_decision at = {0, 0};
     gossiped(from, &at);
     return at;
 }
@@ -208,13 +211,31 @@ Test(routerd, every_refusal_is_answered_and_counted_by_code)
     cr_assert(eq(u64, rd.generate.requests, 4));
 }
 
+/* A decision as gossip brings it: decided by router `origin` (which sends it) for key on worker
+ * wid, first at decided_ns, its origin's placement `placement` of it. */
+static void peer_decision_at(const char *origin, uint64_t seq, uint64_t key, uint64_t wid,
+                             const char *reply, const char *id, uint64_t decided_ns,
+                             uint32_t placement)
+{
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &rec, reply, id, origin,
+                                                 decided_ns, placement),
+                 KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
 Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
 {
     heartbeat(1, 4096, NULL, 0, 1); /* a 1 ms interval: removed after 3.2 ms of silence */
     generate("_INBOX.c1", "moves", 1, 256);
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
-    uint64_t first = last_decided_ns(0);
-    cr_assert(gt(u64, first, 0), "the first decision was gossiped");
+    struct last_decision first = last_decision(0);
+    cr_assert(gt(u64, first.decided_ns, 0), "the first decision was gossiped");
+    cr_assert(eq(u32, first.placement, 0));
     heartbeat(2, 4096, NULL, 0, 1000);
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
     size_t mark = rec_nsent;
@@ -224,24 +245,26 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
     cr_assert(eq(int, rec_count("_INBOX.c1", 0, NULL), 0), "the client hears no error");
     cr_assert(eq(u64, rd.placed_again, 1));
     cr_assert(eq(int, decisions_since(mark), 1), "the new decision");
-    cr_assert(gt(u64, last_decided_ns(mark), first),
-              "decided anew: later, so peers replace the first one rather than keep it");
-}
-
-/* A peer's decision, as its gossip brings it: from router `origin`, for key on worker wid, made
- * at decided_ns. */
-static void peer_decision_at(const char *origin, uint64_t seq, uint64_t key, uint64_t wid,
-                             const char *reply, const char *id, uint64_t decided_ns)
-{
-    uint64_t hashes[2] = {11, 12};
-    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
+    struct last_decision again = last_decision(mark);
+    cr_assert(eq(u32, again.placement, 1), "its second placement: peers replace the first one");
+    cr_assert(eq(u64, again.decided_ns, first.decided_ns),
+              "decided when it first was: how it ranks against another router's decision");
+    /* a peer's repair brings this router's first decision back: its own, and older */
+    uint64_t key = kvr_pending_key("_INBOX.c1", "moves"), hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, 1, hashes, 2, 128, 0, false, 0};
     struct kvr_buf b = {0};
-    cr_assert(
-        eq(int,
-           kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &rec, reply, id, origin, decided_ns),
-           KVR_OK));
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.c1", "moves", "r1",
+                                                 first.decided_ns, 0),
+                 KVR_OK));
     gossip_in(&rd, b.data, b.len);
     kvr_buf_free(&b);
+    cr_assert(eq(u64, rd.fleet->late, 1), "taken as known");
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u64, p->worker_id, 2), "its own latest stands");
+    cr_assert(eq(u64, rd.n.conflicts, 0));
+    cr_assert(eq(int, rec_count("kv.default.worker.2.cancel", 0, NULL), 0));
 }
 
 Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
@@ -249,12 +272,12 @@ Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
     heartbeat(1, 4096, NULL, 0, 1000);
     heartbeat(2, 4096, NULL, 0, 1000);
     uint64_t key = kvr_pending_key("_INBOX.e", "moved"), t = kvr_realtime_ns();
-    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t);
+    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t, 0);
     struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
     cr_assert(not(eq(ptr, p, NULL)));
     cr_assert(eq(u64, p->worker_id, 1));
-    /* worker 1 never had it: its origin placed it again on worker 2, later */
-    peer_decision_at("peer", 2, key, 2, "_INBOX.e", "moved", t + 1000);
+    /* worker 1 never had it: its origin placed it again on worker 2 (decided_ns unchanged) */
+    peer_decision_at("peer", 2, key, 2, "_INBOX.e", "moved", t, 1);
     cr_assert(eq(u64, p->worker_id, 2), "the later placement of its origin stands");
     cr_assert(eq(u64, rd.n.conflicts, 0), "no conflict: one router's decisions");
     cr_assert(eq(u64, rd.fleet->placed_anew, 1));
@@ -264,9 +287,14 @@ Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
     cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK));
     cr_assert(eq(u64, rec.worker_id, 2), "booked on worker 2 only");
     /* the first decision again, late (a repair): replaced already */
-    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t);
+    peer_decision_at("peer", 1, key, 1, "_INBOX.e", "moved", t, 0);
     cr_assert(eq(u64, p->worker_id, 2));
     cr_assert(eq(u64, rd.n.conflicts, 0));
+    /* another router's decision for it, made later than the origin's first: the origin's
+     * stands, however often it was placed since (every router ranks by decided_ns alike) */
+    peer_decision_at("other", 1, key, 1, "_INBOX.e", "moved", t + 1000, 0);
+    cr_assert(eq(u64, p->worker_id, 2));
+    cr_assert(eq(u64, rd.n.conflicts, 1));
     worker_done(2, key);
     cr_assert(eq(u32, rd.pend.n, 0), "its done ends it here too");
 }
@@ -318,7 +346,7 @@ Test(routerd, a_queued_request_is_forwarded_when_load_frees)
 static void peer_decision(const char *peer, uint64_t seq, uint64_t key, uint64_t wid,
                           const char *reply)
 {
-    peer_decision_at(peer, seq, key, wid, reply, "orphan", 0);
+    peer_decision_at(peer, seq, key, wid, reply, "orphan", 0, 0);
 }
 
 Test(routerd, an_orphan_is_answered_after_its_grace_by_the_smallest_live_id)
@@ -533,7 +561,7 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.d", "twice",
-                                                 "peer", p->decided_ns - 1),
+                                                 "peer", p->decided_ns - 1, 0),
                  KVR_OK));
     gossip_in(&rd, b.data, b.len);
     char subject[64];
@@ -868,10 +896,10 @@ Test(routerd, a_decision_with_more_blocks_than_its_worker_is_refused)
     uint64_t hashes[2] = {11, 12};
     struct kvr_request_record rec = {99, 1, hashes, 2, 128, 0, true, UINT32_MAX};
     struct kvr_buf b = {0};
-    cr_assert(
-        eq(int,
-           kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.f", "f", "forger", 1),
-           KVR_OK));
+    cr_assert(eq(
+        int,
+        kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.f", "f", "forger", 1, 0),
+        KVR_OK));
     gossip_in(&rd, b.data, b.len); /* once a 2^32-step loop under the lock */
     kvr_buf_free(&b);
     cr_assert(eq(u32, rd.pend.n, 0));
