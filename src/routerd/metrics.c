@@ -141,6 +141,11 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    (double)s.memory_bytes);
     kvr_prom_counter(p, "kvrouter_bad_events_total",
                      "Worker events dropped as malformed or forged.", rd->ev_errors);
+    kvr_prom_counter(p, "kvrouter_kv_events_missed_total",
+                     "KV events a worker numbered that never reached this router.",
+                     rd->kvseq.missed);
+    kvr_prom_counter(p, "kvrouter_kv_resyncs_total",
+                     "Snapshots taken from a peer because KV events were missed.", rd->kv_resyncs);
     kvr_prom_counter(p, "kvrouter_event_batches_total",
                      "EventBatch messages applied (workers started with --event-batch-ms).",
                      rd->n.event_batches);

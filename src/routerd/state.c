@@ -71,6 +71,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     kvr_pending_clear(&rd->pend);
     kvr_kept_free(&rd->kept);
     kvr_recent_free(&rd->recent);
+    kvr_kvseq_free(&rd->kvseq);
     kvr_outbox_free(&rd->out);
     kvr_buf_free(&rd->buf);
     kvr_reply_free(&rd->generate);

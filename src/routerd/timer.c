@@ -82,11 +82,25 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
         if (rd->blind || events_cut) {
             rd->blind = false;
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
+            rd->resync_why = "connection back";
             kvr_router_excuse_silence(rd->core, now);
+        }
+        if (rd->kv_gap && !rd->resync_at &&
+            (!rd->kv_resync_ns || now - rd->kv_resync_ns >= KVR_TIMER_KV_RESYNC_NS)) {
+            /* a worker's KV events skipped numbers: this router's index lacks what it stored or
+             * keeps what it removed, so take a peer's, as after a cut (at most every 10 s) */
+            rd->kv_gap = false;
+            rd->kv_resync_ns = now;
+            rd->kv_resyncs++;
+            rd->resync_at = now + KVR_TIMER_CATCH_UP_NS; /* the peers' view settles meanwhile */
+            rd->resync_why = "kv events missed";
+            kvr_log(KVR_LOG_WARN, "kv_events_missed",
+                    "missed=%" PRIu64 " gaps=%" PRIu64 " action=\"snapshot from a peer\"",
+                    rd->kvseq.missed, rd->kvseq.gaps);
         }
         if (rd->resync_at && now >= rd->resync_at) {
             rd->resync_at = 0;
-            kvr_sync_resync(rd);
+            kvr_sync_resync(rd, rd->resync_why);
         }
         kvr_router_tick_heard(rd->core, now, heard);
         kvr_intake_expire_bookings(rd, now);

@@ -15,6 +15,8 @@
 #include "state.h"
 
 #define KVR_TIMER_CATCH_UP_NS 250000000ull /* interest propagation across a cluster, a margin */
+#define KVR_TIMER_KV_RESYNC_NS                                                                     \
+    10000000000ull /* catch-ups for missed KV events: at most one per 10 s */
 /* A tick this late after the one before: the router itself was stopped (SIGSTOP, a frozen VM,
  * starved of CPU), so the workers' silence meanwhile was its own. */
 #define KVR_TIMER_STALL_NS 1000000000ull

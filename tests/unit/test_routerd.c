@@ -1105,3 +1105,45 @@ Test(routerd, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
     generate("kvx.reply", "fine", 1, 64); /* only the prefix's own tokens are refused */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
 }
+
+/* Worker wid's KV event number seq (a Cleared one), as the events subscription brings it. */
+static void kv_numbered(uint64_t wid, uint64_t seq)
+{
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.kv", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_cleared(&b, wid, seq), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    kv_numbered(1, 1);
+    kv_numbered(1, 2);
+    kv_numbered(2, 7); /* its first here: what came before is the snapshot's business */
+    cr_assert(eq(u64, rd.kvseq.gaps, 0));
+    kv_numbered(1, 5); /* 3 and 4 were lost on the way */
+    cr_assert(eq(u64, rd.kvseq.missed, 2));
+    cr_assert(eq(u64, rd.kvseq.gaps, 1));
+    kv_numbered(1, 1); /* a restarted worker counts again: no loss */
+    kv_numbered(1, 1); /* a repeat */
+    kv_numbered(9, 4); /* a worker nobody knows: not applied, not noted */
+    kv_numbered(9, 9);
+    cr_assert(eq(u64, rd.kvseq.gaps, 1));
+    uint64_t now = kvr_now_ns();
+    kvr_timer_tick(&rd, now, true, false);
+    cr_assert(eq(u64, rd.kv_resyncs, 1), "a catch-up from a peer, as after a cut");
+    cr_assert(gt(u64, rd.resync_at, now), "after the peers' view settles");
+    kv_numbered(2, 9); /* another loss within 10 s: no second catch-up */
+    kvr_timer_tick(&rd, now + KVR_TIMER_CATCH_UP_NS + 1, true, false);
+    kvr_timer_tick(&rd, now + 2 * KVR_TIMER_CATCH_UP_NS, true, false);
+    cr_assert(eq(u64, rd.kv_resyncs, 1));
+    cr_assert(eq(u64, rd.kvseq.missed, 3));
+    for (uint64_t t = 3; t * 100 * KVR_NS_PER_MS <= KVR_TIMER_KV_RESYNC_NS + KVR_NS_PER_MS; t++)
+        kvr_timer_tick(&rd, now + t * 100 * KVR_NS_PER_MS, true, false); /* ticks, not a stall */
+    cr_assert(eq(u64, rd.kv_resyncs, 2), "the next one after 10 s");
+    cr_assert(eq(u64, rd.stalls, 0));
+}

@@ -1,0 +1,49 @@
+/*
+ * The last KV event sequence number per worker.
+ */
+#include "kvseq.h"
+
+#include <stdlib.h>
+
+#include "grow.h"
+
+void kvr_kvseq_free(struct kvr_kvseq *s)
+{
+    if (s->at.slots)
+        kvr_map_free(&s->at);
+    free(s->last);
+    *s = (struct kvr_kvseq){0};
+}
+
+/* Forget every worker (the table is full): the next event of each is its first. */
+static void start_over(struct kvr_kvseq *s)
+{
+    kvr_map_free(&s->at);
+    s->at.slots = NULL;
+    s->n = 0;
+}
+
+uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
+{
+    if (!s->at.slots && kvr_map_init(&s->at, 16) != KVR_OK)
+        return 0;
+    uint32_t i = kvr_map_get(&s->at, wid);
+    if (i == KVR_NIL) {
+        if (s->n >= KVR_KVSEQ_MAX) {
+            start_over(s);
+            if (kvr_map_init(&s->at, 16) != KVR_OK)
+                return 0;
+        }
+        if (!KVR_GROW(s->last, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
+            return 0;
+        s->last[s->n++] = seq;
+        return 0;
+    }
+    uint64_t last = s->last[i];
+    s->last[i] = seq;
+    if (seq <= last + 1 || last == UINT64_MAX)
+        return 0; /* the next one, a repeat, or a restarted worker counting from 1 again */
+    s->missed += seq - last - 1;
+    s->gaps++;
+    return seq - last - 1;
+}
