@@ -30,8 +30,11 @@ kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data
         st = kvr_router_kv_removed(rd->core, wid, e.ids, e.nids);
     else
         st = kvr_router_kv_cleared(rd->core, wid);
-    if (st == KVR_OK && kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
-        rd->kv_gap = true; /* missed on the way: the next tick catches up (timer.c) */
+    /* numbered by a known worker, applied or not (a stored run whose parent this index
+     * evicted is skipped, yet came): a jump is events missed on the way (timer.c) */
+    if (st != KVR_ERR_INVALID && st != KVR_ERR_UNKNOWN_WORKER &&
+        kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
+        rd->kv_gap = true;
     kvr_wire_kv_free(&e);
     return st;
 }

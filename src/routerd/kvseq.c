@@ -18,8 +18,7 @@ void kvr_kvseq_free(struct kvr_kvseq *s)
 /* Forget every worker (the table is full): the next event of each is its first. */
 static void start_over(struct kvr_kvseq *s)
 {
-    kvr_map_free(&s->at);
-    s->at.slots = NULL;
+    kvr_map_free(&s->at); /* slots NULL: initialised again below */
     s->n = 0;
 }
 
@@ -40,10 +39,23 @@ uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
         return 0;
     }
     uint64_t last = s->last[i];
+    if (seq == last)
+        return 0; /* a repeat */
+    if (seq < last) {
+        if (last - seq > KVR_KVSEQ_REORDER)
+            s->last[i] = seq; /* a restarted worker, counting from 1 again */
+        else if (s->open) {   /* one that was skipped, late */
+            s->open--;
+            s->late++;
+        }
+        return 0;
+    }
     s->last[i] = seq;
-    if (seq <= last + 1 || last == UINT64_MAX)
-        return 0; /* the next one, a repeat, or a restarted worker counting from 1 again */
-    s->missed += seq - last - 1;
-    s->gaps++;
-    return seq - last - 1;
+    uint64_t skipped = seq - last - 1;
+    if (skipped) {
+        s->missed += skipped;
+        s->open += skipped;
+        s->gaps++;
+    }
+    return skipped;
 }

@@ -110,10 +110,11 @@ struct kvr_rd {
                                          without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
     const char *resync_why;           /* why, for the log (a literal; timer thread only) */
+    bool resync_kv;                   /* ... for KV events missed (timer thread only) */
     struct kvr_kvseq kvseq;           /* the workers' KV event numbers applied, under mu */
     bool kv_gap;                      /* KV events missed since the last tick, under mu */
     uint64_t kv_resync_ns;            /* the last catch-up for missed KV events (timer.c) */
-    uint64_t kv_resyncs;              /* catch-ups for missed KV events */
+    uint64_t kv_resyncs;              /* snapshots asked for missed KV events */
     uint64_t events_behind_ns;        /* how far behind the events' handler ran at the last tick,
                                          under mu (timer.c) */
     uint64_t events_heard_ns;         /* the events received by then were applied at the last

@@ -215,18 +215,19 @@ static void ask_snapshot(struct kvr_rd *rd, const struct kvr_peer *from)
     kvr_log(KVR_LOG_INFO, "snapshot_asked", "peer=%s", from->id);
 }
 
-void kvr_sync_resync(struct kvr_rd *rd, const char *reason)
+bool kvr_sync_resync(struct kvr_rd *rd, const char *reason)
 {
     struct kvr_fleet *g = rd->fleet;
     struct kvr_peer *from = rd->cfg->gossip && g->synced && !g->syncing
                                 ? kvr_fleet_serving_peer(rd, kvr_now_ns())
                                 : NULL;
     if (!from)
-        return;
+        return false;
     g->resync = true;
     g->resyncs++;
     ask_snapshot(rd, from);
     kvr_log(KVR_LOG_INFO, "resync", "reason=\"%s\"", reason);
+    return true;
 }
 
 void kvr_sync_tick(struct kvr_rd *rd, uint64_t now)

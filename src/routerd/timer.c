@@ -55,6 +55,42 @@ void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events
     kvr_timer_tick_seen(rd, now, &(struct kvr_timer_seen){events_up, events_cut, 0, 0});
 }
 
+/*
+ * Under mu, events connection up: the catch-up from a peer that is due. After a cut or a stall
+ * (resync_at set by the caller), or for KV events a worker numbered that never came (kv_gap):
+ * those wait 250 ms for the peers' view to settle, at most one per 10 s, and are called off when
+ * every skipped event came late meanwhile (a worker's threads publish out of order). A snapshot
+ * asked covers every gap so far; with nobody to ask, the gap stays counted and is let go.
+ */
+static void catch_up(struct kvr_rd *rd, uint64_t now)
+{
+    if (rd->kv_gap && !rd->resync_at &&
+        (!rd->kv_resync_ns || now - rd->kv_resync_ns >= KVR_TIMER_KV_RESYNC_NS)) {
+        rd->kv_resync_ns = now;
+        rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
+        rd->resync_why = "kv events missed";
+        rd->resync_kv = true;
+    }
+    if (!rd->resync_at || now < rd->resync_at)
+        return;
+    rd->resync_at = 0;
+    if (rd->resync_kv && !rd->kvseq.open) {
+        rd->kv_gap = false; /* they all came, late */
+        return;
+    }
+    bool asked = kvr_sync_resync(rd, rd->resync_why);
+    if (rd->resync_kv)
+        kvr_log(KVR_LOG_WARN, "kv_events_missed",
+                "missed=%" PRIu64 " open=%" PRIu64 " gaps=%" PRIu64 " action=\"%s\"",
+                rd->kvseq.missed, rd->kvseq.open, rd->kvseq.gaps,
+                asked ? "snapshot from a peer" : "none: no peer to take a snapshot from");
+    if (asked || rd->resync_kv) {
+        rd->kv_gap = false;
+        rd->kvseq.open = 0;
+    }
+    rd->kv_resyncs += asked && rd->resync_kv;
+}
+
 void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer_seen *seen)
 {
     bool events_up = seen->events_up, events_cut = seen->events_cut;
@@ -83,25 +119,10 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
             rd->blind = false;
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
             rd->resync_why = "connection back";
+            rd->resync_kv = false;
             kvr_router_excuse_silence(rd->core, now);
         }
-        if (rd->kv_gap && !rd->resync_at &&
-            (!rd->kv_resync_ns || now - rd->kv_resync_ns >= KVR_TIMER_KV_RESYNC_NS)) {
-            /* a worker's KV events skipped numbers: this router's index lacks what it stored or
-             * keeps what it removed, so take a peer's, as after a cut (at most every 10 s) */
-            rd->kv_gap = false;
-            rd->kv_resync_ns = now;
-            rd->kv_resyncs++;
-            rd->resync_at = now + KVR_TIMER_CATCH_UP_NS; /* the peers' view settles meanwhile */
-            rd->resync_why = "kv events missed";
-            kvr_log(KVR_LOG_WARN, "kv_events_missed",
-                    "missed=%" PRIu64 " gaps=%" PRIu64 " action=\"snapshot from a peer\"",
-                    rd->kvseq.missed, rd->kvseq.gaps);
-        }
-        if (rd->resync_at && now >= rd->resync_at) {
-            rd->resync_at = 0;
-            kvr_sync_resync(rd, rd->resync_why);
-        }
+        catch_up(rd, now);
         kvr_router_tick_heard(rd->core, now, heard);
         kvr_intake_expire_bookings(rd, now);
     }

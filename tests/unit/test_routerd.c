@@ -1117,33 +1117,59 @@ static void kv_numbered(uint64_t wid, uint64_t seq)
     kvr_buf_free(&b);
 }
 
+/* Timer ticks every 100 ms from `from` to `to` (ns): time passing, not a stall. */
+static void ticks(uint64_t from, uint64_t to)
+{
+    for (uint64_t t = from; t <= to; t += 100 * KVR_NS_PER_MS)
+        kvr_timer_tick(&rd, t, true, false);
+}
+
 Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
 {
+    cfg.hello_ns = 500 * KVR_NS_PER_MS; /* a peer heard stays alive however slow the run */
     heartbeat(1, 4096, NULL, 0, 1000);
     heartbeat(2, 4096, NULL, 0, 1000);
     kv_numbered(1, 1);
     kv_numbered(1, 2);
     kv_numbered(2, 7); /* its first here: what came before is the snapshot's business */
-    cr_assert(eq(u64, rd.kvseq.gaps, 0));
-    kv_numbered(1, 5); /* 3 and 4 were lost on the way */
-    cr_assert(eq(u64, rd.kvseq.missed, 2));
-    cr_assert(eq(u64, rd.kvseq.gaps, 1));
-    kv_numbered(1, 1); /* a restarted worker counts again: no loss */
-    kv_numbered(1, 1); /* a repeat */
     kv_numbered(9, 4); /* a worker nobody knows: not applied, not noted */
     kv_numbered(9, 9);
+    cr_assert(eq(u64, rd.kvseq.gaps, 0));
+    /* out of order (a worker's two threads publish so): 4 before 3, which closes the gap */
+    kv_numbered(1, 4);
     cr_assert(eq(u64, rd.kvseq.gaps, 1));
+    kv_numbered(1, 3);
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    cr_assert(eq(u64, rd.kvseq.late, 1));
     uint64_t now = kvr_now_ns();
-    kvr_timer_tick(&rd, now, true, false);
-    cr_assert(eq(u64, rd.kv_resyncs, 1), "a catch-up from a peer, as after a cut");
-    cr_assert(gt(u64, rd.resync_at, now), "after the peers' view settles");
-    kv_numbered(2, 9); /* another loss within 10 s: no second catch-up */
-    kvr_timer_tick(&rd, now + KVR_TIMER_CATCH_UP_NS + 1, true, false);
-    kvr_timer_tick(&rd, now + 2 * KVR_TIMER_CATCH_UP_NS, true, false);
-    cr_assert(eq(u64, rd.kv_resyncs, 1));
-    cr_assert(eq(u64, rd.kvseq.missed, 3));
-    for (uint64_t t = 3; t * 100 * KVR_NS_PER_MS <= KVR_TIMER_KV_RESYNC_NS + KVR_NS_PER_MS; t++)
-        kvr_timer_tick(&rd, now + t * 100 * KVR_NS_PER_MS, true, false); /* ticks, not a stall */
-    cr_assert(eq(u64, rd.kv_resyncs, 2), "the next one after 10 s");
+    ticks(now, now + 500 * KVR_NS_PER_MS);
+    cr_assert(eq(u64, rd.kv_resyncs, 0), "called off: nothing is missing");
+    /* 5 to 7 lost, with nobody to take a snapshot from: counted, let go */
+    kv_numbered(1, 8);
+    cr_assert(eq(u64, rd.kvseq.missed, 4));
+    cr_assert(eq(u64, rd.kvseq.open, 3));
+    ticks(now + 600 * KVR_NS_PER_MS, now + 11 * KVR_NS_PER_S);
+    cr_assert(eq(u64, rd.kv_resyncs, 0));
+    cr_assert(not(rd.kv_gap));
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    /* a serving peer now: the next loss takes its snapshot, 250 ms later */
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 0, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    heartbeat(2, 4096, NULL, 0, 1000); /* back: the ticks' clock ran 11 s past its beats */
+    kv_numbered(2, 9);                 /* 8 lost */
+    cr_assert(rd.kv_gap);
+    size_t mark = rec_nsent;
+    ticks(now + 11100 * KVR_NS_PER_MS, now + 21 * KVR_NS_PER_S);
+    cr_assert(eq(u64, rd.kv_resyncs, 1), "one snapshot");
+    const struct rec_sent *ask = NULL;
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", mark, &ask), 1),
+              "asked of the peer");
+    struct kvr_wire_sync q;
+    cr_assert(eq(int, kvr_wire_decode_sync(ask->data, ask->len, &q), KVR_OK));
+    cr_assert(q.full, "a snapshot, its index to replace this one's");
+    kvr_wire_sync_free(&q);
+    cr_assert(eq(u64, rd.kvseq.open, 0));
     cr_assert(eq(u64, rd.stalls, 0));
 }
