@@ -18,22 +18,18 @@ void kvr_kvseq_free(struct kvr_kvseq *s)
 /* Forget every worker (the table is full): the next event of each is its first. */
 static void start_over(struct kvr_kvseq *s)
 {
-    kvr_map_free(&s->at); /* slots NULL: initialised again below */
+    kvr_map_free(&s->at); /* slots NULL: the next note initialises it again */
     s->n = 0;
 }
 
 uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
 {
-    if (!s->at.slots && kvr_map_init(&s->at, 16) != KVR_OK)
-        return 0;
-    uint32_t i = kvr_map_get(&s->at, wid);
+    uint32_t i = s->at.slots ? kvr_map_get(&s->at, wid) : KVR_NIL;
     if (i == KVR_NIL) {
-        if (s->n >= KVR_KVSEQ_MAX) {
+        if (s->n >= KVR_KVSEQ_MAX)
             start_over(s);
-            if (kvr_map_init(&s->at, 16) != KVR_OK)
-                return 0;
-        }
-        if (!KVR_GROW(s->last, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
+        if ((!s->at.slots && kvr_map_init(&s->at, 16) != KVR_OK) ||
+            !KVR_GROW(s->last, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
             return 0;
         s->last[s->n++] = seq;
         return 0;

@@ -109,8 +109,7 @@ struct kvr_rd {
     _Atomic uint64_t alive_ns;        /* the last tick that got the mutex (monotonic ns; read
                                          without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
-    const char *resync_why;           /* why, for the log (a literal; timer thread only) */
-    bool resync_kv;                   /* ... for KV events missed (timer thread only) */
+    bool resync_kv;                   /* ... for KV events missed, not a cut (timer thread only) */
     struct kvr_kvseq kvseq;           /* the workers' KV event numbers applied, under mu */
     bool kv_gap;                      /* KV events missed since the last tick, under mu */
     uint64_t kv_resync_ns;            /* the last catch-up for missed KV events (timer.c) */

@@ -68,7 +68,6 @@ static void catch_up(struct kvr_rd *rd, uint64_t now)
         (!rd->kv_resync_ns || now - rd->kv_resync_ns >= KVR_TIMER_KV_RESYNC_NS)) {
         rd->kv_resync_ns = now;
         rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
-        rd->resync_why = "kv events missed";
         rd->resync_kv = true;
     }
     if (!rd->resync_at || now < rd->resync_at)
@@ -78,7 +77,7 @@ static void catch_up(struct kvr_rd *rd, uint64_t now)
         rd->kv_gap = false; /* they all came, late */
         return;
     }
-    bool asked = kvr_sync_resync(rd, rd->resync_why);
+    bool asked = kvr_sync_resync(rd, rd->resync_kv ? "kv events missed" : "connection back");
     if (rd->resync_kv)
         kvr_log(KVR_LOG_WARN, "kv_events_missed",
                 "missed=%" PRIu64 " open=%" PRIu64 " gaps=%" PRIu64 " action=\"%s\"",
@@ -118,7 +117,6 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
         if (rd->blind || events_cut) {
             rd->blind = false;
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
-            rd->resync_why = "connection back";
             rd->resync_kv = false;
             kvr_router_excuse_silence(rd->core, now);
         }
