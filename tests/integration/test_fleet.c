@@ -379,6 +379,9 @@ static uint64_t router_stat(const char *path)
 Test(fleet, lifecycle_events_in_batches_book_and_free_as_alone)
 {
     h_router(srv.url, "r1", NULL);
+    /* the workers announce themselves at start and then every 20 s: the router must be up to
+     * hear the first announcement (it does not ask workers to announce) */
+    h_until_router(nc, 10000);
     h_worker(srv.url, "1", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
     h_worker(srv.url, "2", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
     h_until_served(nc, GEN, 0, 5000);
