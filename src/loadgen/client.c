@@ -249,13 +249,31 @@ static void on_chunk(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
         kvr_client_send(c, (uint32_t)next);
 }
 
+static void on_asked(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    (void)nc, (void)sub, (void)ctx;
+    natsMsg_Destroy(msg); /* the ask's own subscription has its copy */
+}
+
+/*
+ * The client's subscriptions, made before anything is sent: in a cluster, interest in a
+ * subscription made just before its request can reach the other nodes after a fast answer from
+ * one of them does, which they then drop (docs/protocol.md). So the chunks come on one wildcard
+ * made here, and the asks' per-call subscriptions (digests, stats) sit under a second one, whose
+ * copies are dropped.
+ */
 static kvr_status subscribe(struct kvr_client *c)
 {
-    char wild[sizeof c->inbox + 2];
+    char wild[sizeof c->inbox + 2], asked[sizeof c->ask_prefix + 2];
     snprintf(wild, sizeof wild, "%s.>", c->inbox);
+    snprintf(asked, sizeof asked, "%s.>", c->ask_prefix);
     natsStatus s = natsConnection_Subscribe(&c->sub, c->nc_sub, wild, on_chunk, c);
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(c->sub, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_Subscribe(&c->ask_hold, c->nc_sub, asked, on_asked, c);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(c->ask_hold, -1, -1);
     if (s == NATS_OK)
         s = natsConnection_Flush(c->nc_sub);
     return kvr_nats_status(s);
@@ -287,8 +305,9 @@ struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_stat
                            kvr_subject(c->subj_cancel, sizeof c->subj_cancel, prefix, ns, "cancel")
                        ? KVR_OK
                        : KVR_ERR_INVALID;
-    snprintf(c->ask_prefix, sizeof c->ask_prefix, "%.*s", KVR_NATS_INBOX_MAX,
-             net->inbox_prefix[0] ? net->inbox_prefix : "_INBOX");
+    if (s == KVR_OK)
+        s = new_inbox(net->inbox_prefix[0] ? net->inbox_prefix : "_INBOX", c->ask_prefix,
+                      sizeof c->ask_prefix);
     if (s == KVR_OK)
         s = new_inbox(net->inbox_prefix[0] ? net->inbox_prefix : "_KVB", c->inbox, sizeof c->inbox);
     if (s == KVR_OK)
@@ -325,6 +344,7 @@ void kvr_client_destroy(struct kvr_client *c)
     if (!c)
         return;
     kvr_client_unsubscribe(c->sub);
+    natsSubscription_Destroy(c->ask_hold);
     natsConnection_Destroy(c->nc_pub);
     natsConnection_Destroy(c->nc_sub);
     pthread_cond_destroy(&c->cv);

@@ -113,8 +113,10 @@ struct kvr_client {
     natsConnection *nc_pub;      /* requests go out here */
     natsConnection *nc_sub;      /* the inbox subscription's connection */
     natsSubscription *sub;       /* <inbox>.> */
+    natsSubscription *ask_hold;  /* <ask_prefix>.>, dropped: holds the asks' interest (below) */
     char inbox[160];             /* unique to this client: <inbox prefix or _KVB>.<nuid> */
-    char ask_prefix[160];        /* other inboxes: <ask_prefix>.<nuid> (--inbox-prefix, _INBOX) */
+    char ask_prefix[160];        /* asks' inboxes: <ask_prefix>.<nuid>; <--inbox-prefix or
+                                  * _INBOX>.<nuid> */
     char subj_gen[256];          /* the routers' generate subject */
     char subj_cancel[256];       /* the routers' cancel subject */
     pthread_mutex_t send_mu;     /* the encoder and buf */

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,8 @@ struct proc {
 
 static struct proc procs[MAX_PROCS];
 static int nprocs;
-static bool ended; /* h_end ran */
+static bool ended;             /* h_end ran */
+static natsSubscription *held; /* h_setup's hold on _INBOX.> in a cluster */
 
 uint64_t h_now_ms(void)
 {
@@ -474,6 +476,49 @@ const char *h_urls(const struct nats_srv *nodes, int n, int first)
 
 /* --- a test's life ------------------------------------------------------------------------ */
 
+#define PROBE "_INBOX.kvr-probe."
+static atomic_int probe_seen = -1; /* the last node whose probe reached the hold */
+
+/* The hold's messages are the per-request subscriptions' copies: dropped, but for the probes. */
+static void on_held(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *ctx)
+{
+    (void)nc, (void)sub, (void)ctx;
+    const char *subj = natsMsg_GetSubject(m);
+    if (strncmp(subj, PROBE, strlen(PROBE)) == 0)
+        atomic_store(&probe_seen, atoi(subj + strlen(PROBE)));
+    natsMsg_Destroy(m);
+}
+
+/*
+ * A cluster's answer can beat the interest in its inbox: a subscription made just before the
+ * request reaches node 0 at once but the other nodes only later (an RS+ per subject), and a worker
+ * on another node that answers first has its chunks dropped there. Clients hold one long-lived
+ * subscription on their whole reply prefix, as docs/protocol.md asks, so hold _INBOX.> on nc and
+ * wait until a message published on every other node reaches it.
+ */
+static void hold_replies(natsConnection *nc, const struct nats_srv *nodes, int n)
+{
+    cr_assert(natsConnection_Subscribe(&held, nc, "_INBOX.>", on_held, NULL) == NATS_OK &&
+                  natsSubscription_SetPendingLimits(held, -1, -1) == NATS_OK &&
+                  natsConnection_Flush(nc) == NATS_OK,
+              "no hold on _INBOX.>");
+    for (int i = 1; i < n; i++) {
+        natsConnection *other = h_connect(nodes[i].url);
+        cr_assert(ne(ptr, other, NULL), "no connection to %s", nodes[i].url);
+        char subj[64];
+        snprintf(subj, sizeof subj, PROBE "%d", i);
+        uint64_t end = h_now_ms() + 10000;
+        while (atomic_load(&probe_seen) != i && h_now_ms() < end) {
+            natsConnection_PublishString(other, subj, "");
+            natsConnection_Flush(other);
+            h_sleep_ms(10);
+        }
+        natsConnection_Destroy(other);
+        cr_assert(eq(int, atomic_load(&probe_seen), i), "node %d never saw the hold on _INBOX.>",
+                  i + 1);
+    }
+}
+
 void h_setup(struct nats_srv *nodes, int n, natsConnection **nc)
 {
     nprocs = 0;
@@ -492,6 +537,8 @@ void h_setup(struct nats_srv *nodes, int n, natsConnection **nc)
     }
     *nc = h_connect(nodes[0].url);
     cr_assert(ne(ptr, *nc, NULL), "no client connection to %s", nodes[0].url);
+    if (n > 1)
+        hold_replies(*nc, nodes, n);
 }
 
 void h_end(void)
@@ -574,6 +621,8 @@ void h_end(void)
 
 void h_teardown(natsConnection **nc)
 {
+    natsSubscription_Destroy(held);
+    held = NULL;
     natsConnection_Destroy(*nc);
     *nc = NULL;
     if (!ended && nprocs)
