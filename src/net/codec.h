@@ -315,10 +315,12 @@ kvr_status kvr_wire_encode_rebind_ask(struct kvr_buf *b, const struct kvr_wire_r
 kvr_status kvr_wire_decode_rebind_ask(const void *buf, size_t len, struct kvr_wire_rebind_ask *out);
 void kvr_wire_rebind_ask_free(struct kvr_wire_rebind_ask *r);
 
-/* A router's WorkerRebind of key (published with the client's reply subject as its reply). */
-kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id);
+/* A router's WorkerRebind of key (published with the client's reply subject as its reply); repeat:
+ * the client resent it, publish the stream again. */
+kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id,
+                                         bool repeat);
 /* A zero key: KVR_ERR_INVALID. */
-kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key);
+kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key, bool *repeat);
 
 kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request, size_t len,
                                           bool book);

@@ -531,17 +531,20 @@ kvr_status kvr_wire_decode_rebind_ask(const void *buf, size_t len, struct kvr_wi
     return st;
 }
 
-kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id)
+kvr_status kvr_wire_encode_worker_rebind(struct kvr_buf *b, uint64_t key, const char *router_id,
+                                         bool repeat)
 {
     Kvrouter__V1__WorkerRebind m = KVROUTER__V1__WORKER_REBIND__INIT;
     m.request_key = key;
     m.router_id = (char *)(router_id ? router_id : "");
+    m.repeat = repeat;
     return kvr_codec_pack(b, &m.base);
 }
 
-kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key)
+kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *key, bool *repeat)
 {
     *key = 0;
+    *repeat = false;
     if (len > KVR_WIRE_SMALL_EVENT_MAX)
         return KVR_ERR_TOO_LARGE;
     struct kvr_codec_alloc a;
@@ -553,8 +556,10 @@ kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *
     kvr_status st = m->request_key ? KVR_OK : KVR_ERR_INVALID;
     if (st == KVR_OK && strlen(kvr_codec_str(m->router_id)) > KVR_ROUTER_ID_MAX)
         st = KVR_ERR_TOO_LARGE;
-    if (st == KVR_OK)
+    if (st == KVR_OK) {
         *key = m->request_key;
+        *repeat = m->repeat;
+    }
     kvrouter__v1__worker_rebind__free_unpacked(m, &a.pc);
     return st;
 }

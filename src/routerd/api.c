@@ -73,6 +73,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"outbox_dropped", rd->out.dropped},
         {"core_events_lost", rd->deferred_lost},
         {"resends_after_end", rd->n.resends_after_end},
+        {"repeats_asked", rd->n.repeats_asked},
         {"cancels", rd->n.cancels},
         {"cancels_sent", rd->n.cancels_sent},
         {"cancels_bad", rd->n.cancels_bad},

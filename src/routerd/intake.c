@@ -11,6 +11,7 @@
 #include "fleet.h"
 #include "log.h"
 #include "place.h"
+#include "rebind.h"
 #include "send.h"
 #include "subject.h"
 
@@ -31,7 +32,8 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
     if (!r)
         return false;
     if (r->kind == KVR_RECENT_ENDED) {
-        rd->n.resends_after_end++; /* its client has its final chunk */
+        rd->n.resends_after_end++; /* its client lacks the stream, or has it and ignores more */
+        kvr_rebind_repeat(rd, key, reply, now);
         return true;
     }
     kvr_reply_error(&rd->generate, &rd->out, reply, id, r->outcome); /* the cancel came first */

@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "codec.h"
 
@@ -27,6 +28,28 @@ static const char *reply_of(struct kvr_rd *rd, uint64_t wid, uint64_t key, uint6
     return it && it->worker_id == wid && now - it->at <= KVR_REBIND_KEPT_NS ? it->reply : NULL;
 }
 
+/* The subject of worker wid's rebinds into subject[len]. */
+static void rebind_subject(const struct kvr_rd *rd, uint64_t wid, char *subject, size_t len)
+{
+    snprintf(subject, len, "%s%" PRIu64 ".rebind", rd->subj_worker, wid);
+}
+
+bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now)
+{
+    const struct kvr_kept_item *it = kvr_kept_find(&rd->kept, key);
+    if (!it || now - it->at > KVR_REPEAT_KEPT_NS || strcmp(it->reply, reply) != 0)
+        return false;
+    char subject[600];
+    rebind_subject(rd, it->worker_id, subject, sizeof subject);
+    if (kvr_wire_encode_worker_rebind(&rd->buf, key, rd->cfg->id, true) != KVR_OK) {
+        rd->out.dropped++;
+        return false;
+    }
+    kvr_outbox_add_request(&rd->out, subject, reply, rd->buf.data, rd->buf.len);
+    rd->n.repeats_asked++;
+    return true;
+}
+
 kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
                              uint64_t now)
 {
@@ -39,14 +62,14 @@ kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, 
         return KVR_ERR_INVALID; /* a worker speaks for itself only */
     }
     char subject[600];
-    snprintf(subject, sizeof subject, "%s%" PRIu64 ".rebind", rd->subj_worker, wid);
+    rebind_subject(rd, wid, subject, sizeof subject);
     for (uint32_t i = 0; i < a.nkeys; i++) {
         const char *reply = reply_of(rd, wid, a.keys[i], now);
         if (!reply) {
             rd->n.rebinds_unknown++;
             continue;
         }
-        if (kvr_wire_encode_worker_rebind(&rd->buf, a.keys[i], rd->cfg->id) == KVR_OK) {
+        if (kvr_wire_encode_worker_rebind(&rd->buf, a.keys[i], rd->cfg->id, false) == KVR_OK) {
             kvr_outbox_add_request(&rd->out, subject, reply, rd->buf.data, rd->buf.len);
             rd->n.rebinds_sent++;
         } else {

@@ -21,9 +21,20 @@
 #include "state.h"
 
 #define KVR_REBIND_KEPT_NS (5000ull * 1000000ull) /* an ended request is rebound this long */
+#define KVR_REPEAT_KEPT_NS                                                                         \
+    (10000ull * 1000000ull) /* a resend of an ended request asks for a repeat this long */
 
 /* Under mu: p ended on its worker at now; keep its reply subject (taken from p) for a rebind. */
 void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
+
+/*
+ * Under mu: the client resent key (reply: its reply subject) after it ended here. A client
+ * resends only when nothing came for 2 s, so its stream was lost whole (a worker on another
+ * server node that answered before that node knew the inbox, docs/protocol.md). While the reply
+ * subject is kept (KVR_REPEAT_KEPT_NS after the end), ask its worker to publish the stream again
+ * (a WorkerRebind with repeat, the client's reply as its reply); false when it is not kept.
+ */
+bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now);
 
 /* Under mu: worker wid's RebindAsk data[0..len): queue a WorkerRebind for each key booked on it. */
 kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,

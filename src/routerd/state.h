@@ -35,7 +35,8 @@ struct kvr_fleet; /* fleet.h: replication */
 
 /* What the daemon counts about its clients' requests beyond the endpoints' replies. */
 struct kvr_rd_counts {
-    uint64_t resends_after_end;    /* resends of requests that had ended: ignored */
+    uint64_t resends_after_end;    /* resends of requests that had ended (a repeat asked, or not) */
+    uint64_t repeats_asked;        /* ... for which the worker was asked to repeat the stream */
     uint64_t cancels;              /* CancelRequests received */
     uint64_t cancels_sent;         /* WorkerCancels sent for them */
     uint64_t cancelled_queued;     /* cancelled while queued here */

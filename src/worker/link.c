@@ -74,6 +74,8 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"rebind_asks", c->rebind_asks},
              {"rebinds", c->rebinds},
              {"rebinds_bad", c->rebinds_bad},
+             {"resend_repeats", c->resend_repeats},
+             {"resend_refused", c->resend_refused},
              {"dropped", c->dropped},
              {"event_batches", c->batches},
              {"batched_events", c->batched_events},

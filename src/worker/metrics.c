@@ -79,6 +79,12 @@ static void counters(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_rebind_asks_total", "RebindAsks sent after a cut.", c->rebind_asks);
     counter(p, "kvworker_rebinds_total", "WorkerRebinds received for a stream kept here.",
             c->rebinds);
+    counter(p, "kvworker_resend_repeats_total",
+            "Streams repeated because their client resent the request (WorkerRebind repeat).",
+            c->resend_repeats);
+    counter(p, "kvworker_resend_refused_total",
+            "Repeats for a resend refused: not kept here, or repeated less than 1 s ago.",
+            c->resend_refused);
     counter(p, "kvworker_dropped_total", "Messages not made (out of memory).", c->dropped);
     counter(p, "kvworker_event_batches_total",
             "EventBatch messages sent (--event-batch-ms): lifecycle events sent together.",

@@ -225,18 +225,42 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
     free(keys);
 }
 
+/*
+ * Under mu: the client resent key, which a router knew as ended here (or, after a forged done, a
+ * stream still held): its stream again, from position 0, if it is still here whole and was not
+ * repeated for a resend in the last KVR_WK_RESEND_GAP_NS (so a client resending in a loop costs
+ * one stream a second). Only to the reply the request came with, never to the rebind's.
+ */
+static void repeat_for_resend(struct kvr_worker *w, struct kvr_wreq *r, uint64_t now)
+{
+    if (!r || w->clashed || r->ntoks != r->produced || (!r->ended_at && !r->ntoks) ||
+        (r->resent_at && now - r->resent_at < KVR_WK_RESEND_GAP_NS)) {
+        w->c.resend_refused++;
+        return;
+    }
+    r->resent_at = now;
+    kvr__worker_repeat(w, r);
+    w->c.resend_repeats++;
+}
+
 void kvr_worker_on_rebind(struct kvr_worker *w, const void *data, size_t len)
 {
     uint64_t key;
-    kvr_status st = kvr_wire_decode_worker_rebind(data, len, &key);
+    bool again;
+    kvr_status st = kvr_wire_decode_worker_rebind(data, len, &key, &again);
     uint64_t now = kvr_now_ns();
     pthread_mutex_lock(&w->mu);
-    struct kvr_wreq *held = NULL;
-    if (st == KVR_OK)
+    struct kvr_wreq *held = NULL, *kept = NULL;
+    if (st == KVR_OK) {
         HASH_FIND(hh, w->reqs, &key, sizeof key, held);
+        if (!held)
+            HASH_FIND(hk, w->kept_by, &key, sizeof key, kept);
+    }
     if (held || (st == KVR_OK && kvr_recent_find(&w->recent, key, now))) /* held, or ended */
         w->c.rebinds++;
     else
         w->c.rebinds_bad++; /* harmless: the server granted a right for a stream not here */
-    pthread_mutex_unlock(&w->mu);
+    if (st == KVR_OK && again)
+        repeat_for_resend(w, held ? held : kept, now);
+    kvr__worker_unlock(w);
 }

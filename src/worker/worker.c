@@ -69,7 +69,7 @@ static uint32_t piece(const struct kvr_wreq *r, uint32_t from)
 /* r's stream so far again, from position 0, in pieces a decoder takes; an ended stream's last
  * piece is its final again, with its code (and the service error headers). Not counted as an
  * error again: the client was told once. */
-static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
+void kvr__worker_repeat(struct kvr_worker *w, const struct kvr_wreq *r)
 {
     bool ended = r->ended_at != 0;
     uint32_t from = 0;
@@ -95,7 +95,6 @@ static void repeat(struct kvr_worker *w, const struct kvr_wreq *r)
             w->c.dropped++;
         from += n;
     } while (from < r->ntoks);
-    w->c.repeats++;
 }
 
 /* Keep r's next n tokens (and their text) for a repeat; false when memory ran short (the stream
@@ -164,7 +163,8 @@ static void prune_kept(struct kvr_worker *w, uint64_t now)
 {
     struct kvr_wreq *r;
     while ((r = w->kept) && (w->nkept > KVR_WK_KEPT_MAX || w->kept_tokens > KVR_WK_KEPT_TOKENS ||
-                             (!w->cut_at && r->ended_at + KVR_WK_KEPT_NS <= now))) {
+                             (!w->cut_at && r->ended_at + KVR_WK_RESEND_KEPT_NS <= now))) {
+        HASH_DELETE(hk, w->kept_by, r);
         if (!(w->kept = r->next))
             w->kept_tail = NULL;
         w->nkept--;
@@ -193,6 +193,7 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
     else
         w->kept = r;
     w->kept_tail = r;
+    HASH_ADD(hk, w->kept_by, key, sizeof r->key, r);
     w->nkept++;
     w->kept_tokens += r->ntoks;
     prune_kept(w, now);
@@ -306,6 +307,7 @@ void kvr_worker_free(struct kvr_worker *w)
         HASH_DEL(w->reqs, r);
         free_req(r);
     }
+    HASH_CLEAR(hk, w->kept_by);
     for (r = w->kept; r; r = tmp) {
         tmp = r->next;
         free_req(r);
@@ -602,16 +604,17 @@ static void repeat_due(struct kvr_worker *w, uint64_t now)
     uint32_t n = 0;
     for (struct kvr_wreq *r = w->kept; r; r = r->next) {
         if (kvr__worker_repeats(r, w->cut_at)) {
-            repeat(w, r);
+            kvr__worker_repeat(w, r);
             n++;
         }
     }
     for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next) {
         if (kvr__worker_repeats(r, w->cut_at)) {
-            repeat(w, r);
+            kvr__worker_repeat(w, r);
             n++;
         }
     }
+    w->c.repeats += n;
     kvr_log(KVR_LOG_INFO, "streams_repeated", "streams=%u cut_ms_ago=%" PRIu64, n,
             (uint64_t)((now - w->cut_at) / KVR_NS_PER_MS));
     w->cut_at = w->repeat_at = 0;

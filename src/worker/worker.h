@@ -20,8 +20,12 @@
  * (KVR_WK_REPEAT_DELAY_NS), each stream open at the cut or since gets one repeat: every token so
  * far from position 0, and for a stream that ended meanwhile (or in the KVR_WK_KEPT_NS before
  * the cut) its final again; a client keeps only what it lacks. For that the worker keeps each
- * stream's tokens while it is open (at most its max_tokens) and for KVR_WK_KEPT_NS after it ends
- * (until the repeat, during a cut), within a budget.
+ * stream's tokens while it is open (at most its max_tokens) and for KVR_WK_RESEND_KEPT_NS after
+ * it ends (until the repeat, during a cut), within a budget.
+ *
+ * Resends: a client that got nothing for 2 s resends; a router that knows the request ended
+ * sends a WorkerRebind with repeat (its stream was lost whole, docs/protocol.md), and the worker
+ * repeats the stream kept under that key, at most once per KVR_WK_RESEND_GAP_NS.
  *
  * Rebinds: on a server that lets a worker answer clients only by response permission
  * (allow_responses), the right to answer a client belongs to the connection that received its
@@ -68,7 +72,11 @@
 #include "reply.h"
 
 #define KVR_WK_REPEAT_DELAY_NS (1000ull * 1000000ull) /* from the reconnect to the repeat */
-#define KVR_WK_KEPT_NS         (2000ull * 1000000ull) /* an ended stream is kept this long */
+#define KVR_WK_KEPT_NS         (2000ull * 1000000ull) /* a cut repeats what ended this long before */
+#define KVR_WK_RESEND_KEPT_NS                                                                      \
+    (10000ull * 1000000ull) /* an ended stream is kept this long, for a repeat on a resend */
+#define KVR_WK_RESEND_GAP_NS                                                                       \
+    (1000ull * 1000000ull) /* a resend repeats a stream this often, at most */
 #define KVR_WK_LIST_AFTER_CUT_NS                                                                   \
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
@@ -97,9 +105,11 @@ struct kvr_wreq {
     char finish[KVR_WIRE_FINISH_REASON_MAX + 1]; /* the engine's finish reason ("": "length") */
     uint64_t deadline;                           /* monotonic ns by which it must end; 0: none */
     uint64_t ended_at;     /* ended (kept for a repeat): monotonic ns; 0 while held */
+    uint64_t resent_at;    /* the last repeat on a client's resend (monotonic ns); 0: none */
     kvr_status outcome;    /* ended: its final chunk's code */
     struct kvr_wreq *next; /* ended: the next kept, in the order they ended */
     UT_hash_handle hh;     /* held: by key; the worker owns the item */
+    UT_hash_handle hk;     /* ended: by key in kept_by */
 };
 
 /* A held request's deadline; stale entries (the request ended) are skipped when they surface. */
@@ -128,6 +138,8 @@ struct kvr_wk_counters {
     uint64_t rebind_asks;    /* RebindAsks sent after a cut */
     uint64_t rebinds;        /* WorkerRebinds received for a stream kept here */
     uint64_t rebinds_bad;    /* ... that did not decode, or for a key not kept here */
+    uint64_t resend_repeats; /* streams repeated for a client's resend (WorkerRebind.repeat) */
+    uint64_t resend_refused; /* ... not: not kept here, short of tokens, or repeated < 1 s ago */
     uint64_t engine_errors;  /* requests the engine behind the adapter failed */
     uint64_t dropped;        /* messages not made (out of memory) */
     uint64_t batches;        /* EventBatches sent (--event-batch-ms) */
@@ -221,6 +233,7 @@ struct kvr_worker {
     _Atomic bool stopping;             /* threads exit; set under mu, read without it */
     bool draining;                     /* no new requests, under mu */
     struct kvr_wreq *kept, *kept_tail; /* ended streams, oldest first, under mu */
+    struct kvr_wreq *kept_by;          /* the same, by key (hk) */
     uint32_t nkept;                    /* */
     uint64_t kept_tokens;              /* */
     uint64_t cut_at;                   /* a cut's start (monotonic ns), 0: none since the repeat */
@@ -321,6 +334,8 @@ void kvr__worker_emit(struct kvr_worker *w, const char *subject, kvr_status st);
 void kvr__worker_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, uint32_t tokens);
 /* Queue the lifecycle events held (--event-batch-ms): one EventBatch, or the event alone. */
 void kvr__worker_seal(struct kvr_worker *w);
+/* Queue r's stream again, from position 0 (final again when it ended). */
+void kvr__worker_repeat(struct kvr_worker *w, const struct kvr_wreq *r);
 /* Whether r is repeated after the cut that started at cut_at. */
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
 /* Queue the RebindAsks for the streams the repeat will cover. */

@@ -184,6 +184,54 @@ Test(contract, a_resend_at_any_moment_is_answered_once)
     h_end();
 }
 
+/* Wait (at most ms) on sub (kv.default.ev.*.done) for a done of a request that streamed tokens. */
+static bool done_of(natsSubscription *sub, uint32_t tokens, int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    natsMsg *m = NULL;
+    while (natsSubscription_NextMsg(&m, sub, (int64_t)end - (int64_t)h_now_ms() + 1) == NATS_OK) {
+        struct kvr_wire_done d;
+        bool mine = kvr_wire_decode_done(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                                         &d) == KVR_OK &&
+                    d.output_tokens == tokens;
+        natsMsg_Destroy(m);
+        if (mine)
+            return true;
+    }
+    return false;
+}
+
+Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
+{
+    fleet(20);
+    natsSubscription *dones = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&dones, nc, "kv.default.ev.*.done"), NATS_OK));
+    natsSubscription_SetPendingLimits(dones, -1, -1);
+    natsConnection_Flush(nc);
+    struct stream s;
+    start(&s, "lost-whole", 4242, 256, 24, NULL, 0);
+    /* nobody listens on the inbox yet: the server drops the whole stream, final included, as a
+     * cluster node that had not heard of the inbox does */
+    natsSubscription_Unsubscribe(s.sub);
+    natsSubscription_Destroy(s.sub);
+    natsConnection_Flush(nc);
+    send_again(&s);
+    cr_assert(done_of(dones, 24, 20000), "the request never ended on its worker");
+    natsSubscription_Destroy(dones);
+    cr_assert(eq(int, natsConnection_SubscribeSync(&s.sub, nc, s.inbox), NATS_OK));
+    natsConnection_Flush(nc);
+    send_again(&s); /* nothing came for a while: the client resends */
+    uint64_t end = h_now_ms() + 5000;
+    while (!s.finals && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    send_again(&s); /* again at once: its worker repeats a stream once a second at most */
+    finish(&s, 5000, 500);
+    one_answer(&s, 24, "a resend of a stream lost whole");
+    cr_assert(eq(u32, s.repeats, 0), "%u repeats: a resend repeats the stream once", s.repeats);
+    fprintf(stderr, "  a stream lost whole: the whole stream again on the resend, once\n");
+    h_end();
+}
+
 /* A GenerateRequest's deadline_ms (field 5) as bytes to append. */
 static int deadline_field(uint8_t *out, uint32_t ms)
 {

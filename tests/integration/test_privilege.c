@@ -429,11 +429,80 @@ static void select_then_forward(void)
     kvr_buf_free(&fwd);
 }
 
+/* The workers' $SRV.STATS field (their first endpoint's data), summed, asked as the operator. */
+static uint64_t workers_sum(const char *field)
+{
+    natsSubscription *sub = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&sub, ops, "_INBOX.ops.wstats"), NATS_OK));
+    cr_assert(eq(
+        int, natsConnection_PublishRequest(ops, "$SRV.STATS.kvworker", "_INBOX.ops.wstats", "", 0),
+        NATS_OK));
+    uint64_t sum = 0;
+    int got = 0;
+    natsMsg *m = NULL;
+    for (; got < 2 && natsSubscription_NextMsg(&m, sub, 1000) == NATS_OK; got++) {
+        json_t *o = json_loadb(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), 0, NULL);
+        natsMsg_Destroy(m);
+        json_t *v = json_object_get(
+            json_object_get(json_array_get(json_object_get(o, "endpoints"), 0), "data"), field);
+        bool integer = json_is_integer(v);
+        cr_assert(integer, "a worker's $SRV.STATS without data.%s", field);
+        sum += (uint64_t)json_integer_value(v);
+        json_decref(o);
+    }
+    natsSubscription_Destroy(sub);
+    cr_assert(eq(int, got, 2), "%d of 2 workers answered $SRV.STATS", got);
+    return sum;
+}
+
+/*
+ * A stream lost whole (nobody subscribed to its inbox yet, as on a cluster node that had not heard
+ * of it) comes again on the client's resend: its worker, which may answer clients only by
+ * response permission, answers on the grant the router's WorkerRebind carries.
+ */
+static void lost_stream_repeated(void)
+{
+    uint32_t t[128];
+    for (uint32_t i = 0; i < 128; i++)
+        t[i] = 80000 + i;
+    struct kvr_buf req = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&req, "priv-lost", t, 128, 8, NULL), KVR_OK));
+    const char *inbox = "_INBOX.client.lost";
+    uint64_t served = workers_sum("served");
+    cr_assert(
+        eq(int, natsConnection_PublishRequest(nc, H_GEN, inbox, req.data, (int)req.len), NATS_OK));
+    uint64_t end = h_now_ms() + 10000;
+    while (workers_sum("served") == served && h_now_ms() < end)
+        h_sleep_ms(100);
+    cr_assert(gt(u64, workers_sum("served"), served), "the lost request never ended");
+    natsSubscription *sub = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&sub, nc, inbox), NATS_OK));
+    natsConnection_Flush(nc);
+    cr_assert(
+        eq(int, natsConnection_PublishRequest(nc, H_GEN, inbox, req.data, (int)req.len), NATS_OK));
+    natsMsg *m = NULL;
+    struct kvr_wire_response r = {0};
+    bool got = natsSubscription_NextMsg(&m, sub, 5000) == NATS_OK &&
+               kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r) ==
+                   KVR_OK;
+    natsMsg_Destroy(m);
+    cr_expect(got && r.final && r.position == 0 && r.ntokens == 8 && r.error_code == 0,
+              "the resend of a stream lost whole did not bring it again (chunk: %d, final %d, "
+              "position %u, %u tokens, error %u)",
+              got, r.final, r.position, r.ntokens, r.error_code);
+    if (got)
+        kvr_wire_response_free(&r);
+    cr_expect(eq(u64, workers_sum("resend_repeats"), 1));
+    natsSubscription_Destroy(sub);
+    kvr_buf_free(&req);
+}
+
 Test(privilege, the_fleet_serves_with_least_privilege, .fini = teardown, .timeout = 60)
 {
     start_fleet();
     fifty_served();
     select_then_forward();
+    lost_stream_repeated();
     /* kvbench as a client: its stream inboxes under --inbox-prefix */
     pid_t b = h_spawn("kvbench",
                       H_ARGS(AS("client"), "--nats", srv.url, "--workers", "2", "--requests", "20",

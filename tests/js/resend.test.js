@@ -169,14 +169,38 @@ test(`resend while decoding (after 3 chunks), ${TRIALS} trials`, TT, async () =>
   });
 });
 
-test(`resend after the final chunk: ignored, ${TRIALS} trials`, TT, async () => {
+// What a resend after the final chunk brings: one repeat of the whole stream (the client resends
+// only when nothing came, so the fleet takes the stream as lost), nothing else; a client ignores
+// it once it has the stream.
+function repeatProblems(s, extra) {
+  const chunks = extra.map((m) => m.chunk);
+  if (extra.length === 0) return ["a resend within 10 s of the end must bring the stream again (its worker keeps it that long), nothing came"];
+  if (extra.length > 1 || !chunks[0]) {
+    return [`after a resend that followed the final, at most one repeat may come, got ${extra.length} message(s)`];
+  }
+  const r = chunks[0];
+  const toks = s.chunks.flatMap((c) => c.token_ids.map(String));
+  const p = [];
+  if (r.position !== 0 || !r.final) p.push(`the repeat must start at position 0 and be final, got position ${r.position}, final ${r.final}`);
+  if (r.worker_id !== s.chunks[0].worker_id) p.push(`the repeat must come from the stream's worker ${s.chunks[0].worker_id}, got ${r.worker_id}`);
+  if (r.token_ids.map(String).join(",") !== toks.join(",")) p.push(`the repeat must carry the stream's tokens (${toks.length}), got ${r.token_ids.length}`);
+  return p;
+}
+
+test(`resend after the final chunk: the stream again, once, ${TRIALS} trials`, TT, async () => {
   await runTrials("after the final chunk", async (ctx) => {
     const req = small("rsf", { max_tokens: 8 });
     const s = generate(h.nc, NS, req);
     Object.assign(ctx, { s, req });
     await s.waitFinal(10000);
+    await sleep(QUIET_MS);
+    const n = s.msgs.length;
     publishGenerate(h.nc, NS, s);
-    await sleep(1000); // a resend after the final is ignored (for 60 s): nothing may come
+    publishGenerate(h.nc, NS, s); // twice: a stream is repeated once a second at most
+    await sleep(1000);
+    const extra = s.msgs.splice(n);
+    const p = repeatProblems(s, extra);
+    if (p.length) throw new Error(p.join("; "));
     return { s, req, pre: true };
   });
 });

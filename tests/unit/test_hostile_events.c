@@ -302,8 +302,11 @@ Test(hostile_events, still_open_a_forged_done_ends_a_live_request)
     kvr_buf_free(&b);
     cr_assert(eq(u32, hr_rd.pend.n, 0), "no longer in flight here");
     hr_generate("_INBOX.v", "live", 1, 128, 8);
-    cr_assert(eq(u64, hr_stat("data.resends_after_end"), 1), "the resend is ignored");
+    cr_assert(eq(u64, hr_stat("data.resends_after_end"), 1), "the resend is not routed again");
     cr_assert(eq(int, hr_count("kv.default.worker.1.generate", 0, NULL), 1));
+    cr_assert(eq(u64, hr_stat("data.repeats_asked"), 1), "but its worker, which still holds it, "
+                                                         "is asked to repeat the stream");
+    cr_assert(eq(int, hr_count("kv.default.worker.1.rebind", 0, NULL), 1));
 }
 
 /* A RebindAsk of worker wid for n keys, on worker sub's subject. */

@@ -505,15 +505,26 @@ static void cancel_request(const char *reply, const char *id)
     kvr_buf_free(&b);
 }
 
-Test(routerd, a_resend_after_the_end_is_ignored)
+Test(routerd, a_resend_after_the_end_asks_its_worker_for_a_repeat)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
     generate("_INBOX.e", "done-once", 1, 128);
-    worker_done(1, kvr_pending_key("_INBOX.e", "done-once"));
+    uint64_t key = kvr_pending_key("_INBOX.e", "done-once");
+    worker_done(1, key);
     size_t mark = rec_nsent;
     generate("_INBOX.e", "done-once", 1, 128);
-    cr_assert(eq(sz, rec_nsent, mark), "no second forward, no chunk: the client has its final");
+    const struct rec_sent *rb = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.rebind", mark, &rb), 1),
+              "its worker is asked to publish the stream again");
+    cr_assert(eq(sz, rec_nsent, mark + 1), "and nothing else: no second forward, no chunk");
+    cr_assert(eq(str, (char *)rb->reply, "_INBOX.e"), "the client's reply: the server's grant");
+    uint64_t got = 0;
+    bool again = false;
+    cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got, &again), KVR_OK));
+    cr_assert(eq(u64, got, key));
+    cr_assert(again, "a repeat, not a rebind after a cut");
     cr_assert(eq(u64, rd.n.resends_after_end, 1));
+    cr_assert(eq(u64, rd.n.repeats_asked, 1));
     generate("_INBOX.e", "another", 1, 128);
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", mark, NULL), 1));
 }
@@ -1016,8 +1027,10 @@ Test(routerd, a_worker_back_from_a_cut_is_rebound_to_its_own_clients_only)
     cr_assert(eq(int, rec_count(mine, mark, &rb), 1));
     cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"), "the client's reply: the server's grant");
     uint64_t got = 0;
-    cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got), KVR_OK));
+    bool again = true;
+    cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got, &again), KVR_OK));
     cr_assert(eq(u64, got, key));
+    cr_assert(not(again), "a rebind alone: the worker's own repeat follows");
     cr_assert(eq(u64, rd.n.rebinds_unknown, 1), "a key nobody booked is skipped");
     /* it ended just before the cut: its final may be repeated, so it is still rebound */
     worker_done(w, key);

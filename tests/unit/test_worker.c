@@ -521,11 +521,64 @@ Test(worker, a_stream_that_ended_around_the_cut_is_repeated_with_its_final)
     cr_assert(eq(u64, w.generate.errors, errors), "a repeat is no new error");
 
     kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_KEPT_NS + KVR_WK_REPEAT_DELAY_NS);
-    cr_assert(eq(u32, w.nkept, 0), "kept for a while only");
+    cr_assert(eq(u32, w.nkept, 3), "kept on, for a resend");
     uint64_t due = cut_and_back();
     mark = rec_nsent;
     kvr_worker_tick(&w, due);
     cr_assert(eq(int, chunks(mark, c, 16), 0), "ended long before this cut: not repeated");
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_RESEND_KEPT_NS + KVR_WK_REPEAT_DELAY_NS);
+    cr_assert(eq(u32, w.nkept, 0), "kept for a while only");
+}
+
+/* A router's WorkerRebind of key with repeat (a client's resend). */
+static void resend_rebind(uint64_t key)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, key, "r1", true), KVR_OK));
+    kvr_worker_on_rebind(&w, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(worker, a_resend_repeats_the_stream_once_a_second_at_most)
+{
+    forward(861, "e", 4, 0);
+    run();
+    size_t mark = rec_nsent;
+    resend_rebind(861);
+    struct kvr_wire_response c[16];
+    cr_assert(eq(int, chunks(mark, c, 16), 1), "the whole stream again, in one chunk");
+    cr_assert(eq(str, c[0].request_id, "e"));
+    cr_assert(eq(u32, c[0].position, 0));
+    cr_assert(eq(u32, c[0].ntokens, 4));
+    cr_assert(c[0].final, "with its final: the client can end it");
+    free_chunks(c, 1);
+    mark = rec_nsent;
+    resend_rebind(861); /* a client resending in a loop */
+    resend_rebind(862); /* a stream not here */
+    cr_assert(eq(sz, rec_nsent, mark), "refused: nothing sent");
+    cr_assert(eq(u64, w.c.resend_repeats, 1));
+    cr_assert(eq(u64, w.c.resend_refused, 2));
+    cr_assert(eq(u64, w.c.repeats, 0), "no cut repeat");
+
+    forward(863, "f", 10, 0); /* still generating (its done was forged at the routers) */
+    resend_rebind(863);
+    cr_assert(eq(u64, w.c.resend_refused, 3), "no token yet: nothing to repeat");
+    for (int i = 0; i < 4; i++)
+        step();
+    mark = rec_nsent;
+    resend_rebind(863);
+    int n = chunks(mark, c, 16);
+    cr_assert(eq(int, n, 1));
+    cr_assert(eq(u32, c[0].position, 0));
+    cr_assert(gt(u32, c[0].ntokens, 0), "the tokens so far");
+    cr_assert(not(c[0].final), "and it goes on");
+    free_chunks(c, n);
+    run();
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_RESEND_KEPT_NS + 1);
+    mark = rec_nsent;
+    resend_rebind(861);
+    cr_assert(eq(sz, rec_nsent, mark), "no longer kept: refused");
+    cr_assert(eq(u64, w.c.resend_refused, 4));
 }
 
 Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
@@ -629,9 +682,9 @@ Test(worker, a_rebind_is_counted_for_a_stream_here_only)
 {
     forward(911, "a", 20, 0);
     struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 911, "r1"), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 911, "r1", false), KVR_OK));
     kvr_worker_on_rebind(&w, b.data, b.len);
-    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 912, "r1"), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_rebind(&b, 912, "r1", false), KVR_OK));
     kvr_worker_on_rebind(&w, b.data, b.len);
     kvr_worker_on_rebind(&w, "\xff\xff", 2);
     cr_assert(eq(u64, w.c.rebinds, 1));
