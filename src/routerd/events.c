@@ -110,6 +110,9 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
      * refusal (shutting down, out of memory): its client was told and may try again. */
     if (status == KVR_OK || status == KVR_ERR_CANCELLED || status == KVR_ERR_DEADLINE)
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+    kvr_log(KVR_LOG_DEBUG, "request_ended",
+            "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,
+            p ? "true" : "false");
     return kvr_router_done_at(rd->core, key, now);
 }
 

@@ -320,6 +320,8 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     if (known || st != KVR_OK)
         return;
     g->imported++;
+    kvr_log(KVR_LOG_DEBUG, "decision_imported", "key=%016" PRIx64 " worker=%" PRIu64 " origin=%s",
+            d->rec.request_id, d->rec.worker_id, d->origin);
     g->repaired += repair;
     struct kvr_pending *p = NULL;
     st = kvr_pending_add(&rd->pend, d->rec.request_id, d->reply[0] ? d->reply : NULL, d->request_id,

@@ -26,6 +26,7 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
         /* the same client and id: a resend of a request the fleet has in flight; its answer
          * goes to the same inbox */
         rd->fleet->resends++;
+        kvr_log(KVR_LOG_DEBUG, "resend_absorbed", "key=%016" PRIx64, key);
         return true;
     }
     const struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);
@@ -33,7 +34,9 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
         return false;
     if (r->kind == KVR_RECENT_ENDED) {
         rd->n.resends_after_end++; /* its client lacks the stream, or has it and ignores more */
-        kvr_rebind_repeat(rd, key, reply, now);
+        bool asked = kvr_rebind_repeat(rd, key, reply, now);
+        kvr_log(KVR_LOG_DEBUG, "resend_after_end", "key=%016" PRIx64 " repeat_asked=%s", key,
+                asked ? "true" : "false");
         return true;
     }
     kvr_reply_error(&rd->generate, &rd->out, reply, id, r->outcome); /* the cancel came first */
@@ -68,6 +71,13 @@ static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, uin
     if (st != KVR_OK) {
         kvr_pending_drop(&rd->pend, p);
         return st;
+    }
+    if (kvr_log_enabled(KVR_LOG_DEBUG)) { /* the client's id, to find the key by */
+        char id[160];
+        kvr_log(KVR_LOG_DEBUG, "request_routed",
+                "key=%016" PRIx64 " id=\"%s\" worker=%" PRIu64 " overlap_blocks=%u queued=%s", key,
+                kvr_log_safe(id, sizeof id, q->request_id), d.worker_id, d.overlap_blocks,
+                d.queued ? "true" : "false");
     }
     if (!d.queued) { /* queued: PLACED forwards it */
         p->worker_id = d.worker_id;

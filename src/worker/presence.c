@@ -239,6 +239,8 @@ static void repeat_for_resend(struct kvr_worker *w, struct kvr_wreq *r, uint64_t
         return;
     }
     r->resent_at = now;
+    kvr_log(KVR_LOG_DEBUG, "stream_repeated_for_resend", "key=%016" PRIx64 " tokens=%u ended=%s",
+            r->key, r->ntoks, r->ended_at ? "true" : "false");
     kvr__worker_repeat(w, r);
     w->c.resend_repeats++;
 }

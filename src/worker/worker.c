@@ -179,6 +179,8 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
                    uint64_t now)
 {
     remember(w, r->key, outcome, silent, now);
+    kvr_log(KVR_LOG_DEBUG, "request_ended", "key=%016" PRIx64 " status=%d tokens=%u silent=%s",
+            r->key, (int)outcome, r->produced, silent ? "true" : "false");
     HASH_DEL(w->reqs, r);
     w->nreqs--;
     if (silent || w->clashed) {
@@ -403,6 +405,7 @@ static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q,
         HASH_ADD(hh, w->reqs, key, sizeof r->key, r);
         w->nreqs++;
         pthread_cond_signal(&w->cv);
+        kvr_log(KVR_LOG_DEBUG, "request_taken", "key=%016" PRIx64, key);
     } else if (r) {
         free_req(r);
     }

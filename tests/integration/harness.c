@@ -228,9 +228,17 @@ static pid_t spawn_with(const char *name, const char *const *args, const char *c
     return h_spawn(name, all);
 }
 
+/* The daemons' log level: KVR_IT_LOG_LEVEL (debug: each request's life by its key), else info. */
+static const char *log_level(void)
+{
+    const char *l = getenv("KVR_IT_LOG_LEVEL");
+    return l && *l ? l : "info";
+}
+
 pid_t h_router(const char *urls, const char *id, const char *const *extra)
 {
-    return spawn_with("kvrouter", H_ARGS("--nats", urls, "--id", id, "--log-level", "info"), extra);
+    return spawn_with("kvrouter", H_ARGS("--nats", urls, "--id", id, "--log-level", log_level()),
+                      extra);
 }
 
 pid_t h_worker(const char *urls, const char *id, int speedup, int heartbeat_ms,
@@ -241,7 +249,7 @@ pid_t h_worker(const char *urls, const char *id, int speedup, int heartbeat_ms,
     snprintf(hb, sizeof hb, "%d", heartbeat_ms);
     return spawn_with("kvworker",
                       H_ARGS("--nats", urls, "--id", id, "--speedup", s, "--heartbeat-ms", hb,
-                             "--drain-timeout-ms", "2000", "--log-level", "info"),
+                             "--drain-timeout-ms", "2000", "--log-level", log_level()),
                       extra);
 }
 
