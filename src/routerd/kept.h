@@ -1,8 +1,10 @@
 /*
  * The reply subjects of the last KVR_KEPT_MAX requests that ended here, by key, with the worker
  * that served each and when it ended: what a rebind after a worker's cut needs of a request that
- * ended just before it (rebind.h). A fixed ring, the oldest reused first, and a kvr_map from key
- * to slot (salted: keys a client chose cannot be aimed at one probe run).
+ * ended just before it, and a repeat for a client's resend after the end (rebind.h). A fixed
+ * ring, the oldest reused first, within KVR_KEPT_BYTES of reply subjects (the oldest released
+ * first when over), and a kvr_map from key to slot (salted: keys a client chose cannot be aimed
+ * at one probe run).
  * Pure; not thread-safe (the router's state mutex covers it).
  */
 #ifndef KVR_RD_KEPT_H
@@ -13,18 +15,23 @@
 #include "kvr/status.h"
 #include "map.h"
 
-#define KVR_KEPT_MAX 4096u /* ended requests whose reply subject is kept */
+#define KVR_KEPT_MAX   65536u            /* ended requests whose reply subject is kept */
+#define KVR_KEPT_BYTES (8u * 1024 * 1024) /* their reply subjects' bytes, at most */
 
 struct kvr_kept_item {
     uint64_t key;       /* 0: the slot is free */
     uint64_t worker_id; /* where it ran */
     uint64_t at;        /* when it ended (monotonic ns) */
     char *reply;        /* the client's reply subject (owned) */
+    uint32_t bytes;     /* its size, counted in bytes */
 };
 
 struct kvr_kept {
     struct kvr_kept_item *slots; /* KVR_KEPT_MAX, reused oldest first */
     uint32_t next;               /* the slot the next one takes */
+    uint32_t oldest;             /* the oldest slot of [oldest, next) (the ring's way), */
+    uint32_t span;               /* that many slots: every used one is in it */
+    uint64_t bytes;              /* the reply subjects' bytes, at most KVR_KEPT_BYTES */
     struct kvr_map at;           /* key -> slot, over the used slots */
 };
 
