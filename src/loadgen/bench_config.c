@@ -98,7 +98,8 @@ static size_t load_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t
         OPT("block-size", KVR_OPT_U32, &c->block_size, 1, UINT32_MAX, "block size, likewise"),
         OPT("timeout-ms", KVR_OPT_MS, &c->timeout_ns, 0, 0, "give up on a run after this long"),
         OPT("resend-ms", KVR_OPT_MS, &c->resend_ns, 0, 0,
-            "send a request again when nothing came back for this long (0: never)"),
+            "send a request again when its stream stalls this long: nothing came, nothing new "
+            "before its final, or positions missing for half as long (0: never)"),
     };
     return append(t, n, o, sizeof o / sizeof o[0]);
 }

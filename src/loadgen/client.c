@@ -79,7 +79,7 @@ static uint32_t end_of(const struct kvr_wire_response *r)
  * Under mu: chunk r of the stream's own worker, kept by position (docs/protocol.md): what it
  * covers anew is added, a chunk above what is held waits for its hole to fill. The new tokens.
  */
-static uint32_t take(struct kvr_client_req *q, const struct kvr_wire_response *r)
+static uint32_t take(struct kvr_client_req *q, const struct kvr_wire_response *r, uint64_t now)
 {
     uint32_t a = r->position, b = end_of(r), before = held(q, UINT32_MAX);
     q->max_end = b > q->max_end ? b : q->max_end;
@@ -95,6 +95,10 @@ static uint32_t take(struct kvr_client_req *q, const struct kvr_wire_response *r
         memmove(q->held[0], q->held[1], (q->nheld - 1) * sizeof q->held[0]);
         q->nheld--;
     }
+    if (q->max_end <= q->have)
+        q->t_hole = 0;
+    else if (!q->t_hole)
+        q->t_hole = now ? now : 1;
     return held(q, UINT32_MAX) - before;
 }
 
@@ -186,7 +190,7 @@ static int64_t record(struct kvr_client *c, struct kvr_client_req *q,
     bool own = !w || w == q->worker;
     uint32_t fresh = 0;
     if (own) {
-        fresh = take(q, r);
+        fresh = take(q, r, now);
     } else { /* a second stream: its tokens are never part of the answer */
         q->worker2 = w;
         q->tokens2 += r->ntokens;
@@ -490,19 +494,37 @@ void kvr_client_cancel(struct kvr_client *c, uint32_t i, const char *request_id)
     kvr_buf_free(&b);
 }
 
+/* The later of two times. */
+static uint64_t later(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Under mu: whether q, not decided, has stalled at now (docs/protocol.md, "Resending"). */
+static bool stalled(const struct kvr_client_req *q, uint64_t resend_ns, uint64_t now)
+{
+    uint64_t since = later(q->t_send, q->t_resent);
+    if (!q->heard) /* nothing at all: its router may have died with it, or it was lost whole */
+        return now - since >= resend_ns;
+    if (q->t_hole) /* positions missing: wait half as long, so the repeat beats the final's 2 s */
+        return now - later(since, q->t_hole) >= resend_ns / 2;
+    return !q->t_end && now - later(since, q->t_last) >= resend_ns; /* silent short of its end */
+}
+
 /*
- * Under mu: what a client of a router fleet does when nothing came back for resend_ns (its
- * router may have died with the request): send it again; a router that has it in flight absorbs
- * the resend. At most 3 times per request. Returns the resends.
+ * Under mu: what a client of a router fleet does when its stream stalls for resend_ns (nothing
+ * came: its router may have died with the request, or the stream was lost; nothing new came
+ * before the final; positions stayed missing): send it again; a router that has it in flight
+ * absorbs the resend and its worker repeats the stream so far. At most 3 times per request.
+ * Returns the resends.
  */
-static uint32_t resend_silent(struct kvr_client *c, uint64_t resend_ns)
+static uint32_t resend_stalled(struct kvr_client *c, uint64_t resend_ns)
 {
     uint64_t now = kvr_now_ns();
     uint32_t sent = 0;
     for (uint32_t i = 0; resend_ns && i < c->n; i++) {
         struct kvr_client_req *q = &c->reqs[i];
-        uint64_t last = q->t_resent ? q->t_resent : q->t_send;
-        if (!q->sent || q->heard || q->done || q->resends >= 3 || now - last < resend_ns)
+        if (!q->sent || q->done || q->resends >= 3 || !stalled(q, resend_ns, now))
             continue;
         sent++;
         pthread_mutex_unlock(&c->mu);
@@ -534,7 +556,7 @@ uint32_t kvr_client_wait_all(struct kvr_client *c, uint64_t deadline_ns, uint64_
     uint32_t resent = 0;
     pthread_mutex_lock(&c->mu);
     while (c->ndone < c->n && kvr_now_ns() < deadline_ns) {
-        resent += resend_silent(c, resend_ns);
+        resent += resend_stalled(c, resend_ns);
         expire_some(c, UINT32_MAX);
         timed_wait(c, 100 * KVR_NS_PER_MS);
     }

@@ -44,6 +44,7 @@ struct kvr_client_req {
     uint64_t t_final;                   /* decided */
     uint64_t t_cancel;                  /* a CancelRequest went out; 0: none */
     uint64_t t_resent;                  /* last resend; 0: none */
+    uint64_t t_hole;                    /* since when positions below max_end are missing; 0 */
     uint32_t ntok;                      /* new tokens until decided (what the answer carried) */
     uint32_t have;                      /* positions [0, have) held, from the stream's worker */
     uint32_t held[KVR_CLIENT_HOLES][2]; /* ranges [a, b) held above have: sorted, apart */

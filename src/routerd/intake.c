@@ -26,7 +26,9 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
         /* the same client and id: a resend of a request the fleet has in flight; its answer
          * goes to the same inbox */
         rd->fleet->resends++;
-        kvr_log(KVR_LOG_DEBUG, "resend_absorbed", "key=%016" PRIx64, key);
+        bool asked = kvr_rebind_repeat(rd, key, reply, now);
+        kvr_log(KVR_LOG_DEBUG, "resend_absorbed", "key=%016" PRIx64 " repeat_asked=%s", key,
+                asked ? "true" : "false");
         return true;
     }
     const struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);

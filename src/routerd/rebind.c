@@ -36,11 +36,17 @@ static void rebind_subject(const struct kvr_rd *rd, uint64_t wid, char *subject,
 
 bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now)
 {
-    const struct kvr_kept_item *it = kvr_kept_find(&rd->kept, key);
-    if (!it || now - it->at > KVR_REPEAT_KEPT_NS || strcmp(it->reply, reply) != 0)
+    uint64_t wid = 0;
+    const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
+    const struct kvr_kept_item *it = p ? NULL : kvr_kept_find(&rd->kept, key);
+    if (p && p->reply && !strcmp(p->reply, reply))
+        wid = p->worker_id; /* 0 while queued: nothing streamed yet */
+    else if (it && now - it->at <= KVR_REPEAT_KEPT_NS && !strcmp(it->reply, reply))
+        wid = it->worker_id;
+    if (!wid)
         return false;
     char subject[600];
-    rebind_subject(rd, it->worker_id, subject, sizeof subject);
+    rebind_subject(rd, wid, subject, sizeof subject);
     if (kvr_wire_encode_worker_rebind(&rd->buf, key, rd->cfg->id, true) != KVR_OK) {
         rd->out.dropped++;
         return false;

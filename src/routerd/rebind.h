@@ -28,11 +28,13 @@
 void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
 
 /*
- * Under mu: the client resent key (reply: its reply subject) after it ended here. A client
- * resends only when nothing came for 2 s, so its stream was lost whole (a worker on another
- * server node that answered before that node knew the inbox, docs/protocol.md). While the reply
- * subject is kept (KVR_REPEAT_KEPT_NS after the end), ask its worker to publish the stream again
- * (a WorkerRebind with repeat, the client's reply as its reply); false when it is not kept.
+ * Under mu: the client resent key (reply: its reply subject). A client resends when its stream
+ * made no progress for 2 s (nothing came, a gap stayed open, or it stopped short of its final):
+ * chunks were lost on their way (a worker on another server node that answered before that node
+ * knew the inbox, a slow consumer's drops; docs/protocol.md). So ask the worker that has it to
+ * publish the stream again (a WorkerRebind with repeat, the client's reply as its reply): while
+ * it is in flight on a worker (pending here with that reply), or for KVR_REPEAT_KEPT_NS after it
+ * ended. false when neither.
  */
 bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now);
 

@@ -184,6 +184,32 @@ Test(contract, a_resend_at_any_moment_is_answered_once)
     h_end();
 }
 
+/*
+ * Watch the workers' events on subject (into *ev), then send a request of 256 tokens (base)
+ * wanting max_tokens that nobody listens for yet: the server drops its chunks, as a cluster node
+ * that has not heard of the inbox does.
+ */
+static void send_unheard(struct stream *s, const char *subject, natsSubscription **ev,
+                         const char *id, uint32_t base, uint32_t max_tokens)
+{
+    cr_assert(eq(int, natsConnection_SubscribeSync(ev, nc, subject), NATS_OK));
+    natsSubscription_SetPendingLimits(*ev, -1, -1);
+    start(s, id, base, 256, max_tokens, NULL, 0);
+    natsSubscription_Unsubscribe(s->sub);
+    natsSubscription_Destroy(s->sub);
+    s->sub = NULL;
+    natsConnection_Flush(nc);
+    send_again(s);
+}
+
+/* From now on, s's inbox is listened to. */
+static void listen_now(struct stream *s)
+{
+    cr_assert(eq(int, natsConnection_SubscribeSync(&s->sub, nc, s->inbox), NATS_OK));
+    natsSubscription_SetPendingLimits(s->sub, -1, -1);
+    natsConnection_Flush(nc);
+}
+
 /* Wait (at most ms) on sub (kv.default.ev.*.done) for a done of a request that streamed tokens. */
 static bool done_of(natsSubscription *sub, uint32_t tokens, int ms)
 {
@@ -205,21 +231,11 @@ Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
 {
     fleet(20);
     natsSubscription *dones = NULL;
-    cr_assert(eq(int, natsConnection_SubscribeSync(&dones, nc, "kv.default.ev.*.done"), NATS_OK));
-    natsSubscription_SetPendingLimits(dones, -1, -1);
-    natsConnection_Flush(nc);
     struct stream s;
-    start(&s, "lost-whole", 4242, 256, 24, NULL, 0);
-    /* nobody listens on the inbox yet: the server drops the whole stream, final included, as a
-     * cluster node that had not heard of the inbox does */
-    natsSubscription_Unsubscribe(s.sub);
-    natsSubscription_Destroy(s.sub);
-    natsConnection_Flush(nc);
-    send_again(&s);
+    send_unheard(&s, "kv.default.ev.*.done", &dones, "lost-whole", 4242, 24); /* final included */
     cr_assert(done_of(dones, 24, 20000), "the request never ended on its worker");
     natsSubscription_Destroy(dones);
-    cr_assert(eq(int, natsConnection_SubscribeSync(&s.sub, nc, s.inbox), NATS_OK));
-    natsConnection_Flush(nc);
+    listen_now(&s);
     send_again(&s); /* nothing came for a while: the client resends */
     uint64_t end = h_now_ms() + 5000;
     while (!s.finals && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
@@ -229,6 +245,52 @@ Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
     one_answer(&s, 24, "a resend of a stream lost whole");
     cr_assert(eq(u32, s.repeats, 0), "%u repeats: a resend repeats the stream once", s.repeats);
     fprintf(stderr, "  a stream lost whole: the whole stream again on the resend, once\n");
+    h_end();
+}
+
+/* Wait (at most ms) on sub (kv.default.ev.*.tokens) until one request took n output blocks. */
+static bool output_blocks(natsSubscription *sub, uint32_t n, int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms, key = 0;
+    uint32_t seen = 0;
+    natsMsg *m = NULL;
+    while (seen < n &&
+           natsSubscription_NextMsg(&m, sub, (int64_t)end - (int64_t)h_now_ms() + 1) == NATS_OK) {
+        struct kvr_wire_tokens t;
+        if (kvr_wire_decode_tokens(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &t) ==
+                KVR_OK &&
+            t.kind == KVR_WIRE_OUTPUT_BLOCK && (!key || t.key == key)) {
+            key = t.key;
+            seen++;
+        }
+        natsMsg_Destroy(m);
+    }
+    return seen == n;
+}
+
+Test(contract, a_stream_that_lost_its_first_chunks_is_filled_by_a_resend)
+{
+    fleet(2); /* slow: the stream is still going when the resend comes */
+    natsSubscription *ev = NULL;
+    struct stream s;
+    send_unheard(&s, "kv.default.ev.*.tokens", &ev, "lost-head", 4343, 300);
+    /* two output blocks: more than a block of tokens (64) went out to nobody */
+    cr_assert(output_blocks(ev, 2, 20000), "the request never took two output blocks");
+    natsSubscription_Destroy(ev);
+    listen_now(&s);
+    cr_assert(read_one(&s, 10000), "no chunk after subscribing");
+    cr_assert(gt(u32, s.gaps, 0), "the first chunk seen starts above position 0: a gap");
+    send_again(&s); /* positions missing: the client resends */
+    finish(&s, 30000, 300);
+    cr_assert(eq(u32, s.finals, 1), "%u final chunks", s.finals);
+    cr_assert(eq(u32, s.code, 0));
+    cr_assert(eq(u32, s.have, 300),
+              "%u of 300 tokens in order from position 0: the repeat did "
+              "not fill the gap",
+              s.have);
+    cr_assert(eq(u32, s.workers + s.after, 0));
+    cr_assert(s.final_ms != 0);
+    fprintf(stderr, "  a stream that lost its first chunks: filled by one repeat on the resend\n");
     h_end();
 }
 

@@ -22,9 +22,31 @@ const h = useFleet("resend", [
     routerArgs: BUSY_ROUTER_ARGS, workerArgs: BUSY_WORKER_ARGS },
 ]);
 
+// A resend while the stream is in flight may bring the tokens so far again (docs/protocol.md,
+// "Resending"): a repeat, from position 0, whose tokens agree with those already received.
+function repeatProblems(s) {
+  const p = [];
+  const byPos = [];
+  let n = 0;
+  s.chunks.forEach((c, i) => {
+    if (c.position < n) {
+      if (c.position !== 0) p.push(`chunk #${i} repeats from position ${c.position}: a repeat starts at 0`);
+      c.token_ids.forEach((t, k) => {
+        const at = c.position + k;
+        if (at < n && String(byPos[at]) !== String(t)) p.push(`chunk #${i} repeats position ${at} with another token`);
+      });
+    }
+    c.token_ids.forEach((t, k) => { byPos[c.position + k] = t; });
+    n = Math.max(n, c.position + c.token_ids.length);
+  });
+  return p.slice(0, 3);
+}
+
 // The contract's demands on one resent request's stream, as a list of problems.
 function trialProblems(s, req) {
-  const p = streamProblems(s, { requestId: req.request_id, maxTokens: req.max_tokens });
+  const p = streamProblems(s, { requestId: req.request_id, maxTokens: req.max_tokens,
+    strictPositions: false });
+  p.push(...repeatProblems(s));
   const f = s.final;
   if (f && f.error_code !== 0) p.push(`the final chunk must be OK (0), got ${f.error_code} ("${f.error}")`);
   if (f && f.finish_reason !== "length") p.push(`finish_reason must be "length", got "${f.finish_reason}"`);
@@ -172,7 +194,7 @@ test(`resend while decoding (after 3 chunks), ${TRIALS} trials`, TT, async () =>
 // What a resend after the final chunk brings: one repeat of the whole stream (the client resends
 // only when nothing came, so the fleet takes the stream as lost), nothing else; a client ignores
 // it once it has the stream.
-function repeatProblems(s, extra) {
+function afterFinalProblems(s, extra) {
   const chunks = extra.map((m) => m.chunk);
   if (extra.length === 0) return ["a resend within 10 s of the end must bring the stream again (its worker keeps it that long), nothing came"];
   if (extra.length > 1 || !chunks[0]) {
@@ -199,7 +221,7 @@ test(`resend after the final chunk: the stream again, once, ${TRIALS} trials`, T
     publishGenerate(h.nc, NS, s); // twice: a stream is repeated once a second at most
     await sleep(1000);
     const extra = s.msgs.splice(n);
-    const p = repeatProblems(s, extra);
+    const p = afterFinalProblems(s, extra);
     if (p.length) throw new Error(p.join("; "));
     return { s, req, pre: true };
   });

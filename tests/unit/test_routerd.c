@@ -180,6 +180,16 @@ Test(routerd, a_resend_is_absorbed_not_routed_twice)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
     cr_assert(eq(u64, rd.fleet->resends, 1));
     cr_assert(eq(u64, rd.generate.errors, 0), "a resend is no error");
+    const struct rec_sent *rb = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.rebind", 0, &rb), 1),
+              "its worker is asked for the stream so far (the client lacks some of it)");
+    cr_assert(eq(str, (char *)rb->reply, "_INBOX.c1"));
+    uint64_t got = 0;
+    bool again = false;
+    cr_assert(eq(int, kvr_wire_decode_worker_rebind(rb->data, rb->len, &got, &again), KVR_OK));
+    cr_assert(eq(u64, got, kvr_pending_key("_INBOX.c1", "same")));
+    cr_assert(again);
+    cr_assert(eq(u64, rd.n.repeats_asked, 1));
     generate("_INBOX.c2", "same", 1, 128); /* another client may use the same id */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2));
 }
