@@ -197,7 +197,7 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
     }
     uint32_t resent = kvr_client_wait_all(c, kvr_now_ns() + cfg->timeout_ns, cfg->resend_ns);
     if (resent)
-        kvr_log(KVR_LOG_WARN, "resent", "requests=%u (nothing came back for %" PRIu64 " ms)",
+        kvr_log(KVR_LOG_WARN, "resent", "requests=%u (their streams stalled for %" PRIu64 " ms)",
                 resent, (uint64_t)(cfg->resend_ns / KVR_NS_PER_MS));
     kvr_sleep_ns(cfg->linger_ns); /* a second final or stream may still be on its way */
     kvr_client_contract(c, 0, rp->wl.nreqs, &rp->contract[rp->run - 1]);
