@@ -15,7 +15,7 @@
 #include "kvr/status.h"
 #include "map.h"
 
-#define KVR_KEPT_MAX   65536u            /* ended requests whose reply subject is kept */
+#define KVR_KEPT_MAX   65536u             /* ended requests whose reply subject is kept */
 #define KVR_KEPT_BYTES (8u * 1024 * 1024) /* their reply subjects' bytes, at most */
 
 struct kvr_kept_item {
