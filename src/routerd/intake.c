@@ -22,25 +22,23 @@ _Static_assert(KVR_PENDING_REPLY_MAX == KVR_REPLY_MAX && KVR_PENDING_ID_MAX == K
 static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, const char *id,
                         uint64_t now)
 {
-    if (kvr_pending_find(&rd->pend, key)) {
-        /* the same client and id: a resend of a request the fleet has in flight; its answer
-         * goes to the same inbox */
-        rd->fleet->resends++;
-        bool asked = kvr_rebind_repeat(rd, key, reply, now);
-        kvr_log(KVR_LOG_DEBUG, "resend_absorbed", "key=%016" PRIx64 " repeat_asked=%s", key,
-                asked ? "true" : "false");
+    const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
+    const struct kvr_recent_item *r = p ? NULL : kvr_recent_find(&rd->recent, key, now);
+    if (p || (r && r->kind == KVR_RECENT_ENDED)) {
+        /* the same client and id: a resend of a request the fleet has in flight (its answer goes
+         * to the same inbox), or of one that ended (its client lacks the stream, or has it and
+         * ignores more); either way its stream stalled, so its worker is asked to repeat it */
+        if (p)
+            rd->fleet->resends++;
+        else
+            rd->n.resends_after_end++;
+        bool asked = kvr_rebind_repeat(rd, p, key, reply, now);
+        kvr_log(KVR_LOG_DEBUG, p ? "resend_absorbed" : "resend_after_end",
+                "key=%016" PRIx64 " repeat_asked=%s", key, asked ? "true" : "false");
         return true;
     }
-    const struct kvr_recent_item *r = kvr_recent_find(&rd->recent, key, now);
     if (!r)
         return false;
-    if (r->kind == KVR_RECENT_ENDED) {
-        rd->n.resends_after_end++; /* its client lacks the stream, or has it and ignores more */
-        bool asked = kvr_rebind_repeat(rd, key, reply, now);
-        kvr_log(KVR_LOG_DEBUG, "resend_after_end", "key=%016" PRIx64 " repeat_asked=%s", key,
-                asked ? "true" : "false");
-        return true;
-    }
     kvr_reply_error(&rd->generate, &rd->out, reply, id, r->outcome); /* the cancel came first */
     rd->n.cancelled_early++;
     kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);

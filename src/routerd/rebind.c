@@ -34,10 +34,10 @@ static void rebind_subject(const struct kvr_rd *rd, uint64_t wid, char *subject,
     snprintf(subject, len, "%s%" PRIu64 ".rebind", rd->subj_worker, wid);
 }
 
-bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now)
+bool kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
+                       const char *reply, uint64_t now)
 {
     uint64_t wid = 0;
-    const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     const struct kvr_kept_item *it = p ? NULL : kvr_kept_find(&rd->kept, key);
     if (p && p->reply && !strcmp(p->reply, reply))
         wid = p->worker_id; /* 0 while queued: nothing streamed yet */

@@ -36,7 +36,9 @@ void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
  * it is in flight on a worker (pending here with that reply), or for KVR_REPEAT_KEPT_NS after it
  * ended. false when neither.
  */
-bool kvr_rebind_repeat(struct kvr_rd *rd, uint64_t key, const char *reply, uint64_t now);
+/* p: key's pending entry here, or NULL (then the kept reply subjects are looked at). */
+bool kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
+                       const char *reply, uint64_t now);
 
 /* Under mu: worker wid's RebindAsk data[0..len): queue a WorkerRebind for each key booked on it. */
 kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
