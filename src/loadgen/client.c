@@ -167,9 +167,22 @@ static int64_t decide(struct kvr_client *c, struct kvr_client_req *q, uint32_t s
 }
 
 /* Under mu: q's stream, ended 2 s ago with positions still missing, is decided interrupted. */
+/* The later of two times. */
+static uint64_t later(uint64_t a, uint64_t b)
+{
+    return a > b ? a : b;
+}
+
+/* How long ago t was at now; 0 when t is later (a chunk recorded while mu was let go, after now
+ * was read). */
+static uint64_t ago(uint64_t now, uint64_t t)
+{
+    return now > t ? now - t : 0;
+}
+
 static int64_t expire(struct kvr_client *c, struct kvr_client_req *q, uint64_t now)
 {
-    if (q->done || !q->t_end || now - q->t_end < 2 * KVR_NS_PER_S)
+    if (q->done || !q->t_end || ago(now, q->t_end) < 2 * KVR_NS_PER_S)
         return -1;
     return decide(c, q, KVR_INTERRUPTED_PENDING, true, now);
 }
@@ -494,21 +507,15 @@ void kvr_client_cancel(struct kvr_client *c, uint32_t i, const char *request_id)
     kvr_buf_free(&b);
 }
 
-/* The later of two times. */
-static uint64_t later(uint64_t a, uint64_t b)
-{
-    return a > b ? a : b;
-}
-
 /* Under mu: whether q, not decided, has stalled at now (docs/protocol.md, "Resending"). */
 static bool stalled(const struct kvr_client_req *q, uint64_t resend_ns, uint64_t now)
 {
     uint64_t since = later(q->t_send, q->t_resent);
     if (!q->heard) /* nothing at all: its router may have died with it, or it was lost whole */
-        return now - since >= resend_ns;
+        return ago(now, since) >= resend_ns;
     if (q->t_hole) /* positions missing: wait half as long, so the repeat beats the final's 2 s */
-        return now - later(since, q->t_hole) >= resend_ns / 2;
-    return !q->t_end && now - later(since, q->t_last) >= resend_ns; /* silent short of its end */
+        return ago(now, later(since, q->t_hole)) >= resend_ns / 2;
+    return !q->t_end && ago(now, later(since, q->t_last)) >= resend_ns; /* silent short of end */
 }
 
 /*
