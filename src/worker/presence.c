@@ -228,17 +228,20 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
 /*
  * Under mu: the client resent key, which a router knew as ended here (or, after a forged done, a
  * stream still held): its stream again, from position 0, if it is still here whole and was not
- * repeated for a resend in the last KVR_WK_RESEND_GAP_NS (so a client resending in a loop costs
- * one stream a second). Only to the reply the request came with, never to the rebind's.
+ * repeated for a resend in the last KVR_WK_RESEND_GAP_NS nor KVR_WK_RESEND_MAX times already (so
+ * a client resending in a loop costs at most that many copies of the stream, one a second). Only to
+ * the reply the request came with, never to the rebind's.
  */
 static void repeat_for_resend(struct kvr_worker *w, struct kvr_wreq *r, uint64_t now)
 {
     if (!r || w->clashed || r->ntoks != r->produced || (!r->ended_at && !r->ntoks) ||
+        r->resends >= KVR_WK_RESEND_MAX ||
         (r->resent_at && now - r->resent_at < KVR_WK_RESEND_GAP_NS)) {
         w->c.resend_refused++;
         return;
     }
     r->resent_at = now;
+    r->resends++;
     kvr_log(KVR_LOG_DEBUG, "stream_repeated_for_resend", "key=%016" PRIx64 " tokens=%u ended=%s",
             r->key, r->ntoks, r->ended_at ? "true" : "false");
     kvr__worker_repeat(w, r);

@@ -164,7 +164,8 @@ static void prune_kept(struct kvr_worker *w, uint64_t now)
     struct kvr_wreq *r;
     while ((r = w->kept) && (w->nkept > KVR_WK_KEPT_MAX || w->kept_tokens > KVR_WK_KEPT_TOKENS ||
                              (!w->cut_at && r->ended_at + KVR_WK_RESEND_KEPT_NS <= now))) {
-        HASH_DELETE(hk, w->kept_by, r);
+        if (!r->superseded)
+            HASH_DELETE(hk, w->kept_by, r);
         if (!(w->kept = r->next))
             w->kept_tail = NULL;
         w->nkept--;
@@ -195,6 +196,12 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
     else
         w->kept = r;
     w->kept_tail = r;
+    struct kvr_wreq *older;
+    HASH_FIND(hk, w->kept_by, &r->key, sizeof r->key, older);
+    if (older) { /* the key ended here before (recent lost it): the newer stream is the one kept */
+        HASH_DELETE(hk, w->kept_by, older);
+        older->superseded = true; /* freed in turn by prune_kept */
+    }
     HASH_ADD(hk, w->kept_by, key, sizeof r->key, r);
     w->nkept++;
     w->kept_tokens += r->ntoks;
@@ -593,8 +600,8 @@ static void expire(struct kvr_worker *w, uint64_t now)
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at)
 {
     uint64_t from = cut_at > KVR_WK_KEPT_NS ? cut_at - KVR_WK_KEPT_NS : 0;
-    if (r->ntoks != r->produced)
-        return false; /* short of its tokens (memory ran out): it cannot be repeated */
+    if (r->ntoks != r->produced || r->superseded)
+        return false; /* short of its tokens (memory ran out), or a newer stream of its key */
     return r->ended_at ? r->ended_at >= from : r->ntoks > 0;
 }
 

@@ -25,7 +25,8 @@
  *
  * Resends: a client that got nothing for 2 s resends; a router that knows the request ended
  * sends a WorkerRebind with repeat (its stream was lost whole, docs/protocol.md), and the worker
- * repeats the stream kept under that key, at most once per KVR_WK_RESEND_GAP_NS.
+ * repeats the stream kept under that key, at most once per KVR_WK_RESEND_GAP_NS and
+ * KVR_WK_RESEND_MAX times in all (what a resending client can cost is bounded by its stream).
  *
  * Rebinds: on a server that lets a worker answer clients only by response permission
  * (allow_responses), the right to answer a client belongs to the connection that received its
@@ -76,7 +77,8 @@
 #define KVR_WK_RESEND_KEPT_NS                                                                      \
     (10000ull * 1000000ull) /* an ended stream is kept this long, for a repeat on a resend */
 #define KVR_WK_RESEND_GAP_NS                                                                       \
-    (1000ull * 1000000ull) /* a resend repeats a stream this often, at most */
+    (1000ull * 1000000ull)   /* a resend repeats a stream this often, at most */
+#define KVR_WK_RESEND_MAX 3u /* and this many times in all */
 #define KVR_WK_LIST_AFTER_CUT_NS                                                                   \
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
@@ -106,6 +108,8 @@ struct kvr_wreq {
     uint64_t deadline;                           /* monotonic ns by which it must end; 0: none */
     uint64_t ended_at;     /* ended (kept for a repeat): monotonic ns; 0 while held */
     uint64_t resent_at;    /* the last repeat on a client's resend (monotonic ns); 0: none */
+    uint8_t resends;       /* repeats on a client's resend so far (at most KVR_WK_RESEND_MAX) */
+    bool superseded;       /* ended, then the same key ended here again: out of kept_by, inert */
     kvr_status outcome;    /* ended: its final chunk's code */
     struct kvr_wreq *next; /* ended: the next kept, in the order they ended */
     UT_hash_handle hh;     /* held: by key; the worker owns the item */

@@ -581,6 +581,55 @@ Test(worker, a_resend_repeats_the_stream_once_a_second_at_most)
     cr_assert(eq(u64, w.c.resend_refused, 4));
 }
 
+/* The stream kept under key (NULL: none). */
+static struct kvr_wreq *kept_stream(uint64_t key)
+{
+    struct kvr_wreq *r;
+    HASH_FIND(hk, w.kept_by, &key, sizeof key, r);
+    return r;
+}
+
+Test(worker, a_resend_repeats_a_stream_a_few_times_in_all)
+{
+    forward(865, "g", 4, 0);
+    run();
+    struct kvr_wreq *r = kept_stream(865);
+    cr_assert(not(eq(ptr, r, NULL)));
+    for (unsigned i = 0; i < KVR_WK_RESEND_MAX + 2; i++) {
+        r->resent_at = 1; /* as if the last repeat were long ago */
+        resend_rebind(865);
+    }
+    cr_assert(eq(u64, w.c.resend_repeats, KVR_WK_RESEND_MAX), "a client resending in a loop");
+    cr_assert(eq(u64, w.c.resend_refused, 2), "gets no more than this many copies");
+}
+
+Test(worker, a_key_that_ended_here_twice_keeps_its_newer_stream)
+{
+    forward(867, "old", 3, 0);
+    run();
+    kvr_recent_expire(&w.recent, kvr_now_ns() + 3600 * KVR_NS_PER_S); /* recent lost the key */
+    forward(867, "new", 5, 0);
+    run();
+    cr_assert(eq(u32, w.nkept, 2), "both in the budget until pruned in turn");
+    cr_assert(eq(str, kept_stream(867)->request_id, "new"));
+    size_t mark = rec_nsent;
+    resend_rebind(867);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1), "one repeat: the newer stream's");
+    cr_assert(eq(str, c[0].request_id, "new"));
+    cr_assert(eq(u32, c[0].ntokens, 5));
+    free_chunks(c, 1);
+    mark = rec_nsent;
+    cut_and_back();
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
+    cr_assert(eq(int, chunks(mark, c, 4), 1), "a cut repeats the newer stream only");
+    cr_assert(eq(str, c[0].request_id, "new"));
+    free_chunks(c, 1);
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_RESEND_KEPT_NS + KVR_WK_REPEAT_DELAY_NS);
+    cr_assert(eq(u32, w.nkept, 0), "both freed");
+    cr_assert(eq(ptr, kept_stream(867), NULL));
+}
+
 Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
 {
     forward(801, "a", 3, 0);
