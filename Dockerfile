@@ -5,7 +5,7 @@
 #
 # Two stages: `build` installs the project's own package list (scripts/deps.sh, the same list the
 # README's commands use) and builds with meson in release mode; `runtime` holds the binaries, the
-# shared libraries they link (nats.c, protobuf-c, xxHash, libmicrohttpd; libcurl,
+# shared libraries they link (nats.c, protobuf-c, xxHash, libmicrohttpd, libevent; libcurl,
 # libzmq and msgpack-c for the adapter and the engine stand-in) and traces/ for kvbench's trace workloads.
 # The library package names below are bookworm's (nats.c 3.4.1, as on the development machines).
 
@@ -27,7 +27,7 @@ RUN bash scripts/build.sh build --buildtype=release -Dtests=false \
 FROM ${DEBIAN_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
-    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 \
+    && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 libevent-2.1-7 libevent-pthreads-2.1-7 \
          libcurl4 libzmq5 libmsgpackc2 >/dev/null \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /opt/kvrouter \

@@ -12,7 +12,12 @@
  * forward). bench/router_cpu.sh runs it in the router's place with FLOOR=1 and measures it from
  * /proc.
  *
- * usage: relay_floor --nats URL [--worker ID]   (namespace "default", prefix "kv"; SIGTERM ends it)
+ * With --loop, both connections are read by one thread of its own (src/net/loop.h) and both
+ * subscriptions are synchronous, taken right after each read: the floor with no hand-off from
+ * nats.c's reader thread to a delivery thread (kvrouter does this for its generates).
+ *
+ * usage: relay_floor --nats URL [--worker ID] [--loop]   (namespace "default", prefix "kv";
+ * SIGTERM ends it)
  * Prints msg=relay_started once subscribed, and msg=relay_stopped forwards=N events=M at the end.
  */
 #include <inttypes.h>
@@ -26,6 +31,7 @@
 #include <nats/nats.h>
 
 #include "codec.h"
+#include "loop.h"
 #include "util.h"
 
 struct relay {
@@ -34,6 +40,8 @@ struct relay {
     struct kvr_buf buf; /* the generate callback's alone: one subscription, one thread */
     uint64_t key;
     atomic_uint_fast64_t forwards, events, failed;
+    struct kvr_loop loop;                        /* --loop: reads both connections */
+    _Atomic(natsSubscription *) gen_sub, ev_sub; /* --loop: set once subscribed */
 };
 
 static volatile sig_atomic_t stop;
@@ -44,11 +52,8 @@ static void on_signal(int sig)
     stop = 1;
 }
 
-static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+static void forward(struct relay *r, natsMsg *msg)
 {
-    (void)nc;
-    (void)sub;
-    struct relay *r = ctx;
     if (kvr_wire_encode_worker_generate(&r->buf, natsMsg_GetData(msg),
                                         (size_t)natsMsg_GetDataLength(msg), ++r->key, 0, "floor",
                                         0) == KVR_OK &&
@@ -60,6 +65,13 @@ static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
     natsMsg_Destroy(msg);
 }
 
+static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    (void)nc;
+    (void)sub;
+    forward(ctx, msg);
+}
+
 static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     (void)nc;
@@ -69,18 +81,64 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
     natsMsg_Destroy(msg);
 }
 
+/* --loop: the loop thread, after each read. */
+static void take(void *ctx)
+{
+    struct relay *r = ctx;
+    natsSubscription *gen = atomic_load(&r->gen_sub), *ev = atomic_load(&r->ev_sub);
+    natsMsg *msg;
+    while (gen && natsSubscription_NextMsg(&msg, gen, 0) == NATS_OK)
+        forward(r, msg);
+    while (ev && natsSubscription_NextMsg(&msg, ev, 0) == NATS_OK) {
+        atomic_fetch_add(&r->events, 1);
+        natsMsg_Destroy(msg);
+    }
+}
+
+/* Connect both connections and subscribe: on nats.c's threads, or (loop) on r->loop's. */
+static natsStatus listen_all(struct relay *r, const struct kvr_nats_config *cfg, const char *gen,
+                             const char *ev, bool loop, natsSubscription **sub_gen,
+                             natsSubscription **sub_ev)
+{
+    if (!loop) {
+        if (kvr_connect(cfg, "relay-floor", &r->nc_req) != KVR_OK ||
+            kvr_connect(cfg, "relay-floor-events", &r->nc_ev) != KVR_OK)
+            return NATS_CONNECTION_CLOSED;
+        natsStatus s = natsConnection_Subscribe(sub_ev, r->nc_ev, ev, on_event, r);
+        return s == NATS_OK ? natsConnection_QueueSubscribe(sub_gen, r->nc_req, gen, "kvrouter",
+                                                            on_generate, r)
+                            : s;
+    }
+    if (kvr_loop_start(&r->loop, take, r) != KVR_OK ||
+        kvr_connect_loop(cfg, "relay-floor", &r->loop, &r->nc_req) != KVR_OK ||
+        kvr_connect_loop(cfg, "relay-floor-events", &r->loop, &r->nc_ev) != KVR_OK)
+        return NATS_CONNECTION_CLOSED;
+    natsStatus s = natsConnection_SubscribeSync(sub_ev, r->nc_ev, ev);
+    if (s == NATS_OK)
+        s = natsConnection_QueueSubscribeSync(sub_gen, r->nc_req, gen, "kvrouter");
+    if (s == NATS_OK) {
+        atomic_store(&r->ev_sub, *sub_ev);
+        atomic_store(&r->gen_sub, *sub_gen);
+        kvr_loop_wake(&r->loop);
+    }
+    return s;
+}
+
 int main(int argc, char **argv)
 {
     struct kvr_nats_config cfg;
     kvr_nats_config_default(&cfg, KVR_LOG_WARN);
     uint64_t worker = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--nats"))
-            snprintf(cfg.urls, sizeof cfg.urls, "%s", argv[i + 1]);
-        else if (!strcmp(argv[i], "--worker"))
-            worker = strtoull(argv[i + 1], NULL, 10);
-        else {
-            fprintf(stderr, "usage: relay_floor --nats URL [--worker ID]\n");
+    bool loop = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--loop")) {
+            loop = true;
+        } else if (i + 1 < argc && !strcmp(argv[i], "--nats")) {
+            snprintf(cfg.urls, sizeof cfg.urls, "%s", argv[++i]);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--worker")) {
+            worker = strtoull(argv[++i], NULL, 10);
+        } else {
+            fprintf(stderr, "usage: relay_floor --nats URL [--worker ID] [--loop]\n");
             return 2;
         }
     }
@@ -95,27 +153,26 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     natsSubscription *sub_gen = NULL, *sub_ev = NULL;
-    if (kvr_connect(&cfg, "relay-floor", &r.nc_req) != KVR_OK ||
-        kvr_connect(&cfg, "relay-floor-events", &r.nc_ev) != KVR_OK ||
-        natsConnection_Subscribe(&sub_ev, r.nc_ev, ev, on_event, &r) != NATS_OK ||
+    if (listen_all(&r, &cfg, gen, ev, loop, &sub_gen, &sub_ev) != NATS_OK ||
         natsSubscription_SetPendingLimits(sub_ev, -1, -1) != NATS_OK ||
-        natsConnection_QueueSubscribe(&sub_gen, r.nc_req, gen, "kvrouter", on_generate, &r) !=
-            NATS_OK ||
         natsSubscription_SetPendingLimits(sub_gen, -1, -1) != NATS_OK ||
         natsConnection_Flush(r.nc_ev) != NATS_OK || natsConnection_Flush(r.nc_req) != NATS_OK) {
         fprintf(stderr, "relay_floor: cannot connect or subscribe at %s\n", cfg.urls);
         return 1;
     }
-    printf("msg=relay_started generate=%s worker=%s\n", gen, r.subj_worker);
+    printf("msg=relay_started generate=%s worker=%s loop=%s\n", gen, r.subj_worker,
+           loop ? "true" : "false");
     fflush(stdout);
     while (!stop)
         pause();
+    kvr_loop_stop(&r.loop); /* (not started without --loop) */
     natsSubscription_Unsubscribe(sub_gen);
     natsSubscription_Unsubscribe(sub_ev);
     natsSubscription_Destroy(sub_gen);
     natsSubscription_Destroy(sub_ev);
     natsConnection_Destroy(r.nc_req);
     natsConnection_Destroy(r.nc_ev);
+    kvr_loop_free(&r.loop);
     kvr_buf_free(&r.buf);
     printf("msg=relay_stopped forwards=%" PRIu64 " events=%" PRIu64 " failed=%" PRIu64 "\n",
            (uint64_t)r.forwards, (uint64_t)r.events, (uint64_t)r.failed);

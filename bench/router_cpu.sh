@@ -12,6 +12,7 @@
 # A binary named relay_floor in ROUTERS (BUILD_DIR/bench/relay_floor) takes the router's place:
 # the same messages in and out with no routing in between, the floor under the router's figure
 # (kvbench then prints router_cpu_us_per_request=na: the proc line is the one to read).
+# A name of the form relay_floor:loop runs it with --loop (both connections read on one thread).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -34,8 +35,10 @@ wait_log "$run/worker.log" worker_started
 
 for round in $(seq "$RUNS"); do
   for router in $ROUTERS; do
-    if [ "$(basename "$router")" = relay_floor ]; then
-      "$router" --nats "$url" >"$run/router.log" 2>&1 &
+    if [ "$(basename "${router%:loop}")" = relay_floor ]; then
+      loop=()
+      [ "${router%:loop}" != "$router" ] && loop=(--loop)
+      "${router%:loop}" --nats "$url" "${loop[@]}" >"$run/router.log" 2>&1 &
       rpid=$!
       pids+=("$rpid")
       wait_log "$run/router.log" relay_started

@@ -9,6 +9,7 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler
   libxxhash-dev uthash-dev libcriterion-dev libjansson-dev
   libmicrohttpd-dev     # src/net/httpd.c: /metrics, /healthz, /readyz
+  libevent-dev          # src/net/loop.c: the router reads its requests connection on its own thread
   libcurl4-openssl-dev libzmq3-dev libmsgpack-dev  # the worker adapter and the engine stand-in
   python3-msgpack       # tests/fixtures/kvevents/make.py: the independent encoder of the fixtures
   prometheus            # promtool (tests/unit/test_prom.c: promtool check metrics)

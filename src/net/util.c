@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loop.h"
 #include "natscfg.h"
 #include "signals.h"
 
@@ -228,7 +229,7 @@ static kvr_status first_connect(natsOptions *o, const struct kvr_nats_config *c,
 }
 
 static kvr_status connect(const struct kvr_nats_config *c, const char *name,
-                          const struct kvr_conn_hooks *h, natsConnection **out)
+                          const struct kvr_conn_hooks *h, struct kvr_loop *lp, natsConnection **out)
 {
     const char *urls = c->urls;
     const char *servers[32];
@@ -251,6 +252,8 @@ static kvr_status connect(const struct kvr_nats_config *c, const char *name,
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
         s = options(o, servers, nservers, name, h);
+    if (s == NATS_OK)
+        s = kvr__loop_options(o, lp);
     if (s == NATS_OK && timeout_ns && timeout_ns < 2 * KVR_NS_PER_S) /* one attempt's share */
         s = natsOptions_SetTimeout(o, (int64_t)(timeout_ns / KVR_NS_PER_MS) + 1);
     if (s == NATS_OK)
@@ -268,13 +271,19 @@ static kvr_status connect(const struct kvr_nats_config *c, const char *name,
 
 kvr_status kvr_connect(const struct kvr_nats_config *c, const char *name, natsConnection **out)
 {
-    return connect(c, name, NULL, out);
+    return connect(c, name, NULL, NULL, out);
+}
+
+kvr_status kvr_connect_loop(const struct kvr_nats_config *c, const char *name, struct kvr_loop *lp,
+                            natsConnection **out)
+{
+    return connect(c, name, NULL, lp, out);
 }
 
 kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_conn_hooks *h,
                               natsConnection **out)
 {
-    return connect(c, h->name, h, out);
+    return connect(c, h->name, h, NULL, out);
 }
 
 kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data, size_t len,

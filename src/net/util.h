@@ -55,6 +55,11 @@ struct kvr_conn_hooks {
 kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_conn_hooks *h,
                               natsConnection **out);
 
+/* kvr_connect, with the connection read by lp's thread (loop.h) instead of nats.c's reader. */
+struct kvr_loop;
+kvr_status kvr_connect_loop(const struct kvr_nats_config *c, const char *name, struct kvr_loop *lp,
+                            natsConnection **out);
+
 /*
  * Publish data to subject; when err is not KVR_OK, add the NATS service error headers
  * (Nats-Service-Error, Nats-Service-Error-Code). subject may be NULL (nothing is sent).

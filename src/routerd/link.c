@@ -18,11 +18,16 @@
 
 #define DATA(msg) natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
 
-static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+/* The loop thread, after each read: the generates it parsed (a queue of ours, so no waiting). */
+static void take_generates(void *ctx)
 {
     struct kvr_link *l = ctx;
-    kvr_intake_generate(l->rd, natsMsg_GetReply(msg), DATA(msg));
-    natsMsg_Destroy(msg);
+    natsSubscription *sub = atomic_load_explicit(&l->gen_taken, memory_order_acquire);
+    natsMsg *msg;
+    while (sub && natsSubscription_NextMsg(&msg, sub, 0) == NATS_OK) {
+        kvr_intake_generate(l->rd, natsMsg_GetReply(msg), DATA(msg));
+        natsMsg_Destroy(msg);
+    }
 }
 
 static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
@@ -116,7 +121,9 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     l->rd = rd;
     snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
     snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
-    kvr_status st = kvr_connect(&rd->cfg->net, l->name_req, &l->nc_req);
+    kvr_status st = kvr_loop_start(&l->loop, take_generates, l);
+    if (st == KVR_OK)
+        st = kvr_connect_loop(&rd->cfg->net, l->name_req, &l->loop, &l->nc_req);
     if (st == KVR_OK)
         st = kvr_connect(&rd->cfg->net, l->name_ev, &l->nc_ev);
     if (st == KVR_OK) {
@@ -188,7 +195,13 @@ kvr_status kvr_link_listen(struct kvr_link *l)
 kvr_status kvr_link_serve(struct kvr_link *l)
 {
     natsStatus s =
-        subscribe(&l->sub_gen, l->nc_req, l->svc.ep[0].subject, "kvrouter", on_generate, l);
+        natsConnection_QueueSubscribeSync(&l->sub_gen, l->nc_req, l->svc.ep[0].subject, "kvrouter");
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(l->sub_gen, -1, -1);
+    if (s == NATS_OK) { /* what came since waits in its queue: the loop takes it now */
+        atomic_store_explicit(&l->gen_taken, l->sub_gen, memory_order_release);
+        kvr_loop_wake(&l->loop);
+    }
     if (s == NATS_OK)
         s = subscribe(&l->sub_sel, l->nc_req, l->svc.ep[1].subject, "kvrouter", on_select, l);
     char srv[3][256];
@@ -306,7 +319,8 @@ void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p)
 void kvr_link_close(struct kvr_link *l)
 {
     if (l->nc_req)
-        natsConnection_FlushTimeout(l->nc_req, 2000);
+        natsConnection_FlushTimeout(l->nc_req, 2000); /* the loop reads its PONG */
+    kvr_loop_stop(&l->loop);                          /* before its subscription goes */
     natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages,  l->sub_sync,
                                 l->sub_lookup, l->sub_digest, l->sub_gen,    l->sub_sel,
                                 l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2],
@@ -319,6 +333,7 @@ void kvr_link_close(struct kvr_link *l)
     }
     natsConnection_Destroy(l->nc_req);
     natsConnection_Destroy(l->nc_ev);
+    kvr_loop_free(&l->loop); /* once its connection is gone */
     natsStatistics_Destroy(l->stats);
     memset(l, 0, sizeof *l);
 }

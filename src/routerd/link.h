@@ -4,6 +4,11 @@
  * callbacks that turn a natsMsg into a call of a handler module (intake, events, fleet, sync,
  * api), the sink that publishes the outbox, and the timer thread. The only part of the router
  * daemon that includes <nats.h>; natsStatus becomes kvr_status here (kvr_nats_status).
+ *
+ * The requests connection is read by the link's own loop thread (loop.h), which takes the
+ * client's generates from a synchronous subscription right after each read: the hot path runs
+ * on one thread, with no hand-off per message. Its other subscriptions (select, cancel, digest,
+ * $SRV) and the events connection keep nats.c's delivery threads.
  */
 #ifndef KVR_RD_LINK_H
 #define KVR_RD_LINK_H
@@ -14,6 +19,7 @@
 
 #include <nats/nats.h>
 
+#include "loop.h"
 #include "prom.h"
 #include "service.h"
 #include "backlog.h"
@@ -24,9 +30,11 @@
          */
 
 struct kvr_link {
-    struct kvr_rd *rd;              /* borrowed */
-    struct kvr_service svc;         /* the $SRV description */
-    natsConnection *nc_req, *nc_ev; /* */
+    struct kvr_rd *rd;                     /* borrowed */
+    struct kvr_service svc;                /* the $SRV description */
+    natsConnection *nc_req, *nc_ev;        /* */
+    struct kvr_loop loop;                  /* reads nc_req and takes the generates (sub_gen) */
+    _Atomic(natsSubscription *) gen_taken; /* sub_gen, once the loop thread may take from it */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
     natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3], *sub_stall;
     struct kvr_backlog ev_backlog;     /* how far behind on_event runs (sub_ev) */
