@@ -109,7 +109,7 @@ static natsStatus listen_all(struct relay *r, const struct kvr_nats_config *cfg,
                                                             on_generate, r)
                             : s;
     }
-    if (kvr_loop_start(&r->loop, take, r) != KVR_OK ||
+    if (kvr_loop_start(&r->loop, 100 * 1000000ull, take, r) != KVR_OK ||
         kvr_connect_loop(cfg, "relay-floor", &r->loop, &r->nc_req) != KVR_OK ||
         kvr_connect_loop(cfg, "relay-floor-events", &r->loop, &r->nc_ev) != KVR_OK)
         return NATS_CONNECTION_CLOSED;

@@ -11,6 +11,11 @@
  * thread to wake, until the loop thread takes them right after the read (`after`). Asynchronous
  * subscriptions on the same connection keep their delivery threads.
  *
+ * What waits for the loop waits in the socket, not in a queue nats.c counts, so the loop says
+ * itself how far it has come: after each round, when the socket has nothing more to read, every
+ * message that had reached it is handled (kvr_loop_heard). A loop that is behind stops advancing
+ * that time; an idle one advances it every tick.
+ *
  * Rules of this mode: nothing that waits for the server (a flush, a request) may run on the loop
  * thread, which is the one that would read the answer; the loop thread runs from before the
  * connection is made (kvr_connect_loop, util.h) until kvr_loop_stop, and the connection is
@@ -27,20 +32,30 @@
 
 #include "kvr/status.h"
 
-#define KVR_LOOP_TICK_MS 100 /* the loop thread looks at `stop` at least this often */
+#include <stdint.h>
+
+#define KVR_LOOP_CONNS 2 /* connections one loop reads at most */
 
 struct kvr_loop {
-    struct event_base *base;  /* owned */
-    struct event *tick;       /* a persistent timer: the loop never sleeps longer than a tick */
-    pthread_t thread;         /* */
-    bool running;             /* the thread was started (and not yet joined) */
-    _Atomic bool stop;        /* */
-    void (*after)(void *ctx); /* on the loop thread, after each round of events */
-    void *ctx;                /* */
+    struct event_base *base; /* owned */
+    struct event *tick;      /* a persistent timer: the loop never sleeps longer than one */
+    pthread_t thread;        /* */
+    bool running;            /* the thread was started (and not yet joined) */
+    _Atomic bool stop;       /* */
+    natsConnection *nc[KVR_LOOP_CONNS]; /* the attached connections (nats.c's attach thread) */
+    _Atomic int fd[KVR_LOOP_CONNS];     /* their sockets; -1: none yet */
+    pthread_mutex_t attach_mu;          /* attaches of different connections can overlap */
+    _Atomic uint64_t heard_ns; /* every message that reached the socket by then is handled */
+    void (*after)(void *ctx);  /* on the loop thread, after each round of events */
+    void *ctx;                 /* */
 };
 
-/* Create the loop and start its thread; after(ctx) runs after each round of events. */
-kvr_status kvr_loop_start(struct kvr_loop *lp, void (*after)(void *ctx), void *ctx);
+/* Create the loop and start its thread, which wakes at least every tick_ns; after(ctx) runs
+ * after each round of events. At most KVR_LOOP_CONNS connections may be attached to it. */
+kvr_status kvr_loop_start(struct kvr_loop *lp, uint64_t tick_ns, void (*after)(void *ctx),
+                          void *ctx);
+/* Up to when every message that reached its connections is handled (monotonic ns; any thread). */
+uint64_t kvr_loop_heard(const struct kvr_loop *lp);
 /* Run after(ctx) soon on the loop thread (from any thread): a subscription was just made. */
 void kvr_loop_wake(struct kvr_loop *lp);
 /* Stop and join the thread (from any other thread); nothing is read meanwhile. */

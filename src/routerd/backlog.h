@@ -1,7 +1,8 @@
 /*
- * How far behind a subscription's handler runs. Core NATS queues a subscription's messages for
- * one thread, so under load a worker's heartbeat can wait there for seconds behind a burst of KV
- * events, and judging the worker by the clock then drops one that spoke. Every tick, the timer
+ * How far behind a subscription's handler runs (the gossip's; the worker events are read by the
+ * link's loop, which says it itself: kvr_loop_heard). Core NATS queues a subscription's messages
+ * for one thread, so under load a message can wait there for seconds behind a burst, and judging
+ * its sender by the clock then drops one that spoke. Every tick, the timer
  * notes how many messages had reached the subscription (delivered and pending); once the handler
  * has finished that many, everything that had reached the subscription's queue by the time of the
  * note is applied: the router has heard the fleet up to then, and judges silence there (bytes

@@ -18,18 +18,6 @@
 
 #define DATA(msg) natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
 
-/* The loop thread, after each read: the generates it parsed (a queue of ours, so no waiting). */
-static void take_generates(void *ctx)
-{
-    struct kvr_link *l = ctx;
-    natsSubscription *sub = atomic_load_explicit(&l->gen_taken, memory_order_acquire);
-    natsMsg *msg;
-    while (sub && natsSubscription_NextMsg(&msg, sub, 0) == NATS_OK) {
-        kvr_intake_generate(l->rd, natsMsg_GetReply(msg), DATA(msg));
-        natsMsg_Destroy(msg);
-    }
-}
-
 static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
@@ -58,13 +46,49 @@ static bool stall_events(struct kvr_link *l, const char *subject)
     return true;
 }
 
-static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+/*
+ * The loop thread's messages are destroyed in batches: nats.c frees a message on its collector
+ * thread, which it wakes for the first message of each batch, a context switch per message when
+ * they come one by one. Held until KVR_LINK_DEAD_MAX are (or KVR_LINK_DEAD_BYTES of payload), or
+ * a tick has passed.
+ */
+static void bury_all(struct kvr_link *l)
+{
+    for (uint32_t i = 0; i < l->ndead; i++)
+        natsMsg_Destroy(l->dead[i]);
+    l->ndead = 0;
+    l->dead_bytes = 0;
+}
+
+static void bury(struct kvr_link *l, natsMsg *msg)
+{
+    if (!l->ndead)
+        l->dead_since = kvr_now_ns();
+    l->dead[l->ndead++] = msg;
+    l->dead_bytes += (size_t)natsMsg_GetDataLength(msg);
+    if (l->ndead == KVR_LINK_DEAD_MAX || l->dead_bytes >= KVR_LINK_DEAD_BYTES)
+        bury_all(l);
+}
+
+/* The loop thread, after each read: the generates and the events it parsed (queues of ours, so
+ * no waiting). */
+static void take(void *ctx)
 {
     struct kvr_link *l = ctx;
-    if (!stall_events(l, natsMsg_GetSubject(msg)))
-        kvr_events_on_message(l->rd, natsMsg_GetSubject(msg), DATA(msg));
-    natsMsg_Destroy(msg);
-    kvr_backlog_done(&l->ev_backlog);
+    natsSubscription *gen = atomic_load_explicit(&l->gen_taken, memory_order_acquire);
+    natsSubscription *ev = atomic_load_explicit(&l->ev_taken, memory_order_acquire);
+    natsMsg *msg;
+    while (gen && natsSubscription_NextMsg(&msg, gen, 0) == NATS_OK) {
+        kvr_intake_generate(l->rd, natsMsg_GetReply(msg), DATA(msg));
+        bury(l, msg);
+    }
+    while (ev && natsSubscription_NextMsg(&msg, ev, 0) == NATS_OK) {
+        if (!stall_events(l, natsMsg_GetSubject(msg)))
+            kvr_events_on_message(l->rd, natsMsg_GetSubject(msg), DATA(msg));
+        bury(l, msg);
+    }
+    if (l->ndead && kvr_now_ns() - l->dead_since >= l->rd->cfg->tick_ns)
+        bury_all(l);
 }
 
 static void on_gossip(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
@@ -121,11 +145,12 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     l->rd = rd;
     snprintf(l->name_req, sizeof l->name_req, "kvrouter-%s", rd->cfg->id);
     snprintf(l->name_ev, sizeof l->name_ev, "kvrouter-%s-events", rd->cfg->id);
-    kvr_status st = kvr_loop_start(&l->loop, take_generates, l);
+    /* it ticks as the timer does: an idle loop says each tick that it has heard everything */
+    kvr_status st = kvr_loop_start(&l->loop, rd->cfg->tick_ns, take, l);
     if (st == KVR_OK)
         st = kvr_connect_loop(&rd->cfg->net, l->name_req, &l->loop, &l->nc_req);
     if (st == KVR_OK)
-        st = kvr_connect(&rd->cfg->net, l->name_ev, &l->nc_ev);
+        st = kvr_connect_loop(&rd->cfg->net, l->name_ev, &l->loop, &l->nc_ev);
     if (st == KVR_OK) {
         rd->sink = kvr_nats_sink(l->nc_req);
         /* a request is forwarded in a message of the same server: it must fit with the wrapper */
@@ -165,10 +190,15 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     const struct kvr_fleet *g = l->rd->fleet;
     char subj[256];
     kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "ev.>");
-    /* nothing had reached them before they existed: applied up to now (the timer starts later) */
-    kvr_backlog_start(&l->ev_backlog, kvr_now_ns());
+    /* nothing had reached it before it existed: applied up to now (the timer starts later) */
     kvr_backlog_start(&l->gossip_backlog, kvr_now_ns());
-    natsStatus s = subscribe(&l->sub_ev, l->nc_ev, subj, NULL, on_event, l);
+    natsStatus s = natsConnection_SubscribeSync(&l->sub_ev, l->nc_ev, subj);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(l->sub_ev, -1, -1);
+    if (s == NATS_OK) {
+        atomic_store_explicit(&l->ev_taken, l->sub_ev, memory_order_release);
+        kvr_loop_wake(&l->loop);
+    }
     if (s == NATS_OK)
         s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip_all, NULL, on_gossip, l);
     if (s == NATS_OK)
@@ -257,7 +287,7 @@ static void *timer_thread(void *arg)
         struct kvr_timer_seen seen = {
             .events_up = natsConnection_Status(l->nc_ev) == NATS_CONN_STATUS_CONNECTED,
             .events_cut = events_were_cut(l),
-            .events_heard = heard(&l->ev_backlog, l->sub_ev, now),
+            .events_heard = kvr_loop_heard(&l->loop),
             .gossip_heard = heard(&l->gossip_backlog, l->sub_gossip, now),
         };
         kvr_timer_tick_seen(l->rd, now, &seen);
@@ -320,7 +350,8 @@ void kvr_link_close(struct kvr_link *l)
 {
     if (l->nc_req)
         natsConnection_FlushTimeout(l->nc_req, 2000); /* the loop reads its PONG */
-    kvr_loop_stop(&l->loop);                          /* before its subscription goes */
+    kvr_loop_stop(&l->loop);                          /* before its subscriptions go */
+    bury_all(l);                                      /* what it handled last */
     natsSubscription *subs[] = {l->sub_ev,     l->sub_gossip, l->sub_pages,  l->sub_sync,
                                 l->sub_lookup, l->sub_digest, l->sub_gen,    l->sub_sel,
                                 l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2],
@@ -333,7 +364,7 @@ void kvr_link_close(struct kvr_link *l)
     }
     natsConnection_Destroy(l->nc_req);
     natsConnection_Destroy(l->nc_ev);
-    kvr_loop_free(&l->loop); /* once its connection is gone */
+    kvr_loop_free(&l->loop); /* once its connections are gone */
     natsStatistics_Destroy(l->stats);
     memset(l, 0, sizeof *l);
 }

@@ -5,10 +5,14 @@
  * api), the sink that publishes the outbox, and the timer thread. The only part of the router
  * daemon that includes <nats.h>; natsStatus becomes kvr_status here (kvr_nats_status).
  *
- * The requests connection is read by the link's own loop thread (loop.h), which takes the
- * client's generates from a synchronous subscription right after each read: the hot path runs
- * on one thread, with no hand-off per message. Its other subscriptions (select, cancel, digest,
- * $SRV) and the events connection keep nats.c's delivery threads.
+ * Both connections are read by one loop thread of the link's own (loop.h), which takes the
+ * messages of the two hot subscriptions right after each read: the client's generates and the
+ * workers' events. So a routed request's messages run on one thread, with no hand-off, and
+ * often in one wake-up. nats.c reads one buffer per connection and round, and the loop turns
+ * from one connection to the other, so a burst of KV events holds a generate up for one
+ * buffer's worth at most. How far the events are applied is the loop's to say
+ * (kvr_loop_heard). The other subscriptions (select, cancel, digest, $SRV; gossip and the
+ * catch-up) keep nats.c's delivery threads.
  */
 #ifndef KVR_RD_LINK_H
 #define KVR_RD_LINK_H
@@ -25,20 +29,26 @@
 #include "backlog.h"
 #include "state.h"
 
+#define KVR_LINK_DEAD_MAX   64         /* handled messages the loop destroys at once */
+#define KVR_LINK_DEAD_BYTES (1u << 20) /* or sooner, once they hold this much payload */
 #define KVR_LINK_FORWARD_ENVELOPE                                                                  \
     256 /* bytes a WorkerGenerate adds around the client's request                                 \
          */
 
 struct kvr_link {
-    struct kvr_rd *rd;                     /* borrowed */
-    struct kvr_service svc;                /* the $SRV description */
-    natsConnection *nc_req, *nc_ev;        /* */
-    struct kvr_loop loop;                  /* reads nc_req and takes the generates (sub_gen) */
+    struct kvr_rd *rd;              /* borrowed */
+    struct kvr_service svc;         /* the $SRV description */
+    natsConnection *nc_req, *nc_ev; /* */
+    struct kvr_loop loop; /* reads both, takes the generates (sub_gen) and events (sub_ev) */
     _Atomic(natsSubscription *) gen_taken; /* sub_gen, once the loop thread may take from it */
+    _Atomic(natsSubscription *) ev_taken;  /* sub_ev, the same */
+    natsMsg *dead[KVR_LINK_DEAD_MAX];      /* the loop's messages handled, to destroy (link.c) */
+    uint32_t ndead;                        /* */
+    size_t dead_bytes;                     /* their payloads' bytes */
+    uint64_t dead_since;                   /* when the first of them was handled */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
     natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3], *sub_stall;
-    struct kvr_backlog ev_backlog;     /* how far behind on_event runs (sub_ev) */
-    struct kvr_backlog gossip_backlog; /* on_gossip's (sub_gossip) */
+    struct kvr_backlog gossip_backlog; /* how far behind on_gossip runs (sub_gossip) */
     natsStatistics *stats;             /* timer thread only */
     uint64_t reconnects;               /* of the events connection, as last seen (timer thread) */
     pthread_t timer;                   /* */

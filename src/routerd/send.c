@@ -13,7 +13,9 @@ uint32_t kvr_send_deadline_left(const struct kvr_pending *p, uint64_t now)
 {
     if (!p->deadline_ns)
         return 0;
-    uint64_t left = p->deadline_ns > now ? (p->deadline_ns - now) / KVR_NS_PER_MS : 0;
+    /* rounded up: the worker, which counts from its own receipt, must not end it early */
+    uint64_t left =
+        p->deadline_ns > now ? (p->deadline_ns - now + KVR_NS_PER_MS - 1) / KVR_NS_PER_MS : 0;
     return left < 1 ? 1 : left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
 }
 

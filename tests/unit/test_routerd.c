@@ -18,6 +18,7 @@
 #include "kvr/hash.h"
 #include "place.h"
 #include "rec.h"
+#include "send.h"
 #include "state.h"
 #include "subject.h"
 #include "timer.h"
@@ -657,6 +658,21 @@ Test(routerd, a_deadline_ends_a_queued_request)
     const struct rec_sent *m = NULL;
     cr_assert(eq(int, rec_count("_INBOX.h", 0, &m), 1));
     cr_assert(eq(u32, rec_error_in(m), KVR_ERR_DEADLINE));
+}
+
+Test(routerd, the_deadline_a_worker_gets_never_ends_a_request_early)
+{
+    struct kvr_pending p = {0};
+    uint64_t now = 1000 * KVR_NS_PER_S;
+    cr_assert(eq(u32, kvr_send_deadline_left(&p, now), 0), "no deadline");
+    p.deadline_ns = now + 299 * KVR_NS_PER_MS + KVR_NS_PER_MS / 2;
+    cr_assert(eq(u32, kvr_send_deadline_left(&p, now), 300), "299.5 ms left: 300, never 299");
+    p.deadline_ns = now + 300 * KVR_NS_PER_MS;
+    cr_assert(eq(u32, kvr_send_deadline_left(&p, now), 300));
+    p.deadline_ns = now + 1000;
+    cr_assert(eq(u32, kvr_send_deadline_left(&p, now), 1));
+    p.deadline_ns = now - 1;
+    cr_assert(eq(u32, kvr_send_deadline_left(&p, now), 1), "past: the least there is");
 }
 
 static void select_request(const char *reply, const char *id, bool book)
