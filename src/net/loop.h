@@ -6,15 +6,22 @@
  * subscription's delivery thread, waking it through a condition variable: a context switch or
  * two per message, which on a router's hot path (the client's generate) cost more than routing
  * it (docs/benchmarks.md, "The floor under it"). nats.c can instead be driven by an external
- * event loop (natsOptions_SetEventLoop; here libevent, through nats.c's own adapter): the loop
- * thread reads the socket, and a synchronous subscription's messages wait in its queue, with no
- * thread to wake, until the loop thread takes them right after the read (`after`). Asynchronous
- * subscriptions on the same connection keep their delivery threads.
+ * event loop (natsOptions_SetEventLoop, here on libevent): the loop thread reads the socket, and a
+ * synchronous subscription's messages wait in its queue, with no thread to wake, until the loop
+ * thread takes them right after the read (`after`). Asynchronous subscriptions on the same
+ * connection keep their delivery threads.
  *
- * What waits for the loop waits in the socket, not in a queue nats.c counts, so the loop says
- * itself how far it has come: after each round, when the socket has nothing more to read, every
- * message that had reached it is handled (kvr_loop_heard). A loop that is behind stops advancing
- * that time; an idle one advances it every tick.
+ * The adapter is ours, not nats.c's libevent.h: there, the read callback runs nats.c's read inside
+ * libevent's callback, which takes the connection's lock, while a reconnect frees that event
+ * under the same lock, and libevent's event_free waits for a running callback: a router whose
+ * server node went away could hang for good (seen once in CI). Here libevent's callbacks only
+ * note that a socket is ready; the loop thread reads and writes after the round, outside them.
+ *
+ * What waits for the loop waits in the sockets, not in a queue nats.c counts, so the loop says
+ * itself how far it has come: each round reads the sockets until they are empty (nats.c reads
+ * one buffer per read event), then handles what it read, so every message that had reached them
+ * when the round began is handled (kvr_loop_heard). A loop further behind than
+ * KVR_LOOP_READS_MAX buffers stops advancing that time; an idle one advances it every tick.
  *
  * Rules of this mode: nothing that waits for the server (a flush, a request) may run on the loop
  * thread, which is the one that would read the answer; the loop thread runs from before the
@@ -27,14 +34,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <nats/nats.h>
 
 #include "kvr/status.h"
 
-#include <stdint.h>
-
-#define KVR_LOOP_CONNS 2 /* connections one loop reads at most */
+#define KVR_LOOP_CONNS     2  /* connections one loop reads at most */
+#define KVR_LOOP_READS_MAX 16 /* buffers read from one connection in a round, at most */
 
 struct kvr_loop {
     struct event_base *base; /* owned */
@@ -42,9 +49,14 @@ struct kvr_loop {
     pthread_t thread;        /* */
     bool running;            /* the thread was started (and not yet joined) */
     _Atomic bool stop;       /* */
-    natsConnection *nc[KVR_LOOP_CONNS]; /* the attached connections (nats.c's attach thread) */
-    _Atomic int fd[KVR_LOOP_CONNS];     /* their sockets; -1: none yet */
-    pthread_mutex_t attach_mu;          /* attaches of different connections can overlap */
+    struct kvr_loop_conn {
+        struct kvr_loop *lp;             /* */
+        _Atomic(natsConnection *) nc;    /* attached to the loop (NULL: a free slot) */
+        _Atomic int fd;                  /* its socket; -1: none */
+        struct event *read, *write;      /* on fd (replaced on a reconnect) */
+        _Atomic bool readable, writable; /* what libevent saw this round */
+    } conn[KVR_LOOP_CONNS];
+    pthread_mutex_t attach_mu; /* attaches of different connections can overlap */
     _Atomic uint64_t heard_ns; /* every message that reached the socket by then is handled */
     void (*after)(void *ctx);  /* on the loop thread, after each round of events */
     void *ctx;                 /* */
