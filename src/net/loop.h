@@ -13,8 +13,9 @@
  *
  * The adapter is ours, not nats.c's libevent.h: there, the read callback runs nats.c's read inside
  * libevent's callback, which takes the connection's lock, while a reconnect frees that event
- * under the same lock, and libevent's event_free waits for a running callback: a router whose
- * server node went away could hang for good (seen once in CI). Here libevent's callbacks only
+ * under the same lock, and libevent's event_free waits for a running callback: a reconnect can
+ * deadlock (the likely cause of a router that went silent after its server node restarted,
+ * once in CI). Here libevent's callbacks only
  * note that a socket is ready; the loop thread reads and writes after the round, outside them.
  *
  * What waits for the loop waits in the sockets, not in a queue nats.c counts, so the loop says
