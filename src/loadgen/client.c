@@ -166,7 +166,6 @@ static int64_t decide(struct kvr_client *c, struct kvr_client_req *q, uint32_t s
     return c->closed && c->next < c->n ? (int64_t)c->next++ : -1;
 }
 
-/* Under mu: q's stream, ended 2 s ago with positions still missing, is decided interrupted. */
 /* The later of two times. */
 static uint64_t later(uint64_t a, uint64_t b)
 {
@@ -180,6 +179,7 @@ static uint64_t ago(uint64_t now, uint64_t t)
     return now > t ? now - t : 0;
 }
 
+/* Under mu: q's stream, ended 2 s ago with positions still missing, is decided interrupted. */
 static int64_t expire(struct kvr_client *c, struct kvr_client_req *q, uint64_t now)
 {
     if (q->done || !q->t_end || ago(now, q->t_end) < 2 * KVR_NS_PER_S)

@@ -1,5 +1,5 @@
 /*
- * kvr_loop: a thread that reads a NATS connection's socket itself and handles what it read, so a
+ * kvr_loop: a thread that reads NATS connections' sockets itself and handles what it read, so a
  * message goes from the socket to its handler on one thread.
  *
  * By default nats.c reads each connection on a reader thread and hands every message to its
@@ -15,8 +15,8 @@
  * libevent's callback, which takes the connection's lock, while a reconnect frees that event
  * under the same lock, and libevent's event_free waits for a running callback: a reconnect can
  * deadlock (the likely cause of a router that went silent after its server node restarted,
- * once in CI). Here libevent's callbacks only
- * note that a socket is ready; the loop thread reads and writes after the round, outside them.
+ * once in CI). Here libevent's callbacks only note that a socket is ready; the loop thread reads
+ * and writes after the round, outside them.
  *
  * What waits for the loop waits in the sockets, not in a queue nats.c counts, so the loop says
  * itself how far it has come: each round reads the sockets until they are empty (nats.c reads

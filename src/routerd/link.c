@@ -176,6 +176,19 @@ static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const ch
     return s;
 }
 
+/* The synchronous sub, just made, with no pending limits, for the loop thread to take from
+ * (through *slot): what came since waits in its queue, and the loop takes it now. */
+static natsStatus loop_takes(struct kvr_link *l, natsSubscription *sub,
+                             _Atomic(natsSubscription *) *slot)
+{
+    natsStatus s = natsSubscription_SetPendingLimits(sub, -1, -1);
+    if (s == NATS_OK) {
+        atomic_store_explicit(slot, sub, memory_order_release);
+        kvr_loop_wake(&l->loop);
+    }
+    return s;
+}
+
 static kvr_status failed(natsStatus s, const char *what)
 {
     if (s != NATS_OK)
@@ -194,11 +207,7 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     kvr_backlog_start(&l->gossip_backlog, kvr_now_ns());
     natsStatus s = natsConnection_SubscribeSync(&l->sub_ev, l->nc_ev, subj);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub_ev, -1, -1);
-    if (s == NATS_OK) {
-        atomic_store_explicit(&l->ev_taken, l->sub_ev, memory_order_release);
-        kvr_loop_wake(&l->loop);
-    }
+        s = loop_takes(l, l->sub_ev, &l->ev_taken);
     if (s == NATS_OK)
         s = subscribe(&l->sub_gossip, l->nc_ev, g->subj_gossip_all, NULL, on_gossip, l);
     if (s == NATS_OK)
@@ -227,11 +236,7 @@ kvr_status kvr_link_serve(struct kvr_link *l)
     natsStatus s =
         natsConnection_QueueSubscribeSync(&l->sub_gen, l->nc_req, l->svc.ep[0].subject, "kvrouter");
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub_gen, -1, -1);
-    if (s == NATS_OK) { /* what came since waits in its queue: the loop takes it now */
-        atomic_store_explicit(&l->gen_taken, l->sub_gen, memory_order_release);
-        kvr_loop_wake(&l->loop);
-    }
+        s = loop_takes(l, l->sub_gen, &l->gen_taken);
     if (s == NATS_OK)
         s = subscribe(&l->sub_sel, l->nc_req, l->svc.ep[1].subject, "kvrouter", on_select, l);
     char srv[3][256];

@@ -8,9 +8,9 @@
  * Both connections are read by one loop thread of the link's own (loop.h), which takes the
  * messages of the two hot subscriptions right after each read: the client's generates and the
  * workers' events. So a routed request's messages run on one thread, with no hand-off, and
- * often in one wake-up. nats.c reads one buffer per connection and round, and the loop turns
- * from one connection to the other, so a burst of KV events holds a generate up for one
- * buffer's worth at most. How far the events are applied is the loop's to say
+ * often in one wake-up. A round reads at most KVR_LOOP_READS_MAX buffers per connection, then
+ * handles them, so a burst of KV events holds a generate up for that much at most. How far the
+ * events are applied is the loop's to say
  * (kvr_loop_heard). The other subscriptions (select, cancel, digest, $SRV; gossip and the
  * catch-up) keep nats.c's delivery threads.
  */
