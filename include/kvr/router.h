@@ -203,7 +203,9 @@ struct kvr_decision {
     const uint64_t *block_hashes; /* the prompt's sequence hashes, prompt_blocks of them */
     uint32_t ncandidates;         /* live workers, in registry order: */
     const uint64_t *worker_ids;   /* ... their ids */
-    const double *costs;          /* ... their kv costs (before this booking) */
+    const double *costs;          /* ... their kv costs (before this booking); NULL when a
+                                     routed kv decision under the time model priced only the
+                                     workers that could win (explain asks for every price) */
     const struct kvr_candidate *candidates; /* ... their full view; NULL unless the request
                                                 asked to explain or the policy is a baseline */
     bool booked;                            /* the request is now in flight on the worker */

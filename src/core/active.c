@@ -3,7 +3,9 @@
  * each of its nodes under its slot; a worker's blocks equal the number of act sets holding its
  * slot plus its requests' extra blocks; its prefill equals the sum of its requests' prefill;
  * nworking counts the workers whose nreqs is not 0. The TTL list is in last_ns order because time
- * never decreases and every event moves its request to the tail.
+ * never decreases and every event moves its request to the tail. by_load is sorted by nreqs and
+ * load_pos is each listed slot's position in it: a slot's nreqs moves by one at a time, so one
+ * swap with the edge of its group keeps both (load_up, load_down).
  */
 #include "active.h"
 
@@ -15,6 +17,7 @@
 #include "grow.h"
 
 #define UNREF_PREFETCH 8u
+#define LOADS_FIRST    16u /* load_first entries to start with */
 
 static struct kvr_active_req *req(const struct kvr_active *a, uint32_t h)
 {
@@ -29,7 +32,16 @@ kvr_status kvr_active_init(struct kvr_active *a, struct kvr_blocktab *tab, uint3
     a->block_size = block_size ? block_size : 1;
     kvr_list_init(&a->ttl);
     kvr_pool_init(&a->reqs, sizeof(struct kvr_active_req));
-    return kvr_map_init(&a->ids, hint);
+    a->load_first = calloc(LOADS_FIRST, sizeof *a->load_first);
+    if (!a->load_first)
+        return KVR_ERR_NOMEM;
+    a->nloads = LOADS_FIRST;
+    kvr_status st = kvr_map_init(&a->ids, hint);
+    if (st != KVR_OK) {
+        free(a->load_first);
+        a->load_first = NULL;
+    }
+    return st;
 }
 
 void kvr_active_free(struct kvr_active *a)
@@ -37,6 +49,8 @@ void kvr_active_free(struct kvr_active *a)
     for (uint32_t s = 0; s < a->nslots; s++)
         kvr_active_drop_worker(a, s, NULL, NULL);
     free(a->w);
+    free(a->by_load);
+    free(a->load_first);
     kvr_map_free(&a->ids);
     kvr_pool_free(&a->reqs);
     memset(a, 0, sizeof *a);
@@ -44,15 +58,86 @@ void kvr_active_free(struct kvr_active *a)
 
 kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots)
 {
-    uint32_t cap = a->nslots;
-    if (!KVR_GROW(a->w, cap, nslots, nslots))
-        return KVR_ERR_NOMEM;
+    uint32_t cap = a->nslots, room = a->nslots;
+    if (!KVR_GROW(a->w, cap, nslots, nslots) || !KVR_GROW(a->by_load, room, cap, cap))
+        return KVR_ERR_NOMEM; /* a grown w alone is harmless: nslots still says what is set */
     for (uint32_t s = a->nslots; s < cap; s++) {
         memset(&a->w[s], 0, sizeof a->w[s]);
         kvr_list_init(&a->w[s].reqs);
+        a->w[s].load_pos = KVR_NIL;
     }
     a->nslots = cap;
     return KVR_OK;
+}
+
+/* --- the workers in order of load ------------------------------------------------------------ */
+
+/* Room in load_first for a slot with need - 2 requests (the last entry stays empty of slots). */
+static bool loads_room(struct kvr_active *a, uint32_t need)
+{
+    uint32_t old = a->nloads;
+    if (need <= old)
+        return true;
+    if (!KVR_GROW(a->load_first, a->nloads, need, LOADS_FIRST))
+        return false;
+    for (uint32_t c = old; c < a->nloads; c++)
+        a->load_first[c] = a->nlisted; /* no slot is that loaded */
+    return true;
+}
+
+static void load_swap(struct kvr_active *a, uint32_t i, uint32_t j)
+{
+    uint32_t si = a->by_load[i], sj = a->by_load[j];
+    a->by_load[i] = sj;
+    a->by_load[j] = si;
+    a->w[sj].load_pos = i;
+    a->w[si].load_pos = j;
+}
+
+/* Move slot from the group of load c to that of c + 1 (c + 1 < nloads): it swaps with the last
+ * of its group, which then ends one earlier. */
+static void load_up(struct kvr_active *a, uint32_t slot, uint32_t c)
+{
+    assert(c + 1 < a->nloads && a->load_first[c + 1] > 0);
+    load_swap(a, a->w[slot].load_pos, --a->load_first[c + 1]);
+}
+
+/* Move slot from the group of load c (>= 1) to that of c - 1: it swaps with the first of its
+ * group, which then starts one later. */
+static void load_down(struct kvr_active *a, uint32_t slot, uint32_t c)
+{
+    assert(c >= 1 && c < a->nloads);
+    load_swap(a, a->w[slot].load_pos, a->load_first[c]++);
+}
+
+kvr_status kvr_active_list(struct kvr_active *a, uint32_t slot)
+{
+    if (slot >= a->nslots || a->w[slot].load_pos != KVR_NIL)
+        return KVR_ERR_INVALID;
+    uint32_t n = a->w[slot].nreqs;
+    if (!loads_room(a, n + 2))
+        return KVR_ERR_NOMEM;
+    /* appended, it sits in the last group (every load_first is at most the old end) */
+    a->by_load[a->nlisted] = slot;
+    a->w[slot].load_pos = a->nlisted++;
+    for (uint32_t c = a->nloads - 1; c >= 1; c--)
+        load_down(a, slot, c);
+    for (uint32_t c = 0; c < n; c++)
+        load_up(a, slot, c);
+    return KVR_OK;
+}
+
+void kvr_active_unlist(struct kvr_active *a, uint32_t slot)
+{
+    if (slot >= a->nslots || a->w[slot].load_pos == KVR_NIL)
+        return;
+    for (uint32_t c = a->w[slot].nreqs; c >= 1; c--)
+        load_down(a, slot, c);
+    for (uint32_t c = 0; c + 1 < a->nloads; c++)
+        load_up(a, slot, c); /* to the last group, which held no slot: the end of by_load */
+    assert(a->w[slot].load_pos == a->nlisted - 1);
+    a->nlisted--;
+    a->w[slot].load_pos = KVR_NIL;
 }
 
 #define TTL offsetof(struct kvr_active_req, ttl)
@@ -107,6 +192,8 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
         return KVR_ERR_INVALID;
     if (kvr_map_get(&a->ids, id) != KVR_NIL)
         return KVR_ERR_DUPLICATE;
+    if (a->w[slot].load_pos != KVR_NIL && !loads_room(a, a->w[slot].nreqs + 3))
+        return KVR_ERR_NOMEM;
     uint32_t *copy = NULL;
     if (n) {
         copy = malloc((size_t)n * sizeof *copy);
@@ -154,6 +241,8 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
+    if (w->load_pos != KVR_NIL)
+        load_up(a, slot, w->nreqs);
     a->nworking += w->nreqs++ == 0;
     kvr_list_append(&a->ttl, &a->reqs, TTL, h);
     a->node_bytes += (size_t)n * sizeof *copy;
@@ -212,6 +301,8 @@ static void remove_handle(struct kvr_active *a, uint32_t h)
     assert(w->blocks >= r->extra && w->prefill >= r->prefill && w->nreqs > 0);
     w->blocks -= r->extra;
     w->prefill -= r->prefill;
+    if (w->load_pos != KVR_NIL)
+        load_down(a, r->slot, w->nreqs);
     a->nworking -= --w->nreqs == 0;
     kvr_list_unlink(&w->reqs, &a->reqs, WL, h);
     kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
@@ -288,5 +379,6 @@ uint32_t kvr_active_drop_worker(struct kvr_active *a, uint32_t slot, kvr_active_
 size_t kvr_active_bytes(const struct kvr_active *a)
 {
     return kvr_pool_bytes(&a->reqs) + kvr_map_bytes(&a->ids) + a->node_bytes +
-           (size_t)a->nslots * sizeof *a->w;
+           (size_t)a->nslots * (sizeof *a->w + sizeof *a->by_load) +
+           (size_t)a->nloads * sizeof *a->load_first;
 }

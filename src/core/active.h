@@ -39,6 +39,7 @@ struct kvr_active_worker {
     uint64_t blocks;      /* predicted active blocks */
     uint64_t prefill;     /* predicted outstanding prefill tokens */
     uint32_t nreqs;       /* requests in flight */
+    uint32_t load_pos;    /* its position in by_load; KVR_NIL while not listed */
     struct kvr_list reqs; /* its requests */
 };
 
@@ -52,6 +53,17 @@ struct kvr_active {
     struct kvr_list ttl;         /* requests, least recently active first */
     uint32_t block_size;         /* B */
     size_t node_bytes;           /* bytes of the requests' node arrays */
+    /*
+     * The listed slots (the live workers) in order of load: by_load[0..nlisted) ascending by
+     * nreqs, and by_load[load_first[c]] the first with nreqs >= c (nlisted when none), for c
+     * below nloads. A booking or a free moves one slot by one swap, O(1); a decision reads the
+     * least loaded workers first and can stop where no more loaded one can cost less.
+     */
+    uint32_t *by_load;    /* nslots room, owned */
+    uint32_t nlisted;     /* */
+    uint32_t *load_first; /* nloads entries, owned; the last is always nlisted (no slot is that
+                             loaded), so a slot can always move up one */
+    uint32_t nloads;      /* */
 };
 
 typedef void (*kvr_active_drop_fn)(void *ctx, uint64_t request_id, uint32_t slot);
@@ -60,6 +72,13 @@ kvr_status kvr_active_init(struct kvr_active *a, struct kvr_blocktab *tab, uint3
                            uint32_t hint);
 void kvr_active_free(struct kvr_active *a);
 kvr_status kvr_active_reserve(struct kvr_active *a, uint32_t nslots);
+
+/*
+ * List slot (reserved, not listed) in by_load, or take it out: the router lists a worker when it
+ * joins and unlists it when it leaves, so by_load holds the live workers. O(nloads).
+ */
+kvr_status kvr_active_list(struct kvr_active *a, uint32_t slot);
+void kvr_active_unlist(struct kvr_active *a, uint32_t slot);
 
 /*
  * Book request id on worker slot: a reference on nodes[0..n) (copied), prompt_tokens to prefill

@@ -446,6 +446,27 @@ void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s)
     it->i = 0;
 }
 
+uint32_t kvr_hset_slots(const struct kvr_hset *s, uint32_t *out)
+{
+    if (s->cap <= 1) {
+        if (s->n)
+            out[0] = s->u.one.slot;
+        return s->n;
+    }
+    if (s->cap != KVR_HSET_DENSE) {
+        for (uint32_t i = 0; i < s->n; i++)
+            out[i] = s->u.pairs[i].slot;
+        return s->n;
+    }
+    const struct kvr_hdense *d = s->u.dense;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < d->words; i++)
+        for (uint64_t b = d->bits[i]; b; b &= b - 1)
+            out[n++] = i * 64 + (uint32_t)__builtin_ctzll(b);
+    assert(n == s->n);
+    return n;
+}
+
 bool kvr_hset_next(struct kvr_hset_iter *it, uint32_t *slot, uint32_t *val)
 {
     const struct kvr_hset *s = it->s;

@@ -168,6 +168,10 @@ struct kvr_hset_iter {
 void kvr_hset_iter_init(struct kvr_hset_iter *it, const struct kvr_hset *s);
 bool kvr_hset_next(struct kvr_hset_iter *it, uint32_t *slot, uint32_t *val);
 
+/* Write the members' slots to out (room for s->n) and return how many: a dense set's from its
+ * bitmap, in slot order, without reading its table. */
+uint32_t kvr_hset_slots(const struct kvr_hset *s, uint32_t *out);
+
 /* Scratch state of one prefix walk; reused across walks, all-zero between them. */
 struct kvr_walk {
     uint32_t words;   /* capacity: slots below words * 64 */

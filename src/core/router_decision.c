@@ -33,53 +33,88 @@ static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 }
 
 /*
+ * What pricing one worker under the time model reads, copied into locals once per decision: the
+ * loops below then keep it in registers (their stores into the router's cost and eligible arrays
+ * could alias the router's fields, so the compiler would reload those for every worker).
+ */
+struct pricer {
+    struct cost_consts k;
+    const struct kvr_active_worker *aws;
+    const struct kvr_worker_hot *hot;
+    const uint32_t *overlap, *hits, *counts;
+    uint64_t req_blocks, busy_prefill;
+    uint32_t ntokens;
+    uint32_t block_size;
+};
+
+/* Set up the pricing of prompt p (walk done, `walked` nodes): pr, an empty memo, the fleet's
+ * figures f. */
+static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct fleet_prefix *f,
+                        const struct kvr_router *r, const struct prompt *p, double ow,
+                        uint32_t walked)
+{
+    fleet_prefix(r, walked, f);
+    reuse_memo_init(memo);
+    cost_consts_init(&pr->k, r, ow);
+    pr->aws = r->act.w;
+    pr->hot = r->reg.hot;
+    pr->overlap = r->overlap;
+    pr->hits = r->hits;
+    pr->counts = r->ix.counts;
+    pr->block_size = r->cfg.block_size;
+    pr->req_blocks = p->nblocks + (p->ntokens % pr->block_size ? 1 : 0);
+    pr->busy_prefill = r->cfg.busy_prefill_tokens;
+    pr->ntokens = p->ntokens;
+}
+
+/* The time model's price of the worker in slot (walk done: overlap and hits filled), and whether
+ * it is busy (worker_busy, from the locals). */
+static inline __attribute__((always_inline)) double
+price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *memo,
+      const struct fleet_prefix *f, uint32_t slot, bool *busy)
+{
+    const struct kvr_active_worker *aw = &pr->aws[slot];
+    uint32_t reuse = pr->overlap[slot], hit = pr->hits[slot];
+    if (hit > reuse)
+        reuse = hit; /* an in-flight request there computes them first */
+    uint64_t cached = (uint64_t)reuse * pr->block_size;
+    uint64_t prefill = aw->prefill + (cached < pr->ntokens ? pr->ntokens - cached : 0);
+    uint64_t decode = aw->blocks + pr->req_blocks - hit;
+    *busy = (double)aw->blocks > pr->hot[slot].busy_blocks ||
+            (pr->busy_prefill && aw->prefill > pr->busy_prefill);
+    return time_cost(&pr->k, aw, &pr->hot[slot], &pr->counts[slot], prefill, decode,
+                     reuse_terms(r, memo, reuse, pr->ntokens, f));
+}
+
+/*
  * Price every live worker for prompt p whose walk resolved `walked` nodes (r->overlap, r->hits
  * and r->nodes filled): costs in registry order (the order of reg.order and reg.order_ids), and
  * the workers that are not busy listed in eligible. ow is the overlap weight in force. Returns how
- * many are eligible. This loop is the O(workers) part of every decision, so it reads only compact
- * per-slot arrays (never the registry's worker records), and the time model's terms that depend
- * only on a worker's reuse are computed once per distinct reuse (reuse_terms).
+ * many are eligible. This loop is the O(workers) part of a decision that needs every price, so it
+ * reads only compact per-slot arrays (never the registry's worker records), and the time model's
+ * terms that depend only on a worker's reuse are computed once per distinct reuse (reuse_terms).
  */
 static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked)
 {
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
-    bool timed = r->cfg.cost_model == KVR_COST_TIME;
-    struct fleet_prefix f = {0, 0, 0, 0};
-    struct reuse_terms memo[REUSE_MEMO];
-    if (timed) {
-        fleet_prefix(r, walked, &f);
-        reuse_memo_init(memo);
-    }
     const uint32_t *order = r->reg.order;
     uint32_t neligible = 0;
-    if (timed) { /* one loop per cost model: neither pays for the other's arithmetic */
-        /* locals, not the router's fields: the stores below could alias those */
-        struct cost_consts k;
-        cost_consts_init(&k, r, ow);
-        const uint32_t n = r->reg.nlive, ntokens = p->ntokens;
-        const uint64_t busy_prefill = r->cfg.busy_prefill_tokens;
-        const struct kvr_active_worker *aws = r->act.w;
-        const struct kvr_worker_hot *hot = r->reg.hot;
-        const uint32_t *overlap = r->overlap, *hits = r->hits, *counts = r->ix.counts;
+    if (r->cfg.cost_model == KVR_COST_TIME) { /* one loop per model: neither pays for the other */
+        struct fleet_prefix f;
+        struct reuse_terms memo[REUSE_MEMO];
+        struct pricer pr;
+        pricer_init(&pr, memo, &f, r, p, ow, walked);
+        const uint32_t n = r->reg.nlive;
         double *costs = r->costs;
         uint32_t *eligible = r->eligible;
         for (uint32_t i = 0; i < n; i++) {
             uint32_t slot = order[i];
-            const struct kvr_active_worker *aw = &aws[slot];
-            uint32_t reuse = overlap[slot], hit = hits[slot];
-            assert(reuse <= walked && hit <= walked); /* the walk stops where both do */
-            if (hit > reuse)
-                reuse = hit; /* an in-flight request there computes them first */
-            uint64_t cached = (uint64_t)reuse * B;
-            uint64_t prefill = aw->prefill + (cached < ntokens ? ntokens - cached : 0);
-            uint64_t decode = aw->blocks + req_blocks - hit;
-            costs[i] = time_cost(&k, aw, &hot[slot], &counts[slot], prefill, decode,
-                                 reuse_terms(r, memo, reuse, ntokens, &f));
+            assert(r->overlap[slot] <= walked && r->hits[slot] <= walked); /* the walk stops
+                                                                              where both do */
+            bool busy;
+            costs[i] = price(r, &pr, memo, &f, slot, &busy);
             eligible[neligible] = i;
-            /* worker_busy(r, slot), from the locals */
-            bool busy = (double)aw->blocks > hot[slot].busy_blocks ||
-                        (busy_prefill && aw->prefill > busy_prefill);
             neligible += !busy;
         }
         return neligible;
@@ -97,6 +132,137 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         neligible += !worker_busy(r, slot);
     }
     return neligible;
+}
+
+/*
+ * Whether the kv pick may skip workers (pick_pruned): a routed decision under the time model at
+ * temperature 0 that explains nothing (a select or an explained decision reports every price),
+ * with a model whose terms are never negative and never shrink as the prefill grows (every
+ * weight is at least 0 by kvr_router_create; the prefill polynomial is checked here).
+ */
+static bool may_prune(const struct kvr_router *r, const struct prompt *p, enum kvr_policy policy,
+                      double temp, bool do_book)
+{
+    const double *c = r->cfg.prefill_ms;
+    return do_book && policy == KVR_POLICY_KV && temp <= 0 && !p->explain &&
+           r->cfg.cost_model == KVR_COST_TIME && c[0] >= 0 && c[1] >= 0 && c[2] >= 0;
+}
+
+/* The pick so far of pick_pruned. */
+struct pruned {
+    struct kvr_kv_choice best;
+    uint32_t chosen;     /* its slot, KVR_NIL for none */
+    uint32_t avoided;    /* the eligible worker to avoid, KVR_NIL when not seen */
+    double avoided_cost; /* its price */
+};
+
+/* Price the worker in slot and offer it to the pick. */
+static inline __attribute__((always_inline)) void
+offer(struct kvr_router *r, const struct prompt *p, const struct pricer *pr,
+      struct reuse_terms *memo, const struct fleet_prefix *f, uint32_t slot, struct pruned *pk)
+{
+    bool busy;
+    double c = price(r, pr, memo, f, slot, &busy);
+    if (busy)
+        return;
+    if (p->avoid && r->reg.by_slot[slot].id == p->avoid) {
+        pk->avoided = slot;
+        pk->avoided_cost = c;
+        return;
+    }
+    if (kvr_kv_offer(&r->sel, &pk->best, c, pr->counts[slot]))
+        pk->chosen = slot;
+}
+
+/* Offer every member of set s, but those with an overlap when skip_cached (the members of the
+ * first block's index set have one, and were offered). r->eligible is the scratch. */
+static void offer_members(struct kvr_router *r, const struct prompt *p, const struct pricer *pr,
+                          struct reuse_terms *memo, const struct fleet_prefix *f,
+                          const struct kvr_hset *s, bool skip_cached, struct pruned *pk)
+{
+    assert(s->n <= r->nslots); /* a set holds live slots only */
+    uint32_t n = kvr_hset_slots(s, r->eligible);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = r->eligible[i];
+        if (!skip_cached || pr->overlap[slot] == 0)
+            offer(r, p, pr, memo, f, slot, pk);
+    }
+}
+
+/* The least full cache of the fleet, min(1, index entries / capacity): one pass over compact
+ * arrays. */
+static double least_fill(const struct kvr_router *r, const struct pricer *pr)
+{
+    double fill = 1.0;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        double inv = pr->hot[slot].inv_capacity;
+        double x = inv > 0 ? (double)pr->counts[slot] * inv : 1.0;
+        fill = x < fill ? x : fill;
+    }
+    return fill;
+}
+
+/*
+ * The kv pick without pricing every worker. The workers the walk met (they cache the prompt's
+ * first block or run a request that uses it: the members of its node's sets) are priced one by
+ * one. Every other worker reuses nothing, so its price (time_cost) differs from another's only
+ * through its own figures, and each term of it is at least: the prompt's whole prefill queued
+ * behind nothing, its decodes at their cheapest (max(1, decode_ms[0]) a step, when that
+ * polynomial cannot fall), the stall over its nreqs, the cache term at the least full cache of
+ * the fleet, and the share term. That floor depends only on nreqs and grows with it, and adds its
+ * terms in time_cost's order, so its floating-point sum is at most the price too. So those workers
+ * are visited in order of load (by_load) and the visit stops at the first whose floor is above
+ * the best price found: neither it nor any after it can cost less or tie. The choice follows
+ * kvr_select_kv's rule (kvr_kv_offer); the worker to avoid is taken only when no other is
+ * eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
+ */
+static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
+                            uint32_t walked, double *cost)
+{
+    struct fleet_prefix f;
+    struct reuse_terms memo[REUSE_MEMO];
+    struct pricer pr;
+    pricer_init(&pr, memo, &f, r, p, ow, walked);
+    struct pruned pk = {.chosen = KVR_NIL, .avoided = KVR_NIL, .avoided_cost = 0};
+    kvr_kv_choice_init(&pk.best);
+    if (walked) {
+        const struct kvr_node *first = kvr_blocktab_node(&r->tab, r->nodes[0]);
+        offer_members(r, p, &pr, memo, &f, &first->idx, false, &pk);
+        offer_members(r, p, &pr, memo, &f, &first->act, true, &pk);
+    }
+    /* the floor of a worker that reuses nothing (reuse_terms(0): copied, as the memo is
+     * direct-mapped and a later fill may take its entry) */
+    const struct reuse_terms t0 = *reuse_terms(r, memo, 0, p->ntokens, &f);
+    const double *d = r->cfg.decode_ms;
+    double step = d[1] >= 0 && d[2] >= 0 && d[0] > 1.0 ? d[0] : 1.0;
+    double base[2] = {t0.ttft0, t0.ttft0 + (double)t0.steps0 * step};
+    double cache = 0, share = t0.share ? t0.share_cost : 0;
+    bool filled = false; /* cache: 0 until a floor without it fails to stop the visit */
+    const double sw = pr.k.stall_weight, stall = t0.stall_time;
+    const uint32_t *by_load = r->act.by_load;
+    assert(r->act.nlisted == r->reg.nlive); /* the router lists every live worker, only them */
+    for (uint32_t q = 0; q < r->act.nlisted; q++) {
+        uint32_t slot = by_load[q];
+        if (pr.overlap[slot] || pr.hits[slot])
+            continue; /* met by the walk: offered */
+        uint32_t n = pr.aws[slot].nreqs;
+        double lower = base[n > 0] + sw * (double)n * stall + cache + share;
+        if (!filled && lower <= pk.best.cost * (1.0 + 1e-9)) {
+            cache = pr.k.ow_cache * least_fill(r, &pr) * t0.cache_time;
+            filled = true;
+            lower = base[n > 0] + sw * (double)n * stall + cache + share;
+        }
+        if (lower > pk.best.cost * (1.0 + 1e-9)) /* a margin, though the floor is exact */
+            break;
+        offer(r, p, &pr, memo, &f, slot, &pk);
+    }
+    if (pk.chosen == KVR_NIL && pk.avoided != KVR_NIL) {
+        *cost = pk.avoided_cost;
+        return pk.avoided;
+    }
+    *cost = pk.best.cost;
+    return pk.chosen;
 }
 
 /* The full view of every live worker in r->cands, after score(). */
@@ -200,6 +366,36 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
     return kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible);
 }
 
+/* The rest of a decision that pick_pruned makes: book and describe it (costs: NULL). */
+static kvr_status decide_pruned(struct kvr_router *r, const struct prompt *p, uint64_t now,
+                                double ow, uint32_t walked, enum kvr_policy policy,
+                                struct kvr_decision *out)
+{
+    double cost;
+    uint32_t slot = pick_pruned(r, p, ow, walked, &cost);
+    if (slot == KVR_NIL)
+        return KVR_ERR_OVERLOADED;
+    kvr_status st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks,
+                                     p->ntokens, r->overlap[slot], now);
+    if (st != KVR_OK)
+        return st;
+    out->request_id = p->id;
+    out->worker_id = r->reg.by_slot[slot].id;
+    out->policy = policy;
+    out->overlap_blocks = r->overlap[slot];
+    out->prompt_blocks = p->nblocks;
+    out->prompt_tokens = p->ntokens;
+    out->cost = cost;
+    out->block_hashes = p->seq;
+    out->ncandidates = r->reg.nlive;
+    out->worker_ids = r->reg.order_ids;
+    out->costs = NULL; /* not every worker was priced */
+    out->candidates = NULL;
+    out->booked = true;
+    out->queued = false;
+    return KVR_OK;
+}
+
 kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint64_t now,
                               bool do_book, struct kvr_decision *out)
 {
@@ -220,6 +416,8 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
                                         &r->walk_act, r->hits, r->nodes);
     assert(walked <= p->nblocks);
+    if (may_prune(r, p, policy, temp, do_book))
+        return decide_pruned(r, p, now, ow, walked, policy, out);
     uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked));
     if (neligible == 0)
         return KVR_ERR_OVERLOADED;

@@ -71,6 +71,8 @@ static struct kvr_worker *join(struct kvr_router *r, const struct kvr_worker_inf
     if (*st != KVR_OK)
         return NULL;
     *st = kvr__router_ensure_slots(r);
+    if (*st == KVR_OK)
+        *st = kvr_active_list(&r->act, slot);
     if (*st != KVR_OK) {
         kvr_registry_remove(&r->reg, slot);
         return NULL;
@@ -148,6 +150,7 @@ static void remove_worker(struct kvr_router *r, uint32_t slot)
     kvr_active_drop_worker(&r->act, slot, kvr__router_on_drop, &f);
     assert(r->act.w[slot].nreqs == 0 && r->act.w[slot].blocks == 0 && r->act.w[slot].prefill == 0 &&
            kvr_index_worker_blocks(&r->ix, slot) == 0);
+    kvr_active_unlist(&r->act, slot);
     kvr_registry_remove(&r->reg, slot);
     kvr_index_set_bound(&r->ix, kvr_index_bound(&r->cfg, r->reg.index_blocks));
     r->ring_dirty = true;

@@ -101,26 +101,15 @@ static uint32_t kv_min(struct kvr_select_state *s, const double *costs, const ui
                        const uint32_t *cached, const uint32_t *eligible, uint32_t n)
 {
     assert(n >= 1);
-    uint32_t best = 0, ties = 1;
-    double bc = costs[eligible[0]];
-    for (uint32_t i = 1; i < n; i++) {
+    struct kvr_kv_choice b;
+    kvr_kv_choice_init(&b);
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < n; i++) {
         double c = costs[eligible[i]];
-        if (c > bc)
-            continue;
-        if (c < bc) {
+        if (c > b.cost)
+            continue; /* the common case, before reading its cached blocks */
+        if (kvr_kv_offer(s, &b, c, cached[slots[eligible[i]]]))
             best = i;
-            bc = c;
-            ties = 1;
-            continue;
-        }
-        /* equal cost: fewer cached blocks wins, then a random draw */
-        uint32_t ci = cached[slots[eligible[i]]], cb = cached[slots[eligible[best]]];
-        if (ci < cb) {
-            best = i;
-            ties = 1;
-        } else if (ci == cb && take_tie(s, &ties)) {
-            best = i;
-        }
     }
     return best;
 }

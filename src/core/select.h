@@ -7,6 +7,8 @@
 #ifndef KVR_SELECT_H
 #define KVR_SELECT_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvr/rng.h"
@@ -51,6 +53,41 @@ kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, cons
 uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const double *costs,
                        const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
                        uint32_t n);
+
+/*
+ * The kv policy's running choice, one candidate offered at a time (kvr_select_kv's rule: the
+ * lowest cost, then the fewest cached blocks, then a reservoir draw among those still equal), for
+ * a caller that visits only some of the workers.
+ */
+struct kvr_kv_choice {
+    double cost;     /* the choice's cost; INFINITY before the first offer */
+    uint32_t cached; /* its cached blocks */
+    uint32_t ties;   /* candidates equal to it so far; 0 before the first offer */
+};
+
+static inline void kvr_kv_choice_init(struct kvr_kv_choice *b)
+{
+    b->cost = INFINITY;
+    b->cached = UINT32_MAX;
+    b->ties = 0;
+}
+
+/* Offer a candidate of cost and cached blocks; returns whether it is now the choice. */
+static inline bool kvr_kv_offer(struct kvr_select_state *s, struct kvr_kv_choice *b, double cost,
+                                uint32_t cached)
+{
+    if (cost > b->cost)
+        return false;
+    if (cost < b->cost || b->ties == 0 || cached < b->cached) {
+        b->cost = cost;
+        b->cached = cached;
+        b->ties = 1;
+        return true;
+    }
+    if (cached > b->cached)
+        return false;
+    return kvr_rng_below(&s->rng, ++b->ties) == 0;
+}
 
 /*
  * The baseline policies: choose among cands[eligible[0..n)] (n >= 1); returns a position in

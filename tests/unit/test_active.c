@@ -185,3 +185,67 @@ Test(active, random_traffic_keeps_invariants)
     }
     cr_assert(eq(u32, act.nworking, 0));
 }
+
+/* by_load: the listed slots, ascending by nreqs, with load_pos and load_first agreeing. */
+static void check_by_load(const bool *listed, uint32_t nslots)
+{
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < nslots; s++) {
+        if (!listed[s]) {
+            cr_assert(eq(u32, act.w[s].load_pos, KVR_NIL), "slot %u is not listed", s);
+            continue;
+        }
+        n++;
+        cr_assert(lt(u32, act.w[s].load_pos, act.nlisted));
+        cr_assert(eq(u32, act.by_load[act.w[s].load_pos], s));
+    }
+    cr_assert(eq(u32, act.nlisted, n));
+    for (uint32_t i = 1; i < act.nlisted; i++)
+        cr_assert(le(u32, act.w[act.by_load[i - 1]].nreqs, act.w[act.by_load[i]].nreqs));
+    for (uint32_t c = 0; c < act.nloads; c++) {
+        uint32_t first = 0;
+        while (first < act.nlisted && act.w[act.by_load[first]].nreqs < c)
+            first++;
+        cr_assert(eq(u32, act.load_first[c], first), "the first of load %u", c);
+    }
+    cr_assert(eq(u32, act.load_first[act.nloads - 1], act.nlisted), "the last load is empty");
+}
+
+Test(active, workers_stay_in_order_of_load)
+{
+    enum { N = 300, SLOTS = 12 };
+    cr_assert(eq(int, kvr_active_reserve(&act, SLOTS), KVR_OK));
+    bool listed[SLOTS] = {false};
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 5);
+    static bool live[N];
+    memset(live, 0, sizeof live);
+    uint32_t nodes[4];
+    for (int op = 0; op < 6000; op++) {
+        uint32_t i = (uint32_t)kvr_rng_below(&rng, N);
+        uint32_t s = (uint32_t)kvr_rng_below(&rng, SLOTS);
+        switch (kvr_rng_below(&rng, 8)) {
+        case 0: /* a worker joins or leaves, requests in flight or not */
+            if (listed[s])
+                kvr_active_unlist(&act, s);
+            else
+                cr_assert(eq(int, kvr_active_list(&act, s), KVR_OK));
+            listed[s] = !listed[s];
+            break;
+        default:
+            if (!live[i]) { /* slots take up to ~50 requests: load_first grows past 16 */
+                nodes_for(kvr_rng_below(&rng, 3) * 100, 4, nodes);
+                cr_assert(
+                    eq(int, kvr_active_add(&act, i + 1, i % SLOTS, nodes, 4, 4 * B, 0, 0), KVR_OK));
+            } else {
+                cr_assert(eq(int, kvr_active_remove(&act, i + 1), KVR_OK));
+            }
+            live[i] = !live[i];
+        }
+        check_by_load(listed, SLOTS);
+    }
+    cr_assert(gt(u32, act.nloads, 16), "loads past the first room were seen");
+    cr_assert(eq(int, kvr_active_list(&act, 0), listed[0] ? KVR_ERR_INVALID : KVR_OK),
+              "a slot is listed once");
+    cr_assert(eq(int, kvr_active_list(&act, SLOTS + 100), KVR_ERR_INVALID));
+}

@@ -1,10 +1,12 @@
 /* The decision pipeline end to end on the pure core: errors, queueing, events, invariants. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvr/hash.h"
+#include "kvr/rng.h"
 #include "kvr/router.h"
 
 #define B  16
@@ -888,4 +890,111 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
     kvr_router_stats(r, &s);
     cr_assert(eq(u32, s.inflight, 2), "2 held or too young to judge remain");
     cr_assert(eq(u64, s.reconciled, 2));
+}
+
+/*
+ * A routed kv decision under the time model prices only the workers that could win; a select
+ * prices them all. On a random fleet (capacities known and not, cached family prefixes, requests
+ * in flight at every stage, draining and removed workers, avoided workers), every routed pick has
+ * the lowest price a select of the same state finds, and among the workers of that price the
+ * fewest cached blocks.
+ */
+Test(router, a_routed_pick_is_the_cheapest_without_pricing_every_worker)
+{
+    enum { W = 160, FAMILIES = 6, ROUNDS = 700 };
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.max_prompt_tokens = 64 * B;
+    make();
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 11);
+    for (uint64_t w = 1; w <= W; w++)
+        join(w, w % 5 == 0 ? 0 : 200 + kvr_rng_below(&rng, 4000));
+    for (uint64_t w = 1; w <= W; w++) { /* a cached prefix of one or two families */
+        for (uint32_t k = 0; k < 1 + (w % 2); k++) {
+            uint32_t f = (uint32_t)kvr_rng_below(&rng, FAMILIES), nb = 1 + (uint32_t)(w % 40);
+            uint32_t *t = prompt(f, nb * B, 0, 0);
+            uint64_t local[48];
+            struct kvr_kv_block blocks[48];
+            kvr_hash_prompt(t, nb * B, B, local, NULL);
+            for (uint32_t i = 0; i < nb; i++)
+                blocks[i] = (struct kvr_kv_block){w * 1000 + k * 100 + i, local[i]};
+            cr_assert(eq(int, kvr_router_kv_stored(r, w, NULL, blocks, nb), KVR_OK));
+            free(t);
+        }
+    }
+    uint32_t routed = 0, ties = 0;
+    for (uint64_t id = 1; id <= ROUNDS; id++) {
+        uint32_t f = (uint32_t)kvr_rng_below(&rng, FAMILIES);
+        uint32_t shared = (uint32_t)kvr_rng_below(&rng, 40) * B;
+        uint32_t unique = 1 + (uint32_t)kvr_rng_below(&rng, 20 * B);
+        uint32_t *t = prompt(f, shared, id, unique);
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = shared + unique, .explain = true};
+        if (id % 9 == 0)
+            q.avoid_worker = 1 + kvr_rng_below(&rng, W);
+        struct kvr_decision all, d;
+        kvr_status st = kvr_router_select(r, &q, id, &all);
+        cr_assert(eq(int, st, KVR_OK));
+        double least = INFINITY;
+        uint32_t fewest = UINT32_MAX, cheapest = 0;
+        for (int pass = 0; pass < 2; pass++) /* the least price, then the fewest cached at it */
+            for (uint32_t i = 0; i < all.ncandidates; i++) {
+                const struct kvr_candidate *c = &all.candidates[i];
+                if (c->busy || (c->worker_id == q.avoid_worker && all.ncandidates > 1))
+                    continue;
+                if (pass == 0 && c->cost < least)
+                    least = c->cost;
+                if (pass == 1 && c->cost == least && c->cached_blocks <= fewest) {
+                    cheapest += c->cached_blocks == fewest;
+                    if (c->cached_blocks < fewest)
+                        cheapest = 1;
+                    fewest = c->cached_blocks;
+                }
+            }
+        q.explain = false;
+        cr_assert(eq(int, kvr_router_route(r, &q, id, &d), KVR_OK));
+        cr_assert(not(d.queued));
+        cr_assert(d.costs == NULL, "the routed decision priced only some workers");
+        const struct kvr_candidate *got = NULL;
+        for (uint32_t i = 0; i < all.ncandidates; i++)
+            if (all.candidates[i].worker_id == d.worker_id)
+                got = &all.candidates[i];
+        cr_assert(got != NULL);
+        cr_assert(eq(dbl, d.cost, got->cost), "the price a select gives that worker");
+        cr_assert(eq(dbl, d.cost, least), "request %lu: %g, the least is %g", (unsigned long)id,
+                  d.cost, least);
+        cr_assert(eq(u32, got->cached_blocks, fewest));
+        cr_assert(not(got->busy));
+        routed++;
+        ties += cheapest > 1;
+        free(t);
+        /* the fleet moves: prefills end, outputs grow, requests end, workers drain and leave */
+        uint64_t old = 1 + kvr_rng_below(&rng, id);
+        switch (kvr_rng_below(&rng, 4)) {
+        case 0:
+            kvr_router_prefill_done(r, old, id);
+            break;
+        case 1:
+            for (int k = 0; k < 8; k++)
+                kvr_router_output_block(r, old, id);
+            break;
+        case 2:
+            kvr_router_done(r, old);
+            break;
+        default:
+            break;
+        }
+        if (id % 50 == 0) { /* one drains, one leaves and comes back empty */
+            uint64_t w = 1 + kvr_rng_below(&rng, W);
+            struct kvr_worker_info info = {
+                .id = w, .block_size = B, .capacity_blocks = 1000, .draining = true};
+            cr_assert(eq(int, kvr_router_worker_seen(r, &info, id), KVR_OK));
+            uint64_t gone = 1 + kvr_rng_below(&rng, W);
+            if (gone != w) {
+                cr_assert(eq(int, kvr_router_worker_remove(r, gone), KVR_OK));
+                join(gone, 800);
+            }
+        }
+    }
+    cr_assert(eq(u32, routed, ROUNDS));
+    cr_assert(gt(u32, ties, 0), "some picks were among equal prices");
 }
