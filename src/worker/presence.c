@@ -65,7 +65,7 @@ void kvr_worker_heartbeat(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     atomic_store(&w->beat_wanted, false); /* this is the one asked for */
-    if (!w->clashed)
+    if (!w->clashed && w->be)
         kvr__worker_emit(w, w->subj_hb, encode_heartbeat(w));
     kvr__worker_unlock(w);
 }
@@ -75,7 +75,9 @@ void kvr__worker_beat_if_wanted(struct kvr_worker *w)
     if (!atomic_load_explicit(&w->beat_wanted, memory_order_relaxed) ||
         !atomic_exchange(&w->beat_wanted, false))
         return;
-    if (!w->clashed && !w->cut) /* cut: it would arrive late, listing stale requests */
+    /* cut: it would arrive late, listing stale requests; no engine: a beat asked for as the worker
+     * stopped (kvr_worker_beat gave up), found by the link's last flush after the engine closed */
+    if (!w->clashed && !w->cut && w->be)
         kvr__worker_emit(w, w->subj_hb, encode_heartbeat(w));
 }
 
@@ -94,7 +96,7 @@ void kvr_worker_beat(struct kvr_worker *w)
 void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)
 {
     pthread_mutex_lock(&w->mu);
-    if (!w->clashed && reply && *reply)
+    if (!w->clashed && w->be && reply && *reply) /* no engine: closing, nothing to answer for */
         kvr__worker_emit(w, reply, encode_heartbeat(w));
     kvr__worker_unlock(w);
 }

@@ -297,7 +297,8 @@ void kvr_worker_heartbeat(struct kvr_worker *w);
 /* The heartbeat thread's beat: the same heartbeat, without waiting on mu behind the busy threads:
  * asked for (beat_wanted), then sent by whichever thread releases mu first through
  * kvr__worker_unlock (this one when mu is free: it tries it every millisecond). Returns once it is
- * queued (or the worker stops). */
+ * queued (or the worker stops: then it may be left asked for, and is dropped once the engine is
+ * closed, since a heartbeat reads the engine's load). */
 void kvr_worker_beat(struct kvr_worker *w);
 
 /* The outgoing connection was cut: the streams open now or ending from now on will be repeated. */
@@ -316,6 +317,7 @@ bool kvr_worker_stopping(struct kvr_worker *w); /* without mu */
 
 /* Stop the engine's own threads (the adapter's client, subscriber and poller) and free it: after
  * the link's threads are joined, before its connections close, so nothing publishes after.
+ * From then on no heartbeat is made (nor a hello answered): a heartbeat reads the engine's load.
  * Idempotent; kvr_worker_free does it too. */
 void kvr_worker_close_engine(struct kvr_worker *w);
 

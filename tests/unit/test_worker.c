@@ -1027,3 +1027,19 @@ Test(worker, a_stopping_worker_holds_nothing)
     cr_assert(eq(u32, w.nbatch, 0));
     cr_assert(eq(int, count_on(0, DONE), 1), "sent at once");
 }
+
+/* kvr_wk_link_close's order: the threads stopped, the engine closed, then the last flush. A beat
+ * the heartbeat thread asked for as the stop came (it gives up once stopping) is left wanted; the
+ * flush must not encode it with the engine gone (a SIGSEGV at the end of a drain). */
+Test(worker, a_beat_left_wanted_at_the_stop_is_not_sent_after_the_engine_closed)
+{
+    kvr_worker_stop(&w);
+    kvr_worker_beat(&w); /* stopping: returns at once, the beat still wanted */
+    cr_assert(atomic_load(&w.beat_wanted));
+    kvr_worker_close_engine(&w);
+    size_t mark = rec_nsent;
+    kvr_worker_flush(&w);
+    cr_assert(eq(int, count_on(mark, HB), 0), "no heartbeat without an engine");
+    kvr_worker_on_hello(&w, REPLY); /* a delivery before the link unsubscribes: no answer either */
+    cr_assert(eq(sz, rec_nsent, mark));
+}
