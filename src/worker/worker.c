@@ -240,7 +240,8 @@ void kvr__worker_failed(struct kvr_worker *w, struct kvr_wreq *r, kvr_status st,
 static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, bool silent,
                       uint64_t now)
 {
-    w->be->cancel(w, r->key);
+    if (w->be) /* none once closed: a cancel delivered before the link unsubscribed */
+        w->be->cancel(w, r->key);
     if (!silent && !w->clashed)
         kvr_reply_fail(
             &w->generate, &w->out, r->reply, r->request_id, why,
@@ -333,9 +334,13 @@ void kvr_worker_free(struct kvr_worker *w)
 
 void kvr_worker_close_engine(struct kvr_worker *w)
 {
-    if (w->be)
-        w->be->free(w); /* its threads joined: nothing calls in any more */
+    /* taken out under mu first: until the link unsubscribes, its deliveries read it under mu */
+    pthread_mutex_lock(&w->mu);
+    const struct kvr_wk_backend *be = w->be;
     w->be = NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (be)
+        be->free(w); /* its threads joined: nothing calls in any more */
 }
 
 void kvr__worker_unlock(struct kvr_worker *w)
@@ -398,7 +403,7 @@ static struct kvr_wreq *new_req(const struct kvr_wire_request *q, uint64_t key, 
 static kvr_status submit(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
                          const char *reply, struct kvr_wk_prep *prep, uint64_t now)
 {
-    if (w->draining)
+    if (w->draining || !w->be)
         return KVR_ERR_SHUTDOWN;
     if (w->nreqs >= KVR_WIRE_INFLIGHT_MAX)
         return KVR_ERR_OVERLOADED; /* a heartbeat lists every request held: no more than fit */

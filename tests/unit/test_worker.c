@@ -1043,3 +1043,22 @@ Test(worker, a_beat_left_wanted_at_the_stop_is_not_sent_after_the_engine_closed)
     kvr_worker_on_hello(&w, REPLY); /* a delivery before the link unsubscribes: no answer either */
     cr_assert(eq(sz, rec_nsent, mark));
 }
+
+/* A router's cancel of a request still held (the drain timed out), delivered between the engine's
+ * close and the link's unsubscribe: its client and the routers are told, without the engine. */
+Test(worker, a_cancel_after_the_engine_closed_ends_the_request_without_it)
+{
+    forward(301, "a", 20, 0);
+    step();
+    cr_assert(eq(u32, w.nreqs, 1));
+    kvr_worker_stop(&w);
+    kvr_worker_close_engine(&w);
+    size_t mark = rec_nsent;
+    cancel(301, KVR_ERR_CANCELLED, false);
+    cr_assert(eq(u32, w.nreqs, 0));
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1));
+    cr_assert(eq(u32, c[0].error_code, KVR_ERR_CANCELLED));
+    free_chunks(c, 1);
+    cr_assert(eq(int, count_on(mark, DONE), 1));
+}
