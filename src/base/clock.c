@@ -20,6 +20,19 @@ uint64_t kvr_now_ns(void)
     return read_clock(CLOCK_MONOTONIC);
 }
 
+struct timespec kvr_deadline_ms(uint32_t ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += (time_t)(ms / 1000);
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
 uint64_t kvr_realtime_ns(void)
 {
     return read_clock(CLOCK_REALTIME);

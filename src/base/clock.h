@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #define KVR_NS_PER_MS 1000000ull
 #define KVR_NS_PER_S  1000000000ull
@@ -14,6 +15,9 @@
 uint64_t kvr_now_ns(void);      /* monotonic */
 uint64_t kvr_realtime_ns(void); /* since the epoch */
 void kvr_sleep_ns(uint64_t ns); /* the whole time, across signals */
+/* The monotonic clock ms from now: a deadline for pthread_cond_timedwait on a condition made
+ * with CLOCK_MONOTONIC. */
+struct timespec kvr_deadline_ms(uint32_t ms);
 /* realtime_ns as RFC 3339 with nanoseconds ("2026-12-01T09:03:54.123456789Z") into buf. */
 void kvr_rfc3339(char *buf, size_t len, uint64_t realtime_ns);
 

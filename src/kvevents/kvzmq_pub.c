@@ -515,14 +515,7 @@ bool kvr_kvpub_wait_subscribers(struct kvr_kvpub *p, uint32_t n, uint32_t timeou
 {
     if (!p)
         return false;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = kvr_deadline_ms(timeout_ms);
     pthread_mutex_lock(&p->mu);
     while (p->subs < (int64_t)n)
         if (pthread_cond_timedwait(&p->subs_cv, &p->mu, &dl) == ETIMEDOUT)

@@ -12,11 +12,13 @@
 #include "fleet.h"
 #include "intake.h"
 #include "log.h"
+#include "settle.h"
 #include "sync.h"
 #include "timer.h"
 #include "util.h"
 
-#define DATA(msg) natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
+#define KVR_LINK_SETTLE_MS 2000 /* the close waits this long for running handlers */
+#define DATA(msg)          natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
 
 static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
@@ -165,12 +167,17 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     return st;
 }
 
-/* Subscribe (queue group when queue is not NULL) with no pending limits. */
+/* Subscribe (queue group when queue is not NULL) with no pending limits, its completion tracked
+ * for the close (kvr_settle). */
 static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const char *subject,
                             const char *queue, natsMsgHandler cb, struct kvr_link *l)
 {
+    if (!l->settle && !(l->settle = kvr_settle_new()))
+        return NATS_NO_MEMORY;
     natsStatus s = queue ? natsConnection_QueueSubscribe(sub, nc, subject, queue, cb, l)
                          : natsConnection_Subscribe(sub, nc, subject, cb, l);
+    if (s == NATS_OK && kvr_settle_track(l->settle, *sub) != KVR_OK)
+        s = NATS_ERR;
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(*sub, -1, -1);
     return s;
@@ -361,12 +368,15 @@ void kvr_link_close(struct kvr_link *l)
                                 l->sub_lookup, l->sub_digest, l->sub_gen,    l->sub_sel,
                                 l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2],
                                 l->sub_stall};
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        if (subs[i]) {
+    size_t n = sizeof subs / sizeof subs[0];
+    for (size_t i = 0; i < n; i++)
+        if (subs[i])
             natsSubscription_Unsubscribe(subs[i]);
-            natsSubscription_Destroy(subs[i]);
-        }
-    }
+    /* a handler may still be running (or start once more): wait it out, as it reads l and rd */
+    if (!kvr_settle_wait_free(l->settle, KVR_LINK_SETTLE_MS))
+        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d", KVR_LINK_SETTLE_MS);
+    for (size_t i = 0; i < n; i++)
+        natsSubscription_Destroy(subs[i]);
     natsConnection_Destroy(l->nc_req);
     natsConnection_Destroy(l->nc_ev);
     kvr_loop_free(&l->loop); /* once its connections are gone */

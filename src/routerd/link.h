@@ -35,6 +35,8 @@
     256 /* bytes a WorkerGenerate adds around the client's request                                 \
          */
 
+struct kvr_settle;
+
 struct kvr_link {
     struct kvr_rd *rd;              /* borrowed */
     struct kvr_service svc;         /* the $SRV description */
@@ -48,6 +50,7 @@ struct kvr_link {
     uint64_t dead_since;                   /* when the first of them was handled */
     natsSubscription *sub_ev, *sub_gossip, *sub_pages, *sub_sync, *sub_lookup, *sub_digest;
     natsSubscription *sub_gen, *sub_sel, *sub_cancel, *sub_srv[3], *sub_stall;
+    struct kvr_settle *settle; /* the asynchronous ones' completions, waited for by the close */
     struct kvr_backlog gossip_backlog; /* how far behind on_gossip runs (sub_gossip) */
     natsStatistics *stats;             /* timer thread only */
     uint64_t reconnects;               /* of the events connection, as last seen (timer thread) */

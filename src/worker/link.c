@@ -13,7 +13,10 @@
 #include "log.h"
 #include "metrics.h"
 #include "procstat.h"
+#include "settle.h"
 #include "util.h"
+
+#define KVR_WK_SETTLE_MS 2000 /* the close waits this long for running handlers */
 
 /* --- deliveries ------------------------------------------------------------------------------ */
 
@@ -252,34 +255,44 @@ static kvr_status ask_hello(struct kvr_wk_link *l)
     return KVR_ERR_WORKER_ID_CLASH;
 }
 
+/* Subscribe cb to subject on nc (with no pending limits when unlimited), its completion
+ * tracked for the teardown (kvr_settle). */
+static natsStatus sub_async(struct kvr_wk_link *l, natsSubscription **sub, natsConnection *nc,
+                            const char *subject, natsMsgHandler cb, bool unlimited)
+{
+    natsStatus s = natsConnection_Subscribe(sub, nc, subject, cb, l);
+    if (s == NATS_OK && kvr_settle_track(l->settle, *sub) != KVR_OK)
+        s = NATS_ERR;
+    if (s == NATS_OK && unlimited)
+        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+    return s;
+}
+
 static kvr_status subscribe(struct kvr_wk_link *l)
 {
     struct kvr_worker *w = l->w;
+    l->settle = kvr_settle_new();
+    if (!l->settle)
+        return KVR_ERR_NOMEM;
     /* the clash watch and the cancels before the first request can arrive */
-    natsStatus s = natsConnection_Subscribe(&l->sub_hb, l->nc_in, w->subj_hb, on_heartbeat, l);
+    natsStatus s = sub_async(l, &l->sub_hb, l->nc_in, w->subj_hb, on_heartbeat, false);
     if (s == NATS_OK)
-        s = natsConnection_Subscribe(&l->sub_hello, l->nc_in, w->subj_hello, on_hello, l);
+        s = sub_async(l, &l->sub_hello, l->nc_in, w->subj_hello, on_hello, false);
     if (s == NATS_OK)
-        s = natsConnection_Subscribe(&l->sub_cancel, l->nc_in, w->subj_cancel, on_cancel, l);
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub_cancel, -1, -1);
+        s = sub_async(l, &l->sub_cancel, l->nc_in, w->subj_cancel, on_cancel, true);
     /* forwards (and rebinds) on the connection the tokens go out on: a server that lets workers
      * answer clients by response permission only grants it to the connection that received the
      * client's reply subject */
     if (s == NATS_OK)
-        s = natsConnection_Subscribe(&l->sub_gen, l->nc_out, w->subj_gen, on_generate, l);
+        s = sub_async(l, &l->sub_gen, l->nc_out, w->subj_gen, on_generate, true);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub_gen, -1, -1);
-    if (s == NATS_OK)
-        s = natsConnection_Subscribe(&l->sub_rebind, l->nc_out, w->subj_rebind, on_rebind, l);
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(l->sub_rebind, -1, -1);
+        s = sub_async(l, &l->sub_rebind, l->nc_out, w->subj_rebind, on_rebind, true);
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_out);
     char srv[3][256];
     kvr_service_subjects(&l->svc, srv);
     for (int i = 0; i < 3 && s == NATS_OK; i++)
-        s = natsConnection_Subscribe(&l->sub_srv[i], l->nc_in, srv[i], on_srv, l);
+        s = sub_async(l, &l->sub_srv[i], l->nc_in, srv[i], on_srv, false);
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_in);
     if (s != NATS_OK)
@@ -358,12 +371,15 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
         natsConnection_FlushTimeout(l->nc_out, 2000);
     natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
                                 l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
-    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
-        if (subs[i]) {
+    size_t n = sizeof subs / sizeof subs[0];
+    for (size_t i = 0; i < n; i++)
+        if (subs[i])
             natsSubscription_Unsubscribe(subs[i]);
-            natsSubscription_Destroy(subs[i]);
-        }
-    }
+    /* a handler may still be running (or start once more): wait it out, as it reads l and w */
+    if (!kvr_settle_wait_free(l->settle, KVR_WK_SETTLE_MS))
+        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d", KVR_WK_SETTLE_MS);
+    for (size_t i = 0; i < n; i++)
+        natsSubscription_Destroy(subs[i]);
     natsConnection_Destroy(l->nc_in);
     natsConnection_Destroy(l->nc_out);
     memset(l, 0, sizeof *l);

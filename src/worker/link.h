@@ -29,11 +29,14 @@
 
 #define KVR_WK_HELLO_TIMEOUT_MS 250 /* start-up: how long an answer to the hello may take */
 
+struct kvr_settle;
+
 struct kvr_wk_link {
     struct kvr_worker *w;           /* borrowed; the outgoing connection's callbacks use it */
     struct kvr_service svc;         /* */
     natsConnection *nc_in, *nc_out; /* */
     natsSubscription *sub_gen, *sub_rebind, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
+    struct kvr_settle *settle;       /* their completions, waited for by the close */
     pthread_t engine, heartbeat;     /* */
     bool threads;                    /* started */
     char name_in[64], name_out[64];  /* connection names (they outlive the connections) */

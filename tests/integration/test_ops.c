@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "settle.h"
 
 #define GEN      H_GEN
 #define PROMTOOL "promtool"   /* Debian's prometheus package (scripts/deps.sh) */
@@ -619,5 +621,70 @@ Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
     snprintf(path, sizeof path, "%s/report.md", out_dir);
     cr_assert(eq(int, access(path, R_OK), 0), "no %s", path);
     h_rmdir(out_dir);
+    h_end();
+}
+
+/* --- a link's close and its running handlers (kvr_settle) ------------------------------------ */
+
+struct slow {
+    atomic_int started, finished;
+    int sleep_ms;
+};
+
+static void slow_handler(natsConnection *c, natsSubscription *sub, natsMsg *m, void *ctx)
+{
+    (void)c;
+    (void)sub;
+    struct slow *s = ctx;
+    atomic_store(&s->started, 1);
+    usleep((useconds_t)s->sleep_ms * 1000);
+    atomic_store(&s->finished, 1);
+    natsMsg_Destroy(m);
+}
+
+/* A subscription whose handler is running when it is unsubscribed, tracked: true once started. */
+static bool slow_running(struct kvr_settle *st, struct slow *s, natsSubscription **sub)
+{
+    cr_assert(eq(int, natsConnection_Subscribe(sub, nc, "test.slow", slow_handler, s), NATS_OK));
+    cr_assert(eq(int, kvr_settle_track(st, *sub), KVR_OK));
+    cr_assert(eq(int, natsConnection_PublishString(nc, "test.slow", "x"), NATS_OK));
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    for (int i = 0; i < 400 && !atomic_load(&s->started); i++)
+        usleep(5000);
+    return atomic_load(&s->started);
+}
+
+/* nats.c's unsubscribe returns while the handler runs; the close's wait returns after it. */
+Test(ops, a_close_waits_out_a_handler_that_is_running)
+{
+    struct kvr_settle *st = kvr_settle_new();
+    cr_assert(st != NULL);
+    struct slow s = {.sleep_ms = 300};
+    natsSubscription *sub = NULL;
+    cr_assert(slow_running(st, &s, &sub));
+    cr_assert(eq(int, natsSubscription_Unsubscribe(sub), NATS_OK));
+    cr_assert(not(atomic_load(&s.finished)), "the unsubscribe did not wait for the handler");
+    cr_assert(kvr_settle_wait_free(st, 5000));
+    cr_assert(atomic_load(&s.finished), "the wait did");
+    natsSubscription_Destroy(sub);
+    h_end();
+}
+
+/* A wait that gives up says so, and the record stays for the late completion (which frees it:
+ * the sanitizer and valgrind stages see neither a leak nor a use after free). */
+Test(ops, a_close_that_gives_up_on_a_handler_leaves_it_safe)
+{
+    struct kvr_settle *st = kvr_settle_new();
+    cr_assert(st != NULL);
+    struct slow s = {.sleep_ms = 400};
+    natsSubscription *sub = NULL;
+    cr_assert(slow_running(st, &s, &sub));
+    cr_assert(eq(int, natsSubscription_Unsubscribe(sub), NATS_OK));
+    cr_assert(not(kvr_settle_wait_free(st, 20)), "the handler still runs");
+    for (int i = 0; i < 400 && !atomic_load(&s.finished); i++)
+        usleep(5000);
+    cr_assert(atomic_load(&s.finished));
+    usleep(100 * 1000); /* its completion comes right after */
+    natsSubscription_Destroy(sub);
     h_end();
 }
