@@ -363,21 +363,22 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
         pthread_join(l->engine, NULL);
         pthread_join(l->heartbeat, NULL);
     }
-    if (l->w) {
-        kvr_worker_close_engine(l->w);
-        kvr_worker_flush(l->w);
-    }
-    if (l->nc_out)
-        natsConnection_FlushTimeout(l->nc_out, 2000);
+    /* no delivery from here on: a handler may still be running (or start once more), and it
+     * reads l, w and w's engine, so it is waited out before the engine closes */
     natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
                                 l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
     size_t n = sizeof subs / sizeof subs[0];
     for (size_t i = 0; i < n; i++)
         if (subs[i])
             natsSubscription_Unsubscribe(subs[i]);
-    /* a handler may still be running (or start once more): wait it out, as it reads l and w */
     if (!kvr_settle_wait_free(l->settle, KVR_WK_SETTLE_MS))
         kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d", KVR_WK_SETTLE_MS);
+    if (l->w) {
+        kvr_worker_close_engine(l->w);
+        kvr_worker_flush(l->w);
+    }
+    if (l->nc_out)
+        natsConnection_FlushTimeout(l->nc_out, 2000);
     for (size_t i = 0; i < n; i++)
         natsSubscription_Destroy(subs[i]);
     natsConnection_Destroy(l->nc_in);

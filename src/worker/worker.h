@@ -316,7 +316,8 @@ void kvr_worker_stop(struct kvr_worker *w);
 bool kvr_worker_stopping(struct kvr_worker *w); /* without mu */
 
 /* Stop the engine's own threads (the adapter's client, subscriber and poller) and free it: after
- * the link's threads are joined, before its connections close, so nothing publishes after.
+ * the link's threads are joined and its handlers waited out, before its connections close, so
+ * nothing publishes after.
  * From then on no heartbeat is made (nor a hello answered): a heartbeat reads the engine's load.
  * Idempotent; kvr_worker_free does it too. */
 void kvr_worker_close_engine(struct kvr_worker *w);
