@@ -45,7 +45,7 @@ int main(int argc, char **argv)
         kvr_log(KVR_LOG_INFO, "router_draining", "signal=%d", sig);
         kvr_routerd_drain(d);
     }
-    kvr_routerd_destroy(d);
-    kvr_net_shutdown();
+    if (kvr_routerd_destroy(d)) /* else a handler may still run: the exit ends it */
+        kvr_net_shutdown();
     return st == KVR_OK ? 0 : 1;
 }

@@ -62,12 +62,14 @@ int main(int argc, char **argv)
             kvr_wk_link_drain(&link);
         }
     }
-    kvr_wk_link_close(&link);
+    bool settled = kvr_wk_link_close(&link);
     clash = clash || kvr_worker_clashed(&w); /* during the drain too */
     kvr_log(KVR_LOG_INFO, "worker_stopped", "served=%" PRIu64 " errors=%" PRIu64, w.c.served,
             w.generate.errors);
-    kvr_worker_free(&w);
-    kvr_net_shutdown();
+    if (settled) { /* else a handler may still read it all: the exit frees it */
+        kvr_worker_free(&w);
+        kvr_net_shutdown();
+    }
     if (clash)
         fprintf(stderr,
                 "kvworker: worker id %" PRIu64 " is used by another running process%s; "

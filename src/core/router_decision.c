@@ -13,6 +13,7 @@
 #include "kvr/router.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,9 +212,11 @@ static double least_fill(const struct kvr_router *r, const struct pricer *pr)
  * behind nothing, its decodes at their cheapest (max(1, decode_ms[0]) a step, when that
  * polynomial cannot fall), the stall over its nreqs, the cache term at the least full cache of
  * the fleet, and the share term. That floor depends only on nreqs and grows with it, and adds its
- * terms in time_cost's order, so its floating-point sum is at most the price too. So those workers
- * are visited in order of load (by_load) and the visit stops at the first whose floor is above
- * the best price found: neither it nor any after it can cost less or tie. The choice follows
+ * terms in time_cost's order, so its floating-point sum is at most the price but for rounding (a
+ * prefill of several steps sums them otherwise: an ulp or so), which a relative margin of 1e-9
+ * covers. So those workers are visited in order of load (by_load) and the visit stops at the
+ * first whose floor is above the best price by more than the margin: neither it nor any after it
+ * can cost less or tie. The choice follows
  * kvr_select_kv's rule (kvr_kv_offer); the worker to avoid is taken only when no other is
  * eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
  */
@@ -253,7 +256,7 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
             filled = true;
             lower = base[n > 0] + sw * (double)n * stall + cache + share;
         }
-        if (lower > pk.best.cost * (1.0 + 1e-9)) /* a margin, though the floor is exact */
+        if (lower > pk.best.cost * (1.0 + 1e-9)) /* the margin: rounding */
             break;
         offer(r, p, &pr, memo, &f, slot, &pk);
     }
@@ -462,8 +465,11 @@ static kvr_status check_request(struct kvr_router *r, const struct kvr_request *
         return KVR_ERR_PROMPT_TOO_LONG;
     if ((req->ov.flags & KVR_OV_POLICY) && (unsigned)req->ov.policy >= KVR_POLICY_COUNT)
         return KVR_ERR_UNKNOWN_POLICY;
-    if (((req->ov.flags & KVR_OV_OVERLAP_WEIGHT) && !(req->ov.overlap_weight >= 0)) ||
-        ((req->ov.flags & KVR_OV_TEMPERATURE) && !(req->ov.temperature >= 0)))
+    /* finite: an infinite weight would price every worker NaN (infinity times 0) */
+    if (((req->ov.flags & KVR_OV_OVERLAP_WEIGHT) &&
+         !(req->ov.overlap_weight >= 0 && isfinite(req->ov.overlap_weight))) ||
+        ((req->ov.flags & KVR_OV_TEMPERATURE) &&
+         !(req->ov.temperature >= 0 && isfinite(req->ov.temperature))))
         return KVR_ERR_INVALID;
     return KVR_OK;
 }

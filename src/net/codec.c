@@ -742,7 +742,7 @@ kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_d
         for (uint32_t i = 0; i < d->ncandidates; i++) {
             Kvrouter__V1__Candidate c = KVROUTER__V1__CANDIDATE__INIT;
             c.worker_id = d->worker_ids[i];
-            c.cost = d->costs[i];
+            c.cost = d->costs ? d->costs[i] : 0; /* NULL: not every worker was priced */
             if (d->candidates) {
                 c.overlap_blocks = d->candidates[i].overlap_blocks;
                 c.prefill_tokens = d->candidates[i].prefill_tokens;

@@ -358,7 +358,7 @@ void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p)
                      live ? kvr_nats_dropped(subs, sizeof subs / sizeof subs[0]) : 0);
 }
 
-void kvr_link_close(struct kvr_link *l)
+bool kvr_link_close(struct kvr_link *l)
 {
     if (l->nc_req)
         natsConnection_FlushTimeout(l->nc_req, 2000); /* the loop reads its PONG */
@@ -373,8 +373,12 @@ void kvr_link_close(struct kvr_link *l)
         if (subs[i])
             natsSubscription_Unsubscribe(subs[i]);
     /* a handler may still be running (or start once more): wait it out, as it reads l and rd */
-    if (!kvr_settle_wait_free(l->settle, KVR_LINK_SETTLE_MS))
-        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d", KVR_LINK_SETTLE_MS);
+    if (!kvr_settle_wait_free(l->settle, KVR_LINK_SETTLE_MS)) {
+        /* one still runs: freeing what it reads would be worse than leaving it all to exit */
+        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d action=leave_unfreed",
+                KVR_LINK_SETTLE_MS);
+        return false;
+    }
     for (size_t i = 0; i < n; i++)
         natsSubscription_Destroy(subs[i]);
     natsConnection_Destroy(l->nc_req);
@@ -382,4 +386,5 @@ void kvr_link_close(struct kvr_link *l)
     kvr_loop_free(&l->loop); /* once its connections are gone */
     natsStatistics_Destroy(l->stats);
     memset(l, 0, sizeof *l);
+    return true;
 }

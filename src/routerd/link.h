@@ -74,7 +74,9 @@ void kvr_link_stop_timer(struct kvr_link *l);
 void kvr_link_drain_requests(struct kvr_link *l, int timeout_ms);
 /* The connections' figures (reconnects, messages dropped as a slow consumer) into p. */
 void kvr_link_metrics(struct kvr_link *l, struct kvr_prom *p);
-/* Flush what is buffered, unsubscribe and close everything. */
-void kvr_link_close(struct kvr_link *l);
+/* Flush what is buffered, unsubscribe, wait out the handlers still running (kvr_settle), close
+ * everything. False when a handler still ran after the wait: then nothing more was closed, and
+ * what the handlers read must not be freed either. */
+bool kvr_link_close(struct kvr_link *l);
 
 #endif

@@ -132,10 +132,10 @@ void kvr_routerd_drain(struct kvr_routerd *d)
     kvr_rd_flush(rd);
 }
 
-void kvr_routerd_destroy(struct kvr_routerd *d)
+bool kvr_routerd_destroy(struct kvr_routerd *d)
 {
     if (!d)
-        return;
+        return true;
     kvr_httpd_stop(d->http); /* its hooks read the state and the link */
     kvr_link_stop_timer(&d->link);
     kvr_rd_flush(&d->rd);
@@ -143,11 +143,14 @@ void kvr_routerd_destroy(struct kvr_routerd *d)
     pthread_mutex_lock(&d->rd.mu); /* the event stream still delivers until the link closes */
     kvr_router_stats(d->rd.core, &s);
     pthread_mutex_unlock(&d->rd.mu);
-    kvr_link_close(&d->link);
+    bool settled = kvr_link_close(&d->link);
     kvr_log(KVR_LOG_INFO, "router_stopped",
             "decisions=%" PRIu64 " rejected=%" PRIu64 " inflight_left=%u", s.decisions, s.rejected,
             s.inflight);
+    if (!settled)
+        return false; /* a handler may still read it all: the exit frees it */
     kvr_fleet_destroy(&d->rd);
     kvr_rd_free(&d->rd);
     free(d);
+    return true;
 }

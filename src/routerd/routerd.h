@@ -7,6 +7,8 @@
 #ifndef KVR_ROUTERD_H
 #define KVR_ROUTERD_H
 
+#include <stdbool.h>
+
 #include "config.h"
 #include "kvr/status.h"
 
@@ -16,6 +18,8 @@ struct kvr_routerd;
 struct kvr_routerd *kvr_routerd_create(const struct kvr_rd_config *cfg, kvr_status *st);
 kvr_status kvr_routerd_start(struct kvr_routerd *d);
 void kvr_routerd_drain(struct kvr_routerd *d);
-void kvr_routerd_destroy(struct kvr_routerd *d);
+/* Close and free; false when a handler still ran after the link's wait: then d is left to the
+ * exit (nothing it holds is freed, nats.c is not shut down either). */
+bool kvr_routerd_destroy(struct kvr_routerd *d);
 
 #endif

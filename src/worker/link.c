@@ -354,7 +354,7 @@ void kvr_wk_link_drain(struct kvr_wk_link *l)
     kvr_worker_flush(l->w);
 }
 
-void kvr_wk_link_close(struct kvr_wk_link *l)
+bool kvr_wk_link_close(struct kvr_wk_link *l)
 {
     kvr_httpd_stop(l->http); /* its hooks read the worker and the connections */
     l->http = NULL;
@@ -371,8 +371,12 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
     for (size_t i = 0; i < n; i++)
         if (subs[i])
             natsSubscription_Unsubscribe(subs[i]);
-    if (!kvr_settle_wait_free(l->settle, KVR_WK_SETTLE_MS))
-        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d", KVR_WK_SETTLE_MS);
+    if (!kvr_settle_wait_free(l->settle, KVR_WK_SETTLE_MS)) {
+        /* one still runs: freeing what it reads would be worse than leaving it all to exit */
+        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d action=leave_unfreed",
+                KVR_WK_SETTLE_MS);
+        return false;
+    }
     if (l->w) {
         kvr_worker_close_engine(l->w);
         kvr_worker_flush(l->w);
@@ -384,4 +388,5 @@ void kvr_wk_link_close(struct kvr_wk_link *l)
     natsConnection_Destroy(l->nc_in);
     natsConnection_Destroy(l->nc_out);
     memset(l, 0, sizeof *l);
+    return true;
 }

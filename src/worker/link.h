@@ -56,7 +56,8 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w);
 /* SIGTERM: stop taking requests, finish those held (at most the drain timeout). */
 void kvr_wk_link_drain(struct kvr_wk_link *l);
 /* Stop the HTTP server first, then the threads; unsubscribe and wait out the handlers still
- * running (kvr_settle); then close the engine, flush, close. */
-void kvr_wk_link_close(struct kvr_wk_link *l);
+ * running (kvr_settle); then close the engine, flush, close. False when a handler still ran
+ * after the wait: then nothing more was closed, and the worker must not be freed either. */
+bool kvr_wk_link_close(struct kvr_wk_link *l);
 
 #endif

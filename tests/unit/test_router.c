@@ -116,12 +116,19 @@ Test(router, refuses_bad_requests_with_clear_errors)
     q.ov.flags = KVR_OV_TEMPERATURE;
     q.ov.temperature = -1;
     cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_INVALID));
+    q.ov.temperature = INFINITY;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_INVALID));
+    q.ov.flags = KVR_OV_OVERLAP_WEIGHT;
+    q.ov.overlap_weight = INFINITY; /* times a cache weight of 0: every price NaN */
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_INVALID));
+    q.ov.overlap_weight = NAN;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_ERR_INVALID));
     cr_assert(eq(int, route(3, t, 4, &d), KVR_OK));
     cr_assert(eq(int, route(3, t, 4, &d), KVR_ERR_DUPLICATE));
     struct kvr_router_stats s;
     kvr_router_stats(r, &s);
     cr_assert(eq(u64, s.decisions, 1));
-    cr_assert(eq(u64, s.rejected, 6));
+    cr_assert(eq(u64, s.rejected, 9));
     cr_assert(eq(u64, s.duplicate_request, 1));
 }
 
