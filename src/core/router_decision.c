@@ -97,8 +97,6 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
  */
 static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked)
 {
-    uint32_t B = r->cfg.block_size;
-    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     const uint32_t *order = r->reg.order;
     uint32_t neligible = 0;
     if (r->cfg.cost_model == KVR_COST_TIME) { /* one loop per model: neither pays for the other */
@@ -120,6 +118,8 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         }
         return neligible;
     }
+    uint32_t B = r->cfg.block_size;
+    uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = order[i];
         const struct kvr_active_worker *aw = &r->act.w[slot];
@@ -250,13 +250,13 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
         if (pr.overlap[slot] || pr.hits[slot])
             continue; /* met by the walk: offered */
         uint32_t n = pr.aws[slot].nreqs;
-        double lower = base[n > 0] + sw * (double)n * stall + cache + share;
-        if (!filled && lower <= pk.best.cost * (1.0 + 1e-9)) {
+        double bound = pk.best.cost * (1.0 + 1e-9); /* the margin: rounding */
+        double lower = base[n > 0] + sw * (double)n * stall;
+        if (!filled && lower + cache + share <= bound) {
             cache = pr.k.ow_cache * least_fill(r, &pr) * t0.cache_time;
             filled = true;
-            lower = base[n > 0] + sw * (double)n * stall + cache + share;
         }
-        if (lower > pk.best.cost * (1.0 + 1e-9)) /* the margin: rounding */
+        if (lower + cache + share > bound)
             break;
         offer(r, p, &pr, memo, &f, slot, &pk);
     }
@@ -369,33 +369,25 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
     return kvr_select(&r->sel, &r->cfg, &in, r->cands, r->eligible, neligible);
 }
 
-/* The rest of a decision that pick_pruned makes: book and describe it (costs: NULL). */
-static kvr_status decide_pruned(struct kvr_router *r, const struct prompt *p, uint64_t now,
-                                double ow, uint32_t walked, enum kvr_policy policy,
-                                struct kvr_decision *out)
+/*
+ * The pick of the full loop: every live worker priced (r->costs), then the policy in force. The
+ * chosen slot and its price in *slot and *cost; *full when the candidates' full view was built.
+ */
+static kvr_status pick_full(struct kvr_router *r, const struct prompt *p, enum kvr_policy policy,
+                            double ow, double temp, uint32_t walked, uint32_t *slot, double *cost,
+                            bool *full)
 {
-    double cost;
-    uint32_t slot = pick_pruned(r, p, ow, walked, &cost);
-    if (slot == KVR_NIL)
+    uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked));
+    if (neligible == 0)
         return KVR_ERR_OVERLOADED;
-    kvr_status st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks,
-                                     p->ntokens, r->overlap[slot], now);
-    if (st != KVR_OK)
-        return st;
-    out->request_id = p->id;
-    out->worker_id = r->reg.by_slot[slot].id;
-    out->policy = policy;
-    out->overlap_blocks = r->overlap[slot];
-    out->prompt_blocks = p->nblocks;
-    out->prompt_tokens = p->ntokens;
-    out->cost = cost;
-    out->block_hashes = p->seq;
-    out->ncandidates = r->reg.nlive;
-    out->worker_ids = r->reg.order_ids;
-    out->costs = NULL; /* not every worker was priced */
-    out->candidates = NULL;
-    out->booked = true;
-    out->queued = false;
+    *full = p->explain || policy != KVR_POLICY_KV;
+    if (*full)
+        fill_candidates(r, p);
+    uint32_t pick = choose(r, p, policy, temp, neligible);
+    assert(pick < neligible && neligible <= r->reg.nlive);
+    pick = r->eligible[pick];
+    *slot = r->reg.order[pick];
+    *cost = r->costs[pick];
     return KVR_OK;
 }
 
@@ -419,36 +411,31 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     uint32_t walked = kvr_blocktab_walk(&r->tab, p->seq, p->nblocks, &r->walk_idx, r->overlap,
                                         &r->walk_act, r->hits, r->nodes);
     assert(walked <= p->nblocks);
-    if (may_prune(r, p, policy, temp, do_book))
-        return decide_pruned(r, p, now, ow, walked, policy, out);
-    uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked));
-    if (neligible == 0)
-        return KVR_ERR_OVERLOADED;
-    bool full = p->explain || policy != KVR_POLICY_KV;
-    if (full)
-        fill_candidates(r, p);
-
-    uint32_t pick = choose(r, p, policy, temp, neligible);
-    assert(pick < neligible && neligible <= r->reg.nlive);
-    pick = r->eligible[pick];
-    uint32_t slot = r->reg.order[pick];
-    if (do_book) {
+    bool pruned = may_prune(r, p, policy, temp, do_book), full = false;
+    uint32_t slot = KVR_NIL;
+    double cost = 0;
+    if (pruned) {
+        slot = pick_pruned(r, p, ow, walked, &cost);
+        st = slot == KVR_NIL ? KVR_ERR_OVERLOADED : KVR_OK;
+    } else {
+        st = pick_full(r, p, policy, ow, temp, walked, &slot, &cost, &full);
+    }
+    if (st == KVR_OK && do_book)
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
                               r->overlap[slot], now);
-        if (st != KVR_OK)
-            return st;
-    }
+    if (st != KVR_OK)
+        return st;
     out->request_id = p->id;
-    out->worker_id = r->reg.order_ids[pick];
+    out->worker_id = r->reg.by_slot[slot].id;
     out->policy = policy;
     out->overlap_blocks = r->overlap[slot];
     out->prompt_blocks = p->nblocks;
     out->prompt_tokens = p->ntokens;
-    out->cost = r->costs[pick];
+    out->cost = cost;
     out->block_hashes = p->seq;
     out->ncandidates = r->reg.nlive;
     out->worker_ids = r->reg.order_ids;
-    out->costs = r->costs;
+    out->costs = pruned ? NULL : r->costs; /* pruned: not every worker was priced */
     out->candidates = full ? r->cands : NULL;
     out->booked = do_book;
     out->queued = false;

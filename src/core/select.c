@@ -56,13 +56,6 @@ kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, cons
     return KVR_OK;
 }
 
-/* Reservoir tie-break: the k-th equal candidate replaces the choice with probability 1/k. */
-static bool take_tie(struct kvr_select_state *s, uint32_t *ties)
-{
-    ++*ties;
-    return kvr_rng_below(&s->rng, *ties) == 0;
-}
-
 typedef double (*score_fn)(const struct kvr_candidate *c, const void *arg);
 
 /* Position in eligible of the lowest score; ties random. */
@@ -78,7 +71,7 @@ static uint32_t argmin(struct kvr_select_state *s, const struct kvr_candidate *c
             best = i;
             bs = v;
             ties = 1;
-        } else if (v == bs && take_tie(s, &ties)) {
+        } else if (v == bs && kvr_select_take_tie(s, &ties)) {
             best = i;
         }
     }

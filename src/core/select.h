@@ -54,6 +54,13 @@ uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const dou
                        const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
                        uint32_t n);
 
+/* Reservoir tie-break: the k-th equal candidate replaces the choice with probability 1/k. */
+static inline bool kvr_select_take_tie(struct kvr_select_state *s, uint32_t *ties)
+{
+    ++*ties;
+    return kvr_rng_below(&s->rng, *ties) == 0;
+}
+
 /*
  * The kv policy's running choice, one candidate offered at a time (kvr_select_kv's rule: the
  * lowest cost, then the fewest cached blocks, then a reservoir draw among those still equal), for
@@ -86,7 +93,7 @@ static inline bool kvr_kv_offer(struct kvr_select_state *s, struct kvr_kv_choice
     }
     if (cached > b->cached)
         return false;
-    return kvr_rng_below(&s->rng, ++b->ties) == 0;
+    return kvr_select_take_tie(s, &b->ties);
 }
 
 /*

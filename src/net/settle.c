@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "log.h"
 #include "util.h"
 
 struct kvr_settle {
@@ -84,4 +85,28 @@ bool kvr_settle_wait_free(struct kvr_settle *s, int timeout_ms)
     if (settled)
         settle_free(s);
     return settled;
+}
+
+natsStatus kvr_settle_subscribe(struct kvr_settle *s, natsSubscription **sub, natsConnection *nc,
+                                const char *subject, const char *queue, natsMsgHandler cb,
+                                void *closure)
+{
+    natsStatus st = queue ? natsConnection_QueueSubscribe(sub, nc, subject, queue, cb, closure)
+                          : natsConnection_Subscribe(sub, nc, subject, cb, closure);
+    if (st == NATS_OK && kvr_settle_track(s, *sub) != KVR_OK)
+        st = NATS_ERR;
+    return st;
+}
+
+bool kvr_settle_close(struct kvr_settle *s, natsSubscription *const *subs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (subs[i])
+            natsSubscription_Unsubscribe(subs[i]);
+    if (kvr_settle_wait_free(s, KVR_SETTLE_MS))
+        return true;
+    /* one still runs: freeing what it reads would be worse than leaving it all to the exit */
+    kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d action=leave_unfreed",
+            KVR_SETTLE_MS);
+    return false;
 }

@@ -30,6 +30,19 @@ struct kvr_settle *kvr_settle_new(void);
 /* Track sub (asynchronous, just made, not closed): its completion is waited for. */
 kvr_status kvr_settle_track(struct kvr_settle *s, natsSubscription *sub);
 
+/* Subscribe cb (closure) to subject on nc, in queue group queue unless NULL, and track it. */
+natsStatus kvr_settle_subscribe(struct kvr_settle *s, natsSubscription **sub, natsConnection *nc,
+                                const char *subject, const char *queue, natsMsgHandler cb,
+                                void *closure);
+
+/*
+ * A link's close: unsubscribe subs[0..n) (NULL ones skipped), wait KVR_SETTLE_MS for their
+ * handlers (kvr_settle_wait_free). False, logged as handlers_still_running, when one still runs:
+ * then nothing it reads may be freed, nor the connections destroyed.
+ */
+#define KVR_SETTLE_MS 2000
+bool kvr_settle_close(struct kvr_settle *s, natsSubscription *const *subs, size_t n);
+
 /*
  * Wait up to timeout_ms for the completion of every tracked subscription (the caller has
  * unsubscribed them), then free s. Returns false when time ran out: s is then freed by the last

@@ -17,8 +17,7 @@
 #include "timer.h"
 #include "util.h"
 
-#define KVR_LINK_SETTLE_MS 2000 /* the close waits this long for running handlers */
-#define DATA(msg)          natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
+#define DATA(msg) natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)
 
 static void on_select(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
@@ -174,10 +173,7 @@ static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const ch
 {
     if (!l->settle && !(l->settle = kvr_settle_new()))
         return NATS_NO_MEMORY;
-    natsStatus s = queue ? natsConnection_QueueSubscribe(sub, nc, subject, queue, cb, l)
-                         : natsConnection_Subscribe(sub, nc, subject, cb, l);
-    if (s == NATS_OK && kvr_settle_track(l->settle, *sub) != KVR_OK)
-        s = NATS_ERR;
+    natsStatus s = kvr_settle_subscribe(l->settle, sub, nc, subject, queue, cb, l);
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(*sub, -1, -1);
     return s;
@@ -369,16 +365,9 @@ bool kvr_link_close(struct kvr_link *l)
                                 l->sub_cancel, l->sub_srv[0], l->sub_srv[1], l->sub_srv[2],
                                 l->sub_stall};
     size_t n = sizeof subs / sizeof subs[0];
-    for (size_t i = 0; i < n; i++)
-        if (subs[i])
-            natsSubscription_Unsubscribe(subs[i]);
     /* a handler may still be running (or start once more): wait it out, as it reads l and rd */
-    if (!kvr_settle_wait_free(l->settle, KVR_LINK_SETTLE_MS)) {
-        /* one still runs: freeing what it reads would be worse than leaving it all to exit */
-        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d action=leave_unfreed",
-                KVR_LINK_SETTLE_MS);
+    if (!kvr_settle_close(l->settle, subs, n))
         return false;
-    }
     for (size_t i = 0; i < n; i++)
         natsSubscription_Destroy(subs[i]);
     natsConnection_Destroy(l->nc_req);

@@ -16,8 +16,6 @@
 #include "settle.h"
 #include "util.h"
 
-#define KVR_WK_SETTLE_MS 2000 /* the close waits this long for running handlers */
-
 /* --- deliveries ------------------------------------------------------------------------------ */
 
 static void on_generate(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
@@ -260,9 +258,7 @@ static kvr_status ask_hello(struct kvr_wk_link *l)
 static natsStatus sub_async(struct kvr_wk_link *l, natsSubscription **sub, natsConnection *nc,
                             const char *subject, natsMsgHandler cb, bool unlimited)
 {
-    natsStatus s = natsConnection_Subscribe(sub, nc, subject, cb, l);
-    if (s == NATS_OK && kvr_settle_track(l->settle, *sub) != KVR_OK)
-        s = NATS_ERR;
+    natsStatus s = kvr_settle_subscribe(l->settle, sub, nc, subject, NULL, cb, l);
     if (s == NATS_OK && unlimited)
         s = natsSubscription_SetPendingLimits(*sub, -1, -1);
     return s;
@@ -368,15 +364,8 @@ bool kvr_wk_link_close(struct kvr_wk_link *l)
     natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
                                 l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
     size_t n = sizeof subs / sizeof subs[0];
-    for (size_t i = 0; i < n; i++)
-        if (subs[i])
-            natsSubscription_Unsubscribe(subs[i]);
-    if (!kvr_settle_wait_free(l->settle, KVR_WK_SETTLE_MS)) {
-        /* one still runs: freeing what it reads would be worse than leaving it all to exit */
-        kvr_log(KVR_LOG_WARN, "handlers_still_running", "waited_ms=%d action=leave_unfreed",
-                KVR_WK_SETTLE_MS);
+    if (!kvr_settle_close(l->settle, subs, n))
         return false;
-    }
     if (l->w) {
         kvr_worker_close_engine(l->w);
         kvr_worker_flush(l->w);

@@ -642,27 +642,28 @@ static void slow_handler(natsConnection *c, natsSubscription *sub, natsMsg *m, v
     natsMsg_Destroy(m);
 }
 
-/* A subscription whose handler is running when it is unsubscribed, tracked: true once started. */
-static bool slow_running(struct kvr_settle *st, struct slow *s, natsSubscription **sub)
+/* A tracked subscription (s's handler), unsubscribed while its handler runs: the record. */
+static struct kvr_settle *unsubscribed_running(struct slow *s, natsSubscription **sub)
 {
-    cr_assert(eq(int, natsConnection_Subscribe(sub, nc, "test.slow", slow_handler, s), NATS_OK));
-    cr_assert(eq(int, kvr_settle_track(st, *sub), KVR_OK));
+    struct kvr_settle *st = kvr_settle_new();
+    cr_assert(st != NULL);
+    cr_assert(
+        eq(int, kvr_settle_subscribe(st, sub, nc, "test.slow", NULL, slow_handler, s), NATS_OK));
     cr_assert(eq(int, natsConnection_PublishString(nc, "test.slow", "x"), NATS_OK));
     cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
     for (int i = 0; i < 400 && !atomic_load(&s->started); i++)
         usleep(5000);
-    return atomic_load(&s->started);
+    cr_assert(atomic_load(&s->started));
+    cr_assert(eq(int, natsSubscription_Unsubscribe(*sub), NATS_OK));
+    return st;
 }
 
 /* nats.c's unsubscribe returns while the handler runs; the close's wait returns after it. */
 Test(ops, a_close_waits_out_a_handler_that_is_running)
 {
-    struct kvr_settle *st = kvr_settle_new();
-    cr_assert(st != NULL);
     struct slow s = {.sleep_ms = 300};
     natsSubscription *sub = NULL;
-    cr_assert(slow_running(st, &s, &sub));
-    cr_assert(eq(int, natsSubscription_Unsubscribe(sub), NATS_OK));
+    struct kvr_settle *st = unsubscribed_running(&s, &sub);
     cr_assert(not(atomic_load(&s.finished)), "the unsubscribe did not wait for the handler");
     cr_assert(kvr_settle_wait_free(st, 5000));
     cr_assert(atomic_load(&s.finished), "the wait did");
@@ -674,12 +675,9 @@ Test(ops, a_close_waits_out_a_handler_that_is_running)
  * the sanitizer and valgrind stages see neither a leak nor a use after free). */
 Test(ops, a_close_that_gives_up_on_a_handler_leaves_it_safe)
 {
-    struct kvr_settle *st = kvr_settle_new();
-    cr_assert(st != NULL);
     struct slow s = {.sleep_ms = 400};
     natsSubscription *sub = NULL;
-    cr_assert(slow_running(st, &s, &sub));
-    cr_assert(eq(int, natsSubscription_Unsubscribe(sub), NATS_OK));
+    struct kvr_settle *st = unsubscribed_running(&s, &sub);
     cr_assert(not(kvr_settle_wait_free(st, 20)), "the handler still runs");
     for (int i = 0; i < 400 && !atomic_load(&s.finished); i++)
         usleep(5000);
