@@ -183,7 +183,8 @@ struct kvr_candidate {
     uint32_t overlap_blocks; /* consecutive prompt blocks it caches */
     uint32_t active_hits;    /* consecutive prompt blocks already in use by its requests */
     uint64_t decode_blocks;  /* its predicted active blocks if the request went there */
-    uint64_t prefill_tokens; /* its predicted outstanding prefill tokens if it went there */
+    uint64_t prefill_tokens; /* its predicted outstanding prefill tokens if it went there (the
+                                prompt less the longer of overlap_blocks and active_hits) */
     uint32_t inflight;       /* requests the router has in flight on it */
     uint32_t cached_blocks;  /* entries it has in the index */
     uint32_t waiting;        /* its own queue length, from its last load report */
@@ -197,6 +198,9 @@ struct kvr_decision {
     uint64_t worker_id;           /* the chosen worker */
     enum kvr_policy policy;       /* the policy that chose */
     uint32_t overlap_blocks;      /* the chosen worker's cached prefix, in blocks */
+    uint32_t reuse_blocks;        /* the prefix it will not prefill: overlap_blocks, or the longer
+                                     one a request in flight there computes first; a booking adds
+                                     the rest of the prompt to its outstanding prefill */
     uint32_t prompt_blocks;       /* full blocks of the prompt */
     uint32_t prompt_tokens;       /* */
     double cost;                  /* the chosen worker's kv cost */
@@ -290,8 +294,8 @@ kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req
 
 /*
  * Book a decision made elsewhere (a peer's gossip, or a gateway that selected earlier): request id
- * on worker_id with the given sequence hashes, prompt length and overlap. Duplicate ids and
- * unknown workers are refused and counted.
+ * on worker_id with the given sequence hashes, prompt length and the prefix it will not prefill
+ * (a selected decision's reuse_blocks). Duplicate ids and unknown workers are refused and counted.
  */
 kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
                            const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
@@ -356,7 +360,8 @@ struct kvr_request_record {
     const uint64_t *block_hashes; /* its prompt's sequence hashes, nblocks of them */
     uint32_t nblocks;             /* */
     uint32_t prompt_tokens;       /* */
-    uint32_t overlap_blocks;      /* cached prefix at booking */
+    uint32_t overlap_blocks;      /* the prefix not to prefill, at booking (a decision's
+                                     reuse_blocks) */
     bool prefill_done;            /* its first token is out */
     uint32_t output_blocks;       /* blocks it took while decoding */
 };

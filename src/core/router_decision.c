@@ -25,6 +25,17 @@
 
 /* --- the price of a worker -------------------------------------------------------------------- */
 
+/*
+ * The prompt blocks worker slot will not prefill for this request (walk done): the prefix it
+ * caches, or the longer one an in-flight request there computes first (the engine reuses those
+ * blocks once they are computed). The time model prices the worker's prefill with it, and a
+ * booking adds the rest of the prompt to the worker's outstanding prefill, so the two agree.
+ */
+static inline uint32_t reuse_of(const struct kvr_router *r, uint32_t slot)
+{
+    return r->hits[slot] > r->overlap[slot] ? r->hits[slot] : r->overlap[slot];
+}
+
 static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
     const struct kvr_active_worker *aw = &r->act.w[slot];
@@ -75,9 +86,7 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
       const struct fleet_prefix *f, uint32_t slot, bool *busy)
 {
     const struct kvr_active_worker *aw = &pr->aws[slot];
-    uint32_t reuse = pr->overlap[slot], hit = pr->hits[slot];
-    if (hit > reuse)
-        reuse = hit; /* an in-flight request there computes them first */
+    uint32_t reuse = reuse_of(r, slot), hit = pr->hits[slot];
     uint64_t cached = (uint64_t)reuse * pr->block_size;
     uint64_t prefill = aw->prefill + (cached < pr->ntokens ? pr->ntokens - cached : 0);
     uint64_t decode = aw->blocks + pr->req_blocks - hit;
@@ -278,7 +287,7 @@ static void fill_candidates(struct kvr_router *r, const struct prompt *p)
         const struct kvr_worker *w = &r->reg.by_slot[slot];
         const struct kvr_active_worker *aw = &r->act.w[slot];
         struct kvr_candidate *c = &r->cands[i];
-        uint64_t cached = (uint64_t)r->overlap[slot] * B;
+        uint64_t cached = (uint64_t)reuse_of(r, slot) * B;
         c->worker_id = w->id;
         c->overlap_blocks = r->overlap[slot];
         c->active_hits = r->hits[slot];
@@ -420,15 +429,17 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     } else {
         st = pick_full(r, p, policy, ow, temp, walked, &slot, &cost, &full);
     }
+    uint32_t reuse = st == KVR_OK ? reuse_of(r, slot) : 0;
     if (st == KVR_OK && do_book)
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
-                              r->overlap[slot], now);
+                              reuse, now);
     if (st != KVR_OK)
         return st;
     out->request_id = p->id;
     out->worker_id = r->reg.by_slot[slot].id;
     out->policy = policy;
     out->overlap_blocks = r->overlap[slot];
+    out->reuse_blocks = reuse;
     out->prompt_blocks = p->nblocks;
     out->prompt_tokens = p->ntokens;
     out->cost = cost;

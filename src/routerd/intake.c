@@ -145,7 +145,7 @@ static kvr_status select_one(struct kvr_rd *rd, const struct kvr_wire_request *q
         return st;
     /* booked in the same critical section: still atomic */
     st = kvr_router_book(rd->core, key, d->worker_id, d->block_hashes, d->prompt_blocks,
-                         d->prompt_tokens, d->overlap_blocks, now);
+                         d->prompt_tokens, d->reuse_blocks, now);
     struct kvr_pending *p = NULL;
     if (st == KVR_OK) {
         st = kvr_pending_add(&rd->pend, key, NULL, q->request_id, NULL, 0, &p);

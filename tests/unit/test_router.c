@@ -194,6 +194,41 @@ Test(router, event_mode_follows_the_cached_prefix)
     free(t);
 }
 
+/* A request whose prefix an in-flight request on its worker computes first is booked for the
+ * rest of its prompt only (what the time model priced), and its record says so to the peers. */
+Test(router, a_prefix_computed_in_flight_is_not_booked_as_prefill_again)
+{
+    make();
+    join(1, 0);
+    uint32_t *t = prompt(1, 10 * B, 1, 5); /* 10 full blocks and 5 tokens */
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, 10 * B + 5, &d), KVR_OK));
+    cr_assert(eq(u32, d.reuse_blocks, 0));
+    cr_assert(eq(int, route(2, t, 10 * B + 5, &d), KVR_OK));
+    cr_assert(eq(u32, d.overlap_blocks, 0), "nothing is cached yet");
+    cr_assert(eq(u32, d.reuse_blocks, 10), "request 1 computes the ten blocks first");
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(r, 2, &rec), KVR_OK));
+    cr_assert(eq(u32, rec.overlap_blocks, 10), "a peer books it alike");
+    struct kvr_request q = {.id = 3, .tokens = t, .ntokens = 10 * B + 5, .explain = true};
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.candidates[0].prefill_tokens, (10 * B + 5) + 5 + 5),
+              "request 2 added 5 tokens, and request 3 would add 5");
+    /* a peer importing request 2's record books the same prefill */
+    struct kvr_router *origin = r;
+    make();
+    join(1, 0);
+    struct kvr_request_record one;
+    cr_assert(eq(int, kvr_router_export(origin, 1, &one), KVR_OK));
+    cr_assert(eq(int, kvr_router_import(r, &one, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_export(origin, 2, &rec), KVR_OK));
+    cr_assert(eq(int, kvr_router_import(r, &rec, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.candidates[0].prefill_tokens, (10 * B + 5) + 5 + 5));
+    kvr_router_destroy(origin);
+    free(t);
+}
+
 Test(router, a_request_placed_again_avoids_the_worker_it_never_reached)
 {
     uint64_t seq[10];
