@@ -170,8 +170,8 @@ int main(int argc, char **argv)
     natsSubscription_Unsubscribe(sub_ev);
     natsSubscription_Destroy(sub_gen);
     natsSubscription_Destroy(sub_ev);
-    natsConnection_Destroy(r.nc_req);
-    natsConnection_Destroy(r.nc_ev);
+    kvr_conn_destroy(r.nc_req);
+    kvr_conn_destroy(r.nc_ev);
     kvr_loop_free(&r.loop);
     kvr_buf_free(&r.buf);
     printf("msg=relay_stopped forwards=%" PRIu64 " events=%" PRIu64 " failed=%" PRIu64 "\n",

@@ -54,3 +54,12 @@ void kvr_rfc3339(char *buf, size_t len, uint64_t ns)
     strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(buf, len, "%s.%09lluZ", day, (unsigned long long)(ns % KVR_NS_PER_S));
 }
+
+void kvr_cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}

@@ -5,6 +5,7 @@
 #ifndef KVR_CLOCK_H
 #define KVR_CLOCK_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -18,6 +19,8 @@ void kvr_sleep_ns(uint64_t ns); /* the whole time, across signals */
 /* The monotonic clock ms from now: a deadline for pthread_cond_timedwait on a condition made
  * with CLOCK_MONOTONIC. */
 struct timespec kvr_deadline_ms(uint32_t ms);
+/* Initialise cv on the monotonic clock (kvr_now_ns's, and kvr_deadline_ms's). */
+void kvr_cond_init_monotonic(pthread_cond_t *cv);
 /* realtime_ns as RFC 3339 with nanoseconds ("2026-12-01T09:03:54.123456789Z") into buf. */
 void kvr_rfc3339(char *buf, size_t len, uint64_t realtime_ns);
 

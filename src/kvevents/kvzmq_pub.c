@@ -385,11 +385,7 @@ struct kvr_kvpub *kvr_kvpub_open(const char *endpoint, const char *replay_endpoi
     }
     p->wake[0] = p->wake[1] = -1;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->subs_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&p->subs_cv);
     p->cap = ring_batches ? ring_batches : KVR_KVPUB_RING_DEFAULT;
     p->ring = calloc(p->cap, sizeof *p->ring);
     p->topic_len = topic ? strlen(topic) : 0;

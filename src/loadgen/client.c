@@ -362,8 +362,8 @@ void kvr_client_destroy(struct kvr_client *c)
         return;
     kvr_client_unsubscribe(c->sub);
     natsSubscription_Destroy(c->ask_hold);
-    natsConnection_Destroy(c->nc_pub);
-    natsConnection_Destroy(c->nc_sub);
+    kvr_conn_destroy(c->nc_pub);
+    kvr_conn_destroy(c->nc_sub);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->send_mu);

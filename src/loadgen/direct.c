@@ -479,12 +479,8 @@ int kvr_direct_run(const struct kvr_bench_config *cfg, struct kvr_client *client
     struct direct *d = calloc(1, sizeof *d);
     if (!d)
         return 1;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the clock of kvr_now_ns */
     pthread_mutex_init(&d->s.mu, NULL);
-    pthread_cond_init(&d->s.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&d->s.cv);
     d->cfg = cfg;
     d->client = client;
     d->run = kvr_realtime_ns();

@@ -33,12 +33,8 @@ struct kvr_settle *kvr_settle_new(void)
     struct kvr_settle *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&s->cv);
     return s;
 }
 

@@ -6,15 +6,18 @@
 #include "util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loop.h"
 #include "natscfg.h"
 #include "signals.h"
 
 #define RETRY_NS (250 * KVR_NS_PER_MS) /* between two failed first connects */
+#define CLOSE_MS 2000 /* kvr_conn_destroy waits this long for the closed callback */
 
 kvr_status kvr_nats_status(natsStatus s)
 {
@@ -35,8 +38,64 @@ kvr_status kvr_nats_status(natsStatus s)
     }
 }
 
-/* The callbacks' closure: the connection's name (kvr_connect), or its kvr_conn_hooks
- * (kvr_connect_hooked, whose name they log). */
+/*
+ * What a connection's callbacks read (its name and hooks), owned here rather than by the caller:
+ * nats.c can run a connection's disconnected and closed callbacks after natsConnection_Destroy
+ * (NATS-NOTES.md), and runs every connection callback on one library thread in the order they were
+ * posted, so once the closed callback has run no other callback of that connection runs or will.
+ * Invariant: a life is freed by kvr_conn_destroy once it saw the closed callback, or by that
+ * callback when kvr_conn_destroy gave up waiting (abandoned); a failed first connect posts no
+ * callback, and connect() frees its life at once.
+ */
+struct conn_life {
+    char name[320];              /* the connection's name, copied */
+    struct kvr_conn_hooks hooks; /* copied; cut and back NULL for a plain connection */
+    natsConnection *nc;          /* once connected */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* signalled when closed is set */
+    bool closed;            /* the closed callback ran */
+    bool abandoned;         /* kvr_conn_destroy gave up waiting: the callback frees */
+    struct conn_life *next; /* in lives */
+};
+
+static pthread_mutex_t lives_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct conn_life *lives; /* the connected ones, not yet destroyed */
+
+static struct conn_life *life_new(const char *name, const struct kvr_conn_hooks *h)
+{
+    struct conn_life *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    if (h)
+        l->hooks = *h;
+    l->hooks.name = l->name;
+    pthread_mutex_init(&l->mu, NULL);
+    kvr_cond_init_monotonic(&l->cv);
+    return l;
+}
+
+static void life_free(struct conn_life *l)
+{
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+}
+
+/* Take nc's life out of lives; NULL when nc was not made here. */
+static struct conn_life *lives_take(natsConnection *nc)
+{
+    pthread_mutex_lock(&lives_mu);
+    struct conn_life **p = &lives;
+    while (*p && (*p)->nc != nc)
+        p = &(*p)->next;
+    struct conn_life *l = *p;
+    if (l)
+        *p = l->next;
+    pthread_mutex_unlock(&lives_mu);
+    return l;
+}
+
 static bool log_cut(natsConnection *nc, const char *name)
 {
     if (natsConnection_IsClosed(nc))
@@ -45,51 +104,76 @@ static bool log_cut(natsConnection *nc, const char *name)
     return true;
 }
 
-static void log_back(natsConnection *nc, const char *name)
-{
-    char url[256] = "", shown[300];
-    natsConnection_GetConnectedUrl(nc, url, sizeof url);
-    kvr_url_redact(url, shown, sizeof shown);
-    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", name, shown);
-}
-
 static void on_disconnected(natsConnection *nc, void *closure)
 {
-    log_cut(nc, closure);
+    const struct conn_life *l = closure;
+    if (log_cut(nc, l->name) && l->hooks.cut)
+        l->hooks.cut(l->hooks.ctx);
 }
 
 static void on_reconnected(natsConnection *nc, void *closure)
 {
-    log_back(nc, closure);
-}
-
-static void on_cut_hooked(natsConnection *nc, void *closure)
-{
-    const struct kvr_conn_hooks *h = closure;
-    if (log_cut(nc, h->name) && h->cut)
-        h->cut(h->ctx);
-}
-
-static void on_back_hooked(natsConnection *nc, void *closure)
-{
-    const struct kvr_conn_hooks *h = closure;
-    log_back(nc, h->name);
-    if (h->back)
-        h->back(h->ctx);
+    const struct conn_life *l = closure;
+    char url[256] = "", shown[300];
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    kvr_url_redact(url, shown, sizeof shown);
+    kvr_log(KVR_LOG_INFO, "nats_reconnected", "conn=%s url=%s", l->name, shown);
+    if (l->hooks.back)
+        l->hooks.back(l->hooks.ctx);
 }
 
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
 {
     (void)nc;
     (void)sub;
-    kvr_log(KVR_LOG_WARN, "nats_error", "conn=%s error=\"%s\"", (const char *)closure,
-            natsStatus_GetText(err));
+    const struct conn_life *l = closure;
+    kvr_log(KVR_LOG_WARN, "nats_error", "conn=%s error=\"%s\"", l->name, natsStatus_GetText(err));
+}
+
+/* The connection's last callback: it is closed, and nothing of it runs after this. */
+static void on_closed(natsConnection *nc, void *closure)
+{
+    (void)nc;
+    struct conn_life *l = closure;
+    pthread_mutex_lock(&l->mu);
+    l->closed = true;
+    bool gone = l->abandoned;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    if (gone)
+        life_free(l);
+}
+
+void kvr_conn_destroy(natsConnection *nc)
+{
+    if (!nc)
+        return;
+    struct conn_life *l = lives_take(nc);
+    natsConnection_Close(nc); /* posts the disconnected callback, then the closed one */
+    bool seen = true;
+    if (l) {
+        struct timespec until = kvr_deadline_ms(CLOSE_MS);
+        pthread_mutex_lock(&l->mu);
+        int rc = 0;
+        while (!l->closed && rc == 0)
+            rc = pthread_cond_timedwait(&l->cv, &l->mu, &until);
+        seen = l->closed;
+        if (!seen) {
+            kvr_log(KVR_LOG_WARN, "nats_close_unconfirmed", "conn=%s waited_ms=%d", l->name,
+                    CLOSE_MS);
+            l->abandoned = true; /* the closed callback frees it, whenever it runs */
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    natsConnection_Destroy(nc);
+    if (l && seen)
+        life_free(l);
 }
 
 /* The settings every connection gets (NATS-NOTES.md). */
-static natsStatus options(natsOptions *o, const char **servers, int n, const char *name,
-                          const struct kvr_conn_hooks *h)
+static natsStatus options(natsOptions *o, const char **servers, int n, struct conn_life *l)
 {
+    const char *name = l->name;
     natsStatus s = natsOptions_SetServers(o, servers, n);
     if (s == NATS_OK) /* the first URL is the preferred node: operators spread processes */
         s = natsOptions_SetNoRandomize(o, true);
@@ -108,13 +192,13 @@ static natsStatus options(natsOptions *o, const char **servers, int n, const cha
     if (s == NATS_OK)
         s = natsOptions_SetReconnectBufSize(o, 64 << 20);
     if (s == NATS_OK)
-        s = h ? natsOptions_SetDisconnectedCB(o, on_cut_hooked, (void *)h)
-              : natsOptions_SetDisconnectedCB(o, on_disconnected, (void *)name);
+        s = natsOptions_SetDisconnectedCB(o, on_disconnected, l);
     if (s == NATS_OK)
-        s = h ? natsOptions_SetReconnectedCB(o, on_back_hooked, (void *)h)
-              : natsOptions_SetReconnectedCB(o, on_reconnected, (void *)name);
+        s = natsOptions_SetReconnectedCB(o, on_reconnected, l);
     if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(o, on_error, (void *)name);
+        s = natsOptions_SetErrorHandler(o, on_error, l);
+    if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(o, on_closed, l);
     return s;
 }
 
@@ -248,10 +332,13 @@ static kvr_status connect(const struct kvr_nats_config *c, const char *name,
     uint64_t timeout_ns = c->connect_timeout_ns;
     char shown[2048], why[256];
     kvr_url_redact(urls, shown, sizeof shown);
+    struct conn_life *life = life_new(name, h);
+    if (!life)
+        return KVR_ERR_NOMEM;
     natsOptions *o = NULL;
     natsStatus s = natsOptions_Create(&o);
     if (s == NATS_OK)
-        s = options(o, servers, nservers, name, h);
+        s = options(o, servers, nservers, life);
     if (s == NATS_OK)
         s = kvr__loop_options(o, lp);
     if (s == NATS_OK && timeout_ns && timeout_ns < 2 * KVR_NS_PER_S) /* one attempt's share */
@@ -266,6 +353,15 @@ static kvr_status connect(const struct kvr_nats_config *c, const char *name,
         st = first_connect(o, c, shown, timeout_ns, out);
     }
     natsOptions_Destroy(o);
+    if (st != KVR_OK) { /* no connection: none of its callbacks was posted */
+        life_free(life);
+        return st;
+    }
+    life->nc = *out;
+    pthread_mutex_lock(&lives_mu);
+    life->next = lives;
+    lives = life;
+    pthread_mutex_unlock(&lives_mu);
     return st;
 }
 

@@ -35,11 +35,17 @@ kvr_status kvr_nats_status(natsStatus s);
  * c->connect_timeout_ns (0: until a stop signal): each failed attempt is logged at warn with
  * nats.c's reason, a stop signal (kvr_signals_catch) ends the wait with KVR_ERR_SHUTDOWN, the
  * timeout with the last failure's status. URLs are logged with their user:password part
- * redacted. c is read during the call only.
- * name is borrowed for the connection's whole life (its callbacks may run after it is destroyed):
- * pass a string that outlives it.
+ * redacted. c and name are read during the call only (the name is copied, up to 319 bytes).
+ * Destroy the connection with kvr_conn_destroy.
  */
 kvr_status kvr_connect(const struct kvr_nats_config *c, const char *name, natsConnection **out);
+
+/*
+ * Close and destroy a connection made by kvr_connect*: returns once nats.c's last callback of it
+ * has run (its closed callback; up to 2 s, then logged as nats_close_unconfirmed), so no hook of it
+ * runs after this returns. NULL is ignored; a connection made otherwise is only destroyed.
+ */
+void kvr_conn_destroy(natsConnection *nc);
 
 /* What a connection's owner wants to hear besides the logs: its connection was cut (not closed
  * by its owner), and it is back. Called on nats.c's callback thread. */
@@ -50,8 +56,8 @@ struct kvr_conn_hooks {
     void *ctx;               /* */
 };
 
-/* kvr_connect as h->name, calling h's hooks too; h is borrowed for the connection's whole life,
- * like the name. */
+/* kvr_connect as h->name, calling h's hooks too; h is copied, and its ctx must stay valid until
+ * kvr_conn_destroy of the connection returns. */
 kvr_status kvr_connect_hooked(const struct kvr_nats_config *c, const struct kvr_conn_hooks *h,
                               natsConnection **out);
 

@@ -370,8 +370,8 @@ bool kvr_link_close(struct kvr_link *l)
         return false;
     for (size_t i = 0; i < n; i++)
         natsSubscription_Destroy(subs[i]);
-    natsConnection_Destroy(l->nc_req);
-    natsConnection_Destroy(l->nc_ev);
+    kvr_conn_destroy(l->nc_req);
+    kvr_conn_destroy(l->nc_ev);
     kvr_loop_free(&l->loop); /* once its connections are gone */
     natsStatistics_Destroy(l->stats);
     memset(l, 0, sizeof *l);

@@ -58,7 +58,7 @@ struct kvr_link {
     bool timer_running;                /* */
     volatile bool stopping;            /* under rd->mu */
     _Atomic bool live;                 /* connections and subscriptions made (metrics may read) */
-    char name_req[300], name_ev[300];  /* connection names (they outlive the connections) */
+    char name_req[300], name_ev[300];  /* connection names */
 };
 
 /* Connect both connections (retrying until the server answers); rd->sink becomes nc_req's. */

@@ -279,13 +279,9 @@ kvr_status kvr_se_state_init(struct kvr_se_state *st, const struct kvr_se_config
     st->cfg = cfg;
     st->salt = draw_salt();
     kvr_se_blocks_init(&st->blocks, cfg->engine.block_size);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* kvr_now_ns's clock */
     pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->work, &ca);
-    pthread_cond_init(&st->changed, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&st->work); /* kvr_now_ns's clock */
+    kvr_cond_init_monotonic(&st->changed);
     kvr_status err = KVR_OK;
     st->eng = new_engine(st, &err);
     if (!st->eng)

@@ -501,11 +501,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
         return KVR_ERR_NOMEM;
     ad->w = w;
     pthread_mutex_init(&ad->pm, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&ad->pcv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&ad->pcv);
     w->ad = ad;
     w->be = &adapter;
     w->capacity = cfg->engine.num_blocks;

@@ -374,8 +374,8 @@ bool kvr_wk_link_close(struct kvr_wk_link *l)
         natsConnection_FlushTimeout(l->nc_out, 2000);
     for (size_t i = 0; i < n; i++)
         natsSubscription_Destroy(subs[i]);
-    natsConnection_Destroy(l->nc_in);
-    natsConnection_Destroy(l->nc_out);
+    kvr_conn_destroy(l->nc_in);
+    kvr_conn_destroy(l->nc_out);
     memset(l, 0, sizeof *l);
     return true;
 }

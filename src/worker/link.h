@@ -39,8 +39,8 @@ struct kvr_wk_link {
     struct kvr_settle *settle;       /* their completions, waited for by the close */
     pthread_t engine, heartbeat;     /* */
     bool threads;                    /* started */
-    char name_in[64], name_out[64];  /* connection names (they outlive the connections) */
-    struct kvr_conn_hooks hooks_out; /* the outgoing connection's (outlives it) */
+    char name_in[64], name_out[64];  /* connection names */
+    struct kvr_conn_hooks hooks_out; /* the outgoing connection's (their ctx: this link) */
     struct kvr_httpd *http;          /* --metrics-addr; NULL: none */
     _Atomic bool live;               /* connections and subscriptions made: the HTTP server's
                                         threads may read them (until kvr_wk_link_close) */

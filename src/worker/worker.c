@@ -296,11 +296,7 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
     w->sink = sink;
     identity(w);
     pthread_mutex_init(&w->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are monotonic */
-    pthread_cond_init(&w->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    kvr_cond_init_monotonic(&w->cv); /* deadlines are monotonic */
     kvr_reply_init(&w->generate, "generate", cfg->id);
     kvr_recent_init(&w->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     if (!subjects(w))

@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "settle.h"
+#include "util.h"
 
 #define GEN      H_GEN
 #define PROMTOOL "promtool"   /* Debian's prometheus package (scripts/deps.sh) */
@@ -684,5 +685,44 @@ Test(ops, a_close_that_gives_up_on_a_handler_leaves_it_safe)
     cr_assert(atomic_load(&s.finished));
     usleep(100 * 1000); /* its completion comes right after */
     natsSubscription_Destroy(sub);
+    h_end();
+}
+
+/* --- a connection's close and its running callbacks (kvr_conn_destroy) ---------------------- */
+
+struct cut_hook {
+    atomic_int started, finished;
+};
+
+static void slow_cut(void *ctx)
+{
+    struct cut_hook *h = ctx;
+    atomic_store(&h->started, 1);
+    usleep(300 * 1000);
+    atomic_store(&h->finished, 1);
+}
+
+/* A hook of the connection running when its owner closes it (its server went away a moment
+ * before): the close returns only after the hook, so the owner may free what the hook reads
+ * (nats.c's natsConnection_Destroy returns at once). */
+Test(ops, a_connection_close_waits_out_its_running_callback)
+{
+    struct nats_srv lone = {0};
+    cr_assert(h_nats_start(&lone, 0));
+    struct kvr_nats_config c;
+    kvr_nats_config_default(&c, KVR_LOG_ERROR);
+    snprintf(c.urls, sizeof c.urls, "%s", lone.url);
+    struct cut_hook *h = calloc(1, sizeof *h);
+    cr_assert(h != NULL);
+    struct kvr_conn_hooks hooks = {"test-cut", slow_cut, NULL, h};
+    natsConnection *conn = NULL;
+    cr_assert(eq(int, kvr_connect_hooked(&c, &hooks, &conn), KVR_OK));
+    h_nats_stop(&lone); /* the disconnected callback runs the hook */
+    for (int i = 0; i < 400 && !atomic_load(&h->started); i++)
+        usleep(5000);
+    cr_assert(atomic_load(&h->started), "the cut hook ran");
+    kvr_conn_destroy(conn);
+    cr_assert(atomic_load(&h->finished), "the close waited for the running hook");
+    free(h); /* what it read: safe now (ASan and valgrind would see a late hook) */
     h_end();
 }
