@@ -62,6 +62,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"kv_events_missed", rd->kvseq.missed},
         {"kv_event_gaps", rd->kvseq.gaps},
         {"kv_resyncs", rd->kv_resyncs},
+        {"worker_announces_asked", rd->announces},
         {"workers_refused_block_size", s.bad_block_size},
         {"kv_unknown_parent", s.index.unknown_parent},
         {"kv_unknown_block", s.index.unknown_block},

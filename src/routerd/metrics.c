@@ -146,6 +146,9 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                      rd->kvseq.missed);
     kvr_prom_counter(p, "kvrouter_kv_resyncs_total",
                      "Snapshots taken from a peer because KV events were missed.", rd->kv_resyncs);
+    kvr_prom_counter(p, "kvrouter_worker_announces_asked_total",
+                     "Asks that every worker announce itself (at start, after a cut).",
+                     rd->announces);
     kvr_prom_counter(p, "kvrouter_event_batches_total",
                      "EventBatch messages applied (workers started with --event-batch-ms).",
                      rd->n.event_batches);

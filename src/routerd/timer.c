@@ -50,6 +50,21 @@ static uint64_t events_heard(struct kvr_rd *rd, uint64_t now, uint64_t heard)
     return heard;
 }
 
+/* Under mu, events connection up: ask every worker to announce itself, when due. A router that
+ * starts after its workers (or missed them while cut off) would otherwise know a worker only from
+ * its next periodic heartbeat (--heartbeat-ms); each worker answers with one at once. */
+static void announce(struct kvr_rd *rd, uint64_t now)
+{
+    if (!rd->announces_left || now < rd->announce_at)
+        return;
+    rd->announces_left--;
+    rd->announce_at = now + KVR_TIMER_ANNOUNCE_GAP_NS;
+    char subject[560];
+    snprintf(subject, sizeof subject, "%sannounce", rd->subj_worker);
+    kvr_outbox_add(&rd->out, subject, "", 0, KVR_OK);
+    rd->announces++;
+}
+
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut)
 {
     kvr_timer_tick_seen(rd, now, &(struct kvr_timer_seen){events_up, events_cut, 0, 0});
@@ -102,6 +117,8 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     }
     atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
+    if (!rd->last_tick) /* the first tick: the workers are asked from here */
+        rd->announces_left = KVR_TIMER_ANNOUNCES;
     rd->last_tick = now;
     if (late > KVR_TIMER_STALL_NS + rd->cfg->tick_ns) {
         /* stopped for a while: what it missed is in its sockets, not lost, but no worker should
@@ -117,10 +134,13 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
         if (rd->blind || events_cut) {
             rd->blind = false;
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
+            rd->announces_left = KVR_TIMER_ANNOUNCES; /* workers may have come meanwhile */
+            rd->announce_at = now;
             rd->resync_kv = false;
             kvr_router_excuse_silence(rd->core, now);
         }
         catch_up(rd, now);
+        announce(rd, now);
         kvr_router_tick_heard(rd->core, now, heard);
         kvr_intake_expire_bookings(rd, now);
     }

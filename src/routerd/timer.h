@@ -28,6 +28,12 @@
  * forever (its detection is late by this much at most). */
 #define KVR_TIMER_BEHIND_MAX_NS 30000000000ull
 
+/* A router asks every worker to announce itself (kv.<ns>.worker.announce) when it starts and when
+ * its events connection comes back: this many times, this far apart (the second reaches the
+ * workers on other nodes of a cluster once its interest in their events has spread). */
+#define KVR_TIMER_ANNOUNCES       2u
+#define KVR_TIMER_ANNOUNCE_GAP_NS 1000000000ull
+
 /* What the timer thread saw at a tick. */
 struct kvr_timer_seen {
     bool events_up;        /* the events connection is connected */

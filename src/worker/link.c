@@ -47,6 +47,16 @@ static void on_hello(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
     natsMsg_Destroy(msg);
 }
 
+/* A router asks every worker to announce itself: the heartbeat thread answers (coalesced). */
+static void on_announce(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    (void)nc;
+    (void)sub;
+    struct kvr_wk_link *l = ctx;
+    atomic_store(&l->announce_asked, true);
+    natsMsg_Destroy(msg);
+}
+
 static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_wk_link *l = ctx;
@@ -125,9 +135,15 @@ static bool connected(const struct kvr_wk_link *l)
 static void *heartbeat_thread(void *arg)
 {
     struct kvr_wk_link *l = arg;
-    uint64_t period = l->w->cfg->heartbeat_ns, next = kvr_now_ns();
+    uint64_t period = l->w->cfg->heartbeat_ns, next = kvr_now_ns(), announced = 0;
     while (!kvr_worker_stopping(l->w)) {
         uint64_t now = kvr_now_ns();
+        if (now - announced >= KVR_WK_ANNOUNCE_GAP_NS && atomic_load(&l->announce_asked) &&
+            atomic_exchange(&l->announce_asked, false)) {
+            announced = now; /* the ask's answer: a heartbeat now, not in place of the next */
+            if (connected(l))
+                kvr_worker_beat(l->w);
+        }
         if (now >= next) {
             /* one buffered while disconnected would arrive late and list stale requests: skip */
             if (connected(l))
@@ -157,8 +173,9 @@ static void nats_metrics(struct kvr_wk_link *l, struct kvr_prom *p)
                  live ? kvr_nats_reconnects(l->nc_in) : 0);
     kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "out"}, 1,
                  live ? kvr_nats_reconnects(l->nc_out) : 0);
-    natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
-                                l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    natsSubscription *subs[] = {l->sub_gen,    l->sub_rebind, l->sub_cancel,
+                                l->sub_hello,  l->sub_hb,     l->sub_srv[0],
+                                l->sub_srv[1], l->sub_srv[2], l->sub_announce};
     uint64_t dropped = live ? kvr_nats_dropped(subs, sizeof subs / sizeof subs[0]) : 0;
     kvr_prom_counter(p, "kvworker_nats_dropped_messages_total",
                      "Messages the client library dropped (a slow consumer's pending limit).",
@@ -276,6 +293,8 @@ static kvr_status subscribe(struct kvr_wk_link *l)
         s = sub_async(l, &l->sub_hello, l->nc_in, w->subj_hello, on_hello, false);
     if (s == NATS_OK)
         s = sub_async(l, &l->sub_cancel, l->nc_in, w->subj_cancel, on_cancel, true);
+    if (s == NATS_OK)
+        s = sub_async(l, &l->sub_announce, l->nc_in, w->subj_announce, on_announce, false);
     /* forwards (and rebinds) on the connection the tokens go out on: a server that lets workers
      * answer clients by response permission only grants it to the connection that received the
      * client's reply subject */
@@ -361,8 +380,9 @@ bool kvr_wk_link_close(struct kvr_wk_link *l)
     }
     /* no delivery from here on: a handler may still be running (or start once more), and it
      * reads l, w and w's engine, so it is waited out before the engine closes */
-    natsSubscription *subs[] = {l->sub_gen, l->sub_rebind, l->sub_cancel, l->sub_hello,
-                                l->sub_hb,  l->sub_srv[0], l->sub_srv[1], l->sub_srv[2]};
+    natsSubscription *subs[] = {l->sub_gen,    l->sub_rebind, l->sub_cancel,
+                                l->sub_hello,  l->sub_hb,     l->sub_srv[0],
+                                l->sub_srv[1], l->sub_srv[2], l->sub_announce};
     size_t n = sizeof subs / sizeof subs[0];
     if (!kvr_settle_close(l->settle, subs, n))
         return false;

@@ -28,6 +28,10 @@
 #include "worker.h"
 
 #define KVR_WK_HELLO_TIMEOUT_MS 250 /* start-up: how long an answer to the hello may take */
+/* The routers' ask that every worker announce itself (a router that starts, or whose events
+ * connection comes back): answered with a heartbeat, at most one per this gap however often
+ * asked (an ask within it is answered at its end). */
+#define KVR_WK_ANNOUNCE_GAP_NS (100 * KVR_NS_PER_MS)
 
 struct kvr_settle;
 
@@ -36,6 +40,8 @@ struct kvr_wk_link {
     struct kvr_service svc;         /* */
     natsConnection *nc_in, *nc_out; /* */
     natsSubscription *sub_gen, *sub_rebind, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
+    natsSubscription *sub_announce;  /* the routers' ask to announce (kv.<ns>.worker.announce) */
+    _Atomic bool announce_asked;     /* an ask came: the heartbeat thread answers it */
     struct kvr_settle *settle;       /* their completions, waited for by the close */
     pthread_t engine, heartbeat;     /* */
     bool threads;                    /* started */

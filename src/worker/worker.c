@@ -275,6 +275,7 @@ static bool subjects(struct kvr_worker *w)
         snprintf(tail, sizeof tail, "worker.%" PRIu64 ".%s", w->cfg->id, own[i]);
         ok &= kvr_subject(mine[i], sizeof w->subj_gen, p, ns, tail);
     }
+    ok &= kvr_subject(w->subj_announce, sizeof w->subj_announce, p, ns, "worker.announce");
     return ok;
 }
 

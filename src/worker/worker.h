@@ -252,6 +252,7 @@ struct kvr_worker {
                                           read without mu (readiness: a stuck engine) */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
     char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256], subj_batch[256];
+    char subj_announce[256]; /* "<prefix>.<ns>.worker.announce": every worker's */
 };
 
 /* Set up w for cfg (borrowed) publishing through sink; draws the instance. */

@@ -379,8 +379,8 @@ static uint64_t router_stat(const char *path)
 Test(fleet, lifecycle_events_in_batches_book_and_free_as_alone)
 {
     h_router(srv.url, "r1", NULL);
-    /* the workers announce themselves at start and then every 20 s: the router must be up to
-     * hear the first announcement (it does not ask workers to announce) */
+    /* the workers announce themselves at start and then every 20 s (a router started after them
+     * asks them again: a_router_started_after_its_workers_knows_them_at_once) */
     h_until_router(nc, 10000);
     h_worker(srv.url, "1", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
     h_worker(srv.url, "2", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
@@ -412,5 +412,40 @@ Test(fleet, lifecycle_events_in_batches_book_and_free_as_alone)
               events, batches);
     cr_assert(eq(u64, router_stat("data.bad_events"), 0));
     cr_assert(eq(u64, router_stat("data.ends_from_heartbeats"), 0), "the dones came first");
+    h_end();
+}
+
+/* A router that starts after its workers asks them to announce themselves: it knows both within
+ * about a second, not at their next heartbeat (20 s apart here, the first sent before the router
+ * existed). */
+Test(fleet, a_router_started_after_its_workers_knows_them_at_once)
+{
+    natsSubscription *hb = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&hb, nc, "kv.default.ev.*.hb"), NATS_OK));
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    h_worker(srv.url, "1", 50, 20000, NULL);
+    h_worker(srv.url, "2", 50, 20000, NULL);
+    int beats = 0;
+    for (natsMsg *m = NULL; beats < 2 && natsSubscription_NextMsg(&m, hb, 10000) == NATS_OK;
+         beats++)
+        natsMsg_Destroy(m); /* each worker's first heartbeat: gone before any router */
+    cr_assert(eq(int, beats, 2));
+    h_router(srv.url, "r1", NULL);
+    h_until_router(nc, 10000);
+    uint64_t t0 = h_now_ms();
+    bool seen[3] = {false, false, false};
+    for (int i = 0; i < 60 && !(seen[1] && seen[2]); i++) {
+        char id[32];
+        snprintf(id, sizeof id, "late-router-%d", i);
+        struct h_result r = h_ask(nc, GEN, id, 5000 + (uint32_t)i * 1000, 0, 64, 1, 2000);
+        if (r.final && r.error_code == 0 && r.worker_id >= 1 && r.worker_id <= 2)
+            seen[r.worker_id] = true;
+        else
+            h_sleep_ms(50);
+    }
+    cr_assert(seen[1] && seen[2], "both workers served within %" PRIu64 " ms", h_now_ms() - t0);
+    cr_assert(lt(u64, h_now_ms() - t0, 10000), "long before their next heartbeats");
+    cr_assert(ge(u64, router_stat("data.worker_announces_asked"), 1));
+    natsSubscription_Destroy(hb);
     h_end();
 }

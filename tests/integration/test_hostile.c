@@ -342,3 +342,36 @@ Test(hostile, a_snapshot_is_not_served_to_an_inbox)
     natsSubscription_Destroy(victim.sub);
     h_end();
 }
+
+/* A flood of asks to announce (anyone allowed to publish there: without the permissions of
+ * security.md, any client) costs each worker at most one heartbeat per 100 ms, and the last ask
+ * is still answered. */
+Test(hostile, a_flood_of_announce_asks_costs_a_worker_ten_heartbeats_a_second)
+{
+    natsSubscription *hb = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&hb, nc, "kv.default.ev.1.hb"), NATS_OK));
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    h_worker(srv.url, "1", 50, 60000, NULL);
+    natsMsg *m = NULL;
+    cr_assert(eq(int, natsSubscription_NextMsg(&m, hb, 10000), NATS_OK), "its first heartbeat");
+    natsMsg_Destroy(m);
+    uint64_t t0 = h_now_ms();
+    int asks = 0;
+    while (h_now_ms() - t0 < 1000) { /* a second of asks, 2,000 of them or so */
+        cr_assert(
+            eq(int, natsConnection_PublishString(nc, "kv.default.worker.announce", ""), NATS_OK));
+        if (++asks % 100 == 0)
+            h_sleep_ms(50);
+    }
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    h_sleep_ms(300); /* the last ask's answer */
+    int beats = 0;
+    while (natsSubscription_NextMsg(&m, hb, 10) == NATS_OK) {
+        natsMsg_Destroy(m);
+        beats++;
+    }
+    cr_assert(ge(int, beats, 2), "the asks were answered (%d heartbeats for %d asks)", beats, asks);
+    cr_assert(le(int, beats, 14), "at most one heartbeat per 100 ms (%d for %d asks)", beats, asks);
+    natsSubscription_Destroy(hb);
+    h_end();
+}

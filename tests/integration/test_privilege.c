@@ -351,7 +351,7 @@ static const struct forgery CLIENT_FORGERIES[] = {
     {NS "ev.1.done", 0},      {NS "ev.9.hb", 3},         {NS "router.gossip.r1", 2},
     {NS "router.sync.r1", 0}, {NS "router.lookup", 0},   {NS "router.pages.r1", 0},
     {NS "router.digest", 0},  {NS "worker.1.cancel", 0}, {NS "worker.1.rebind", 0},
-    {NS "worker.1.hello", 0}, {"_INBOX.ops.stolen", 0},
+    {NS "worker.1.hello", 0}, {"_INBOX.ops.stolen", 0},  {NS "worker.announce", 0},
 };
 
 /* f's bytes into b. */
@@ -584,6 +584,7 @@ static void impersonation_refused(void)
     pub_refused(w1, &w1_errs, "worker 1", NS "ev.2.tokens", "forged", 6);
     pub_refused(w1, &w1_errs, "worker 1", NS "ev.2.done", "forged", 6);
     pub_refused(w1, &w1_errs, "worker 1", NS "worker.2.hello", "forged", 6);
+    pub_refused(w1, &w1_errs, "worker 1", NS "worker.announce", "forged", 6);
     pub_refused(w1, &w1_errs, "worker 1", NS "router.gossip.r1", "forged", 6);
     /* a client's inbox only in answer to a request this connection received */
     pub_refused(w1, &w1_errs, "worker 1", "_INBOX.client.unasked", "forged", 6);
