@@ -5,7 +5,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$run"
+  if [ -n "${KEEP_LOGS:-}" ]; then echo "logs kept in $run" >&2; else rm -rf "$run"; fi
 }
 trap cleanup EXIT
 

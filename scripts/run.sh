@@ -15,6 +15,7 @@
 # the workload's), SPEEDUP (10), POLICIES (kv,round_robin,sglang_cache_aware), OUT (out/fleet),
 # EVENT_BATCH_MS (0: each lifecycle event alone; 1: each worker sends them in EventBatches of up
 # to 1 ms, fewer messages for the routers),
+# KEEP_LOGS (1: keep every process's log, and print where),
 # and ENGINE: sim (the default: each kvworker simulates its engine in-process) or standin (each
 # worker is the adapter, `kvworker --engine openai`, in front of its own engine stand-in
 # `kvengine`, reached over the engines' real interfaces: the OpenAI-compatible HTTP API and

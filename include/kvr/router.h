@@ -71,6 +71,9 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
     }
 #define KVR_MODEL_BATCH_TOKENS 8192u /* tokens an engine step takes */
 
+/* The kv policy's tie margin in kvrouter and kvsim run (kvr_router_config.tie_margin). */
+#define KVR_TIE_MARGIN 0.1
+
 /*
  * Called from kvr_router_tick (at most once per index_warn_ns) when entries the engines still
  * hold were pruned since the last call: pruned says how many, max_entries is the bound, from_fleet
@@ -92,6 +95,11 @@ struct kvr_router_config {
     double overlap_weight;          /* blocks model: weight of prefill against decode blocks;
                                        time model: scales cache_weight */
     double temperature;             /* kv policy: 0 picks the minimum, > 0 samples softly */
+    double tie_margin;              /* kv policy at temperature 0: each price is multiplied by a
+                                       random factor in [1, 1 + tie_margin) before the minimum is
+                                       taken, so routers sharing the requests do not all pick the
+                                       same worker (0 to 1; 0: the exact minimum, the library's
+                                       default; the programs run KVR_TIE_MARGIN) */
     enum kvr_cost_model cost_model; /* kv policy: how a worker is priced */
     double cache_weight;            /* time model: recomputed prefill is charged this many more
                                        times, scaled by how full the worker's cache is */

@@ -160,8 +160,9 @@ static bool may_prune(const struct kvr_router *r, const struct prompt *p, enum k
 
 /* The pick so far of pick_pruned. */
 struct pruned {
-    struct kvr_kv_choice best;
-    uint32_t chosen;     /* its slot, KVR_NIL for none */
+    struct kvr_kv_choice best; /* by key (kvr_kv_key) */
+    uint32_t chosen;           /* its slot, KVR_NIL for none */
+    double chosen_cost;        /* its price */
     uint32_t avoided;    /* the eligible worker to avoid, KVR_NIL when not seen */
     double avoided_cost; /* its price */
 };
@@ -180,8 +181,11 @@ offer(struct kvr_router *r, const struct prompt *p, const struct pricer *pr,
         pk->avoided_cost = c;
         return;
     }
-    if (kvr_kv_offer(&r->sel, &pk->best, c, pr->counts[slot]))
+    if (kvr_kv_offer(&r->sel, &pk->best, kvr_kv_key(&r->sel, r->cfg.tie_margin, c),
+                     pr->counts[slot])) {
         pk->chosen = slot;
+        pk->chosen_cost = c;
+    }
 }
 
 /* Offer every member of set s, but those with an overlap when skip_cached (the members of the
@@ -226,8 +230,8 @@ static double least_fill(const struct kvr_router *r, const struct pricer *pr)
  * covers. So those workers are visited in order of load (by_load) and the visit stops at the
  * first whose floor is above the best price by more than the margin: neither it nor any after it
  * can cost less or tie. The choice follows
- * kvr_select_kv's rule (kvr_kv_offer); the worker to avoid is taken only when no other is
- * eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
+ * kvr_select_kv's rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken
+ * only when no other is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
  */
 static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
                             uint32_t walked, double *cost)
@@ -259,7 +263,9 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
         if (pr.overlap[slot] || pr.hits[slot])
             continue; /* met by the walk: offered */
         uint32_t n = pr.aws[slot].nreqs;
-        double bound = pk.best.cost * (1.0 + 1e-9); /* the margin: rounding */
+        /* the best key (a key is at least its price, so no worker whose floor is above it can
+         * win), with a margin for rounding */
+        double bound = pk.best.cost * (1.0 + 1e-9);
         double lower = base[n > 0] + sw * (double)n * stall;
         if (!filled && lower + cache + share <= bound) {
             cache = pr.k.ow_cache * least_fill(r, &pr) * t0.cache_time;
@@ -273,7 +279,7 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
         *cost = pk.avoided_cost;
         return pk.avoided;
     }
-    *cost = pk.best.cost;
+    *cost = pk.chosen_cost;
     return pk.chosen;
 }
 
@@ -365,8 +371,8 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
                        double temp, uint32_t neligible)
 {
     if (policy == KVR_POLICY_KV)
-        return kvr_select_kv(&r->sel, temp, r->costs, r->reg.order, r->ix.counts, r->eligible,
-                             neligible);
+        return kvr_select_kv(&r->sel, temp, r->cfg.tie_margin, r->costs, r->reg.order,
+                             r->ix.counts, r->eligible, neligible);
     struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->reg.order};
     if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
         for (uint32_t i = 0; i < r->nslots; i++)

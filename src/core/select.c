@@ -90,15 +90,16 @@ static double score_neg_overlap(const struct kvr_candidate *c, const void *arg)
     return -(double)c->overlap_blocks;
 }
 
-static uint32_t kv_min(struct kvr_select_state *s, const double *costs, const uint32_t *slots,
-                       const uint32_t *cached, const uint32_t *eligible, uint32_t n)
+static uint32_t kv_min(struct kvr_select_state *s, double margin, const double *costs,
+                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
+                       uint32_t n)
 {
     assert(n >= 1);
     struct kvr_kv_choice b;
     kvr_kv_choice_init(&b);
     uint32_t best = 0;
     for (uint32_t i = 0; i < n; i++) {
-        double c = costs[eligible[i]];
+        double c = kvr_kv_key(s, margin, costs[eligible[i]]);
         if (c > b.cost)
             continue; /* the common case, before reading its cached blocks */
         if (kvr_kv_offer(s, &b, c, cached[slots[eligible[i]]]))
@@ -107,12 +108,12 @@ static uint32_t kv_min(struct kvr_select_state *s, const double *costs, const ui
     return best;
 }
 
-uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const double *costs,
-                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
-                       uint32_t n)
+uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double margin,
+                       const double *costs, const uint32_t *slots, const uint32_t *cached,
+                       const uint32_t *eligible, uint32_t n)
 {
     if (temperature <= 0 || n == 1)
-        return kv_min(s, costs, slots, cached, eligible, n);
+        return kv_min(s, n == 1 ? 0 : margin, costs, slots, cached, eligible, n);
     double lo = costs[eligible[0]], hi = lo;
     for (uint32_t i = 1; i < n; i++) {
         double c = costs[eligible[i]];
@@ -122,7 +123,7 @@ uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const dou
     if (hi == lo)
         return (uint32_t)kvr_rng_below(&s->rng, n);
     if (!KVR_GROW(s->weights, s->nweights, n, 64))
-        return kv_min(s, costs, slots, cached, eligible, n);
+        return kv_min(s, margin, costs, slots, cached, eligible, n);
     double scale = (hi - lo) * temperature, total = 0;
     for (uint32_t i = 0; i < n; i++) {
         s->weights[i] = exp(-(costs[eligible[i]] - lo) / scale);

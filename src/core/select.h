@@ -45,14 +45,28 @@ kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, cons
                            uint32_t n, uint32_t vnodes);
 
 /*
- * The kv policy over plain arrays (its hot path reads nothing else): the lowest costs[c] among
- * c = eligible[0..n) (n >= 1); ties go to the fewest cached[slots[c]], then to a random draw;
+ * The kv policy over plain arrays (its hot path reads nothing else): the lowest key among
+ * c = eligible[0..n) (n >= 1), the key being costs[c] (kvr_kv_key: times a random factor in
+ * [1, 1 + margin) when margin > 0); ties go to the fewest cached[slots[c]], then to a random draw;
  * with temperature > 0, c is drawn with probability proportional to
  * exp(-(cost - min) / ((max - min) * temperature)). Returns a position in eligible.
  */
-uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, const double *costs,
-                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
-                       uint32_t n);
+uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double margin,
+                       const double *costs, const uint32_t *slots, const uint32_t *cached,
+                       const uint32_t *eligible, uint32_t n);
+
+/*
+ * The key a kv candidate of cost (>= 0) competes with: the cost itself, or with a tie margin
+ * m > 0 the cost times 1 + m x a uniform draw in [0, 1), so that among candidates priced within
+ * about m of each other the choice is random, the cheaper the likelier. Routers that share a
+ * queue group decide concurrently on the same state, each without the others' latest bookings:
+ * with the exact minimum they would all send a burst to the same worker (docs/architecture.md,
+ * "Scoring and selection"). A key is at least its cost, so a floor under the cost bounds it too.
+ */
+static inline double kvr_kv_key(struct kvr_select_state *s, double margin, double cost)
+{
+    return margin > 0 ? cost * (1.0 + margin * kvr_rng_double(&s->rng)) : cost;
+}
 
 /* Reservoir tie-break: the k-th equal candidate replaces the choice with probability 1/k. */
 static inline bool kvr_select_take_tie(struct kvr_select_state *s, uint32_t *ties)

@@ -38,6 +38,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     kvr_nats_config_default(&c->net, KVR_LOG_INFO);
     kvr_router_config_default(&c->core);
     c->core.seed = 0; /* a daemon draws its seed from the clock; a simulation is reproducible */
+    c->core.tie_margin = KVR_TIE_MARGIN; /* routers share the requests: see router.h */
     /* a worker that announces no heartbeat interval is dropped after this much silence (one that
      * does: after 3.2 of its intervals); the simulator never drops a worker */
     c->core.worker_timeout_ns = 3200 * KVR_NS_PER_MS;
@@ -102,6 +103,8 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),
         NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6,
             "kv: 0 = cheapest, > 0 samples"),
+        NUM("tie-margin", KVR_OPT_DOUBLE, &k->tie_margin, 0, 1,
+            "kv: prices within about this fraction of the cheapest are drawn among (0: exact)"),
         NUM("busy-threshold", KVR_OPT_DOUBLE, &k->busy_threshold, 0, 1e6,
             "skip workers above this fraction of their KV capacity (0: off)"),
         FLAG("approximate", "KVR_APPROXIMATE", &k->approximate,

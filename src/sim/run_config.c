@@ -102,6 +102,9 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
             "many times"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
+        OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,
+            "router: kv draws among prices within about this fraction of the cheapest, as "
+            "kvrouter does (0: exact)"),
         OPT("busy-threshold", KVR_OPT_DOUBLE, &r->busy_threshold, 0, 1e6,
             "router: busy above this fraction of capacity (0: off)"),
         FLAG("approximate", &r->approximate,

@@ -409,6 +409,7 @@ void kvr_sim_config_default(struct kvr_sim_config *c)
     kvr_engine_config_default(&c->engine);
     kvr_router_config_default(&c->router);
     c->router.block_size = c->engine.block_size;
+    c->router.tie_margin = KVR_TIE_MARGIN; /* as kvrouter runs */
     c->event_delay_ns = 1000000;
     c->heartbeat_ns = 100000000;
     c->rate_scale = 1.0;
