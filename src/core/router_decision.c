@@ -163,8 +163,8 @@ struct pruned {
     struct kvr_kv_choice best; /* by key (kvr_kv_key) */
     uint32_t chosen;           /* its slot, KVR_NIL for none */
     double chosen_cost;        /* its price */
-    uint32_t avoided;    /* the eligible worker to avoid, KVR_NIL when not seen */
-    double avoided_cost; /* its price */
+    uint32_t avoided;          /* the eligible worker to avoid, KVR_NIL when not seen */
+    double avoided_cost;       /* its price */
 };
 
 /* Price the worker in slot and offer it to the pick. */
@@ -231,7 +231,8 @@ static double least_fill(const struct kvr_router *r, const struct pricer *pr)
  * first whose floor is above the best price by more than the margin: neither it nor any after it
  * can cost less or tie. The choice follows
  * kvr_select_kv's rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken
- * only when no other is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
+ * only when no other is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none
+ * is eligible.
  */
 static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
                             uint32_t walked, double *cost)
@@ -371,8 +372,8 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
                        double temp, uint32_t neligible)
 {
     if (policy == KVR_POLICY_KV)
-        return kvr_select_kv(&r->sel, temp, r->cfg.tie_margin, r->costs, r->reg.order,
-                             r->ix.counts, r->eligible, neligible);
+        return kvr_select_kv(&r->sel, temp, r->cfg.tie_margin, r->costs, r->reg.order, r->ix.counts,
+                             r->eligible, neligible);
     struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->reg.order};
     if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
         for (uint32_t i = 0; i < r->nslots; i++)

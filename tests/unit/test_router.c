@@ -1007,8 +1007,8 @@ static void routed_against_select(double margin)
         cr_assert(got != NULL);
         cr_assert(eq(dbl, d.cost, got->cost), "the price a select gives that worker");
         if (margin == 0) {
-            cr_assert(eq(dbl, d.cost, least), "request %lu: %g, the least is %g",
-                      (unsigned long)id, d.cost, least);
+            cr_assert(eq(dbl, d.cost, least), "request %lu: %g, the least is %g", (unsigned long)id,
+                      d.cost, least);
             cr_assert(eq(u32, got->cached_blocks, fewest));
         } else {
             cr_assert(le(dbl, d.cost, least * (1 + margin) * (1 + 1e-9)),
