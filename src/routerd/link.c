@@ -231,6 +231,12 @@ kvr_status kvr_link_listen(struct kvr_link *l)
         s = natsConnection_Flush(l->nc_ev);
     if (s == NATS_OK)
         s = natsConnection_Flush(l->nc_req);
+    if (s == NATS_OK) { /* listening: the workers announce themselves now, not at their next beat */
+        pthread_mutex_lock(&l->rd->mu);
+        kvr_timer_announce(l->rd, kvr_now_ns());
+        pthread_mutex_unlock(&l->rd->mu);
+        kvr_rd_flush(l->rd);
+    }
     return failed(s, "events");
 }
 

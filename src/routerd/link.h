@@ -63,7 +63,8 @@ struct kvr_link {
 
 /* Connect both connections (retrying until the server answers); rd->sink becomes nc_req's. */
 kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd);
-/* Subscribe to the event stream and the replication subjects (before the warm-up). */
+/* Subscribe to the event stream and the replication subjects (before the warm-up), then ask every
+ * worker to announce itself (kvr_timer_announce). */
 kvr_status kvr_link_listen(struct kvr_link *l);
 /* Join the request queue group and answer $SRV (after the warm-up and the snapshot). */
 kvr_status kvr_link_serve(struct kvr_link *l);

@@ -110,8 +110,8 @@ struct kvr_rd {
     _Atomic uint64_t alive_ns;        /* the last tick that got the mutex (monotonic ns; read
                                          without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
-    uint32_t announces_left;          /* asks to announce still to send (timer thread only) */
-    uint64_t announce_at;             /* the next one's time */
+    uint32_t announces_left;          /* asks to announce still to send, under mu */
+    uint64_t announce_at;             /* the next one's time, under mu */
     uint64_t announces;               /* asks sent, under mu */
     bool resync_kv;                   /* ... for KV events missed, not a cut (timer thread only) */
     struct kvr_kvseq kvseq;           /* the workers' KV event numbers applied, under mu */

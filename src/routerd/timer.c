@@ -65,6 +65,13 @@ static void announce(struct kvr_rd *rd, uint64_t now)
     rd->announces++;
 }
 
+void kvr_timer_announce(struct kvr_rd *rd, uint64_t now)
+{
+    rd->announces_left = KVR_TIMER_ANNOUNCES;
+    rd->announce_at = now;
+    announce(rd, now);
+}
+
 void kvr_timer_tick(struct kvr_rd *rd, uint64_t now, bool events_up, bool events_cut)
 {
     kvr_timer_tick_seen(rd, now, &(struct kvr_timer_seen){events_up, events_cut, 0, 0});
@@ -117,8 +124,6 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     }
     atomic_store_explicit(&rd->alive_ns, now, memory_order_relaxed);
     uint64_t late = rd->last_tick && now > rd->last_tick ? now - rd->last_tick : 0;
-    if (!rd->last_tick) /* the first tick: the workers are asked from here */
-        rd->announces_left = KVR_TIMER_ANNOUNCES;
     rd->last_tick = now;
     if (late > KVR_TIMER_STALL_NS + rd->cfg->tick_ns) {
         /* stopped for a while: what it missed is in its sockets, not lost, but no worker should
@@ -134,8 +139,7 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
         if (rd->blind || events_cut) {
             rd->blind = false;
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
-            rd->announces_left = KVR_TIMER_ANNOUNCES; /* workers may have come meanwhile */
-            rd->announce_at = now;
+            kvr_timer_announce(rd, now); /* workers may have come meanwhile */
             rd->resync_kv = false;
             kvr_router_excuse_silence(rd->core, now);
         }

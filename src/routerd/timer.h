@@ -34,6 +34,10 @@
 #define KVR_TIMER_ANNOUNCES       2u
 #define KVR_TIMER_ANNOUNCE_GAP_NS 1000000000ull
 
+/* Under mu: ask every worker to announce itself now, and once more KVR_TIMER_ANNOUNCE_GAP_NS later
+ * (the timer sends that one); published at the next flush. */
+void kvr_timer_announce(struct kvr_rd *rd, uint64_t now);
+
 /* What the timer thread saw at a tick. */
 struct kvr_timer_seen {
     bool events_up;        /* the events connection is connected */
