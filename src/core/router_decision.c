@@ -181,8 +181,8 @@ offer(struct kvr_router *r, const struct prompt *p, const struct pricer *pr,
         pk->avoided_cost = c;
         return;
     }
-    if (kvr_kv_offer(&r->sel, &pk->best, kvr_kv_key(&r->sel, r->cfg.tie_margin, c),
-                     pr->counts[slot])) {
+    double key = kvr_kv_key(r->cfg.tie_margin, c, p->id, r->reg.by_slot[slot].id);
+    if (kvr_kv_offer(&r->sel, &pk->best, key, pr->counts[slot])) {
         pk->chosen = slot;
         pk->chosen_cost = c;
     }
@@ -372,8 +372,8 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
                        double temp, uint32_t neligible)
 {
     if (policy == KVR_POLICY_KV)
-        return kvr_select_kv(&r->sel, temp, r->cfg.tie_margin, r->costs, r->reg.order, r->ix.counts,
-                             r->eligible, neligible);
+        return kvr_select_kv(&r->sel, temp, r->cfg.tie_margin, p->id, r->reg.order_ids, r->costs,
+                             r->reg.order, r->ix.counts, r->eligible, neligible);
     struct kvr_select_input in = {policy, p->nblocks, p->first_hash, NULL, r->reg.order};
     if (policy == KVR_POLICY_CHWBL && refresh_ring(r) == KVR_OK) {
         for (uint32_t i = 0; i < r->nslots; i++)

@@ -90,16 +90,17 @@ static double score_neg_overlap(const struct kvr_candidate *c, const void *arg)
     return -(double)c->overlap_blocks;
 }
 
-static uint32_t kv_min(struct kvr_select_state *s, double margin, const double *costs,
-                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
-                       uint32_t n)
+static uint32_t kv_min(struct kvr_select_state *s, double margin, uint64_t request,
+                       const uint64_t *ids, const double *costs, const uint32_t *slots,
+                       const uint32_t *cached, const uint32_t *eligible, uint32_t n)
 {
-    assert(n >= 1);
+    assert(n >= 1 && (margin <= 0 || ids));
     struct kvr_kv_choice b;
     kvr_kv_choice_init(&b);
     uint32_t best = 0;
     for (uint32_t i = 0; i < n; i++) {
-        double c = kvr_kv_key(s, margin, costs[eligible[i]]);
+        uint32_t e = eligible[i];
+        double c = margin > 0 ? kvr_kv_key(margin, costs[e], request, ids[e]) : costs[e];
         if (c > b.cost)
             continue; /* the common case, before reading its cached blocks */
         if (kvr_kv_offer(s, &b, c, cached[slots[eligible[i]]]))
@@ -109,11 +110,12 @@ static uint32_t kv_min(struct kvr_select_state *s, double margin, const double *
 }
 
 uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double margin,
-                       const double *costs, const uint32_t *slots, const uint32_t *cached,
-                       const uint32_t *eligible, uint32_t n)
+                       uint64_t request, const uint64_t *ids, const double *costs,
+                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
+                       uint32_t n)
 {
     if (temperature <= 0 || n == 1)
-        return kv_min(s, n == 1 ? 0 : margin, costs, slots, cached, eligible, n);
+        return kv_min(s, n == 1 ? 0 : margin, request, ids, costs, slots, cached, eligible, n);
     double lo = costs[eligible[0]], hi = lo;
     for (uint32_t i = 1; i < n; i++) {
         double c = costs[eligible[i]];
@@ -123,7 +125,7 @@ uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double ma
     if (hi == lo)
         return (uint32_t)kvr_rng_below(&s->rng, n);
     if (!KVR_GROW(s->weights, s->nweights, n, 64))
-        return kv_min(s, margin, costs, slots, cached, eligible, n);
+        return kv_min(s, margin, request, ids, costs, slots, cached, eligible, n);
     double scale = (hi - lo) * temperature, total = 0;
     for (uint32_t i = 0; i < n; i++) {
         s->weights[i] = exp(-(costs[eligible[i]] - lo) / scale);

@@ -46,26 +46,34 @@ kvr_status kvr_select_ring(struct kvr_select_state *s, const uint64_t *ids, cons
 
 /*
  * The kv policy over plain arrays (its hot path reads nothing else): the lowest key among
- * c = eligible[0..n) (n >= 1), the key being costs[c] (kvr_kv_key: times a random factor in
- * [1, 1 + margin) when margin > 0); ties go to the fewest cached[slots[c]], then to a random draw;
- * with temperature > 0, c is drawn with probability proportional to
- * exp(-(cost - min) / ((max - min) * temperature)). Returns a position in eligible.
+ * c = eligible[0..n) (n >= 1), the key being costs[c] (kvr_kv_key of request and ids[c] when
+ * margin > 0); ties go to the fewest cached[slots[c]], then to a random draw; with temperature
+ * > 0, c is drawn with probability proportional to exp(-(cost - min) / ((max - min) *
+ * temperature)). ids may be NULL when margin is 0. Returns a position in eligible.
  */
 uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double margin,
-                       const double *costs, const uint32_t *slots, const uint32_t *cached,
-                       const uint32_t *eligible, uint32_t n);
+                       uint64_t request, const uint64_t *ids, const double *costs,
+                       const uint32_t *slots, const uint32_t *cached, const uint32_t *eligible,
+                       uint32_t n);
 
 /*
- * The key a kv candidate of cost (>= 0) competes with: the cost itself, or with a tie margin
- * m > 0 the cost times 1 + m x a uniform draw in [0, 1), so that among candidates priced within
- * about m of each other the choice is random, the cheaper the likelier. Routers that share a
- * queue group decide concurrently on the same state, each without the others' latest bookings:
- * with the exact minimum they would all send a burst to the same worker (docs/architecture.md,
- * "Scoring and selection"). A key is at least its cost, so a floor under the cost bounds it too.
+ * The key a kv candidate (worker id, cost >= 0) competes with for request: the cost itself, or
+ * with a tie margin m > 0 the cost times 1 + m x u, u in [0, 1) a hash of the request and the
+ * worker, so that among workers priced within about m of each other the choice is spread, the
+ * cheaper the likelier. Routers that share a queue group decide different requests of the same
+ * instant on the same state, each without the others' bookings of that instant: with the exact
+ * minimum they would all send them to the same worker (docs/architecture.md, "Scoring and
+ * selection"). Drawn from the request rather than a router's own random stream, the same request
+ * decided by two routers on the same state (a client's resend reaching another router) still
+ * goes to the same worker, which absorbs the copy. A key is at least its cost, so a floor under
+ * the cost bounds it too.
  */
-static inline double kvr_kv_key(struct kvr_select_state *s, double margin, double cost)
+static inline double kvr_kv_key(double margin, double cost, uint64_t request, uint64_t worker)
 {
-    return margin > 0 ? cost * (1.0 + margin * kvr_rng_double(&s->rng)) : cost;
+    if (margin <= 0)
+        return cost;
+    double u = (double)(kvr_mix64(request ^ kvr_mix64(worker)) >> 11) * 0x1p-53;
+    return cost * (1.0 + margin * u);
 }
 
 /* Reservoir tie-break: the k-th equal candidate replaces the choice with probability 1/k. */

@@ -40,7 +40,7 @@ static uint32_t pick(enum kvr_policy p, uint32_t n)
             costs[i] = c[i].cost;
             cached[i] = c[i].cached_blocks;
         }
-        return kvr_select_kv(&st, 0.0, 0.0, costs, slots, cached, all, n);
+        return kvr_select_kv(&st, 0.0, 0.0, 0, NULL, costs, slots, cached, all, n);
     }
     struct kvr_select_input in = {p, 10, 12345, NULL, slots};
     return kvr_select(&st, &cfg, &in, c, all, n);
@@ -92,7 +92,7 @@ Test(select, kv_temperature_prefers_cheap_but_samples)
         costs[i] = c[i].cost;
     uint32_t seen[8] = {0};
     for (int k = 0; k < 8000; k++)
-        seen[kvr_select_kv(&st, 0.5, 0.0, costs, slots, cached, all, 8)]++;
+        seen[kvr_select_kv(&st, 0.5, 0.0, 0, NULL, costs, slots, cached, all, 8)]++;
     cr_assert(gt(u32, seen[0], seen[7] * 3), "cheapest %u vs dearest %u", seen[0], seen[7]);
     cr_assert(gt(u32, seen[7], 50), "the dearest is still sampled");
     for (int i = 1; i < 8; i++)
