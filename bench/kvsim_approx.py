@@ -10,7 +10,6 @@ matrix first with the same --out to share them.
 
 usage: bench/kvsim_approx.py [--workers 8|32|N] [--out DIR] [--kvsim PATH] [--jobs J] [--markdown]
 """
-import argparse
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,22 +22,11 @@ RATIOS = [('TTFT mean', 'ttft_ms', 'mean'), ('p90', 'ttft_ms', 'p90'),
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--workers', type=int, default=8)
-    ap.add_argument('--out', default='/tmp/kvsim-matrix')
-    ap.add_argument('--kvsim', default=os.path.join(mx.ROOT, 'build', 'src', 'kvsim'))
-    ap.add_argument('--jobs', type=int, default=2)
-    ap.add_argument('--markdown', action='store_true')
-    a = ap.parse_args()
-    scale = a.workers / 8.0
+    a = mx.parser('/tmp/kvsim-matrix').parse_args()
 
     def one(wl):
-        workload, load = wl[0], wl[1] * scale
+        workload, load, kv, base = mx.matrix_runs(a, wl)
         tag = '%s_%g_%d' % (workload, load, a.workers)
-        base = mx.run(a.kvsim, workload, load, a.workers, ','.join(mx.BASELINES), [],
-                      os.path.join(a.out, 'baselines', tag))
-        kv = mx.run(a.kvsim, workload, load, a.workers, 'kv', [],
-                    os.path.join(a.out, 'kv', tag))[0]
         event = {'kv': kv}
         event.update({b['policy']: b for b in base})
         approx = mx.run(a.kvsim, workload, load, a.workers, ','.join(POLICIES), ['--approximate'],

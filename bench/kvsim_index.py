@@ -11,7 +11,6 @@ reused.
 
 usage: bench/kvsim_index.py [--out DIR] [--kvsim PATH] [--jobs J] [--markdown]
 """
-import argparse
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,12 +23,7 @@ RATIOS = [f for f in mx.FIGURES if f[2] is not None and f[0] != 'ITL p99']
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--out', default='/tmp/kvsim-index')
-    ap.add_argument('--kvsim', default=os.path.join(mx.ROOT, 'build', 'src', 'kvsim'))
-    ap.add_argument('--jobs', type=int, default=2)
-    ap.add_argument('--markdown', action='store_true')
-    a = ap.parse_args()
+    a = mx.parser('/tmp/kvsim-index', workers=False).parse_args()
     cases = [(w, b, rate, bound) for w, b, rate in FLEETS for bound in (OLD_CAP, 0)]
 
     def one(case):

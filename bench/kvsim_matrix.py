@@ -58,29 +58,38 @@ def ratios(kv, base):
     return out
 
 
-def main():
+def parser(out, workers=True, jobs=True):
+    """The options the bench/kvsim_*.py scripts share, out the default of --out."""
     ap = argparse.ArgumentParser()
-    ap.add_argument('--workers', type=int, default=8)
-    ap.add_argument('--out', default='/tmp/kvsim-matrix')
+    if workers:
+        ap.add_argument('--workers', type=int, default=8)
+    ap.add_argument('--out', default=out)
     ap.add_argument('--kvsim', default=os.path.join(ROOT, 'build', 'src', 'kvsim'))
-    ap.add_argument('--jobs', type=int, default=2)
-    ap.add_argument('--name', default='kv')
+    if jobs:
+        ap.add_argument('--jobs', type=int, default=2)
     ap.add_argument('--markdown', action='store_true')
+    return ap
+
+
+def matrix_runs(a, wl, name='kv', extra=()):
+    """The matrix's runs of load wl at a.workers (run, or reused from a.out): (workload, load,
+    kv's result, the baselines' results)."""
+    workload, load = wl[0], wl[1] * a.workers / 8.0
+    tag = '%s_%g_%d' % (workload, load, a.workers)
+    base = run(a.kvsim, workload, load, a.workers, ','.join(BASELINES), [],
+               os.path.join(a.out, 'baselines', tag))
+    kv = run(a.kvsim, workload, load, a.workers, 'kv', list(extra),
+             os.path.join(a.out, name, tag))[0]
+    return workload, load, kv, base
+
+
+def main():
+    ap = parser('/tmp/kvsim-matrix')
+    ap.add_argument('--name', default='kv')
     ap.add_argument('extra', nargs='*')
     a = ap.parse_args()
-    scale = a.workers / 8.0
-
-    def one(wl):
-        workload, load = wl[0], wl[1] * scale
-        tag = '%s_%g_%d' % (workload, load, a.workers)
-        base = run(a.kvsim, workload, load, a.workers, ','.join(BASELINES), [],
-                   os.path.join(a.out, 'baselines', tag))
-        kv = run(a.kvsim, workload, load, a.workers, 'kv', a.extra,
-                 os.path.join(a.out, a.name, tag))[0]
-        return workload, load, kv, base
-
     with ThreadPoolExecutor(a.jobs) as ex:
-        rows = list(ex.map(one, LOADS))
+        rows = list(ex.map(lambda wl: matrix_runs(a, wl, a.name, a.extra), LOADS))
     lost = 0
     if a.markdown:
         print('| workload | load | kv TTFT mean / p90 (ms) | ' +

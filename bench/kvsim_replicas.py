@@ -9,7 +9,6 @@ with the same arrivals, and the routers' prediction error. Reports already in OU
 
 usage: bench/kvsim_replicas.py [--workers 8|32|N] [--out DIR] [--kvsim PATH] [--markdown]
 """
-import argparse
 import json
 import os
 import subprocess
@@ -32,12 +31,7 @@ def run(kvsim, workers, extra, out):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--workers', type=int, default=8)
-    ap.add_argument('--out', default='/tmp/kvsim-replicas')
-    ap.add_argument('--kvsim', default=os.path.join(mx.ROOT, 'build', 'src', 'kvsim'))
-    ap.add_argument('--markdown', action='store_true')
-    a = ap.parse_args()
+    a = mx.parser('/tmp/kvsim-replicas', jobs=False).parse_args()
 
     def one(arr):
         name, extra = arr
