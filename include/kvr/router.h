@@ -96,10 +96,11 @@ struct kvr_router_config {
                                        time model: scales cache_weight */
     double temperature;             /* kv policy: 0 picks the minimum, > 0 samples softly */
     double tie_margin;              /* kv policy at temperature 0: each price is multiplied by a
-                                       random factor in [1, 1 + tie_margin) before the minimum is
-                                       taken, so routers sharing the requests do not all pick the
-                                       same worker (0 to 1; 0: the exact minimum, the library's
-                                       default; the programs run KVR_TIE_MARGIN) */
+                                       factor in [1, 1 + tie_margin), a hash of the request and the
+                                       worker, before the minimum is taken, so routers sharing the
+                                       requests do not all pick the same worker (0 to 1; 0: the
+                                       exact minimum, the library's default; the programs run
+                                       KVR_TIE_MARGIN) */
     enum kvr_cost_model cost_model; /* kv policy: how a worker is priced */
     double cache_weight;            /* time model: recomputed prefill is charged this many more
                                        times, scaled by how full the worker's cache is */

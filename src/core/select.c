@@ -103,7 +103,7 @@ static uint32_t kv_min(struct kvr_select_state *s, double margin, uint64_t reque
         double c = margin > 0 ? kvr_kv_key(margin, costs[e], request, ids[e]) : costs[e];
         if (c > b.cost)
             continue; /* the common case, before reading its cached blocks */
-        if (kvr_kv_offer(s, &b, c, cached[slots[eligible[i]]]))
+        if (kvr_kv_offer(s, &b, c, cached[slots[e]]))
             best = i;
     }
     return best;
