@@ -160,6 +160,18 @@ static void *heartbeat_thread(void *arg)
     return NULL;
 }
 
+#define LINK_SUBS 9 /* the link's subscriptions */
+
+/* The link's subscriptions (NULL before they are made) into out; returns LINK_SUBS. */
+static size_t link_subs(const struct kvr_wk_link *l, natsSubscription **out)
+{
+    natsSubscription *all[LINK_SUBS] = {l->sub_gen,    l->sub_rebind, l->sub_cancel,
+                                        l->sub_hello,  l->sub_hb,     l->sub_srv[0],
+                                        l->sub_srv[1], l->sub_srv[2], l->sub_announce};
+    memcpy(out, all, sizeof all);
+    return LINK_SUBS;
+}
+
 /* --- the operators' endpoints (on the HTTP server's threads) ------------------------------- */
 
 /* The NATS families: reconnects per connection, messages the library dropped (0 until live). */
@@ -173,10 +185,8 @@ static void nats_metrics(struct kvr_wk_link *l, struct kvr_prom *p)
                  live ? kvr_nats_reconnects(l->nc_in) : 0);
     kvr_prom_u64(p, &(struct kvr_prom_label){"connection", "out"}, 1,
                  live ? kvr_nats_reconnects(l->nc_out) : 0);
-    natsSubscription *subs[] = {l->sub_gen,    l->sub_rebind, l->sub_cancel,
-                                l->sub_hello,  l->sub_hb,     l->sub_srv[0],
-                                l->sub_srv[1], l->sub_srv[2], l->sub_announce};
-    uint64_t dropped = live ? kvr_nats_dropped(subs, sizeof subs / sizeof subs[0]) : 0;
+    natsSubscription *subs[LINK_SUBS];
+    uint64_t dropped = live ? kvr_nats_dropped(subs, link_subs(l, subs)) : 0;
     kvr_prom_counter(p, "kvworker_nats_dropped_messages_total",
                      "Messages the client library dropped (a slow consumer's pending limit).",
                      dropped);
@@ -380,10 +390,8 @@ bool kvr_wk_link_close(struct kvr_wk_link *l)
     }
     /* no delivery from here on: a handler may still be running (or start once more), and it
      * reads l, w and w's engine, so it is waited out before the engine closes */
-    natsSubscription *subs[] = {l->sub_gen,    l->sub_rebind, l->sub_cancel,
-                                l->sub_hello,  l->sub_hb,     l->sub_srv[0],
-                                l->sub_srv[1], l->sub_srv[2], l->sub_announce};
-    size_t n = sizeof subs / sizeof subs[0];
+    natsSubscription *subs[LINK_SUBS];
+    size_t n = link_subs(l, subs);
     if (!kvr_settle_close(l->settle, subs, n))
         return false;
     if (l->w) {
