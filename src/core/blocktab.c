@@ -16,10 +16,12 @@ kvr_status kvr_blocktab_init(struct kvr_blocktab *t, uint32_t hint)
 
 void kvr_blocktab_free(struct kvr_blocktab *t)
 {
-    for (uint32_t i = 0; i <= t->map.mask; i++) {
-        if (t->map.slots[i].val == KVR_NIL)
+    for (uint32_t i = 0; i < kvr_map_slots(&t->map); i++) {
+        uint64_t seq;
+        uint32_t h;
+        if (!kvr_map_at(&t->map, i, &seq, &h))
             continue;
-        struct kvr_node *n = kvr_blocktab_node(t, t->map.slots[i].val);
+        struct kvr_node *n = kvr_blocktab_node(t, h);
         kvr_hset_release(&n->idx, &t->set_bytes);
         kvr_hset_release(&n->act, &t->set_bytes);
     }

@@ -87,7 +87,7 @@ static void entry_remove(struct kvr_index *ix, uint32_t h)
     struct kvr_index_worker *w = &ix->w[e->slot];
     lru_unlink(ix, h);
     kvr_list_unlink(&w->entries, &ix->entries, WL, h);
-    if (e->expires == EVENT_ENTRY && w->engines.slots &&
+    if (e->expires == EVENT_ENTRY && w->engines.groups &&
         kvr_map_get(&w->engines, e->engine_id) == h)
         kvr_map_del(&w->engines, e->engine_id);
     assert(ix->counts[e->slot] > 0);
@@ -223,7 +223,7 @@ kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t 
     if (slot >= ix->nslots || (n && !blocks))
         return KVR_ERR_INVALID;
     struct kvr_index_worker *w = &ix->w[slot];
-    if (!w->engines.slots) {
+    if (!w->engines.groups) {
         kvr_status st = kvr_map_init(&w->engines, 64);
         if (st != KVR_OK)
             return st;
@@ -323,12 +323,12 @@ kvr_status kvr_index_removed(struct kvr_index *ix, uint32_t slot, const uint64_t
     if (slot >= ix->nslots || (n && !engine_ids))
         return KVR_ERR_INVALID;
     struct kvr_index_worker *w = &ix->w[slot];
-    for (size_t i = 0; i < n && w->engines.slots && i < 2 * RM_AHEAD; i++)
+    for (size_t i = 0; i < n && w->engines.groups && i < 2 * RM_AHEAD; i++)
         kvr_map_prefetch(&w->engines, engine_ids[i]);
     for (size_t i = 0; i < n; i++) {
-        if (w->engines.slots)
+        if (w->engines.groups)
             prefetch_removal(ix, w, engine_ids, n, i);
-        uint32_t h = w->engines.slots ? kvr_map_get(&w->engines, engine_ids[i]) : KVR_NIL;
+        uint32_t h = w->engines.groups ? kvr_map_get(&w->engines, engine_ids[i]) : KVR_NIL;
         if (h == KVR_NIL) {
             ix->cnt.unknown_block++;
             continue;
@@ -406,7 +406,7 @@ kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, b
         return st;
     if (has_engine) {
         struct kvr_index_worker *w = &ix->w[slot];
-        if (!w->engines.slots && (st = kvr_map_init(&w->engines, 64)) != KVR_OK) {
+        if (!w->engines.groups && (st = kvr_map_init(&w->engines, 64)) != KVR_OK) {
             kvr_blocktab_release(ix->tab, nh);
             return st;
         }

@@ -18,7 +18,7 @@ void kvr_recent_init(struct kvr_recent *t, uint32_t max, uint64_t ttl_ns)
 void kvr_recent_free(struct kvr_recent *t)
 {
     free(t->ring);
-    if (t->at.slots)
+    if (t->at.groups)
         kvr_map_free(&t->at);
     t->ring = NULL;
     t->cap = t->head = t->len = t->n = 0;
@@ -87,7 +87,7 @@ static void compact(struct kvr_recent *t)
 kvr_status kvr_recent_put(struct kvr_recent *t, uint64_t key, enum kvr_recent_kind kind,
                           kvr_status outcome, bool silent, uint64_t now)
 {
-    if (!t->at.slots && kvr_map_init(&t->at, 0) != KVR_OK)
+    if (!t->at.groups && kvr_map_init(&t->at, 0) != KVR_OK)
         return KVR_ERR_NOMEM;
     kvr_recent_expire(t, now);
     uint32_t was = kvr_map_get(&t->at, key);
@@ -123,7 +123,7 @@ kvr_status kvr_recent_put(struct kvr_recent *t, uint64_t key, enum kvr_recent_ki
 const struct kvr_recent_item *kvr_recent_find(struct kvr_recent *t, uint64_t key, uint64_t now)
 {
     kvr_recent_expire(t, now);
-    if (!t->at.slots)
+    if (!t->at.groups)
         return NULL;
     uint32_t pos = kvr_map_get(&t->at, key);
     if (pos == KVR_NIL)

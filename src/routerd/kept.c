@@ -33,7 +33,7 @@ void kvr_kept_free(struct kvr_kept *k)
     for (uint32_t i = 0; k->slots && i < KVR_KEPT_MAX; i++)
         release(k, &k->slots[i]);
     free(k->slots);
-    if (k->at.slots)
+    if (k->at.groups)
         kvr_map_free(&k->at);
     memset(k, 0, sizeof *k);
 }

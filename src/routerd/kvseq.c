@@ -9,7 +9,7 @@
 
 void kvr_kvseq_free(struct kvr_kvseq *s)
 {
-    if (s->at.slots)
+    if (s->at.groups)
         kvr_map_free(&s->at);
     free(s->last);
     *s = (struct kvr_kvseq){0};
@@ -24,11 +24,11 @@ static void start_over(struct kvr_kvseq *s)
 
 uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
 {
-    uint32_t i = s->at.slots ? kvr_map_get(&s->at, wid) : KVR_NIL;
+    uint32_t i = s->at.groups ? kvr_map_get(&s->at, wid) : KVR_NIL;
     if (i == KVR_NIL) {
         if (s->n >= KVR_KVSEQ_MAX)
             start_over(s);
-        if ((!s->at.slots && kvr_map_init(&s->at, 16) != KVR_OK) ||
+        if ((!s->at.groups && kvr_map_init(&s->at, 16) != KVR_OK) ||
             !KVR_GROW(s->last, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
             return 0;
         s->last[s->n++] = seq;

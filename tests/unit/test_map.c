@@ -1,4 +1,4 @@
-/* kvr_map against a reference, including growth, shrink and backward-shift deletion. */
+/* kvr_map against a reference, including growth, shrink, tombstones and their rebuilds. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <stdlib.h>
@@ -64,7 +64,7 @@ Test(map, grows_and_shrinks_with_contents)
     size_t small = kvr_map_bytes(&m);
     for (uint32_t i = 0; i < 100000; i++)
         cr_assert(eq(int, kvr_map_put(&m, i, i), KVR_OK));
-    cr_assert(gt(sz, kvr_map_bytes(&m), 100000 * sizeof(struct kvr_map_slot)));
+    cr_assert(gt(sz, kvr_map_bytes(&m), 100000 * 16)); /* 16 bytes a slot, 70 % full at most */
     for (uint32_t i = 0; i < 100000; i++)
         cr_assert(kvr_map_del(&m, i));
     cr_assert(eq(u32, m.count, 0));
@@ -91,7 +91,7 @@ static uint64_t unmix(uint64_t h)
     return h * inverse(0x9e3779b97f4a7c15ull);
 }
 
-/* Slots walked past home, summed over keys[0..n) once all are in. */
+/* Groups walked past home, summed over keys[0..n) once all are in. */
 static uint64_t probes(const uint64_t *keys, uint32_t n)
 {
     struct kvr_map m;
@@ -99,21 +99,24 @@ static uint64_t probes(const uint64_t *keys, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         cr_assert(eq(int, kvr_map_put(&m, keys[i], i), KVR_OK));
     uint64_t sum = 0;
-    for (uint32_t s = 0; s <= m.mask; s++)
-        if (m.slots[s].val != KVR_NIL)
-            sum += (s - kvr_map_pos(&m, m.slots[s].key)) & m.mask;
+    for (uint32_t s = 0; s < kvr_map_slots(&m); s++) {
+        uint64_t key;
+        uint32_t val;
+        if (kvr_map_at(&m, s, &key, &val))
+            sum += (s / KVR_MAP_LANES - ((uint32_t)kvr_map_hash(key) & m.mask)) & m.mask;
+    }
     kvr_map_free(&m);
     return sum;
 }
 
-Test(map, keys_aimed_at_one_slot_scatter_once_salted)
+Test(map, keys_aimed_at_one_group_scatter_once_salted)
 {
     enum { N = 5000 };
     uint64_t *aimed = malloc(N * sizeof *aimed), *random = malloc(N * sizeof *random);
     struct kvr_rng rng;
     kvr_rng_seed(&rng, 11);
     for (uint32_t i = 0; i < N; i++) {
-        aimed[i] = unmix((uint64_t)(i + 1) << 32); /* the same low 32 bits: one home slot */
+        aimed[i] = unmix((uint64_t)(i + 1) << 32); /* the same low 32 bits: one home group */
         random[i] = kvr_rng_next(&rng);
     }
     kvr_map_set_salt(0);
@@ -127,4 +130,80 @@ Test(map, keys_aimed_at_one_slot_scatter_once_salted)
     cr_assert(le(u64, salted, 2 * base), "salted, aimed keys cost what random ones do");
     free(aimed);
     free(random);
+}
+
+/*
+ * Deleting from full groups leaves tombstones; insertions reuse them and a rebuild clears them, so
+ * under steady churn (one key out, a new one in, the count constant) the used slots stay within the
+ * load bound, the table does not grow without end, and every key stays findable. kvr_map_at
+ * visits exactly the live keys.
+ */
+Test(map, churn_keeps_tombstones_bounded_and_keys_found)
+{
+    enum { N = 20000, STEPS = 300000 };
+    static uint64_t keys[N];
+    struct kvr_map m;
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 7);
+    cr_assert(eq(int, kvr_map_init(&m, 0), KVR_OK));
+    for (uint32_t i = 0; i < N; i++) {
+        keys[i] = kvr_rng_next(&rng);
+        cr_assert(eq(int, kvr_map_put(&m, keys[i], i), KVR_OK));
+    }
+    size_t filled = kvr_map_bytes(&m);
+    uint32_t most_tombs = 0;
+    for (uint32_t s = 0; s < STEPS; s++) {
+        uint32_t i = (uint32_t)kvr_rng_below(&rng, N);
+        cr_assert(kvr_map_del(&m, keys[i]));
+        keys[i] = kvr_rng_next(&rng);
+        cr_assert(eq(int, kvr_map_put(&m, keys[i], i), KVR_OK));
+        cr_assert(eq(u32, m.count, N));
+        cr_assert(le(u64, ((uint64_t)m.count + m.tombs) * 10, (uint64_t)kvr_map_slots(&m) * 7));
+        most_tombs = m.tombs > most_tombs ? m.tombs : most_tombs;
+    }
+    cr_log_info("churn: %u slots, at most %u tombstones", kvr_map_slots(&m), most_tombs);
+    cr_assert(gt(u32, most_tombs, 0), "the churn reached full groups");
+    cr_assert(le(sz, kvr_map_bytes(&m), 2 * filled), "churn alone does not grow the table");
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert(eq(u32, kvr_map_get(&m, keys[i]), i));
+    uint64_t sum = 0, want = 0;
+    uint32_t seen = 0;
+    for (uint32_t s = 0; s < kvr_map_slots(&m); s++) {
+        uint64_t key;
+        uint32_t val;
+        if (!kvr_map_at(&m, s, &key, &val))
+            continue;
+        cr_assert(eq(u64, key, keys[val]));
+        sum += val;
+        seen++;
+    }
+    for (uint32_t i = 0; i < N; i++)
+        want += i;
+    cr_assert(eq(u32, seen, N));
+    cr_assert(eq(u64, sum, want));
+    kvr_map_free(&m);
+}
+
+/* An upsert claims a slot the caller fills, or finds the key's; a claim given back by delete
+ * leaves the map as it was. */
+Test(map, upsert_claims_and_finds)
+{
+    struct kvr_map m;
+    bool created;
+    cr_assert(eq(int, kvr_map_init(&m, 0), KVR_OK));
+    for (uint32_t i = 0; i < 1000; i++) {
+        uint32_t *v = kvr_map_upsert(&m, (uint64_t)i * 0x10001, &created);
+        cr_assert(v && created);
+        *v = i;
+    }
+    for (uint32_t i = 0; i < 1000; i++) {
+        uint32_t *v = kvr_map_upsert(&m, (uint64_t)i * 0x10001, &created);
+        cr_assert(v && !created);
+        cr_assert(eq(u32, *v, i));
+    }
+    cr_assert(kvr_map_upsert(&m, 42ull << 40, &created) && created);
+    cr_assert(kvr_map_del(&m, 42ull << 40));
+    cr_assert(eq(u32, m.count, 1000));
+    cr_assert(eq(u32, kvr_map_get(&m, 42ull << 40), KVR_NIL));
+    kvr_map_free(&m);
 }
