@@ -1,11 +1,10 @@
 /*
- * kvr_map implementation. Invariants: every key sits in its home group or in a later one (probing
- * wraps), and every group from its home up to, not including, its own has no empty slot, so a
- * lookup may stop at the first group with one. A group that has an empty slot has therefore never
- * been probed past, and a deletion there may empty the slot; in a full group it leaves a
- * tombstone, which keeps the group full for the probes that pass it. Live keys and tombstones
- * fill at most 70 % of the slots, so an empty slot always ends a probe. Single-threaded, like its
- * owner.
+ * kvr_map implementation. Invariants: a key sits in its home group or a later one (probing wraps),
+ * and every group from its home up to, not including, its own counts it in `passed`; so a group's
+ * `passed` is the number of keys whose probe runs through it, and a lookup that reaches a group
+ * with `passed` 0 without finding its key may stop. A key is inserted in the first group with an
+ * empty slot on its probe, and only full groups are passed. At most 70 % of the slots hold keys, so
+ * a probe always ends. Single-threaded, like its owner.
  */
 #include "map.h"
 
@@ -29,15 +28,17 @@ static struct kvr_map_group *alloc_groups(uint32_t n)
     struct kvr_map_group *g = kvr_bigmem_alloc((size_t)n * sizeof *g);
     if (!g)
         return NULL;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         g[i].ctrl = KVR_MAP_EMPTY * KVR_MAP_ONES;
+        g[i].passed = 0;
+    }
     return g;
 }
 
-/* Whether live keys and tombstones, used slots in all, stay within the 70 % load bound. */
-static inline bool fits(uint64_t used, uint32_t groups)
+/* Whether n keys stay within the 70 % load bound of `groups` groups. */
+static inline bool fits(uint64_t n, uint32_t groups)
 {
-    return used * 10 <= (uint64_t)groups * KVR_MAP_LANES * 7;
+    return n * 10 <= (uint64_t)groups * KVR_MAP_LANES * 7;
 }
 
 /* The fewest groups (a power of two) that hold n keys within the load bound. */
@@ -57,7 +58,6 @@ kvr_status kvr_map_init(struct kvr_map *m, uint32_t hint)
         return KVR_ERR_NOMEM;
     m->mask = g - 1;
     m->count = 0;
-    m->tombs = 0;
     m->min_groups = g;
     return KVR_OK;
 }
@@ -68,27 +68,27 @@ void kvr_map_free(struct kvr_map *m)
     m->groups = NULL;
     m->mask = 0;
     m->count = 0;
-    m->tombs = 0;
 }
 
-static inline void set_ctrl(struct kvr_map_group *grp, uint32_t i, uint32_t b)
+/* Store key (absent) with hash h and value val: in the first group with an empty slot on its
+ * probe, counted in every full group before it. Returns a pointer to the value. */
+static uint32_t *place(struct kvr_map *m, uint64_t h, uint64_t key, uint32_t val)
 {
-    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | b << (8 * i);
-}
-
-/* The first free slot (empty or a tombstone) on the probe path of hash h: its group in *grp. */
-static uint32_t free_slot(const struct kvr_map *m, uint64_t h, struct kvr_map_group **grp)
-{
-    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
-        uint32_t open = m->groups[g].ctrl & KVR_MAP_HIGHBITS;
-        if (open) {
-            *grp = &m->groups[g];
-            return (uint32_t)__builtin_ctz(open) >> 3;
-        }
+    uint32_t g = (uint32_t)h & m->mask;
+    uint32_t open;
+    while (!(open = m->groups[g].ctrl & KVR_MAP_HIGHBITS)) {
+        m->groups[g].passed++;
+        g = (g + 1) & m->mask;
     }
+    struct kvr_map_group *grp = &m->groups[g];
+    uint32_t i = (uint32_t)__builtin_ctz(open) >> 3;
+    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | (uint32_t)(h >> 57) << (8 * i);
+    grp->key[i] = key;
+    grp->val[i] = val;
+    return &grp->val[i];
 }
 
-/* Rebuild into n groups: every key placed anew, no tombstone left. */
+/* Rebuild into n groups, every key placed anew. */
 static kvr_status rebuild(struct kvr_map *m, uint32_t n)
 {
     struct kvr_map_group *old = m->groups;
@@ -98,79 +98,48 @@ static kvr_status rebuild(struct kvr_map *m, uint32_t n)
         return KVR_ERR_NOMEM;
     m->groups = g;
     m->mask = n - 1;
-    m->tombs = 0;
-    for (uint32_t k = 0; k < old_n; k++) {
-        for (uint32_t i = 0; i < KVR_MAP_LANES; i++) {
-            if (old[k].ctrl >> (8 * i) & 0x80u)
-                continue;
-            uint64_t h = kvr_map_hash(old[k].key[i]);
-            struct kvr_map_group *grp;
-            uint32_t j = free_slot(m, h, &grp);
-            set_ctrl(grp, j, (uint32_t)(h >> 57));
-            grp->key[j] = old[k].key[i];
-            grp->val[j] = old[k].val[i];
-        }
-    }
+    for (uint32_t k = 0; k < old_n; k++)
+        for (uint32_t i = 0; i < KVR_MAP_LANES; i++)
+            if (!(old[k].ctrl >> (8 * i) & KVR_MAP_EMPTY))
+                place(m, kvr_map_hash(old[k].key[i]), old[k].key[i], old[k].val[i]);
     free(old);
     return KVR_OK;
 }
 
-/*
- * Make room for one more key in an empty slot. When tombstones hold at least an eighth of the
- * slots, a rebuild at the same size clears them (and frees that eighth for insertions to come);
- * otherwise the table doubles. Either way a rebuild is paid for by the O(slots) insertions or
- * deletions before it.
- */
-static kvr_status make_room(struct kvr_map *m)
+/* The key's slot: its group in *grp and its lane, or KVR_NIL when absent. */
+static uint32_t find(const struct kvr_map *m, uint64_t h, uint64_t key, struct kvr_map_group **grp)
 {
-    uint32_t groups = m->mask + 1;
-    if (fits((uint64_t)m->count + m->tombs + 1, groups))
-        return KVR_OK;
-    if ((uint64_t)m->tombs * 8 >= (uint64_t)groups * KVR_MAP_LANES)
-        return rebuild(m, groups);
-    if (groups >= MAP_MAX_GROUPS)
-        return KVR_ERR_FULL;
-    return rebuild(m, groups * 2);
+    uint32_t tag = (uint32_t)(h >> 57);
+    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
+        struct kvr_map_group *at = &m->groups[g];
+        for (uint32_t hit = kvr_map_match(at->ctrl, tag); hit; hit &= hit - 1) {
+            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
+            if (at->key[i] == key) {
+                *grp = at;
+                return i;
+            }
+        }
+        if (at->passed == 0)
+            return KVR_NIL;
+    }
 }
 
 uint32_t *kvr_map_upsert(struct kvr_map *m, uint64_t key, bool *created)
 {
     uint64_t h = kvr_map_hash(key);
-    uint32_t tag = (uint32_t)(h >> 57);
-    struct kvr_map_group *slot_grp = NULL;
-    uint32_t slot = 0;
-    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
-        struct kvr_map_group *grp = &m->groups[g];
-        uint32_t ctrl = grp->ctrl;
-        for (uint32_t hit = kvr_map_match(ctrl, tag); hit; hit &= hit - 1) {
-            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
-            if (grp->key[i] == key) {
-                *created = false;
-                return &grp->val[i];
-            }
-        }
-        uint32_t open = ctrl & KVR_MAP_HIGHBITS;
-        if (open && !slot_grp) { /* the first free slot on the path: where the key goes */
-            slot_grp = grp;
-            slot = (uint32_t)__builtin_ctz(open) >> 3;
-        }
-        if (kvr_map_match(ctrl, KVR_MAP_EMPTY))
-            break;
+    struct kvr_map_group *grp;
+    uint32_t i = find(m, h, key, &grp);
+    if (i != KVR_NIL) {
+        *created = false;
+        return &grp->val[i];
     }
-    if ((slot_grp->ctrl >> (8 * slot) & 0xffu) == KVR_MAP_DELETED) {
-        m->tombs--; /* a tombstone reused: the used slots stay as many */
-    } else if (!fits((uint64_t)m->count + m->tombs + 1, m->mask + 1)) {
-        if (make_room(m) != KVR_OK)
-            return NULL;
-        slot = free_slot(m, h, &slot_grp); /* the table is new: no tombstone, the key absent */
-    }
-    set_ctrl(slot_grp, slot, tag);
-    slot_grp->key[slot] = key;
-    slot_grp->val[slot] = 0;
+    uint32_t groups = m->mask + 1;
+    if (!fits((uint64_t)m->count + 1, groups) &&
+        (groups >= MAP_MAX_GROUPS || rebuild(m, groups * 2) != KVR_OK))
+        return NULL;
     m->count++;
-    assert(fits((uint64_t)m->count + m->tombs, m->mask + 1));
     *created = true;
-    return &slot_grp->val[slot];
+    return place(m, h, key, 0);
 }
 
 kvr_status kvr_map_put(struct kvr_map *m, uint64_t key, uint32_t val)
@@ -187,28 +156,21 @@ kvr_status kvr_map_put(struct kvr_map *m, uint64_t key, uint32_t val)
 bool kvr_map_del(struct kvr_map *m, uint64_t key)
 {
     uint64_t h = kvr_map_hash(key);
-    uint32_t tag = (uint32_t)(h >> 57);
-    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
-        struct kvr_map_group *grp = &m->groups[g];
-        uint32_t ctrl = grp->ctrl;
-        for (uint32_t hit = kvr_map_match(ctrl, tag); hit; hit &= hit - 1) {
-            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
-            if (grp->key[i] != key)
-                continue;
-            bool open = kvr_map_match(ctrl, KVR_MAP_EMPTY) != 0; /* never probed past */
-            set_ctrl(grp, i, open ? KVR_MAP_EMPTY : KVR_MAP_DELETED);
-            m->tombs += !open;
-            assert(m->count > 0);
-            m->count--;
-            uint32_t groups = m->mask + 1;
-            if (groups > m->min_groups &&
-                (uint64_t)m->count * 10 < (uint64_t)groups * KVR_MAP_LANES)
-                rebuild(m, groups / 2); /* on NOMEM the table simply stays larger */
-            return true;
-        }
-        if (kvr_map_match(ctrl, KVR_MAP_EMPTY))
-            return false;
+    struct kvr_map_group *grp;
+    uint32_t i = find(m, h, key, &grp);
+    if (i == KVR_NIL)
+        return false;
+    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | KVR_MAP_EMPTY << (8 * i);
+    for (uint32_t g = (uint32_t)h & m->mask; &m->groups[g] != grp; g = (g + 1) & m->mask) {
+        assert(m->groups[g].passed > 0);
+        m->groups[g].passed--; /* the probe that passed it is gone */
     }
+    assert(m->count > 0);
+    m->count--;
+    uint32_t groups = m->mask + 1;
+    if (groups > m->min_groups && (uint64_t)m->count * 10 < (uint64_t)groups * KVR_MAP_LANES)
+        rebuild(m, groups / 2); /* on NOMEM the table simply stays larger */
+    return true;
 }
 
 size_t kvr_map_bytes(const struct kvr_map *m)

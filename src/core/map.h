@@ -2,20 +2,20 @@
  * kvr_map: an open-addressing hash table from u64 keys to u32 values. It is the hot lookup
  * structure of the core: block hash -> node, request id -> request, engine block id -> index entry.
  *
- * Slots come in groups of four that fill one 64-byte cache line: their keys, their values and a
- * control byte each (empty, deleted, or seven bits of the key's hash as a tag). A key's home is a
- * group; a lookup compares the home group's four control bytes with the key's tag at once and
- * reads only the keys whose tag matches, and it stops at the first group with an empty slot, so it
- * touches one line and takes no data-dependent branch when the key, or an empty slot, is in its
- * home group, as nearly always. Deletion empties the slot when its group has an empty slot (no
- * lookup has ever probed past such a group) and leaves a tombstone otherwise; tombstones are
- * counted, reused by insertions and cleared by the next rebuild.
+ * Slots come in groups of four that fill one 64-byte cache line: their keys, their values, a
+ * control byte each (empty, or seven bits of the key's hash as a tag) and a count of the keys
+ * whose probe passed the group. A key's home is a group; a lookup compares the home group's four
+ * control bytes with the key's tag at once and reads only the keys whose tag matches, and it stops
+ * at the first group that no key's probe has passed, so it touches one line and takes no
+ * data-dependent branch when the key is in its home group or none overflowed it, as nearly
+ * always. An insertion that finds its home group full counts itself in each full group it passes;
+ * a deletion takes the count back, so a deletion leaves nothing behind (no tombstone, no shifting
+ * of other keys).
  *
  * Keys may be any u64 (they are mixed with the process's salt before use, so keys an attacker
  * chose cannot be aimed at one group: the daemons set a random salt at start, the simulator keeps
- * 0 and stays reproducible); KVR_NIL is not a storable value. It grows when live keys and
- * tombstones fill 70 % of the slots and shrinks below 10 %, so its memory follows its contents.
- * Single-threaded, like its owner.
+ * 0 and stays reproducible); KVR_NIL is not a storable value. It grows at 70 % load and shrinks
+ * below 10 %, so its memory follows its contents. Single-threaded, like its owner.
  */
 #ifndef KVR_MAP_H
 #define KVR_MAP_H
@@ -28,28 +28,26 @@
 
 #define KVR_NIL UINT32_MAX
 
-/* Control bytes: a tag (seven bits of the key's hash, below 0x80), or one of these two. A slot is
- * empty when it held no key since the last rebuild, or was freed in a group that had an empty one;
- * a slot freed in a full group is a tombstone. */
-#define KVR_MAP_EMPTY   0x80u
-#define KVR_MAP_DELETED 0xfeu
+/* Control bytes: a tag (seven bits of the key's hash, below 0x80), or empty. */
+#define KVR_MAP_EMPTY 0x80u
 
 #define KVR_MAP_LANES    4u          /* slots per group */
 #define KVR_MAP_ONES     0x01010101u /* one in each control byte */
-#define KVR_MAP_HIGHBITS 0x80808080u /* the top bit of each control byte: empty or deleted */
+#define KVR_MAP_HIGHBITS 0x80808080u /* the top bit of each control byte: empty */
 
 struct kvr_map_group {
     uint64_t key[KVR_MAP_LANES]; /* the callers' keys, unmixed */
     uint32_t val[KVR_MAP_LANES]; /* */
     uint32_t ctrl;               /* byte i (bits 8i..8i+7): slot i's control byte */
-    uint32_t pad[3];             /* to one cache line */
+    uint32_t passed;             /* keys stored in later groups whose probe began at or before
+                                    this one (it was full when they were inserted) */
+    uint32_t pad[2];             /* to one cache line */
 } __attribute__((aligned(64)));
 
 struct kvr_map {
     struct kvr_map_group *groups; /* mask + 1 groups, owned */
     uint32_t mask;                /* groups - 1; the number of groups is a power of two */
     uint32_t count;               /* keys stored */
-    uint32_t tombs;               /* tombstones */
     uint32_t min_groups;          /* never shrink below this */
 };
 
@@ -91,13 +89,12 @@ static inline uint32_t kvr_map_get(const struct kvr_map *m, uint64_t key)
     uint32_t g = (uint32_t)h & m->mask, tag = (uint32_t)(h >> 57);
     for (;;) {
         const struct kvr_map_group *grp = &m->groups[g];
-        uint32_t ctrl = grp->ctrl;
-        for (uint32_t hit = kvr_map_match(ctrl, tag); hit; hit &= hit - 1) {
+        for (uint32_t hit = kvr_map_match(grp->ctrl, tag); hit; hit &= hit - 1) {
             uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
             if (grp->key[i] == key)
                 return grp->val[i];
         }
-        if (kvr_map_match(ctrl, KVR_MAP_EMPTY))
+        if (grp->passed == 0)
             return KVR_NIL;
         g = (g + 1) & m->mask;
     }
