@@ -148,8 +148,9 @@ void kvr_active_unlist(struct kvr_active *a, uint32_t slot)
  * address needs no load), the set's first line 2 * UNREF_PREFETCH ahead (the node now in cache),
  * then (its header now in cache) the lines slot will touch UNREF_PREFETCH ahead.
  */
-static void prefetch_act(const struct kvr_active *a, const uint32_t *nodes, uint32_t n, uint32_t i,
-                         uint32_t slot)
+static inline __attribute__((always_inline)) void prefetch_act(const struct kvr_active *a,
+                                                               const uint32_t *nodes, uint32_t n,
+                                                               uint32_t i, uint32_t slot)
 {
     if (i + 3 * UNREF_PREFETCH < n)
         __builtin_prefetch(kvr_blocktab_node(a->tab, nodes[i + 3 * UNREF_PREFETCH]));
@@ -160,19 +161,76 @@ static void prefetch_act(const struct kvr_active *a, const uint32_t *nodes, uint
 }
 
 /*
- * Drop the references of worker slot on nodes[0..n). Two passes: the first drops references and
+ * Sharing along a path. A request holds a prefix of its prompt's path, so a block's requests are
+ * among its parent's, and its act set counts, member by member, at most what its parent's does.
+ * Two consecutive blocks of a path whose sets have the same members and the same sum of counts
+ * therefore hold the very same pairs; after the same change (a reference of one worker added or
+ * dropped) they still do, so the child takes a reference to the set its parent's change made
+ * (kvr_hset_share) instead of changing its own. Booking or freeing a request over a shared
+ * prefix's dense sets then costs one copy and a reference per block, not a change of each block's
+ * table, and the blocks of the prefix end up sharing one table.
+ */
+struct path_run {
+    bool live;                    /* the previous block's change may be taken over */
+    struct kvr_hset_shape before; /* the shape of its set before the change */
+    const struct kvr_hset *after; /* its set after the change (dense) */
+    bool flipped;                 /* whether the change added (removed) the worker */
+};
+
+/*
+ * Add (ref) or drop a reference of worker slot on block set s, the next of a path after the block
+ * that run describes: takes over that block's change when s held the same pairs, else makes the
+ * change and notes it in run. *flipped: whether slot joined (left) the set. Only a dense set can be
+ * taken over, so the other forms go straight to the change.
+ */
+static inline __attribute__((always_inline)) kvr_status path_change(struct path_run *run,
+                                                                    struct kvr_hset *s,
+                                                                    uint32_t slot, bool ref,
+                                                                    bool *flipped, size_t *bytes)
+{
+    struct kvr_hset_shape shape;
+    if (!kvr_hset_shape(s, &shape)) {
+        run->live = false;
+        if (!ref) {
+            *flipped = kvr_hset_unref(s, slot, bytes);
+            return KVR_OK;
+        }
+        return kvr_hset_ref(s, slot, flipped, bytes);
+    }
+    if (run->live && kvr_hset_shape_eq(&shape, &run->before)) {
+        kvr_hset_share(s, run->after, bytes);
+        *flipped = run->flipped;
+        return KVR_OK;
+    }
+    kvr_status st = KVR_OK;
+    if (ref)
+        st = kvr_hset_ref(s, slot, flipped, bytes);
+    else
+        *flipped = kvr_hset_unref(s, slot, bytes);
+    run->live = st == KVR_OK && s->cap == KVR_HSET_DENSE;
+    run->before = shape;
+    run->after = s;
+    run->flipped = *flipped;
+    return st;
+}
+
+/*
+ * Drop the references of worker slot on nodes[0..n), a prompt's path from its first block. Two
+ * passes: the first drops references and
  * prefetches the table slots of the nodes that emptied, compacting them to the front of nodes
  * (which the caller owns and is about to free); the second frees those nodes, by then in cache.
  */
 static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, uint32_t n)
 {
     struct kvr_active_worker *w = &a->w[slot];
+    struct path_run run = {0};
     uint32_t nfree = 0;
     for (uint32_t i = 0; i < n; i++) {
         prefetch_act(a, nodes, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, nodes[i]);
-        /* each of a request's nodes holds its reference */
-        if (!kvr_hset_unref(&node->act, slot, &a->tab->set_bytes))
+        bool removed; /* each of a request's nodes holds its reference */
+        path_change(&run, &node->act, slot, false, &removed, &a->tab->set_bytes);
+        if (!removed)
             continue;
         assert(w->blocks > 0);
         w->blocks--;
@@ -209,13 +267,12 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
         return KVR_ERR_NOMEM;
     }
     struct kvr_active_worker *w = &a->w[slot];
+    struct path_run run = {0};
     for (uint32_t i = 0; i < n; i++) {
         prefetch_act(a, copy, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
         bool added;
-        kvr_status st = kvr_hset_ref(&node->act, slot, &added, &a->tab->set_bytes);
-        if (st == KVR_OK && !added)
-            continue;
+        kvr_status st = path_change(&run, &node->act, slot, true, &added, &a->tab->set_bytes);
         if (st != KVR_OK) {
             unref_nodes(a, slot, copy, i);
             kvr_map_del(&a->ids, id);
@@ -223,7 +280,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
             free(copy);
             return st;
         }
-        w->blocks++;
+        w->blocks += added;
     }
     struct kvr_active_req *r = req(a, h);
     uint64_t cached = (uint64_t)overlap_blocks * a->block_size;

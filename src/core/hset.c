@@ -94,6 +94,7 @@ static void dense_put(struct kvr_hdense *d, uint32_t slot, uint32_t val)
     assert(!dense_has(d, slot)); /* the bitmap and the table hold the same slots */
     t[i].slot = slot;
     t[i].val = val;
+    d->total += val;
     d->bits[slot >> 6] |= 1ull << (slot & 63);
 }
 
@@ -116,6 +117,8 @@ static struct kvr_hdense *dense_build(const struct kvr_hpair *pairs, uint32_t n,
     *bytes += dense_size(words, tcap);
     d->words = words;
     d->tcap = tcap;
+    d->refs = 1;
+    d->total = 0;
     memset(d->bits, 0, (size_t)words * 8);
     struct kvr_hpair *t = dense_table(d);
     for (uint32_t i = 0; i < tcap; i++)
@@ -141,10 +144,51 @@ static void dense_free(struct kvr_hdense *d, size_t *bytes)
     free(d);
 }
 
+/* Drop s's reference to its dense set, freeing it with the last. */
+static void dense_unshare(struct kvr_hdense *d, size_t *bytes)
+{
+    assert(d->refs > 0);
+    if (--d->refs == 0)
+        dense_free(d, bytes);
+}
+
+/* Copy s's shared dense set for s alone (the slow path of dense_own). */
+__attribute__((noinline)) static kvr_status dense_copy(struct kvr_hset *s, size_t *bytes)
+{
+    struct kvr_hdense *d = s->u.dense;
+    size_t size = dense_size(d->words, d->tcap);
+    struct kvr_hdense *c = malloc(size);
+    if (!c)
+        return KVR_ERR_NOMEM;
+    memcpy(c, d, size);
+    *bytes += size;
+    c->refs = 1;
+    d->refs--;
+    s->u.dense = c;
+    return KVR_OK;
+}
+
+/* Make s's dense set its own before a change: a shared one is copied. */
+static inline kvr_status dense_own(struct kvr_hset *s, size_t *bytes)
+{
+    return s->u.dense->refs == 1 ? KVR_OK : dense_copy(s, bytes);
+}
+
+void kvr_hset_share(struct kvr_hset *dst, const struct kvr_hset *src, size_t *bytes)
+{
+    assert(src->cap == KVR_HSET_DENSE && src->u.dense->refs < UINT32_MAX);
+    if (dst->cap == KVR_HSET_DENSE && dst->u.dense == src->u.dense)
+        return;
+    src->u.dense->refs++;
+    kvr_hset_release(dst, bytes);
+    *dst = *src;
+}
+
 /* Rebuild s's dense set with bitmap room for words and a table sized for its members. */
 static kvr_status dense_rebuild(struct kvr_hset *s, uint32_t words, size_t *bytes)
 {
     struct kvr_hdense *d = s->u.dense;
+    assert(d->refs == 1);
     struct kvr_hpair *tmp = malloc(((size_t)s->n + 1) * sizeof *tmp);
     if (!tmp)
         return KVR_ERR_NOMEM;
@@ -216,6 +260,9 @@ static kvr_status to_dense(struct kvr_hset *s, uint32_t slot, uint32_t val, size
 
 static kvr_status dense_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes)
 {
+    kvr_status own = dense_own(s, bytes);
+    if (own != KVR_OK)
+        return own;
     struct kvr_hdense *d = s->u.dense;
     uint32_t w = slot >> 6;
     if (w >= d->words || (s->n + 1) * 4 > d->tcap * 3) {
@@ -311,6 +358,7 @@ static void sparse_del_at(struct kvr_hset *s, uint32_t i, size_t *bytes)
 static void to_sparse(struct kvr_hset *s, size_t *bytes)
 {
     struct kvr_hdense *d = s->u.dense;
+    assert(d->refs == 1);
     uint32_t cap = 4;
     while (cap < s->n * 2)
         cap *= 2;
@@ -332,7 +380,8 @@ static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, size_
     struct kvr_hdense *d = s->u.dense;
     struct kvr_hpair *t = dense_table(d);
     uint32_t mask = d->tcap - 1;
-    assert(t[hole].slot == slot);
+    assert(t[hole].slot == slot && d->refs == 1);
+    d->total -= t[hole].val;
     for (uint32_t j = (hole + 1) & mask; t[j].slot != EMPTY_SLOT; j = (j + 1) & mask) {
         uint32_t home = dense_home(d, t[j].slot);
         if (((j - home) & mask) >= ((j - hole) & mask)) {
@@ -363,6 +412,8 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
     if (s->cap == KVR_HSET_DENSE) {
         if (!dense_has(s->u.dense, slot))
             return false;
+        if (dense_own(s, bytes) != KVR_OK)
+            return false; /* no memory to copy a shared set: it keeps the member */
         dense_del_at(s, slot, dense_pos(s->u.dense, slot), bytes);
         return true;
     }
@@ -383,7 +434,11 @@ kvr_status kvr__hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t 
         uint32_t i = sparse_index(s->u.pairs, s->n, slot);
         val = i < s->n ? &s->u.pairs[i].val : NULL;
     } else if (dense_has(s->u.dense, slot)) {
+        kvr_status own = dense_own(s, bytes);
+        if (own != KVR_OK)
+            return own;
         val = &dense_table(s->u.dense)[dense_pos(s->u.dense, slot)].val;
+        s->u.dense->total++;
     }
     *added = val == NULL;
     if (val) {
@@ -407,10 +462,14 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
         return true;
     }
     if (s->cap == KVR_HSET_DENSE) {
-        struct kvr_hdense *d = s->u.dense;
-        assert(dense_has(d, slot)); /* slot is a member; if not, nothing changes */
-        if (!dense_has(d, slot))
+        assert(dense_has(s->u.dense, slot)); /* slot is a member; if not, nothing changes */
+        if (!dense_has(s->u.dense, slot))
             return false;
+        if (dense_own(s, bytes) != KVR_OK)
+            return false; /* no memory to copy a shared set: the reference stays (a leak of one
+                             reference until the request's next release, never a wrong count) */
+        struct kvr_hdense *d = s->u.dense;
+        d->total--;
         uint32_t pos = dense_pos(d, slot);
         assert(dense_table(d)[pos].val > 0);
         if (--dense_table(d)[pos].val)
@@ -432,7 +491,7 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
 void kvr__hset_release(struct kvr_hset *s, size_t *bytes)
 {
     if (s->cap == KVR_HSET_DENSE) {
-        dense_free(s->u.dense, bytes);
+        dense_unshare(s->u.dense, bytes);
     } else if (s->cap > 1) {
         *bytes -= sparse_size(s->cap);
         free(s->u.pairs);

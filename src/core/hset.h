@@ -45,6 +45,8 @@ struct kvr_hpair {
 struct kvr_hdense {
     uint32_t words;  /* bitmap words; slots below words * 64 can be held */
     uint32_t tcap;   /* table capacity, a power of two, at most 3/4 full */
+    uint32_t refs;   /* sets sharing it (kvr_hset_share); a change to a shared one copies it */
+    uint32_t total;  /* the sum of the members' values (mod 2^32) */
     uint64_t bits[]; /* words bitmap words, then tcap struct kvr_hpair (slot UINT32_MAX: empty) */
 };
 
@@ -91,7 +93,8 @@ static inline uint64_t kvr_hset_fp(const struct kvr_hset *s)
         }                                                                                          \
     }
 
-/* Pointer to the value of slot, or NULL when slot is not a member. Valid until the next change. */
+/* Pointer to the value of slot, or NULL when slot is not a member. Valid until the next change;
+ * writing through it is for a set that shares nothing (the index's sets never do). */
 uint32_t *kvr_hset_find(struct kvr_hset *s, uint32_t slot);
 
 /* Add slot (which must not be a member) with val. *bytes tracks heap bytes held by sets. */
@@ -148,6 +151,34 @@ static inline bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *byt
     kvr__hset_empty(s);
     return true;
 }
+
+/*
+ * Sharing (the active map's sets along one prompt path). A dense set can be shared by several sets
+ * that hold the same members with the same values: each holds a reference, a change to any of them
+ * first copies it (so the others keep theirs), and the storage is freed with the last reference.
+ * kvr_hset_shape names what a dense set holds, for a caller that knows when two sets with the same
+ * shape hold the same pairs (the active map: see active.c); false for the other forms.
+ */
+struct kvr_hset_shape {
+    uint64_t fp;    /* the members' fingerprint */
+    uint32_t n;     /* members */
+    uint32_t total; /* the sum of their values */
+};
+static inline bool kvr_hset_shape(const struct kvr_hset *s, struct kvr_hset_shape *out)
+{
+    if (s->cap != KVR_HSET_DENSE)
+        return false;
+    *out = (struct kvr_hset_shape){s->fp, s->n, s->u.dense->total};
+    return true;
+}
+
+static inline bool kvr_hset_shape_eq(const struct kvr_hset_shape *a, const struct kvr_hset_shape *b)
+{
+    return a->fp == b->fp && a->n == b->n && a->total == b->total;
+}
+
+/* dst (its own storage released) becomes a reference to src's dense set. */
+void kvr_hset_share(struct kvr_hset *dst, const struct kvr_hset *src, size_t *bytes);
 
 /* Free everything; the set becomes empty. */
 void kvr__hset_release(struct kvr_hset *s, size_t *bytes);

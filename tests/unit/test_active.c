@@ -249,3 +249,72 @@ Test(active, workers_stay_in_order_of_load)
               "a slot is listed once");
     cr_assert(eq(int, kvr_active_list(&act, SLOTS + 100), KVR_ERR_INVALID));
 }
+
+/*
+ * Requests on many workers over a few shared prefixes: the prefixes' act sets turn dense, and
+ * consecutive blocks of a path share one table (active.c, "Sharing along a path"). Every block's
+ * set must still hold exactly the reference counts a plain count of the requests gives, each
+ * worker's active blocks must match, and freeing every request must free every table (teardown
+ * checks no set bytes are left).
+ */
+Test(active, dense_sets_shared_along_a_path_match_a_reference)
+{
+    enum { W = 200, F = 3, D = 24, N = 1500 };
+    static uint32_t want[F][D][W]; /* requests of worker w on block d of family f */
+    static uint32_t fam[N], len[N], slot_of[N];
+    static bool live[N];
+    cr_assert(eq(int, kvr_active_reserve(&act, W), KVR_OK));
+    struct kvr_rng rng;
+    kvr_rng_seed(&rng, 17);
+    uint32_t nodes[D], shared_seen = 0;
+    for (int op = 0; op < 12000; op++) {
+        uint32_t i = (uint32_t)kvr_rng_below(&rng, N);
+        if (!live[i]) {
+            fam[i] = (uint32_t)kvr_rng_below(&rng, F);
+            len[i] = D / 2 + (uint32_t)kvr_rng_below(&rng, D / 2 + 1);
+            slot_of[i] = (uint32_t)kvr_rng_below(&rng, W);
+            nodes_for((fam[i] + 1) * 1000, len[i], nodes);
+            cr_assert(eq(int,
+                         kvr_active_add(&act, i + 1, slot_of[i], nodes, len[i], len[i] * B, 0, 0),
+                         KVR_OK));
+            for (uint32_t d = 0; d < len[i]; d++)
+                want[fam[i]][d][slot_of[i]]++;
+            live[i] = true;
+        } else {
+            cr_assert(eq(int, kvr_active_remove(&act, i + 1), KVR_OK));
+            for (uint32_t d = 0; d < len[i]; d++)
+                want[fam[i]][d][slot_of[i]]--;
+            live[i] = false;
+        }
+        if (op % 500 != 499)
+            continue;
+        uint64_t blocks[W] = {0};
+        for (uint32_t f = 0; f < F; f++) {
+            for (uint32_t d = 0; d < D; d++) {
+                uint32_t h = kvr_blocktab_find(&tab, kvr_mix64((f + 1) * 1000 + d)), members = 0;
+                for (uint32_t w = 0; w < W; w++) {
+                    members += want[f][d][w] > 0;
+                    blocks[w] += want[f][d][w] > 0;
+                }
+                if (h == KVR_NIL) {
+                    cr_assert(eq(u32, members, 0));
+                    continue;
+                }
+                const struct kvr_hset *s = &kvr_blocktab_node(&tab, h)->act;
+                cr_assert(eq(u32, s->n, members), "family %u block %u", f, d);
+                struct kvr_hset_iter it;
+                uint32_t w, v;
+                kvr_hset_iter_init(&it, s);
+                while (kvr_hset_next(&it, &w, &v))
+                    cr_assert(eq(u32, v, want[f][d][w]), "family %u block %u worker %u", f, d, w);
+                shared_seen += s->cap == KVR_HSET_DENSE && s->u.dense->refs > 1;
+            }
+        }
+        for (uint32_t w = 0; w < W; w++)
+            cr_assert(eq(u64, act.w[w].blocks, blocks[w]), "worker %u", w);
+    }
+    cr_assert(gt(u32, shared_seen, 0), "consecutive blocks came to share their dense sets");
+    for (uint32_t i = 0; i < N; i++)
+        if (live[i])
+            cr_assert(eq(int, kvr_active_remove(&act, i + 1), KVR_OK));
+}
