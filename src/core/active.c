@@ -216,9 +216,9 @@ static inline __attribute__((always_inline)) kvr_status path_change(struct path_
 
 /*
  * Drop the references of worker slot on nodes[0..n), a prompt's path from its first block. Two
- * passes: the first drops references and
- * prefetches the table slots of the nodes that emptied, compacting them to the front of nodes
- * (which the caller owns and is about to free); the second frees those nodes, by then in cache.
+ * passes: the first drops references and prefetches the table slots of the nodes that emptied,
+ * compacting them to the front of nodes (which the caller owns and is about to free); the second
+ * frees those nodes, by then in cache.
  */
 static void unref_nodes(struct kvr_active *a, uint32_t slot, uint32_t *nodes, uint32_t n)
 {

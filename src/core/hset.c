@@ -466,8 +466,9 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
         if (!dense_has(s->u.dense, slot))
             return false;
         if (dense_own(s, bytes) != KVR_OK)
-            return false; /* no memory to copy a shared set: the reference stays (a leak of one
-                             reference until the request's next release, never a wrong count) */
+            return false; /* no memory for a ~1 KB copy of a shared set: the reference stays
+                             counted, so the block looks one request busier on slot until the
+                             set is copied or freed */
         struct kvr_hdense *d = s->u.dense;
         d->total--;
         uint32_t pos = dense_pos(d, slot);
