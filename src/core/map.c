@@ -70,6 +70,12 @@ void kvr_map_free(struct kvr_map *m)
     m->count = 0;
 }
 
+/* Set slot i's control byte of grp to b. */
+static inline void set_ctrl(struct kvr_map_group *grp, uint32_t i, uint32_t b)
+{
+    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | b << (8 * i);
+}
+
 /* Store key (absent) with hash h and value val: in the first group with an empty slot on its
  * probe, counted in every full group before it. Returns a pointer to the value. */
 static uint32_t *place(struct kvr_map *m, uint64_t h, uint64_t key, uint32_t val)
@@ -82,7 +88,7 @@ static uint32_t *place(struct kvr_map *m, uint64_t h, uint64_t key, uint32_t val
     }
     struct kvr_map_group *grp = &m->groups[g];
     uint32_t i = (uint32_t)__builtin_ctz(open) >> 3;
-    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | (uint32_t)(h >> 57) << (8 * i);
+    set_ctrl(grp, i, (uint32_t)(h >> 57));
     grp->key[i] = key;
     grp->val[i] = val;
     return &grp->val[i];
@@ -106,29 +112,11 @@ static kvr_status rebuild(struct kvr_map *m, uint32_t n)
     return KVR_OK;
 }
 
-/* The key's slot: its group in *grp and its lane, or KVR_NIL when absent. */
-static uint32_t find(const struct kvr_map *m, uint64_t h, uint64_t key, struct kvr_map_group **grp)
-{
-    uint32_t tag = (uint32_t)(h >> 57);
-    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
-        struct kvr_map_group *at = &m->groups[g];
-        for (uint32_t hit = kvr_map_match(at->ctrl, tag); hit; hit &= hit - 1) {
-            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
-            if (at->key[i] == key) {
-                *grp = at;
-                return i;
-            }
-        }
-        if (at->passed == 0)
-            return KVR_NIL;
-    }
-}
-
 uint32_t *kvr_map_upsert(struct kvr_map *m, uint64_t key, bool *created)
 {
     uint64_t h = kvr_map_hash(key);
     struct kvr_map_group *grp;
-    uint32_t i = find(m, h, key, &grp);
+    uint32_t i = kvr__map_find(m, h, key, &grp);
     if (i != KVR_NIL) {
         *created = false;
         return &grp->val[i];
@@ -157,10 +145,10 @@ bool kvr_map_del(struct kvr_map *m, uint64_t key)
 {
     uint64_t h = kvr_map_hash(key);
     struct kvr_map_group *grp;
-    uint32_t i = find(m, h, key, &grp);
+    uint32_t i = kvr__map_find(m, h, key, &grp);
     if (i == KVR_NIL)
         return false;
-    grp->ctrl = (grp->ctrl & ~(0xffu << (8 * i))) | KVR_MAP_EMPTY << (8 * i);
+    set_ctrl(grp, i, KVR_MAP_EMPTY);
     for (uint32_t g = (uint32_t)h & m->mask; &m->groups[g] != grp; g = (g + 1) & m->mask) {
         assert(m->groups[g].passed > 0);
         m->groups[g].passed--; /* the probe that passed it is gone */

@@ -82,22 +82,32 @@ static inline uint32_t kvr_map_match(uint32_t ctrl, uint32_t b)
     return kvr_map_zero_bytes(ctrl ^ (b * KVR_MAP_ONES));
 }
 
+/* The slot of key, whose hash is h: its lane, and its group in *grp; KVR_NIL when absent. The one
+ * probe every lookup, update and deletion makes. */
+static inline uint32_t kvr__map_find(const struct kvr_map *m, uint64_t h, uint64_t key,
+                                     struct kvr_map_group **grp)
+{
+    uint32_t tag = (uint32_t)(h >> 57);
+    for (uint32_t g = (uint32_t)h & m->mask;; g = (g + 1) & m->mask) {
+        struct kvr_map_group *at = &m->groups[g];
+        for (uint32_t hit = kvr_map_match(at->ctrl, tag); hit; hit &= hit - 1) {
+            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
+            if (at->key[i] == key) {
+                *grp = at;
+                return i;
+            }
+        }
+        if (at->passed == 0)
+            return KVR_NIL;
+    }
+}
+
 /* The value stored for key, or KVR_NIL. */
 static inline uint32_t kvr_map_get(const struct kvr_map *m, uint64_t key)
 {
-    uint64_t h = kvr_map_hash(key);
-    uint32_t g = (uint32_t)h & m->mask, tag = (uint32_t)(h >> 57);
-    for (;;) {
-        const struct kvr_map_group *grp = &m->groups[g];
-        for (uint32_t hit = kvr_map_match(grp->ctrl, tag); hit; hit &= hit - 1) {
-            uint32_t i = (uint32_t)__builtin_ctz(hit) >> 3;
-            if (grp->key[i] == key)
-                return grp->val[i];
-        }
-        if (grp->passed == 0)
-            return KVR_NIL;
-        g = (g + 1) & m->mask;
-    }
+    struct kvr_map_group *grp;
+    uint32_t i = kvr__map_find(m, kvr_map_hash(key), key, &grp);
+    return i == KVR_NIL ? KVR_NIL : grp->val[i];
 }
 
 /* Hint the cache that key will be looked up soon. */
