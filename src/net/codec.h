@@ -411,6 +411,7 @@ struct kvr_page {
     uint32_t ndecisions, nentries, capd, cape;
     size_t approx;          /* bytes so far, roughly */
     struct kvr_buf strings; /* copies of strings (offsets), owned */
+    bool index_partial;     /* every page encoded says the sender's index has holes */
 };
 void kvr_page_init(struct kvr_page *p);
 void kvr_page_free(struct kvr_page *p);
@@ -422,19 +423,26 @@ kvr_status kvr_page_add_entry(struct kvr_page *p, const struct kvr_index_record 
 /* Encode the page into b (last: the final page) and empty it. */
 kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uint64_t token);
 
+/* What a SyncPage says of itself. */
+struct kvr_wire_page_head {
+    bool last;          /* the final page of its answer */
+    uint64_t token;     /* the request's */
+    bool index_partial; /* the sender's index has holes (struct kvr_page) */
+};
+
 /*
  * Decode a SyncPage: every record is checked first (decisions as in a Gossip; an entry naming no
  * worker, or whose TTL overflows in nanoseconds, is KVR_ERR_INVALID; more than
  * KVR_WIRE_PAGE_ITEMS_MAX decisions or entries is KVR_ERR_TOO_LARGE, counted on the wire). Only
- * when the whole page is good are *last and *token set and the callbacks called, for each
- * decision and entry (borrowed for the call; a NULL callback skips them); on an error no callback
- * runs, *last is false and *token 0. The callbacks see views into the unpacked page: the decoder
- * allocates nothing while it calls them, so it cannot fail half-way through a page.
+ * when the whole page is good is *head set and the callbacks called, for each decision and entry
+ * (borrowed for the call; a NULL callback skips them); on an error no callback runs and *head is
+ * zeroed. The callbacks see views into the unpacked page: the decoder allocates nothing while it
+ * calls them, so it cannot fail half-way through a page.
  */
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
-                                void *ctx, bool *last, uint64_t *token);
+                                void *ctx, struct kvr_wire_page_head *head);
 
 /*
  * Testing: make the decoders' n-th allocation from now on this thread fail (0: the next one), once;

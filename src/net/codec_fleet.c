@@ -369,6 +369,7 @@ kvr_status kvr_page_encode(struct kvr_page *p, struct kvr_buf *b, bool last, uin
         m.n_entries = p->nentries;
         m.last = last;
         m.token = token;
+        m.index_partial = p->index_partial;
         st = kvr_codec_pack(b, &m.base);
     }
     free(d);
@@ -414,10 +415,9 @@ static kvr_status check_page_counts(const void *buf, size_t len)
 kvr_status kvr_wire_decode_page(const void *buf, size_t len,
                                 void (*on_decision)(void *ctx, const struct kvr_wire_decision *d),
                                 void (*on_entry)(void *ctx, const struct kvr_index_record *e),
-                                void *ctx, bool *last, uint64_t *token)
+                                void *ctx, struct kvr_wire_page_head *head)
 {
-    *last = false;
-    *token = 0;
+    *head = (struct kvr_wire_page_head){0};
     if (len > KVR_WIRE_PAGE_MAX)
         return KVR_ERR_TOO_LARGE;
     kvr_status st = check_page_counts(buf, len);
@@ -430,10 +430,8 @@ kvr_status kvr_wire_decode_page(const void *buf, size_t len,
     if (!m)
         return why;
     st = check_page(m);
-    if (st == KVR_OK) {
-        *last = m->last;
-        *token = m->token;
-    }
+    if (st == KVR_OK)
+        *head = (struct kvr_wire_page_head){m->last, m->token, m->index_partial};
     for (size_t i = 0; st == KVR_OK && on_decision && i < m->n_decisions; i++) {
         struct kvr_wire_decision d;
         view_decision(m->decisions[i], &d);

@@ -51,6 +51,9 @@ struct kvr_fleet {
     bool synced;                      /* the snapshot is applied (or nobody could be asked) */
     bool syncing;                     /* a snapshot is awaited */
     bool resync;                      /* a later snapshot: it replaces the index on arrival */
+    bool keep_index;                  /* ... unless its sender's index has holes too (sync.c) */
+    uint32_t partial_answers;         /* resyncs in a row answered so (sync.c) */
+    uint64_t resync_retry_at;         /* ask another peer then (0: no) */
     uint64_t sync_token;              /* the awaited snapshot's token */
     uint64_t sync_deadline;           /* give up then (gossip and heartbeats fill in) */
     uint64_t sync_ms;                 /* how long the start-up snapshot took */
@@ -67,6 +70,7 @@ struct kvr_fleet {
     uint64_t gaps, repairs_asked, repaired, lookups;       /* recovery */
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
+    uint64_t snapshots_served_partial, resyncs_kept_index; /* indexes with holes (sync.c) */
     uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t peers_evicted; /* silent ones, the table full */
 };

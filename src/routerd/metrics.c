@@ -189,6 +189,13 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      g->repaired);
     kvr_prom_counter(p, "kvrouter_replication_resyncs_total", "Snapshots taken again after a cut.",
                      g->resyncs);
+    kvr_prom_counter(p, "kvrouter_replication_resyncs_kept_index_total",
+                     "Snapshots taken again whose sender's index had holes too: this router kept "
+                     "its own index.",
+                     g->resyncs_kept_index);
+    kvr_prom_counter(p, "kvrouter_replication_snapshots_served_partial_total",
+                     "Snapshots served while this router's own index had holes (marked so).",
+                     g->snapshots_served_partial);
     kvr_prom_gauge(p, "kvrouter_peers", "Peer routers known.", g->npeers);
     kvr_prom_gauge(p, "kvrouter_peers_alive", "Peer routers heard within 3.5 hellos.",
                    (double)alive);

@@ -19,6 +19,10 @@
  * one message should hold for about a millisecond at most (KVR_WIRE_PAGE_ITEMS_MAX) */
 #define SYNC_PAGE_ITEMS KVR_WIRE_PAGE_ITEMS_MAX
 #define SYNC_TRIES      2
+/* a resync answered by a peer whose index has holes too is asked again of another (any serving
+ * peer may be picked: it is random) after this long, this many times in a row at most */
+#define SYNC_PARTIAL_RETRY_NS (1000 * KVR_NS_PER_MS)
+#define SYNC_PARTIAL_TRIES    3
 
 /* --- serving ------------------------------------------------------------------------------- */
 
@@ -69,11 +73,24 @@ static void pager_key(struct pager *pg, uint64_t key)
         pager_record(pg, &rec);
 }
 
+/*
+ * Under mu: whether this router knows its index misses KV events: its events connection is down,
+ * or came back and the catch-up is due; numbered events never came; or it is taking a snapshot
+ * itself (or never took one). Its snapshots say so: an asker with an index of its own keeps it.
+ */
+static bool index_has_holes(const struct kvr_rd *rd)
+{
+    const struct kvr_fleet *g = rd->fleet;
+    return rd->blind || rd->resync_at || rd->kv_gap || g->syncing || !g->synced;
+}
+
 /* Under mu: answer q into pg. */
 static void serve(struct kvr_rd *rd, const struct kvr_wire_sync *q, struct pager *pg)
 {
     struct kvr_fleet *g = rd->fleet;
     if (q->full) {
+        pg->page.index_partial = index_has_holes(rd);
+        g->snapshots_served_partial += pg->page.index_partial;
         kvr_router_export_requests(rd->core, pager_record, pg);
         kvr_router_export_index(rd->core, pager_entry, pg, kvr_now_ns());
         pager_flush(pg, true);
@@ -121,7 +138,8 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
         serve(rd, &q, &pg);
     pthread_mutex_unlock(&rd->mu);
     if (st == KVR_OK && q.full)
-        kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u", pg.records, pg.out.n);
+        kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
+                pg.out.n, pg.page.index_partial ? "partial" : "whole");
     kvr_outbox_flush(&pg.out, &rd->sink, NULL, 0, NULL);
     kvr_outbox_free(&pg.out);
     kvr_page_free(&pg.page);
@@ -136,6 +154,7 @@ struct page_ctx {
     struct kvr_rd *rd;
     uint64_t now;
     bool snapshot; /* the pages of the snapshot this router is waiting for */
+    bool entries;  /* ... and their index entries are taken */
 };
 
 static void page_decision(void *ctx, const struct kvr_wire_decision *d)
@@ -147,7 +166,7 @@ static void page_decision(void *ctx, const struct kvr_wire_decision *d)
 static void page_entry(void *ctx, const struct kvr_index_record *e)
 {
     struct page_ctx *c = ctx;
-    if (c->snapshot)
+    if (c->entries)
         kvr_router_import_index(c->rd->core, e, c->now);
 }
 
@@ -165,6 +184,7 @@ static void finish(struct kvr_rd *rd, bool complete)
     }
     rd->nheld = 0;
     g->syncing = false;
+    g->resync = false;
     if (complete)
         g->synced = true;
     struct kvr_router_stats s;
@@ -173,30 +193,59 @@ static void finish(struct kvr_rd *rd, bool complete)
             "requests=%u index_entries=%u held_events=%u", s.inflight, s.index_entries, held);
 }
 
+/* Under mu: the first page of a resync's answer. Its index replaces this one's, unless its sender
+ * says its own has holes too (index_has_holes): then this one's is kept, its gaps and all, rather
+ * than traded for gaps elsewhere, and another peer asked (answered). */
+static void resync_answered(struct kvr_rd *rd, bool partial)
+{
+    struct kvr_fleet *g = rd->fleet;
+    g->resync = false;
+    g->keep_index = partial;
+    if (!partial)
+        kvr_router_index_clear(rd->core);
+}
+
+/* Under mu: the last page of the awaited snapshot is in. */
+static void answered(struct kvr_rd *rd)
+{
+    struct kvr_fleet *g = rd->fleet;
+    bool kept = g->keep_index;
+    g->keep_index = false;
+    finish(rd, true);
+    if (!kept) {
+        g->partial_answers = 0;
+        return;
+    }
+    g->resyncs_kept_index++;
+    bool again = ++g->partial_answers < SYNC_PARTIAL_TRIES;
+    g->resync_retry_at = again ? kvr_now_ns() + SYNC_PARTIAL_RETRY_NS : 0;
+    if (!again)
+        g->partial_answers = 0;
+    kvr_log(KVR_LOG_WARN, "resync_index_kept",
+            "reason=\"the peer's index has holes too\" action=\"%s\"",
+            again ? "ask a peer again in 1 s" : "none: KV events fill this index in");
+}
+
 void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
 {
-    bool last = false;
-    uint64_t token = 0;
+    struct kvr_wire_page_head head;
     pthread_mutex_lock(&rd->mu);
     struct kvr_fleet *g = rd->fleet;
     /* while a snapshot is awaited, the pages with its token are its: their index entries are
      * taken (repair pages, and anyone else's, carry none that count) */
     uint64_t expect = g->syncing ? g->sync_token : 0;
-    bool ours = expect &&
-                kvr_wire_decode_page(data, len, NULL, NULL, NULL, &last, &token) == KVR_OK &&
-                token == expect;
-    struct page_ctx c = {rd, kvr_now_ns(), ours};
-    if (ours && g->resync) { /* the snapshot's index replaces the one with holes in it */
-        kvr_router_index_clear(rd->core);
-        g->resync = false;
-    }
-    kvr_status st = kvr_wire_decode_page(data, len, page_decision, page_entry, &c, &last, &token);
+    bool ours = expect && kvr_wire_decode_page(data, len, NULL, NULL, NULL, &head) == KVR_OK &&
+                head.token == expect;
+    if (ours && g->resync)
+        resync_answered(rd, head.index_partial);
+    struct page_ctx c = {rd, kvr_now_ns(), ours, ours && !g->keep_index};
+    kvr_status st = kvr_wire_decode_page(data, len, page_decision, page_entry, &c, &head);
     if (st != KVR_OK) {
         g->bad++;
     } else {
         g->pages_received++;
-        if (expect && token == expect && last)
-            finish(rd, true);
+        if (ours && head.last)
+            answered(rd);
     }
     pthread_mutex_unlock(&rd->mu);
     kvr_rd_flush(rd);
@@ -207,6 +256,7 @@ static void ask_snapshot(struct kvr_rd *rd, const struct kvr_peer *from)
 {
     struct kvr_fleet *g = rd->fleet;
     g->syncing = true;
+    g->keep_index = false;
     rd->holding = true;
     g->sync_deadline = kvr_now_ns() + rd->cfg->sync_timeout_ns;
     struct kvr_wire_sync q = {.full = true};
@@ -235,6 +285,10 @@ void kvr_sync_tick(struct kvr_rd *rd, uint64_t now)
     struct kvr_fleet *g = rd->fleet;
     if (g->syncing && g->synced && now > g->sync_deadline)
         finish(rd, false);
+    if (g->resync_retry_at && now >= g->resync_retry_at) {
+        g->resync_retry_at = 0;
+        kvr_sync_resync(rd, "the last peer's index had holes");
+    }
 }
 
 /* Without mu: wait for the snapshot asked; true once applied, false past its deadline. */

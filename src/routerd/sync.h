@@ -28,11 +28,13 @@ void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len);
 void kvr_sync_start(struct kvr_rd *rd);
 
 /* Under mu: the events connection came back, or KV events were missed (reason, logged): take a
- * snapshot again (its index replaces ours). false: nobody to ask (gossip off, no serving peer,
- * a snapshot already coming). */
+ * snapshot again (its index replaces ours, unless the peer's has holes too: then ours is kept and
+ * another peer asked 1 s later, three times in a row at most). false: nobody to ask (gossip off,
+ * no serving peer, a snapshot already coming). */
 bool kvr_sync_resync(struct kvr_rd *rd, const char *reason);
 
-/* Under mu: a resync that got no answer in time is given up (gossip and heartbeats fill in). */
+/* Under mu: a resync that got no answer in time is given up (gossip and heartbeats fill in); one
+ * answered with an index with holes is asked again when due. */
 void kvr_sync_tick(struct kvr_rd *rd, uint64_t now);
 
 #endif

@@ -78,40 +78,43 @@ static void on_entry(void *ctx, const struct kvr_index_record *e)
 
 static kvr_status decode_and_free(const uint8_t *data, size_t size)
 {
-    bool last;
-    uint64_t token;
-    return kvr_wire_decode_page(data, size, NULL, NULL, NULL, &last, &token);
+    struct kvr_wire_page_head head;
+    return kvr_wire_decode_page(data, size, NULL, NULL, NULL, &head);
 }
 
-static void round_trip(struct ctx *c, bool last, uint64_t token)
+static bool same_head(const struct kvr_wire_page_head *a, const struct kvr_wire_page_head *b)
+{
+    return a->last == b->last && a->token == b->token && a->index_partial == b->index_partial;
+}
+
+static void round_trip(struct ctx *c, const struct kvr_wire_page_head *head)
 {
     struct kvr_buf b = {0};
-    FUZZ_CHECK(kvr_page_encode(&c->page, &b, last, token) == KVR_OK);
+    c->page.index_partial = head->index_partial;
+    FUZZ_CHECK(kvr_page_encode(&c->page, &b, head->last, head->token) == KVR_OK);
     c->second = 1;
-    bool last2 = !last;
-    uint64_t token2 = ~token;
-    FUZZ_CHECK(kvr_wire_decode_page(b.data, b.len, on_decision, on_entry, c, &last2, &token2) ==
-               KVR_OK);
-    FUZZ_CHECK(last == last2 && token == token2);
+    struct kvr_wire_page_head again = {!head->last, ~head->token, !head->index_partial};
+    FUZZ_CHECK(kvr_wire_decode_page(b.data, b.len, on_decision, on_entry, c, &again) == KVR_OK);
+    FUZZ_CHECK(same_head(head, &again));
     FUZZ_CHECK(c->idec == c->ndec && c->ient == c->nent);
     kvr_buf_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    bool last = true, last2 = true;
-    uint64_t token = 1, token2 = 1;
+    struct kvr_wire_page_head head = {true, 1, true}, head2 = head;
     /* without callbacks: only the header fields */
-    kvr_status plain = kvr_wire_decode_page(data, size, NULL, NULL, NULL, &last, &token);
+    kvr_status plain = kvr_wire_decode_page(data, size, NULL, NULL, NULL, &head);
     struct ctx c = {0};
     kvr_page_init(&c.page);
-    kvr_status st = kvr_wire_decode_page(data, size, on_decision, on_entry, &c, &last2, &token2);
+    kvr_status st = kvr_wire_decode_page(data, size, on_decision, on_entry, &c, &head2);
     FUZZ_CHECK(st == plain);
-    FUZZ_CHECK(last == last2 && token == token2);
+    FUZZ_CHECK(same_head(&head, &head2));
     if (st == KVR_OK)
-        round_trip(&c, last, token);
+        round_trip(&c, &head);
     else
-        FUZZ_CHECK(c.ndec == 0 && c.nent == 0 && !last && token == 0);
+        FUZZ_CHECK(c.ndec == 0 && c.nent == 0 && !head.last && head.token == 0 &&
+                   !head.index_partial);
     for (size_t i = 0; i < c.ndec; i++)
         kvr_wire_decision_free(&c.dec[i]);
     free(c.dec);

@@ -182,6 +182,7 @@ static void replicas(void)
     check(kvr_page_add_entry(&p, &e2), "page");
     check(kvr_page_encode(&p, &b, false, 77), "page");
     put("page", 0, &b);
+    p.index_partial = true;
     check(kvr_page_encode(&p, &b, true, 77), "page");
     put("page", 1, &b);
     kvr_page_free(&p);

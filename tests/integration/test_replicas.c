@@ -316,14 +316,14 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     cr_assert(eq(int, natsSubscription_NextMsg(&page, pages, 5000), NATS_OK),
               "a snapshot page came back");
     natsSubscription_Destroy(pages);
-    bool last = false;
-    uint64_t token = 0;
+    struct kvr_wire_page_head head;
     cr_assert(eq(int,
                  kvr_wire_decode_page(natsMsg_GetData(page), (size_t)natsMsg_GetDataLength(page),
-                                      NULL, NULL, NULL, &last, &token),
+                                      NULL, NULL, NULL, &head),
                  KVR_OK));
-    cr_assert(last);
-    cr_assert(eq(u64, token, 7));
+    cr_assert(head.last);
+    cr_assert(eq(u64, head.token, 7));
+    cr_assert(not(head.index_partial), "a router with all its events serves a whole index");
     natsMsg_Destroy(page);
     kvr_buf_free(&b);
     h_sleep_ms(300);

@@ -182,18 +182,17 @@ static void count_entry(void *ctx, const struct kvr_index_record *e)
     page_calls++;
 }
 
-/* A page decode; on an error no callback may have run, and *last and *token are reset. */
+/* A page decode; on an error no callback may have run, and the head is reset. */
 static kvr_status dec_page(const void *buf, size_t len)
 {
-    bool last = true;
-    uint64_t token = 7;
+    struct kvr_wire_page_head head = {true, 7, true};
     page_calls = 0;
-    kvr_status st =
-        kvr_wire_decode_page(buf, len, count_decision, count_entry, NULL, &last, &token);
+    kvr_status st = kvr_wire_decode_page(buf, len, count_decision, count_entry, NULL, &head);
     if (st != KVR_OK) {
         cr_assert(eq(u32, page_calls, 0), "no callback before the whole page is checked");
-        cr_assert(not(last));
-        cr_assert(eq(u64, token, 0));
+        cr_assert(not(head.last));
+        cr_assert(eq(u64, head.token, 0));
+        cr_assert(not(head.index_partial));
     }
     return st;
 }
@@ -595,26 +594,26 @@ Test(codec, sync_pages_carry_decisions_and_entries)
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 31), KVR_OK));
     cr_assert(eq(sz, p.approx, 0));
     struct page_seen seen = {0};
-    bool last = false;
-    uint64_t token = 0;
-    cr_assert(eq(
-        int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last, &token),
-        KVR_OK));
-    cr_assert(last);
-    cr_assert(eq(u64, token, 31));
+    struct kvr_wire_page_head head;
+    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &head),
+                 KVR_OK));
+    cr_assert(head.last);
+    cr_assert(eq(u64, head.token, 31));
+    cr_assert(not(head.index_partial));
     cr_assert(eq(u32, seen.decisions, 300));
     cr_assert(eq(u32, seen.entries, 500));
     cr_assert(eq(u64, seen.hash_sum, expect));
     cr_assert(eq(u64, seen.ttl_sum, 500 * 5000000ull));
     cr_assert(eq(str, seen.last_origin, "rz"));
     cr_assert(eq(u32, seen.placements, seen.decisions / 2), "each decision's placement kept");
-    /* the emptied page encodes to an empty page */
+    /* the emptied page encodes to an empty page; a sender's holes are said on every page */
+    p.index_partial = true;
     cr_assert(eq(int, kvr_page_encode(&p, &b, false, 32), KVR_OK));
     memset(&seen, 0, sizeof seen);
-    cr_assert(eq(
-        int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &last, &token),
-        KVR_OK));
-    cr_assert(not(last));
+    cr_assert(eq(int, kvr_wire_decode_page(b.data, b.len, seen_decision, seen_entry, &seen, &head),
+                 KVR_OK));
+    cr_assert(not(head.last));
+    cr_assert(head.index_partial);
     cr_assert(eq(u32, seen.decisions + seen.entries, 0));
     kvr_page_free(&p);
     kvr_buf_free(&b);
@@ -636,9 +635,8 @@ Test(codec, replica_garbage_never_crashes)
         struct kvr_wire_sync s;
         if (kvr_wire_decode_sync(buf, n, &s) == KVR_OK)
             kvr_wire_sync_free(&s);
-        bool last;
-        uint64_t token;
-        kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &last, &token);
+        struct kvr_wire_page_head head;
+        kvr_wire_decode_page(buf, n, seen_decision, seen_entry, &seen, &head);
     }
 }
 

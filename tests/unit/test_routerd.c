@@ -21,6 +21,7 @@
 #include "send.h"
 #include "state.h"
 #include "subject.h"
+#include "sync.h"
 #include "timer.h"
 
 /* A gossip message as its router publishes it: on the subject named by its router id. */
@@ -1214,4 +1215,161 @@ Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
     kvr_wire_sync_free(&q);
     cr_assert(eq(u64, rd.kvseq.open, 0));
     cr_assert(eq(u64, rd.stalls, 0));
+}
+
+/* --- snapshots from an index with holes ------------------------------------------------------ */
+
+/* Worker wid's KV event number seq: a chain of n blocks from the root, hashes and engine ids
+ * from first on. */
+static void kv_stored(uint64_t wid, uint64_t seq, uint64_t first, uint32_t n)
+{
+    struct kvr_kv_block blocks[16];
+    cr_assert(le(u32, n, 16));
+    for (uint32_t i = 0; i < n; i++)
+        blocks[i] = (struct kvr_kv_block){first + i, first + i};
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.kv", (unsigned long long)wid);
+    cr_assert(eq(int, kvr_wire_encode_stored(&b, wid, seq, NULL, blocks, n), KVR_OK));
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+static uint32_t index_entries(void)
+{
+    struct kvr_router_stats s;
+    kvr_router_stats(rd.core, &s);
+    return s.index_entries;
+}
+
+static uint32_t page_entries; /* entries seen by count_page_entry */
+static void count_page_entry(void *ctx, const struct kvr_index_record *e)
+{
+    (void)ctx;
+    (void)e;
+    page_entries++;
+}
+
+/* Router `asker` asks this one for a snapshot: its one page's head (entries into page_entries). */
+static struct kvr_wire_page_head snapshot_served(void)
+{
+    struct kvr_wire_sync q = {.router_id = "asker", .full = true, .token = 11};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    size_t mark = rec_nsent;
+    kvr_sync_on_request(&rd, "kv.default.router.pages.asker", b.data, b.len);
+    kvr_buf_free(&b);
+    const struct rec_sent *page = NULL;
+    cr_assert(eq(int, rec_count("kv.default.router.pages.asker", mark, &page), 1));
+    struct kvr_wire_page_head head;
+    page_entries = 0;
+    cr_assert(eq(int,
+                 kvr_wire_decode_page(page->data, page->len, NULL, count_page_entry, NULL, &head),
+                 KVR_OK));
+    cr_assert(head.last);
+    return head;
+}
+
+Test(routerd, a_snapshot_from_an_index_with_holes_says_so)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;
+    heartbeat(1, 4096, NULL, 0, 10000);
+    kv_stored(1, 1, 100, 4);
+    cr_assert(not(snapshot_served().index_partial), "every event applied: the index is whole");
+    cr_assert(eq(u32, page_entries, 4));
+    kv_stored(1, 3, 200, 2); /* 2 never comes */
+    cr_assert(snapshot_served().index_partial, "an event missed");
+    cr_assert(eq(u32, page_entries, 6), "still sent: an asker with no index at all takes them");
+    uint64_t now = kvr_now_ns();
+    kvr_timer_tick(&rd, now, true, false);
+    cr_assert(snapshot_served().index_partial, "the catch-up due");
+    ticks(now + 100 * KVR_NS_PER_MS, now + 600 * KVR_NS_PER_MS); /* no peer: the gap let go */
+    cr_assert(not(snapshot_served().index_partial));
+    kvr_timer_tick(&rd, now + 700 * KVR_NS_PER_MS, false, false);
+    cr_assert(snapshot_served().index_partial, "the events connection down");
+    kvr_timer_tick(&rd, now + 800 * KVR_NS_PER_MS, true, false);
+    cr_assert(snapshot_served().index_partial, "back: the catch-up due");
+    ticks(now + 900 * KVR_NS_PER_MS, now + 1500 * KVR_NS_PER_MS);
+    cr_assert(not(snapshot_served().index_partial));
+    rd.fleet->synced = false;
+    cr_assert(snapshot_served().index_partial, "a router that never took its snapshot");
+    cr_assert(eq(u64, rd.fleet->snapshots_served, 8));
+    cr_assert(eq(u64, rd.fleet->snapshots_served_partial, 5));
+}
+
+/* Ticks of 100 ms from *t on until this router asks the peer for a snapshot: its token. */
+static uint64_t tick_until_asked(uint64_t *t)
+{
+    size_t mark = rec_nsent;
+    const struct rec_sent *ask = NULL;
+    for (int i = 0; i < 40 && !rec_count("kv.default.router.sync.peer", mark, &ask); i++) {
+        *t += 100 * KVR_NS_PER_MS;
+        kvr_timer_tick(&rd, *t, true, false);
+    }
+    cr_assert(not(eq(ptr, (void *)ask, NULL)), "a snapshot asked of the peer");
+    struct kvr_wire_sync q;
+    cr_assert(eq(int, kvr_wire_decode_sync(ask->data, ask->len, &q), KVR_OK));
+    cr_assert(q.full);
+    uint64_t token = q.token;
+    kvr_wire_sync_free(&q);
+    return token;
+}
+
+/* The peer's one-page answer to token: n entries of worker 1, its index whole or not. */
+static void answer(uint64_t token, uint32_t n, bool partial)
+{
+    struct kvr_page p;
+    kvr_page_init(&p);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvr_index_record e = {1, 900 + i, false, 0, 60 * KVR_NS_PER_S};
+        cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
+    }
+    p.index_partial = partial;
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_page_encode(&p, &b, true, token), KVR_OK));
+    kvr_sync_on_page(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    kvr_page_free(&p);
+    cr_assert(not(rd.fleet->syncing));
+    cr_assert(not(rd.holding), "the KV events held meanwhile are applied");
+}
+
+static void peer_hello(void)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 0, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;      /* a peer heard stays alive however slow the run */
+    cfg.sync_timeout_ns = 60 * KVR_NS_PER_S; /* past the ticks' clock, which runs ahead */
+    heartbeat(1, 4096, NULL, 0, 10000);
+    peer_hello();
+    kv_stored(1, 1, 100, 8);
+    kv_stored(1, 3, 200, 2); /* 2 never comes */
+    cr_assert(eq(u32, index_entries(), 10));
+    uint64_t t = kvr_now_ns();
+    for (int k = 1; k <= 3; k++) { /* the only peer's index has holes: asked three times */
+        answer(tick_until_asked(&t), 3, true);
+        cr_assert(eq(u32, index_entries(), 10), "its own index kept, not traded for 3 entries");
+        cr_assert(eq(u64, rd.fleet->resyncs_kept_index, (uint64_t)k));
+    }
+    size_t mark = rec_nsent;
+    ticks(t + 100 * KVR_NS_PER_MS, t + 3 * KVR_NS_PER_S);
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", mark, NULL), 0),
+              "three in a row: given up");
+    /* the next gap (after the 10 s between catch-ups) takes a whole index in place of its own */
+    ticks(t + 3100 * KVR_NS_PER_MS, t + 11 * KVR_NS_PER_S);
+    t += 11 * KVR_NS_PER_S;
+    heartbeat(1, 4096, NULL, 0, 10000);
+    peer_hello();
+    kv_stored(1, 5, 300, 2); /* 4 never comes */
+    cr_assert(eq(u32, index_entries(), 12));
+    answer(tick_until_asked(&t), 3, false);
+    cr_assert(eq(u32, index_entries(), 3), "replaced");
+    cr_assert(eq(u64, rd.fleet->resyncs, 4));
+    cr_assert(eq(u64, rd.fleet->resyncs_kept_index, 3));
 }
