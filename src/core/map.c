@@ -59,6 +59,7 @@ kvr_status kvr_map_init(struct kvr_map *m, uint32_t hint)
     m->mask = g - 1;
     m->count = 0;
     m->min_groups = g;
+    m->ops = m->peak = m->prev_peak = m->resizes = 0;
     return KVR_OK;
 }
 
@@ -94,6 +95,32 @@ static uint32_t *place(struct kvr_map *m, uint64_t h, uint64_t key, uint32_t val
     return &grp->val[i];
 }
 
+/* An insertion or a deletion: the epoch's highest count; an epoch ends after as many as there
+ * are slots, so a rebuild it leads to is paid for by that many operations. */
+static void note_op(struct kvr_map *m)
+{
+    if (m->count > m->peak)
+        m->peak = m->count;
+    if (++m->ops >= (m->mask + 1) * KVR_MAP_LANES) {
+        m->prev_peak = m->peak;
+        m->peak = m->count;
+        m->ops = 0;
+    }
+}
+
+/* The groups a table under 10 % load shrinks to: halved while the highest count of this epoch
+ * and the last one stays under a quarter of the half (so the table stayed low for a whole epoch
+ * at least, and is then 12.5-25 % full at that count). Emptied, it waits like any other: a count
+ * that often falls to 0 (a router between bursts) would otherwise rebuild it every time. */
+static uint32_t shrunk(const struct kvr_map *m)
+{
+    uint64_t high = m->peak > m->prev_peak ? m->peak : m->prev_peak;
+    uint32_t g = m->mask + 1;
+    while (g / 2 >= m->min_groups && high * 4 < (uint64_t)(g / 2) * KVR_MAP_LANES)
+        g /= 2;
+    return g;
+}
+
 /* Rebuild into n groups, every key placed anew. */
 static kvr_status rebuild(struct kvr_map *m, uint32_t n)
 {
@@ -104,6 +131,9 @@ static kvr_status rebuild(struct kvr_map *m, uint32_t n)
         return KVR_ERR_NOMEM;
     m->groups = g;
     m->mask = n - 1;
+    m->ops = 0; /* a new epoch */
+    m->peak = m->prev_peak = m->count;
+    m->resizes++;
     for (uint32_t k = 0; k < old_n; k++)
         for (uint32_t i = 0; i < KVR_MAP_LANES; i++)
             if (!(old[k].ctrl >> (8 * i) & KVR_MAP_EMPTY))
@@ -126,6 +156,7 @@ uint32_t *kvr_map_upsert(struct kvr_map *m, uint64_t key, bool *created)
         (groups >= MAP_MAX_GROUPS || rebuild(m, groups * 2) != KVR_OK))
         return NULL;
     m->count++;
+    note_op(m);
     *created = true;
     return place(m, h, key, 0);
 }
@@ -155,9 +186,13 @@ bool kvr_map_del(struct kvr_map *m, uint64_t key)
     }
     assert(m->count > 0);
     m->count--;
+    note_op(m);
     uint32_t groups = m->mask + 1;
-    if (groups > m->min_groups && (uint64_t)m->count * 10 < (uint64_t)groups * KVR_MAP_LANES)
-        rebuild(m, groups / 2); /* on NOMEM the table simply stays larger */
+    if (groups > m->min_groups && (uint64_t)m->count * 10 < (uint64_t)groups * KVR_MAP_LANES) {
+        uint32_t want = shrunk(m);
+        if (want < groups)
+            rebuild(m, want); /* on NOMEM the table simply stays larger */
+    }
     return true;
 }
 

@@ -14,8 +14,12 @@
  *
  * Keys may be any u64 (they are mixed with the process's salt before use, so keys an attacker
  * chose cannot be aimed at one group: the daemons set a random salt at start, the simulator keeps
- * 0 and stays reproducible); KVR_NIL is not a storable value. It grows at 70 % load and shrinks
- * below 10 %, so its memory follows its contents. Single-threaded, like its owner.
+ * 0 and stays reproducible); KVR_NIL is not a storable value. It grows at 70 % load. It shrinks
+ * once its count has stayed under 10 % of its slots for a whole epoch (as many insertions and
+ * deletions as it has slots), to the size that count needs: its memory follows its contents
+ * while they change, and a count that swings (a router's in-flight blocks, as its load comes and
+ * goes, down to none between bursts) does not rebuild it on every swing. A table emptied and
+ * left alone keeps its size. Single-threaded, like its owner.
  */
 #ifndef KVR_MAP_H
 #define KVR_MAP_H
@@ -49,6 +53,9 @@ struct kvr_map {
     uint32_t mask;                /* groups - 1; the number of groups is a power of two */
     uint32_t count;               /* keys stored */
     uint32_t min_groups;          /* never shrink below this */
+    uint32_t ops;                 /* insertions and deletions in this epoch */
+    uint32_t peak, prev_peak;     /* the highest count in this epoch and in the one before */
+    uint32_t resizes;             /* rebuilds so far */
 };
 
 /* Initialise with room for about hint entries before the first growth. */

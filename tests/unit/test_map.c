@@ -68,7 +68,62 @@ Test(map, grows_and_shrinks_with_contents)
     for (uint32_t i = 0; i < 100000; i++)
         cr_assert(kvr_map_del(&m, i));
     cr_assert(eq(u32, m.count, 0));
+    size_t big = kvr_map_bytes(&m);
+    cr_assert(gt(sz, big, 100000 * 16), "emptied, it waits for the count to stay down");
+    uint32_t slots = (m.mask + 1) * KVR_MAP_LANES;
+    for (uint32_t i = 0; i < slots && kvr_map_bytes(&m) == big; i++) { /* an epoch, and one more */
+        cr_assert(eq(int, kvr_map_put(&m, i, i), KVR_OK));
+        cr_assert(kvr_map_del(&m, i));
+    }
     cr_assert(le(sz, kvr_map_bytes(&m), small * 2), "memory follows the contents back down");
+    kvr_map_free(&m);
+}
+
+Test(map, a_count_that_swings_keeps_its_size)
+{
+    struct kvr_map m;
+    cr_assert(eq(int, kvr_map_init(&m, 0), KVR_OK));
+    uint32_t next = 0, first = 0; /* keys first..next-1 are in */
+    for (; next < 6000; next++)
+        cr_assert(eq(int, kvr_map_put(&m, next, next), KVR_OK));
+    uint32_t resizes = m.resizes, mask = m.mask;
+    for (int swing = 0; swing < 50; swing++) { /* down to 400 (under 10 %) and back, oldest out */
+        while (next - first > 400)
+            cr_assert(kvr_map_del(&m, first++));
+        for (; next - first < 6000; next++)
+            cr_assert(eq(int, kvr_map_put(&m, next, next), KVR_OK));
+    }
+    cr_assert(eq(u32, m.resizes, resizes), "not rebuilt on every swing");
+    cr_assert(eq(u32, m.mask, mask));
+    for (uint32_t k = first; k < next; k++)
+        cr_assert(eq(u32, kvr_map_get(&m, k), k));
+    kvr_map_free(&m);
+}
+
+Test(map, a_table_that_stays_low_shrinks_within_two_epochs)
+{
+    struct kvr_map m;
+    cr_assert(eq(int, kvr_map_init(&m, 0), KVR_OK));
+    for (uint32_t i = 0; i < 100000; i++)
+        cr_assert(eq(int, kvr_map_put(&m, i, i), KVR_OK));
+    for (uint32_t i = 100; i < 100000; i++)
+        cr_assert(kvr_map_del(&m, i));
+    size_t big = kvr_map_bytes(&m);
+    uint32_t slots = (m.mask + 1) * KVR_MAP_LANES, ops = 0, next = 100000, keys[100];
+    for (uint32_t i = 0; i < 100; i++)
+        keys[i] = i;
+    /* the 100 keys churned, one out and one in, until it shrinks (two epochs at most) */
+    for (uint32_t i = 0; ops < 2 * slots && kvr_map_bytes(&m) == big; ops += 2, i++) {
+        cr_assert(kvr_map_del(&m, keys[i % 100]));
+        keys[i % 100] = next;
+        cr_assert(eq(int, kvr_map_put(&m, next, next), KVR_OK));
+        next++;
+    }
+    for (uint32_t i = 0; i < 100; i++)
+        cr_assert(eq(u32, kvr_map_get(&m, keys[i]), keys[i]));
+    cr_assert(lt(sz, kvr_map_bytes(&m), big / 100), "shrunk at once to the size 100 keys need");
+    cr_assert(ge(u32, m.count * 8, (m.mask + 1) * KVR_MAP_LANES), "12.5-25 %% full");
+    cr_assert(lt(u32, m.count * 4, (m.mask + 1) * KVR_MAP_LANES));
     kvr_map_free(&m);
 }
 
