@@ -337,3 +337,73 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     cr_assert(h_collect(&r, 5000) && r.res.error_code == 0, "the router still serves");
     h_end();
 }
+
+/* Router r2's full snapshot, asked every 20 ms for ms as a router "asker" would: the answers'
+ * last pages counted by what they say of r2's index. */
+static void poll_snapshots(int ms, int *partial, int *whole)
+{
+    natsSubscription *pages = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&pages, nc, "kv.default.router.pages.asker"),
+                 NATS_OK));
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    struct kvr_buf b = {0};
+    uint64_t asked_until = h_now_ms() + (uint64_t)ms, end = asked_until + 500;
+    for (uint64_t token = 1; h_now_ms() < end; token++) {
+        if (h_now_ms() < asked_until) {
+            struct kvr_wire_sync q = {.router_id = "asker", .full = true, .token = token};
+            cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+            natsConnection_PublishRequest(nc, "kv.default.router.sync.r2",
+                                          "kv.default.router.pages.asker", b.data, (int)b.len);
+        }
+        natsMsg *page = NULL;
+        while (natsSubscription_NextMsg(&page, pages, 20) == NATS_OK) {
+            struct kvr_wire_page_head head;
+            cr_assert(
+                eq(int,
+                   kvr_wire_decode_page(natsMsg_GetData(page), (size_t)natsMsg_GetDataLength(page),
+                                        NULL, NULL, NULL, &head),
+                   KVR_OK));
+            *partial += head.last && head.index_partial;
+            *whole += head.last && !head.index_partial;
+            natsMsg_Destroy(page);
+        }
+    }
+    kvr_buf_free(&b);
+    natsSubscription_Destroy(pages);
+}
+
+Test(replicas, a_router_catching_up_serves_its_snapshot_marked_partial)
+{
+    h_router(urls(0), "r1", H_ARGS("--hello-ms", HELLO));
+    pid_t r2 = h_router(urls(0), "r2", H_ARGS("--hello-ms", HELLO));
+    h_worker(urls(0), "1", 20, 500, NULL);
+    h_until_served(nc, GEN, 2, 15000);
+    for (int i = 0; i < 4; i++) { /* an index to serve */
+        char id[32];
+        snprintf(id, sizeof id, "fill-%d", i);
+        struct h_result r = h_ask(nc, GEN, id, 900 + (uint32_t)i, 0, 256, 2, 10000);
+        cr_assert(r.final && r.error_code == 0);
+    }
+    int partial = 0, whole = 0;
+    poll_snapshots(300, &partial, &whole);
+    cr_assert(eq(int, partial, 0), "every event applied: whole");
+    cr_assert(gt(int, whole, 0));
+    /* stopped for longer than a second: on waking it catches up from r1 (250 ms later) */
+    h_signal(r2, SIGSTOP);
+    h_sleep_ms(1300);
+    h_signal(r2, SIGCONT);
+    partial = whole = 0;
+    poll_snapshots(1500, &partial, &whole);
+    fprintf(stderr, "r2 after a stop: %d snapshots served marked partial, then %d whole\n", partial,
+            whole);
+    cr_assert(gt(int, partial, 0), "its catch-up due: its snapshots say its index has holes");
+    cr_assert(gt(int, whole, 0), "caught up: whole again");
+    struct h_digest a[H_MAX_ROUTERS];
+    cr_assert(h_until_agree(nc, 2, 10000, 50, a) >= 0);
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(a[i].id, "r2")) {
+            cr_assert(ge(u64, h_stat(&a[i], "resyncs"), 1), "%s", a[i].json);
+            cr_assert(eq(u64, h_stat(&a[i], "snapshots_served_partial"), (uint64_t)partial));
+        }
+    h_end();
+}
