@@ -277,7 +277,37 @@ static kvr_status dense_add(struct kvr_hset *s, uint32_t slot, uint32_t val, siz
     return KVR_OK;
 }
 
-kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes)
+/*
+ * Whether a sparse set turns dense as slot joins it. An index set does at KVR_HSET_DENSE_AT
+ * members. An act set (act) does at KVR_HSET_ACT_DENSE_AT already when its bitmap is small (two
+ * words a member at most, so fleets up to 64 workers a member): dense act sets are shared along a
+ * path (kvr_hset_share), sparse ones are changed block by block.
+ */
+static bool dense_due(const struct kvr_hset *s, uint32_t slot, bool act)
+{
+    uint32_t n = s->n + 1, top = slot;
+    if (n >= KVR_HSET_DENSE_AT)
+        return true;
+    if (!act || n < KVR_HSET_ACT_DENSE_AT)
+        return false;
+    for (uint32_t i = 0; i < s->n; i++)
+        top = s->u.pairs[i].slot > top ? s->u.pairs[i].slot : top;
+    return top / 64 + 1 <= 2 * n;
+}
+
+/* Whether a dense set of n members (after a deletion) turns sparse: an index set under
+ * KVR_HSET_SPARSE_AT members; an act set under KVR_HSET_ACT_SPARSE_AT, or under
+ * KVR_HSET_SPARSE_AT when its bitmap is over four words a member. */
+static bool sparse_due(const struct kvr_hset *s, bool act)
+{
+    if (!act)
+        return s->n < KVR_HSET_SPARSE_AT;
+    return s->n < KVR_HSET_ACT_SPARSE_AT ||
+           (s->n < KVR_HSET_SPARSE_AT && s->u.dense->words > 4 * s->n);
+}
+
+/* kvr_hset_add, for an act set (kvr__hset_ref) or not. */
+static kvr_status add_with(struct kvr_hset *s, uint32_t slot, uint32_t val, bool act, size_t *bytes)
 {
     assert(form_ok(s));
     if (s->cap <= 1) {
@@ -304,14 +334,14 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
     }
     if (s->cap == KVR_HSET_DENSE)
         return dense_add(s, slot, val, bytes);
-    if (s->n + 1 >= KVR_HSET_DENSE_AT && s->n < s->cap)
+    if (s->n < s->cap && dense_due(s, slot, act))
         return to_dense(s, slot, val, bytes);
     if (s->n == s->cap) {
         uint32_t old = s->cap;
         if (!KVR_GROW(s->u.pairs, s->cap, s->n + 1, 4))
             return KVR_ERR_NOMEM;
         *bytes += sparse_size(s->cap) - sparse_size(old);
-        if (s->n + 1 >= KVR_HSET_DENSE_AT)
+        if (dense_due(s, slot, act))
             return to_dense(s, slot, val, bytes);
     }
     struct kvr_hpair *sp = s->u.pairs;
@@ -320,6 +350,11 @@ kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t 
     s->fp ^= kvr_mix64(slot);
     s->n++;
     return KVR_OK;
+}
+
+kvr_status kvr_hset_add(struct kvr_hset *s, uint32_t slot, uint32_t val, size_t *bytes)
+{
+    return add_with(s, slot, val, false, bytes);
 }
 
 /* Shrink a sparse array that has become small: inline for one member, else a smaller array. */
@@ -374,8 +409,8 @@ static void to_sparse(struct kvr_hset *s, size_t *bytes)
     sparse_shrink(s, bytes);
 }
 
-/* Delete member slot, which sits at table position hole. */
-static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, size_t *bytes)
+/* Delete member slot, which sits at table position hole, of an act set or not (sparse_due). */
+static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, bool act, size_t *bytes)
 {
     struct kvr_hdense *d = s->u.dense;
     struct kvr_hpair *t = dense_table(d);
@@ -393,7 +428,7 @@ static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, size_
     d->bits[slot >> 6] &= ~(1ull << (slot & 63));
     s->fp ^= kvr_mix64(slot);
     s->n--;
-    if (s->n < KVR_HSET_SPARSE_AT)
+    if (sparse_due(s, act))
         to_sparse(s, bytes);
     else if (d->tcap > 64 && s->n * 8 < d->tcap)
         dense_rebuild(s, d->words, bytes); /* on failure it simply stays larger */
@@ -414,7 +449,7 @@ bool kvr_hset_del(struct kvr_hset *s, uint32_t slot, size_t *bytes)
             return false;
         if (dense_own(s, bytes) != KVR_OK)
             return false; /* no memory to copy a shared set: it keeps the member */
-        dense_del_at(s, slot, dense_pos(s->u.dense, slot), bytes);
+        dense_del_at(s, slot, dense_pos(s->u.dense, slot), false, bytes);
         return true;
     }
     uint32_t i = sparse_index(s->u.pairs, s->n, slot);
@@ -446,7 +481,7 @@ kvr_status kvr__hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t 
         ++*val;
         return KVR_OK;
     }
-    return kvr_hset_add(s, slot, 1, bytes);
+    return add_with(s, slot, 1, true, bytes);
 }
 
 bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
@@ -475,7 +510,7 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
         assert(dense_table(d)[pos].val > 0);
         if (--dense_table(d)[pos].val)
             return false;
-        dense_del_at(s, slot, pos, bytes);
+        dense_del_at(s, slot, pos, true, bytes);
         return true;
     }
     struct kvr_hpair *sp = s->u.pairs;

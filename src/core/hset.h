@@ -31,6 +31,10 @@
 #define KVR_HSET_DENSE     UINT32_MAX /* cap value of a dense set */
 #define KVR_HSET_DENSE_AT  48u        /* a sparse set with this many members turns dense */
 #define KVR_HSET_SPARSE_AT 12u        /* a dense set with fewer members turns sparse */
+/* The same for the act sets (kvr__hset_ref, kvr__hset_unref) while their bitmap is small (hset.c,
+ * dense_due): dense ones are shared along a path (kvr_hset_share), so they turn dense sooner */
+#define KVR_HSET_ACT_DENSE_AT  8u
+#define KVR_HSET_ACT_SPARSE_AT 4u
 
 struct kvr_hpair {
     uint32_t slot; /* worker slot */

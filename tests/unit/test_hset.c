@@ -156,6 +156,58 @@ Test(hset, ref_unref_match_reference)
     cr_assert(eq(sz, bytes, 0));
 }
 
+/* An act set (ref/unref) turns dense at KVR_HSET_ACT_DENSE_AT members and sparse again under
+ * KVR_HSET_ACT_SPARSE_AT; an index set (add/del) with as many members stays sparse. */
+Test(hset, act_sets_turn_dense_sooner_than_index_sets)
+{
+    struct kvr_hset act = KVR_HSET_INIT, idx = KVR_HSET_INIT;
+    size_t bytes = 0;
+    uint32_t ref[SLOTS];
+    memset(ref, 0xff, sizeof ref);
+    for (uint32_t i = 0; i < KVR_HSET_ACT_DENSE_AT; i++) {
+        bool added;
+        uint32_t slot = 3 + i * 29;
+        cr_assert(not(eq(u32, act.cap, KVR_HSET_DENSE)), "sparse below the threshold");
+        cr_assert(eq(int, kvr_hset_ref(&act, slot, &added, &bytes), KVR_OK));
+        cr_assert(added);
+        cr_assert(eq(int, kvr_hset_add(&idx, slot, 1, &bytes), KVR_OK));
+        ref[slot] = 1;
+    }
+    cr_assert(eq(u32, act.cap, KVR_HSET_DENSE), "dense at %u members", KVR_HSET_ACT_DENSE_AT);
+    cr_assert(not(eq(u32, idx.cap, KVR_HSET_DENSE)), "an index set stays sparse");
+    check_against(&act, ref);
+    check_against(&idx, ref);
+    for (uint32_t i = 0; act.n >= KVR_HSET_ACT_SPARSE_AT; i++) {
+        cr_assert(eq(u32, act.cap, KVR_HSET_DENSE), "dense down to the lower threshold");
+        cr_assert(kvr_hset_unref(&act, 3 + i * 29, &bytes));
+        ref[3 + i * 29] = UINT32_MAX;
+    }
+    cr_assert(not(eq(u32, act.cap, KVR_HSET_DENSE)), "sparse under %u", KVR_HSET_ACT_SPARSE_AT);
+    check_against(&act, ref);
+    kvr_hset_release(&act, &bytes);
+    kvr_hset_release(&idx, &bytes);
+    cr_assert(eq(sz, bytes, 0));
+}
+
+/* In a large fleet an act set's bitmap would be large: it turns dense at KVR_HSET_DENSE_AT like
+ * an index set, and sparse again under KVR_HSET_SPARSE_AT. */
+Test(hset, act_sets_of_a_large_fleet_turn_dense_as_index_sets_do)
+{
+    struct kvr_hset act = KVR_HSET_INIT;
+    size_t bytes = 0;
+    bool added;
+    for (uint32_t i = 0; i < KVR_HSET_DENSE_AT; i++) { /* slots up to 60,000: 938 words */
+        cr_assert(not(eq(u32, act.cap, KVR_HSET_DENSE)), "sparse at %u members", act.n);
+        cr_assert(eq(int, kvr_hset_ref(&act, 60000 - i * 1000, &added, &bytes), KVR_OK));
+    }
+    cr_assert(eq(u32, act.cap, KVR_HSET_DENSE));
+    for (uint32_t i = 0; act.n >= KVR_HSET_SPARSE_AT; i++)
+        cr_assert(kvr_hset_unref(&act, 60000 - i * 1000, &bytes));
+    cr_assert(not(eq(u32, act.cap, KVR_HSET_DENSE)), "sparse under %u", KVR_HSET_SPARSE_AT);
+    kvr_hset_release(&act, &bytes);
+    cr_assert(eq(sz, bytes, 0));
+}
+
 /* Slots with equal low bits (one of every 4 workers) fill a dense set like any others. */
 Test(hset, dense_slots_with_equal_low_bits)
 {
