@@ -1149,14 +1149,29 @@ Test(routerd, a_reply_subject_inside_the_fleets_subjects_is_never_answered)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
 }
 
+/* Worker wid's KV event b (freed), as the events subscription brings it. */
+static void kv_event_in(uint64_t wid, struct kvr_buf *b)
+{
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.kv", (unsigned long long)wid);
+    kvr_events_on_message(&rd, subject, b->data, b->len);
+    kvr_buf_free(b);
+}
+
 /* Worker wid's KV event number seq (a Cleared one), as the events subscription brings it. */
 static void kv_numbered(uint64_t wid, uint64_t seq)
 {
     struct kvr_buf b = {0};
-    char subject[64];
-    snprintf(subject, sizeof subject, "kv.default.ev.%llu.kv", (unsigned long long)wid);
     cr_assert(eq(int, kvr_wire_encode_cleared(&b, wid, seq), KVR_OK));
-    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kv_event_in(wid, &b);
+}
+
+/* Router "peer" says hello, serving. */
+static void peer_hello(void)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 0, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
     kvr_buf_free(&b);
 }
 
@@ -1196,10 +1211,7 @@ Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
     cr_assert(not(rd.kv_gap));
     cr_assert(eq(u64, rd.kvseq.open, 0));
     /* a serving peer now: the next loss takes its snapshot, 250 ms later */
-    struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 0, true), KVR_OK));
-    gossip_in(&rd, b.data, b.len);
-    kvr_buf_free(&b);
+    peer_hello();
     heartbeat(2, 4096, NULL, 0, 1000); /* back: the ticks' clock ran 11 s past its beats */
     kv_numbered(2, 9);                 /* 8 lost */
     cr_assert(rd.kv_gap);
@@ -1228,11 +1240,8 @@ static void kv_stored(uint64_t wid, uint64_t seq, uint64_t first, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         blocks[i] = (struct kvr_kv_block){first + i, first + i};
     struct kvr_buf b = {0};
-    char subject[64];
-    snprintf(subject, sizeof subject, "kv.default.ev.%llu.kv", (unsigned long long)wid);
     cr_assert(eq(int, kvr_wire_encode_stored(&b, wid, seq, NULL, blocks, n), KVR_OK));
-    kvr_events_on_message(&rd, subject, b.data, b.len);
-    kvr_buf_free(&b);
+    kv_event_in(wid, &b);
 }
 
 static uint32_t index_entries(void)
@@ -1332,14 +1341,6 @@ static void answer(uint64_t token, uint32_t n, bool partial)
     kvr_page_free(&p);
     cr_assert(not(rd.fleet->syncing));
     cr_assert(not(rd.holding), "the KV events held meanwhile are applied");
-}
-
-static void peer_hello(void)
-{
-    struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 5, 0, true), KVR_OK));
-    gossip_in(&rd, b.data, b.len);
-    kvr_buf_free(&b);
 }
 
 Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
