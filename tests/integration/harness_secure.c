@@ -52,8 +52,18 @@ natsConnection *h_connect_with(const char *url, const struct h_conn *c)
         s = natsOptions_SetReconnectWait(o, 100);
     if (s == NATS_OK)
         s = secure_opts(o, c);
-    if (s == NATS_OK)
+    /* nats.c 3.4.1 leaves the signature out of CONNECT when its first byte is 0 (1 in 256
+     * nonces, fixed in nats.c 3.8: nats-io/nats.c#705), and the server refuses that connect: a
+     * client that signs (nkey or creds) is refused at random. A new connect signs a new nonce,
+     * so it is tried up to 4 times; a client the server really refuses is refused each time. */
+    bool signs = c->nkey_pub || c->creds;
+    for (int attempt = 1; s == NATS_OK; attempt++) {
         s = natsConnection_Connect(&nc, o);
+        if (s == NATS_CONNECTION_AUTH_FAILED && signs && attempt < 4)
+            s = NATS_OK; /* sign a new nonce */
+        else
+            break;
+    }
     if (s != NATS_OK) {
         natsStatus dummy;
         fprintf(stderr, "cannot connect to %s: %s (%s)\n", url, natsStatus_GetText(s),
