@@ -1,19 +1,21 @@
 /*
- * The daemons' signals.
+ * The daemons' signals. Atomics: the handler and the threads that fail write, any thread reads.
  */
 #define _DEFAULT_SOURCE
 #include "signals.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "clock.h"
 
-static volatile sig_atomic_t got_signal;
+static atomic_int got_signal; /* lock-free on every target: async-signal-safe */
+static atomic_bool failed;
 
 static void on_signal(int sig)
 {
-    got_signal = sig;
+    atomic_store(&got_signal, sig);
 }
 
 void kvr_signals_catch(void)
@@ -28,12 +30,24 @@ void kvr_signals_catch(void)
 
 int kvr_signal_received(void)
 {
-    return (int)got_signal;
+    int sig = atomic_load(&got_signal);
+    return sig ? sig : atomic_load(&failed) ? KVR_STOP_FAILED : 0;
 }
 
 int kvr_signals_wait(void)
 {
-    while (!got_signal)
+    int sig;
+    while (!(sig = kvr_signal_received()))
         kvr_sleep_ns(20 * KVR_NS_PER_MS);
-    return (int)got_signal;
+    return sig;
+}
+
+void kvr_signals_fail(void)
+{
+    atomic_store(&failed, true);
+}
+
+bool kvr_signals_failed(void)
+{
+    return atomic_load(&failed);
 }

@@ -1,6 +1,6 @@
 /*
  * kvrouter: the KV-cache-aware router daemon (src/routerd). Options, create, start, wait for
- * SIGTERM or SIGINT, drain, destroy.
+ * SIGTERM or SIGINT (or a NATS connection lost for good: exit status 1), drain, destroy.
  */
 #define _DEFAULT_SOURCE
 #include <stdio.h>
@@ -42,10 +42,13 @@ int main(int argc, char **argv)
         kvr_log(KVR_LOG_INFO, "router_started", "id=%s namespace=%s block_size=%u", cfg.id,
                 cfg.net.ns, cfg.core.block_size);
         int sig = kvr_signals_wait();
-        kvr_log(KVR_LOG_INFO, "router_draining", "signal=%d", sig);
+        if (sig == KVR_STOP_FAILED) /* a NATS connection lost for good (nats_connection_lost) */
+            kvr_log(KVR_LOG_INFO, "router_draining", "reason=nats_connection_lost");
+        else
+            kvr_log(KVR_LOG_INFO, "router_draining", "signal=%d", sig);
         kvr_routerd_drain(d);
     }
     if (kvr_routerd_destroy(d)) /* else a handler may still run: the exit ends it */
         kvr_net_shutdown();
-    return st == KVR_OK ? 0 : 1;
+    return st == KVR_OK && !kvr_signals_failed() ? 0 : 1;
 }

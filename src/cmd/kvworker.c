@@ -1,8 +1,9 @@
 /*
  * kvworker: a simulated inference worker on NATS (src/worker). Options, create, start, wait for
  * SIGTERM or SIGINT, drain (stop taking requests, finish the ones held), destroy. Exit status: 0
- * after a drain, 2 for a bad option, 1 when it could not serve: no connection, or its --id is
- * another running process's (refused at start, or yielded to the older of two started at once).
+ * after a drain, 2 for a bad option, 1 when it could not serve: no connection, a connection lost
+ * for good (nats_connection_lost), or its --id is another running process's (refused at start, or
+ * yielded to the older of two started at once).
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
@@ -58,7 +59,10 @@ int main(int argc, char **argv)
         while (!kvr_signal_received() && !(clash = kvr_worker_clashed(&w)))
             kvr_sleep_ns(20 * KVR_NS_PER_MS);
         if (!clash) { /* a yielding worker drains nothing: the older instance serves it all */
-            kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", kvr_signal_received());
+            if (kvr_signals_failed()) /* a NATS connection lost for good */
+                kvr_log(KVR_LOG_INFO, "worker_draining", "reason=nats_connection_lost");
+            else
+                kvr_log(KVR_LOG_INFO, "worker_draining", "signal=%d", kvr_signal_received());
             kvr_wk_link_drain(&link);
         }
     }
@@ -75,5 +79,5 @@ int main(int argc, char **argv)
                 "kvworker: worker id %" PRIu64 " is used by another running process%s; "
                 "give each worker its own --id\n",
                 cfg.id, st == KVR_OK ? " that started first: this one stopped" : ": not started");
-    return st == KVR_OK && !clash ? 0 : 1;
+    return st == KVR_OK && !clash && !kvr_signals_failed() ? 0 : 1;
 }

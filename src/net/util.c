@@ -54,6 +54,7 @@ struct conn_life {
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* signalled when closed is set */
     bool closed;            /* the closed callback ran */
+    bool closing;           /* kvr_conn_destroy closes it: a close not ours is a loss */
     bool abandoned;         /* kvr_conn_destroy gave up waiting: the callback frees */
     struct conn_life *next; /* in lives */
 };
@@ -130,11 +131,38 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
     kvr_log(KVR_LOG_WARN, "nats_error", "conn=%s error=\"%s\"", l->name, natsStatus_GetText(err));
 }
 
-/* The connection's last callback: it is closed, and nothing of it runs after this. */
+/* nats.c's text for a failure (or the status's when it has none), quotes made single: one log
+ * field. */
+static void error_field(const char *text, natsStatus s, char *out, size_t len)
+{
+    snprintf(out, len, "%s", text && *text ? text : natsStatus_GetText(s));
+    for (char *p = out; *p; p++)
+        if (*p == '"' || *p == '\n')
+            *p = '\'';
+}
+
+/*
+ * The connection's last callback: it is closed, and nothing of it runs after this. nats.c closes a
+ * connection on its own (it reconnects forever otherwise) when a server refuses two reconnects in
+ * a row with the same authentication error: revoked or changed credentials, or nats.c 3.4.1's
+ * unsigned CONNECT (1 in 256, docs/operations.md). Nothing would ever reconnect it, so the daemon
+ * is asked to stop with a failure (kvr_signals_fail) and its supervisor starts it again.
+ */
 static void on_closed(natsConnection *nc, void *closure)
 {
-    (void)nc;
     struct conn_life *l = closure;
+    pthread_mutex_lock(&l->mu);
+    bool lost = !l->closing;
+    pthread_mutex_unlock(&l->mu);
+    if (lost) {
+        const char *text = NULL;
+        natsStatus s = natsConnection_GetLastError(nc, &text);
+        char why[256];
+        error_field(text, s, why, sizeof why);
+        kvr_log(KVR_LOG_ERROR, "nats_connection_lost", "conn=%s error=\"%s\" action=stop", l->name,
+                why);
+        kvr_signals_fail();
+    }
     pthread_mutex_lock(&l->mu);
     l->closed = true;
     bool gone = l->abandoned;
@@ -149,6 +177,11 @@ void kvr_conn_destroy(natsConnection *nc)
     if (!nc)
         return;
     struct conn_life *l = lives_take(nc);
+    if (l) {
+        pthread_mutex_lock(&l->mu);
+        l->closing = true;
+        pthread_mutex_unlock(&l->mu);
+    }
     natsConnection_Close(nc); /* posts the disconnected callback, then the closed one */
     bool seen = true;
     if (l) {
@@ -258,11 +291,7 @@ static natsStatus secure(natsOptions *o, const struct kvr_nats_config *c)
 static void last_error(natsStatus s, char *out, size_t len)
 {
     natsStatus dummy;
-    const char *text = nats_GetLastError(&dummy);
-    snprintf(out, len, "%s", text && *text ? text : natsStatus_GetText(s));
-    for (char *p = out; *p; p++)
-        if (*p == '"' || *p == '\n')
-            *p = '\'';
+    error_field(nats_GetLastError(&dummy), s, out, len);
 }
 
 /* Sleep ns, or less when a stop signal comes; whether one came. */

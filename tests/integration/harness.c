@@ -366,9 +366,16 @@ bool h_nats_start(struct nats_srv *s, int port)
 
 bool h_nats_start_conf(struct nats_srv *s, const char *conf)
 {
+    return h_nats_start_conf_port(s, conf, 0);
+}
+
+bool h_nats_start_conf_port(struct nats_srv *s, const char *conf, int port)
+{
     if (!make_dir(s))
         return false;
-    char *argv[] = {"nats-server", "-c", (char *)conf,       "-a",   "127.0.0.1", "-p", "-1",
+    char portarg[16];
+    snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
+    char *argv[] = {"nats-server", "-c", (char *)conf,       "-a",   "127.0.0.1", "-p", portarg,
                     "-m",          "-1", "--ports_file_dir", s->dir, NULL};
     return start_server(s, argv);
 }

@@ -51,6 +51,8 @@ struct nats_srv {
 bool h_nats_start(struct nats_srv *s, int port);
 /* Start nats-server with the config file conf (ephemeral ports); false on failure. */
 bool h_nats_start_conf(struct nats_srv *s, const char *conf);
+/* The same on client port port (0: ephemeral), such as the port of a server stopped before. */
+bool h_nats_start_conf_port(struct nats_srv *s, const char *conf, int port);
 /*
  * Start a cluster node named name (cluster "kvr", ephemeral cluster port) routing to seed's cluster
  * URL (seed NULL: it is the seed), on client port port (0: ephemeral).

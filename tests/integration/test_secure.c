@@ -29,16 +29,23 @@ static void teardown(void)
     dir[0] = 0;
 }
 
-/* A server whose config is auth (an authorization block), connected to as the client url. */
-static void start(const char *auth, const char *client_auth)
+/* Start the server srv on port (0: ephemeral) with auth as its config's authorization block. */
+static void start_auth(const char *auth, int port)
 {
-    char conf[256], url[256];
+    char conf[256];
     snprintf(conf, sizeof conf, "/tmp/kvr_it_%d_secure.conf", (int)getpid());
     FILE *f = fopen(conf, "w");
     cr_assert(f != NULL, "cannot write %s", conf);
     fprintf(f, "max_payload: 8MB\nauthorization { %s }\n", auth);
     fclose(f);
-    cr_assert(h_nats_start_conf(&srv, conf), "nats-server did not start with %s", conf);
+    cr_assert(h_nats_start_conf_port(&srv, conf, port), "nats-server did not start with %s", conf);
+}
+
+/* A server whose config is auth (an authorization block), connected to as the client url. */
+static void start(const char *auth, const char *client_auth)
+{
+    char url[256];
+    start_auth(auth, 0);
     snprintf(url, sizeof url, "nats://%s@127.0.0.1:%d", client_auth, srv.port);
     nc = h_connect(url);
     cr_assert(nc != NULL, "cannot connect with the right credentials");
@@ -97,6 +104,35 @@ Test(secure, wrong_password_exits, .fini = teardown, .timeout = 120)
     cr_expect(log_has("kvrouter", 1, "wrong-pw") == false, "the password is in its log");
     if (status <= 0)
         h_print_tail(r, 10);
+    h_end();
+}
+
+/*
+ * The server comes back with the user's password changed: nats.c closes a connection for good
+ * when a server refuses two reconnects in a row, so the router and the worker, which would sit
+ * there unconnected forever, stop with exit status 1 and nats_connection_lost in their log (a
+ * supervisor starts them again, with the new password).
+ */
+Test(secure, credentials_refused_on_reconnect_stop_the_daemons, .fini = teardown, .timeout = 120)
+{
+    start("user: kvr, password: \"pw-7f3\"", "kvr:pw-7f3");
+    const char *const *creds = H_ARGS("--user", "kvr", "--password", "pw-7f3");
+    pid_t w = h_worker(srv.url, "1", 10, 200, creds);
+    pid_t r = h_router(srv.url, "r1", creds);
+    h_until_served(nc, H_GEN, 1, 20000);
+    int port = srv.port;
+    h_nats_stop(&srv);
+    start_auth("user: kvr, password: \"pw-new\"", port);
+    int rs = h_wait(r, 15000), ws = h_wait(w, 15000);
+    if (rs != 1)
+        h_print_tail(r, 10);
+    if (ws != 1)
+        h_print_tail(w, 10);
+    cr_expect(rs == 1, "the router: status %d, not 1", rs);
+    cr_expect(ws == 1, "the worker: status %d, not 1", ws);
+    cr_expect(h_log_has(r, "nats_connection_lost"), "no nats_connection_lost in the router's log");
+    cr_expect(h_log_has(w, "nats_connection_lost"), "no nats_connection_lost in the worker's log");
+    cr_expect(log_has("kvrouter", 1, "pw-7f3") == false, "the password is in its log");
     h_end();
 }
 
