@@ -145,7 +145,7 @@ static void error_field(const char *text, natsStatus s, char *out, size_t len)
  * The connection's last callback: it is closed, and nothing of it runs after this. nats.c closes a
  * connection on its own (it reconnects forever otherwise) when a server refuses two reconnects in
  * a row with the same authentication error: revoked or changed credentials, or nats.c 3.4.1's
- * unsigned CONNECT (1 in 256, docs/operations.md). Nothing would ever reconnect it, so the daemon
+ * unsigned CONNECT (1 in 256, docs/security.md). Nothing would ever reconnect it, so the daemon
  * is asked to stop with a failure (kvr_signals_fail) and its supervisor starts it again.
  */
 static void on_closed(natsConnection *nc, void *closure)
