@@ -153,6 +153,8 @@ static void on_closed(natsConnection *nc, void *closure)
     struct conn_life *l = closure;
     pthread_mutex_lock(&l->mu);
     bool lost = !l->closing;
+    /* closed is set after the log: a kvr_conn_destroy that comes meanwhile waits for it, so it
+     * cannot free l under the log */
     pthread_mutex_unlock(&l->mu);
     if (lost) {
         const char *text = NULL;

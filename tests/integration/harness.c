@@ -355,13 +355,7 @@ static bool make_dir(struct nats_srv *s)
 
 bool h_nats_start(struct nats_srv *s, int port)
 {
-    if (!make_dir(s))
-        return false;
-    char portarg[16];
-    snprintf(portarg, sizeof portarg, "%d", port ? port : -1);
-    char *argv[] = {"nats-server", "-c", KVR_NATS_CONF,      "-a",   "127.0.0.1", "-p", portarg,
-                    "-m",          "-1", "--ports_file_dir", s->dir, NULL};
-    return start_server(s, argv);
+    return h_nats_start_conf_port(s, KVR_NATS_CONF, port);
 }
 
 bool h_nats_start_conf(struct nats_srv *s, const char *conf)
