@@ -340,7 +340,7 @@ Test(ops, readyz_false_within_1s_of_a_stall)
             cr_assert(gt(sz, strlen(body), 1), "a 503 from /readyz gives a reason");
         if (st == 503 && not_ready < 0) {
             not_ready = (int64_t)(h_now_ms() - t0);
-            snprintf(reason, sizeof reason, "%s", body);
+            snprintf(reason, sizeof reason, "%.*s", (int)sizeof reason - 1, body); /* its head */
             reason[strcspn(reason, "\n")] = 0;
             /* a scrape meanwhile answers too: 503, it cannot read the state */
             metrics_during = get(port, "/metrics", PROBE_MS);

@@ -56,7 +56,7 @@ static void three_routers(pid_t pid[3], const char *flag, const char *value)
 static void workers(int n, int speedup, pid_t *pid)
 {
     for (int w = 1; w <= n; w++) {
-        char id[8];
+        char id[12];
         snprintf(id, sizeof id, "%d", w);
         pid_t p = h_worker(urls(w % NODES), id, speedup, 500, NULL);
         if (pid)
