@@ -44,8 +44,46 @@ check_reports() {
 # 199 s, 2026-12-06); the tsan stage, whose daemons are slower still, stays at 3.
 JOBS=${JOBS:-3}
 
+# The sanitizer and fuzz builds, made in the background at the lowest CPU priority from the start
+# of the plain stage's tests: the integration tests mostly wait on sockets (about half the CPU of
+# 2 cores is idle while they run), and a stage that uses one of these builds waits for it to be
+# done first. A build that failed there is run again by its stage, in the foreground, where its
+# errors show.
+prebuild_pid="" prebuilt=""
+selected() { case " ${STAGES:-plain js asan valgrind tsan fuzz format} " in *" $1 "*) ;; *) return 1 ;; esac; }
+build_asan() { build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized; }
+build_tsan() { build build-tsan -Db_sanitize=thread -Dtests=false; }
+build_fuzz() {
+  if [ ! -f build-fuzz/build.ninja ]; then
+    CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dtests=false ${CI:+-Dwerror=true} >/dev/null
+  fi
+  ninja -C build-fuzz >build-fuzz/ninja.log || { tail -40 build-fuzz/ninja.log; return 1; }
+}
+prebuild_start() {
+  prebuilt=$(mktemp -d) # a file per build done (or failed), and the log
+  set -m # a process group of its own, so an early exit stops the whole build (report below)
+  (
+    renice -n 19 -p "$BASHPID" >/dev/null
+    for s in asan tsan fuzz; do
+      if selected "$s"; then
+        "build_$s" || echo "prebuild: $s failed"
+        touch "$prebuilt/$s"
+      fi
+    done
+  ) >"$prebuilt/log" 2>&1 &
+  prebuild_pid=$!
+  set +m
+}
+prebuild_wait() { # $1: the build a stage needs
+  while [ -n "$prebuild_pid" ] && [ ! -e "$prebuilt/$1" ] && kill -0 "$prebuild_pid" 2>/dev/null; do
+    sleep 1
+  done
+}
+
 stage_plain() {
   bash scripts/build.sh build
+  prebuild_start
   meson test -C build --print-errorlogs --num-processes "$((JOBS + 1))"
 }
 
@@ -57,7 +95,8 @@ stage_js() {
 stage_asan() {
   # Criterion ignores how a test's child process exits, so the sanitizers write their reports to
   # files and any report fails the run.
-  build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+  prebuild_wait asan
+  build_asan
   local logs rc=0
   logs=$(mktemp -d)
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$logs/asan" \
@@ -87,7 +126,8 @@ stage_tsan() {
   # even if this stage is cut short. Reports go to files, as for ASan; tests/tsan.supp, if
   # present, holds suppressions for races inside libnats alone (not instrumented), one commented
   # entry each.
-  build build-tsan -Db_sanitize=thread -Dtests=false
+  prebuild_wait tsan
+  build_tsan
   bash scripts/build.sh build
   local client=build logs opts bins=() rc=0
   for b in build-tsan/src/* build-tsan/src/standin/kvengine; do
@@ -112,11 +152,8 @@ stage_fuzz() {
   # tests/fuzz/README.md: libFuzzer needs clang; each target runs from seeds the encoders write,
   # two at a time, and any crash, leak, timeout or out-of-memory fails (reproducers are kept in
   # build-fuzz/tests/fuzz/work/<target>/).
-  if [ ! -f build-fuzz/build.ninja ]; then
-    CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dtests=false ${CI:+-Dwerror=true} >/dev/null
-  fi
-  ninja -C build-fuzz >build-fuzz/ninja.log || { tail -40 build-fuzz/ninja.log; return 1; }
+  prebuild_wait fuzz
+  build_fuzz
   FUZZ_SECONDS=${FUZZ_SECONDS:-5} meson test -C build-fuzz --suite fuzz --print-errorlogs \
     --num-processes 2
 }
@@ -142,6 +179,8 @@ start=$(date +%s)
 times="" current="" t0=0
 report() {
   local rc=$?
+  [ -z "$prebuild_pid" ] || kill -- "-$prebuild_pid" 2>/dev/null || true
+  [ -z "$prebuilt" ] || rm -rf "$prebuilt"
   [ -n "$current" ] && times+="time: $current $(($(date +%s) - t0)) s (failed)"$'\n'
   printf '%s' "$times"
   [ "$rc" -ne 0 ] || echo "all tests passed in $(($(date +%s) - start)) s"
@@ -149,7 +188,7 @@ report() {
 }
 trap report EXIT
 for s in plain js asan valgrind tsan fuzz format; do
-  case " ${STAGES:-plain js asan valgrind tsan fuzz format} " in *" $s "*) ;; *) continue ;; esac
+  selected "$s" || continue
   echo "== $s"
   current=$s t0=$(date +%s)
   "stage_$s"
