@@ -11,4 +11,10 @@ opts=()
 if [ ! -f "$dir/build.ninja" ]; then
   meson setup "$dir" "${opts[@]}" "$@" >/dev/null
 fi
-ninja -C "$dir" >/dev/null
+# ninja's output (the failing command and the compiler's errors are on stdout) is kept in a log
+# and shown when the build fails
+if ! ninja -C "$dir" >"$dir/ninja.log" 2>&1; then
+  tail -60 "$dir/ninja.log"
+  echo "build of $dir failed (log: $dir/ninja.log)"
+  exit 1
+fi

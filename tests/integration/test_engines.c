@@ -275,7 +275,7 @@ Test(engines, a_prefix_routes_to_the_engine_that_caches_it)
     int same = 0, total = 0;
     for (int p = 0; p < 4; p++)
         for (int k = 0; k < 4; k++) {
-            char id[16];
+            char id[32];
             snprintf(id, sizeof id, "b%d_%d", p, k);
             cr_assert(eq(dbl, until_metric_below(rport, "kvrouter_inflight_requests", 0, 5000), 0));
             struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 560 + 16 * k, 4);
@@ -422,7 +422,7 @@ Test(engines, a_burst_of_10000_stored_blocks_reaches_the_index)
     enum { N = 40, LEN = 4000 }; /* 40 prompts of 250 blocks, all at once */
     static struct h_req q[N];
     for (int i = 0; i < N; i++) {
-        char id[16];
+        char id[32];
         snprintf(id, sizeof id, "burst%d", i);
         cr_assert(h_send(nc, GEN, &q[i], id, 7000u + (uint32_t)i, 0, LEN, 2));
     }
@@ -456,7 +456,7 @@ Test(engines, every_wire_form_of_kv_events_and_metrics_is_read)
     for (int i = 0; i < 3; i++)
         engine_start_with(&e[i], true, "20", forms[i]);
     for (int i = 0; i < 3; i++) {
-        char id[4];
+        char id[12];
         snprintf(id, sizeof id, "%d", i + 1);
         adapter_start(&e[i], id);
     }
@@ -560,7 +560,7 @@ Test(engines, a_restarted_engine_leaves_no_stale_blocks_in_the_index)
      * has reconnected (ZeroMQ's slow joiner: a lost hit, never a false one), so up to 3 tries */
     entries = 0;
     for (int k = 0; k < 3 && entries == 0; k++) {
-        char id[16];
+        char id[32];
         snprintf(id, sizeof id, "after%d", k);
         g = ask(id, 4000u + 1000u * (uint32_t)k, 0, 320, 2);
         cr_assert(g.final && g.error_code == 0, "after the restart: error %u", g.error_code);

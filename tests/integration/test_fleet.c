@@ -48,7 +48,7 @@ Test(fleet, shared_prefixes_stick_and_load_spreads)
 {
     h_router(srv.url, "r1", NULL);
     for (int i = 1; i <= 4; i++) {
-        char id[8];
+        char id[12];
         snprintf(id, sizeof id, "%d", i);
         h_worker(srv.url, id, 20, 200, NULL);
     }

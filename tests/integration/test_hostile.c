@@ -231,7 +231,7 @@ Test(hostile, a_batch_cannot_end_another_workers_requests)
     h_until_served(nc, H_GEN, 1, 20000);
     h_sleep_ms(500);
     struct h_req q[4];
-    char id[4][16];
+    char id[4][24];
     int on2 = -1, sent = 0;
     for (int i = 0; i < 4 && on2 < 0; i++, sent++) {
         snprintf(id[i], sizeof id[i], "long-%d", i);

@@ -456,7 +456,7 @@ Test(ops, a_real_prometheus_scrapes_three_routers)
     h_tmpdir(dir, sizeof dir, "prom");
     int port[ROUTERS];
     for (int i = 0; i < ROUTERS; i++) {
-        char id[8];
+        char id[16];
         snprintf(id, sizeof id, "r%d", i + 1);
         router_http(id, &port[i], NULL);
     }
