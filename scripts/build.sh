@@ -9,12 +9,13 @@ shift || true
 opts=()
 [ -n "${CI:-}" ] && opts+=(-Dwerror=true)
 if [ ! -f "$dir/build.ninja" ]; then
-  meson setup "$dir" "${opts[@]}" "$@" >/dev/null
+  # meson prints its errors on stdout: shown when it fails
+  out=$(meson setup "$dir" "${opts[@]}" "$@" 2>&1) || { printf '%s\n' "$out"; exit 1; }
 fi
 # ninja's output (the failing command and the compiler's errors are on stdout) is kept in a log
-# and shown when the build fails
+# and shown from the first failure on when the build fails
 if ! ninja -C "$dir" >"$dir/ninja.log" 2>&1; then
-  tail -60 "$dir/ninja.log"
+  sed -n '/^FAILED:/,$p' "$dir/ninja.log" | head -150
   echo "build of $dir failed (log: $dir/ninja.log)"
   exit 1
 fi

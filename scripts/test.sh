@@ -16,13 +16,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 
+# Run a command with its output shown only when it fails (meson prints its errors on stdout).
+quiet() {
+  local out
+  out=$("$@" 2>&1) || { printf '%s\n' "$out"; return 1; }
+}
+
 # Configure DIR with options (applied with meson configure when DIR exists, so a build made before
 # an option changed gets it too) and build it.
 build() {
   local dir=$1
   shift
   if [ -f "$dir/build.ninja" ] && [ $# -gt 0 ]; then
-    meson configure "$dir" "$@" >/dev/null
+    quiet meson configure "$dir" "$@"
   fi
   bash scripts/build.sh "$dir" "$@"
 }
@@ -55,13 +61,13 @@ build_asan() { build build-asan -Db_sanitize=address,undefined -Db_lundef=false 
 build_tsan() { build build-tsan -Db_sanitize=thread -Dtests=false; }
 build_fuzz() {
   if [ ! -f build-fuzz/build.ninja ]; then
-    CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dtests=false ${CI:+-Dwerror=true} >/dev/null
+    CC=clang quiet meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
+      -Db_lundef=false -Dtests=false ${CI:+-Dwerror=true}
   fi
   ninja -C build-fuzz >build-fuzz/ninja.log || { tail -40 build-fuzz/ninja.log; return 1; }
 }
 prebuild_start() {
-  prebuilt=$(mktemp -d) # a file per build done (or failed), and the log
+  prebuilt=$(mktemp -d) # a file per build done (or failed), "end" when the job ends, the log
   set -m # a process group of its own, so an early exit stops the whole build (report below)
   (
     renice -n 19 -p "$BASHPID" >/dev/null
@@ -71,7 +77,8 @@ prebuild_start() {
         touch "$prebuilt/$s"
       fi
     done
-  ) >"$prebuilt/log" 2>&1 &
+    touch "$prebuilt/end"
+  ) </dev/null >"$prebuilt/log" 2>&1 &
   prebuild_pid=$!
   set +m
 }
@@ -179,7 +186,10 @@ start=$(date +%s)
 times="" current="" t0=0
 report() {
   local rc=$?
-  [ -z "$prebuild_pid" ] || kill -- "-$prebuild_pid" 2>/dev/null || true
+  # (only while it runs: once it ended, its process group id may be another's)
+  if [ -n "$prebuild_pid" ] && [ ! -e "$prebuilt/end" ]; then
+    kill -- "-$prebuild_pid" 2>/dev/null || true
+  fi
   [ -z "$prebuilt" ] || rm -rf "$prebuilt"
   [ -n "$current" ] && times+="time: $current $(($(date +%s) - t0)) s (failed)"$'\n'
   printf '%s' "$times"
@@ -187,6 +197,8 @@ report() {
   exit "$rc"
 }
 trap report EXIT
+trap 'exit 130' INT # so that report sees a failure
+trap 'exit 143' TERM
 for s in plain js asan valgrind tsan fuzz format; do
   selected "$s" || continue
   echo "== $s"
