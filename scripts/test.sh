@@ -59,12 +59,9 @@ prebuild_pid="" prebuilt=""
 selected() { case " ${STAGES:-plain js asan valgrind tsan fuzz format} " in *" $1 "*) ;; *) return 1 ;; esac; }
 build_asan() { build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized; }
 build_tsan() { build build-tsan -Db_sanitize=thread -Dtests=false; }
-build_fuzz() {
-  if [ ! -f build-fuzz/build.ninja ]; then
-    CC=clang quiet meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
-      -Db_lundef=false -Dtests=false ${CI:+-Dwerror=true}
-  fi
-  ninja -C build-fuzz >build-fuzz/ninja.log || { tail -40 build-fuzz/ninja.log; return 1; }
+build_fuzz() { # configured once (build.sh: werror under CI), with clang for libFuzzer
+  CC=clang bash scripts/build.sh build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
+    -Db_lundef=false -Dtests=false
 }
 prebuild_start() {
   prebuilt=$(mktemp -d) # a file per build done (or failed), "end" when the job ends, the log
