@@ -401,6 +401,7 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     out->instance = m->instance;
     out->started_ns = m->started_ns;
     out->info.approximate = m->no_kv_events;
+    out->last_event_seq = m->last_event_seq;
     kvrouter__v1__heartbeat__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_heartbeat_free(out);
@@ -716,5 +717,6 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.ended = h->ended;
     m.n_ended = h->nended;
     m.no_kv_events = h->info.approximate;
+    m.last_event_seq = h->last_event_seq;
     return kvr_codec_pack(b, &m.base);
 }

@@ -214,6 +214,10 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
             rd->hb_interval_ms = (uint32_t)ms;
         ended_listed(rd, wid, h.ended, h.nended, now);
         kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, now);
+        /* its last KV events lost show only here (nothing numbered comes after them); KV events
+         * held for a snapshot are noted when replayed, so none is announced meanwhile */
+        if (!rd->holding && kvr_kvseq_announce(&rd->kvseq, wid, h.last_event_seq))
+            rd->kv_gap = true;
     }
     log_join(rd, wid, &h, st, known, was_approximate);
     kvr_wire_heartbeat_free(&h);

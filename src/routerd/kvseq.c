@@ -11,7 +11,7 @@ void kvr_kvseq_free(struct kvr_kvseq *s)
 {
     if (s->at.groups)
         kvr_map_free(&s->at);
-    free(s->last);
+    free(s->w);
     *s = (struct kvr_kvseq){0};
 }
 
@@ -22,6 +22,32 @@ static void start_over(struct kvr_kvseq *s)
     s->n = 0;
 }
 
+/* a + b, at most UINT64_MAX (a number from the wire does not wrap a count to 0). */
+static uint64_t add(uint64_t a, uint64_t b)
+{
+    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
+/* skipped numbers did not come (yet). */
+static uint64_t skip(struct kvr_kvseq *s, uint64_t skipped)
+{
+    if (skipped) {
+        s->missed = add(s->missed, skipped);
+        s->open = add(s->open, skipped);
+        s->gaps++;
+    }
+    return skipped;
+}
+
+/* One skipped number came after all. */
+static void came_late(struct kvr_kvseq *s)
+{
+    if (s->open) {
+        s->open--;
+        s->late++;
+    }
+}
+
 uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
 {
     uint32_t i = s->at.groups ? kvr_map_get(&s->at, wid) : KVR_NIL;
@@ -29,29 +55,39 @@ uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
         if (s->n >= KVR_KVSEQ_MAX)
             start_over(s);
         if ((!s->at.groups && kvr_map_init(&s->at, 16) != KVR_OK) ||
-            !KVR_GROW(s->last, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
+            !KVR_GROW(s->w, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
             return 0;
-        s->last[s->n++] = seq;
+        s->w[s->n++] = (struct kvr_kvseq_worker){seq, false};
         return 0;
     }
-    uint64_t last = s->last[i];
-    if (seq == last)
-        return 0; /* a repeat */
-    if (seq < last) {
-        if (last - seq > KVR_KVSEQ_REORDER)
-            s->last[i] = seq; /* a restarted worker, counting from 1 again */
-        else if (s->open) {   /* one that was skipped, late */
-            s->open--;
-            s->late++;
+    struct kvr_kvseq_worker *w = &s->w[i];
+    if (seq == w->last) {
+        if (w->announced) { /* the one a heartbeat numbered, here now */
+            w->announced = false;
+            came_late(s);
         }
+        return 0; /* else a repeat */
+    }
+    if (seq < w->last) {
+        if (w->last - seq > KVR_KVSEQ_REORDER)
+            *w = (struct kvr_kvseq_worker){seq, false}; /* a restarted worker, from 1 again */
+        else
+            came_late(s); /* one that was skipped */
         return 0;
     }
-    s->last[i] = seq;
-    uint64_t skipped = seq - last - 1;
-    if (skipped) {
-        s->missed += skipped;
-        s->open += skipped;
-        s->gaps++;
-    }
-    return skipped;
+    /* an announced last that never came stays open: counted when it was announced */
+    uint64_t last = w->last;
+    *w = (struct kvr_kvseq_worker){seq, false};
+    return skip(s, seq - last - 1);
+}
+
+uint64_t kvr_kvseq_announce(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
+{
+    uint32_t i = s->at.groups ? kvr_map_get(&s->at, wid) : KVR_NIL;
+    if (i == KVR_NIL || seq <= s->w[i].last)
+        return 0; /* not noted yet (what came before is a snapshot's), or nothing new */
+    struct kvr_kvseq_worker *w = &s->w[i];
+    uint64_t last = w->last;
+    *w = (struct kvr_kvseq_worker){seq, true};
+    return skip(s, seq - last); /* seq itself has not come either */
 }

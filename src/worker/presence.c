@@ -39,7 +39,8 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
                                    .interval_ms = (uint32_t)(w->cfg->heartbeat_ns / KVR_NS_PER_MS),
                                    .draining = w->draining,
                                    .instance = w->instance,
-                                   .started_ns = w->started_ns};
+                                   .started_ns = w->started_ns,
+                                   .last_event_seq = w->event_seq};
     w->be->load(w, &h.info);
     h.draining = h.draining || h.info.draining; /* an adapter whose engine is down */
     h.inflight = malloc(((size_t)w->nreqs + 1) * sizeof *h.inflight);

@@ -449,3 +449,81 @@ Test(fleet, a_router_started_after_its_workers_knows_them_at_once)
     natsSubscription_Destroy(hb);
     h_end();
 }
+
+/* Publish b on subject from the test's connection (b freed). */
+static void publish(const char *subject, struct kvr_buf *b)
+{
+    cr_assert(eq(int, natsConnection_Publish(nc, subject, b->data, (int)b->len), NATS_OK));
+    kvr_buf_free(b);
+}
+
+/* The highest KV event number, and the last heartbeat's last_event_seq, of worker 1's messages
+ * on sub for up to ms, or until the heartbeat names the highest number seen (> 0). */
+static void read_numbers(natsSubscription *sub, int ms, uint64_t *top, uint64_t *told)
+{
+    uint64_t until = h_now_ms() + (uint64_t)ms;
+    natsMsg *m = NULL;
+    while (!(*top && *told == *top) && h_now_ms() < until &&
+           natsSubscription_NextMsg(&m, sub, 100) == NATS_OK) {
+        const char *subj = natsMsg_GetSubject(m);
+        const void *data = natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m);
+        struct kvr_wire_kv e;
+        struct kvr_wire_heartbeat h;
+        if (!strcmp(subj, "kv.default.ev.1.kv") && kvr_wire_decode_kv(data, len, &e) == KVR_OK) {
+            *top = e.event_seq > *top ? e.event_seq : *top;
+            kvr_wire_kv_free(&e);
+        } else if (!strcmp(subj, "kv.default.ev.1.hb") &&
+                   kvr_wire_decode_heartbeat(data, len, &h) == KVR_OK) {
+            *told = h.last_event_seq;
+            kvr_wire_heartbeat_free(&h);
+        }
+        natsMsg_Destroy(m);
+    }
+}
+
+/* A KV event lost last, with nothing numbered after it, shows only in the worker's next
+ * heartbeat, which names the number of its last KV event sent. */
+Test(fleet, heartbeats_number_the_last_kv_event_so_a_lost_last_one_shows)
+{
+    natsSubscription *sub = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&sub, nc, "kv.default.ev.1.>"), NATS_OK));
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    pid_t r1 = h_router(srv.url, "r1", NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 1, 10000);
+    for (int i = 0; i < 3; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "numbered-%d", i);
+        struct h_result r = h_ask(nc, GEN, id, 1 + 1000 * (uint32_t)i, 0, 256, 2, 10000);
+        cr_assert(r.final && r.error_code == 0);
+    }
+    uint64_t top = 0, told = 0;
+    read_numbers(sub, 5000, &top, &told);
+    cr_assert(gt(u64, top, 0), "the prompts' blocks were stored");
+    cr_assert(eq(u64, told, top), "a heartbeat names the last one (%llu of %llu)",
+              (unsigned long long)told, (unsigned long long)top);
+    natsSubscription_Destroy(sub);
+    /* a real worker's traffic reads as no loss */
+    cr_assert(eq(u64, router_stat("data.kv_event_gaps"), 0));
+    /* worker 9 numbers events 2 to 4 it never sends: only its heartbeat says so */
+    struct kvr_wire_heartbeat hb = {.info = {.id = 9, .block_size = 64, .capacity_blocks = 64},
+                                    .interval_ms = 500};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
+    publish("kv.default.ev.9.hb", &b);
+    cr_assert(eq(int, kvr_wire_encode_cleared(&b, 9, 1), KVR_OK));
+    publish("kv.default.ev.9.kv", &b);
+    hb.last_event_seq = 4;
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
+    publish("kv.default.ev.9.hb", &b);
+    natsConnection_Flush(nc);
+    uint64_t t0 = h_now_ms();
+    while (!h_log_has(r1, "msg=kv_events_missed") && h_now_ms() - t0 < 5000)
+        h_sleep_ms(50);
+    cr_assert(h_log_has(r1, "msg=kv_events_missed missed=3 open=3 gaps=1"), "logged (no peer)");
+    cr_assert(eq(u64, router_stat("data.kv_events_missed"), 3));
+    cr_assert(eq(u64, router_stat("data.kv_event_gaps"), 1));
+    h_end();
+}

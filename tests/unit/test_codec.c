@@ -418,7 +418,8 @@ Test(codec, events_round_trip)
              0xfeedull,
              12345,
              (uint64_t[]){77, 78},
-             2},
+             2,
+             UINT64_MAX - 1},
         g;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
@@ -430,6 +431,7 @@ Test(codec, events_round_trip)
     cr_assert(eq(u32, g.nended, 2));
     cr_assert(eq(u64, g.ended[1], 78));
     cr_assert(eq(u64, g.instance, 0xfeed));
+    cr_assert(eq(u64, g.last_event_seq, UINT64_MAX - 1));
     cr_assert(not(g.info.approximate));
     kvr_wire_heartbeat_free(&g);
     h.info.approximate = true; /* an engine without KV events */

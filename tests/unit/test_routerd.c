@@ -1229,6 +1229,77 @@ Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
     cr_assert(eq(u64, rd.stalls, 0));
 }
 
+/* Worker wid's heartbeat saying its last KV event sent was number seq. */
+static void heartbeat_numbered(uint64_t wid, uint64_t seq)
+{
+    struct kvr_wire_heartbeat h = {.info = {.id = wid, .block_size = 64, .capacity_blocks = 4096},
+                                   .interval_ms = 1000,
+                                   .last_event_seq = seq};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
+    kvr_events_on_message(&rd, subject, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+Test(routerd, kv_events_lost_at_the_end_show_in_the_next_heartbeat)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;
+    heartbeat_numbered(1, 0); /* known, nothing numbered yet */
+    heartbeat_numbered(1, 7); /* not noted yet: what came before is a snapshot's business */
+    cr_assert(eq(u64, rd.kvseq.gaps, 0));
+    kv_numbered(1, 1);
+    kv_numbered(1, 2);
+    heartbeat_numbered(1, 2); /* all came */
+    heartbeat_numbered(1, 1); /* an older beat, or a restarted worker: nothing new */
+    cr_assert(eq(u64, rd.kvseq.gaps, 0));
+    cr_assert(not(rd.kv_gap));
+    /* the heartbeat overtook 3 and 4 (published by another thread): open until they come */
+    heartbeat_numbered(1, 4);
+    cr_assert(eq(u64, rd.kvseq.open, 2));
+    cr_assert(rd.kv_gap);
+    kv_numbered(1, 4);
+    kv_numbered(1, 3);
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    cr_assert(eq(u64, rd.kvseq.late, 2));
+    uint64_t now = kvr_now_ns();
+    ticks(now, now + 500 * KVR_NS_PER_MS);
+    cr_assert(eq(u64, rd.kv_resyncs, 0), "called off: nothing is missing");
+    /* 5 and 6 sent last, then silence: lost for good, and only the heartbeat says so (past the
+     * 10 s between two KV catch-ups, with a serving peer to ask) */
+    ticks(now + 600 * KVR_NS_PER_MS, now + 11 * KVR_NS_PER_S);
+    peer_hello();
+    heartbeat_numbered(1, 6); /* back: the ticks' clock ran 11 s past its beats */
+    cr_assert(eq(u64, rd.kvseq.missed, 4));
+    cr_assert(eq(u64, rd.kvseq.open, 2));
+    cr_assert(rd.kv_gap);
+    size_t mark = rec_nsent;
+    ticks(now + 11100 * KVR_NS_PER_MS, now + 12 * KVR_NS_PER_S);
+    cr_assert(eq(u64, rd.kv_resyncs, 1), "one snapshot");
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", mark, NULL), 1));
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    /* an announced number that comes late, after a newer one: still counted once */
+    heartbeat_numbered(1, 6); /* back again, nothing new */
+    kv_numbered(1, 8);        /* 7 skipped */
+    cr_assert(eq(u64, rd.kvseq.open, 1));
+    heartbeat_numbered(1, 9);
+    cr_assert(eq(u64, rd.kvseq.open, 2));
+    kv_numbered(1, 10); /* 9 still open */
+    kv_numbered(1, 9);
+    kv_numbered(1, 7);
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    /* a number from the wire cannot wrap the counts */
+    heartbeat_numbered(1, UINT64_MAX);
+    cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX - 10));
+    heartbeat_numbered(2, UINT64_MAX); /* unknown worker: refused before it is noted */
+    cr_assert(eq(u64, rd.kvseq.missed, UINT64_MAX - 4));
+    kv_numbered(1, 1); /* far below: the worker restarted */
+    heartbeat_numbered(1, UINT64_MAX);
+    cr_assert(eq(u64, rd.kvseq.missed, UINT64_MAX), "held at the top");
+    cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX));
+}
+
 /* --- snapshots from an index with holes ------------------------------------------------------ */
 
 /* Worker wid's KV event number seq: a chain of n blocks from the root, hashes and engine ids
