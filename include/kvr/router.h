@@ -392,6 +392,11 @@ void kvr_router_export_requests(struct kvr_router *r,
 kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
                              uint64_t now);
 
+/* Whether kvr_router_import could book rec at all: KVR_ERR_UNKNOWN_WORKER (counted) or
+ * KVR_ERR_INVALID as it would refuse it, else KVR_OK (it may still find it a duplicate). Lets a
+ * caller check a record before it undoes what the record would replace. */
+kvr_status kvr_router_import_check(struct kvr_router *r, const struct kvr_request_record *rec);
+
 /* One index entry as a replica holds it. */
 struct kvr_index_record {
     uint64_t worker_id;   /* */

@@ -17,16 +17,19 @@
 #include "kvr/rng.h"
 #include "router_int.h"
 
-kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
-                             uint64_t now)
+/* rec's worker, or NULL with why (*st) when rec could not be booked whatever this router holds. */
+static struct kvr_worker *importable(struct kvr_router *r, const struct kvr_request_record *rec,
+                                     kvr_status *st)
 {
+    *st = KVR_ERR_INVALID;
     if (!rec || rec->request_id == 0 || (rec->nblocks && !rec->block_hashes) ||
         rec->overlap_blocks > rec->nblocks)
-        return KVR_ERR_INVALID;
+        return NULL;
     struct kvr_worker *w = kvr_registry_find(&r->reg, rec->worker_id);
     if (!w) {
         r->st.unknown_worker++;
-        return KVR_ERR_UNKNOWN_WORKER;
+        *st = KVR_ERR_UNKNOWN_WORKER;
+        return NULL;
     }
     /* a record from the wire: no request holds more blocks than its worker has, nor more than the
      * prompt and output limits allow (a capacity is from the wire too) */
@@ -36,7 +39,25 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         rec->nblocks > r->cfg.max_prompt_tokens / bs + 1 ||
         rec->output_blocks > r->cfg.max_output_tokens / bs + 2 ||
         rec->prompt_tokens > r->cfg.max_prompt_tokens)
-        return KVR_ERR_INVALID;
+        return NULL;
+    *st = KVR_OK;
+    return w;
+}
+
+kvr_status kvr_router_import_check(struct kvr_router *r, const struct kvr_request_record *rec)
+{
+    kvr_status st;
+    importable(r, rec, &st);
+    return st;
+}
+
+kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
+                             uint64_t now)
+{
+    kvr_status st;
+    struct kvr_worker *w = importable(r, rec, &st);
+    if (!w)
+        return st;
     if (kvr_active_find(&r->act, rec->request_id)) {
         r->st.duplicate_request++;
         return KVR_ERR_DUPLICATE;
@@ -49,7 +70,7 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         r->st.late_decisions++;
         return KVR_ERR_DUPLICATE;
     }
-    kvr_status st = kvr__router_ensure_blocks(r, rec->nblocks);
+    st = kvr__router_ensure_blocks(r, rec->nblocks);
     if (st != KVR_OK)
         return st;
     st = kvr__router_book(r, rec->request_id, kvr_registry_slot(&r->reg, w), rec->block_hashes,

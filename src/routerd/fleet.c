@@ -240,16 +240,22 @@ static bool placed_anew(const struct kvr_pending *p, const struct kvr_wire_decis
  * Two routers decided one request (a resend reached both before either heard of the other's
  * decision, or one was paused with it in its socket): keep the decision that stands, stop the
  * other's worker silently (its client hears only the one that stands). True when d was taken in
- * place of p's decision (and its booking is to be imported).
+ * place of p's decision (and its booking is to be imported); else *st says why not. A decision
+ * this router could not book replaces nothing: checked before p's booking is cancelled.
  */
-static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d)
+static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d,
+                    kvr_status *st)
 {
+    *st = KVR_ERR_DUPLICATE; /* already known */
     if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns &&
         p->attempts == d->placement)
         return false;            /* the same decision again (a snapshot, a repair) */
     if (same_origin(rd, p, d)) { /* one router's decisions: never a conflict */
         if (!p->origin || !placed_anew(p, d))
             return false; /* this router's own (it knows its latest), or an older one, late */
+        if (p->worker_id != d->rec.worker_id &&
+            (*st = kvr_router_import_check(rd->core, &d->rec)) != KVR_OK)
+            return false;
         p->attempts = d->placement;
         if (p->worker_id == d->rec.worker_id)
             return false; /* sent again to the same worker: booked there already */
@@ -258,8 +264,10 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
         p->worker_id = d->rec.worker_id;
         return true;
     }
-    rd->n.conflicts++;
     bool peer = peer_stands(rd, p, d);
+    if (peer && (*st = kvr_router_import_check(rd->core, &d->rec)) != KVR_OK)
+        return false;
+    rd->n.conflicts++;
     uint64_t kept = peer ? d->rec.worker_id : p->worker_id;
     uint64_t loser = peer ? p->worker_id : d->rec.worker_id;
     bool mine = !p->origin; /* this router decided p: it stops whichever worker lost */
@@ -284,6 +292,17 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     return true;
 }
 
+/* Count a decision the core refused (st), or nothing for KVR_OK. */
+static void refused(struct kvr_fleet *g, kvr_status st)
+{
+    if (st == KVR_ERR_UNKNOWN_WORKER)
+        g->unknown_worker++;
+    else if (st == KVR_ERR_INVALID)
+        g->bad++; /* more blocks than its worker has: forged, or broken */
+    else if (st == KVR_ERR_DUPLICATE)
+        g->late++; /* already known, or its done came first */
+}
+
 void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,
                       bool repair)
 {
@@ -296,8 +315,9 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         return;
     }
     struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
-    if (known && !resolve(rd, known, d)) {
-        g->late++; /* already known */
+    kvr_status st;
+    if (known && !resolve(rd, known, d, &st)) {
+        refused(g, st);
         return;
     }
     const struct kvr_recent_item *ended =
@@ -310,13 +330,8 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         g->late++;
         return;
     }
-    kvr_status st = kvr_router_import(rd->core, &d->rec, now);
-    if (st == KVR_ERR_UNKNOWN_WORKER)
-        g->unknown_worker++;
-    else if (st == KVR_ERR_INVALID)
-        g->bad++; /* more blocks than its worker has: forged, or broken */
-    else if (st == KVR_ERR_DUPLICATE)
-        g->late++; /* already known, or its done came first */
+    st = kvr_router_import(rd->core, &d->rec, now);
+    refused(g, st);
     if (known || st != KVR_OK)
         return;
     g->imported++;

@@ -311,6 +311,51 @@ Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
     cr_assert(eq(u32, rd.pend.n, 0), "its done ends it here too");
 }
 
+/* Once open: a decision taking the place of a known one was checked only after the known one's
+ * booking was cancelled, so one naming a worker this router does not know (or over its bounds)
+ * left the request pointed at a worker it had no booking on. Now it replaces nothing. */
+Test(routerd, a_decision_this_router_cannot_book_replaces_nothing)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint64_t key = kvr_pending_key("_INBOX.u", "unknown"), t = kvr_realtime_ns();
+    peer_decision_at("peer", 1, key, 1, "_INBOX.u", "unknown", t, 0);
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
+    cr_assert(not(eq(ptr, p, NULL)));
+    /* its origin placed it again on worker 9, which this router never heard of */
+    peer_decision_at("peer", 2, key, 9, "_INBOX.u", "unknown", t, 1);
+    cr_assert(eq(u64, rd.fleet->unknown_worker, 1));
+    cr_assert(eq(u64, rd.fleet->placed_anew, 0));
+    /* another router's earlier decision, which would stand, on worker 9 too */
+    peer_decision_at("other", 1, key, 9, "_INBOX.u", "unknown", t - 1000, 0);
+    cr_assert(eq(u64, rd.fleet->unknown_worker, 2));
+    cr_assert(eq(u64, rd.n.conflicts, 0));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 0), "nobody stopped");
+    cr_assert(eq(u64, p->worker_id, 1));
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK), "still booked");
+    cr_assert(eq(u64, rec.worker_id, 1));
+    /* the same on a known worker, over its bounds: refused as bad, nothing replaced */
+    heartbeat(2, 4, NULL, 0, 1000); /* 4 blocks */
+    uint64_t many[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct kvr_request_record big = {key, 2, many, 8, 512, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &big, "_INBOX.u", "unknown",
+                                                 "peer", t, 2),
+                 KVR_OK));
+    uint64_t bad = rd.fleet->bad;
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(eq(u64, rd.fleet->bad, bad + 1));
+    cr_assert(eq(u64, p->worker_id, 1));
+    cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK));
+    cr_assert(eq(u64, rec.worker_id, 1));
+    /* and one it can book still replaces it */
+    peer_decision_at("peer", 4, key, 2, "_INBOX.u", "unknown", t, 3);
+    cr_assert(eq(u64, p->worker_id, 2));
+    cr_assert(eq(u64, rd.fleet->placed_anew, 1));
+}
+
 Test(routerd, a_request_that_started_fails_to_its_client_once)
 {
     heartbeat(1, 4096, NULL, 0, 1);
