@@ -807,7 +807,7 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
         blocks[i] = (struct kvr_kv_block){i + 1, i + 2};
     }
     struct kvr_wire_heartbeat hb = {
-        {.id = 7, .block_size = 64}, ids, n, 1000, false, 0, 0, NULL, 0};
+        .info = {.id = 7, .block_size = 64}, .inflight = ids, .ninflight = n, .interval_ms = 1000};
     struct kvr_wire_sync s = {"r1", false, ids, n, 0, 0, 1, 2};
     struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0};
     b->len = 0;
@@ -917,7 +917,7 @@ Test(codec, values_out_of_range_are_invalid)
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x05", 6), KVR_ERR_INVALID));
     cr_assert(eq(int, dec_tokens("\x08\x07\x10\x01\x18\x01", 6), KVR_OK));
     /* a heartbeat without a block size */
-    struct kvr_wire_heartbeat h = {{.id = 7, .block_size = 0}, NULL, 0, 1000, false, 0, 0, NULL, 0};
+    struct kvr_wire_heartbeat h = {.info = {.id = 7, .block_size = 0}, .interval_ms = 1000};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, dec_heartbeat(b.data, b.len), KVR_ERR_INVALID));
     /* pages with one bad record are refused whole: a decision naming no worker, an entry naming
