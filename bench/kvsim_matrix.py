@@ -8,8 +8,10 @@ ratio above 1 always means kv lost). Reports already in OUT are reused, so a sec
 reruns only kv.
 
 usage: bench/kvsim_matrix.py [--workers 8|32|N] [--out DIR] [--kvsim PATH] [--jobs J]
-                              [--name NAME] [--markdown] [-- extra kvsim flags for kv]
-Loads scale with the fleet: N workers run the 8-worker loads times N/8.
+                              [--name NAME] [--seed S] [--markdown] [-- extra kvsim flags for kv]
+Loads scale with the fleet: N workers run the 8-worker loads times N/8. --seed (kvsim's, for kv
+and the baselines alike) draws other requests, arrivals and tie-breaks: a change that moves a
+figure by less than it moves between seeds is noise.
 """
 import argparse
 import json
@@ -75,10 +77,12 @@ def matrix_runs(a, wl, name='kv', extra=()):
     """The matrix's runs of load wl at a.workers (run, or reused from a.out): (workload, load,
     kv's result, the baselines' results)."""
     workload, load = wl[0], wl[1] * a.workers / 8.0
-    tag = '%s_%g_%d' % (workload, load, a.workers)
-    base = run(a.kvsim, workload, load, a.workers, ','.join(BASELINES), [],
+    seed = getattr(a, 'seed', 1)
+    tag = '%s_%g_%d' % (workload, load, a.workers) + ('_s%d' % seed if seed != 1 else '')
+    flags = ['--seed', str(seed)] if seed != 1 else []
+    base = run(a.kvsim, workload, load, a.workers, ','.join(BASELINES), flags,
                os.path.join(a.out, 'baselines', tag))
-    kv = run(a.kvsim, workload, load, a.workers, 'kv', list(extra),
+    kv = run(a.kvsim, workload, load, a.workers, 'kv', flags + list(extra),
              os.path.join(a.out, name, tag))[0]
     return workload, load, kv, base
 
@@ -86,6 +90,7 @@ def matrix_runs(a, wl, name='kv', extra=()):
 def main():
     ap = parser('/tmp/kvsim-matrix')
     ap.add_argument('--name', default='kv')
+    ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('extra', nargs='*')
     a = ap.parse_args()
     with ThreadPoolExecutor(a.jobs) as ex:
