@@ -108,6 +108,10 @@ struct kvr_router_config {
                                        in-flight requests are computing now, times (n-2)/n */
     double stall_weight;            /* time model: the delay our prefill's steps add to each
                                        request decoding on the worker is charged this many times */
+    double decode_weight;           /* time model: the request's own decode, max_tokens steps at
+                                       the worker's decode step with it booked, charged this many
+                                       times (0: not priced; for clients whose max_tokens is close
+                                       to what they generate: docs/architecture.md) */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */

@@ -163,15 +163,18 @@ struct cost_consts {
     double decode_ms[3];               /* c->decode_ms */
     double stall_weight;               /* c->stall_weight */
     double ow_cache;                   /* ow x c->cache_weight */
+    double own_decode;                 /* c->decode_weight x the request's max_tokens */
 };
 
-static inline void cost_consts_init(struct cost_consts *k, const struct kvr_router *r, double ow)
+static inline void cost_consts_init(struct cost_consts *k, const struct kvr_router *r, double ow,
+                                    uint32_t max_tokens)
 {
     k->c = &r->cfg;
     for (int i = 0; i < 3; i++)
         k->decode_ms[i] = r->cfg.decode_ms[i];
     k->stall_weight = r->cfg.stall_weight;
     k->ow_cache = ow * r->cfg.cache_weight;
+    k->own_decode = r->cfg.decode_weight * (double)max_tokens;
 }
 
 /*
@@ -179,7 +182,10 @@ static inline void cost_consts_init(struct cost_consts *k, const struct kvr_rout
  * entries in the index, for prefill tokens (its queue and ours) and decode blocks, t the terms of
  * its reuse: predicted TTFT, plus what the choice costs others. The requests decoding there wait
  * for our prefill's steps: each of them is delayed by its time, charged stall_weight times; then
- * the cache and share terms (reuse_terms). Reads only the compact per-slot arrays.
+ * the cache and share terms (reuse_terms); and, with decode_weight, the request's own decode: its
+ * max_tokens steps at the worker's decode step with its blocks booked (a long generation is
+ * slowed by every block the worker holds, a short one hardly). Reads only the compact per-slot
+ * arrays.
  */
 static inline double time_cost(const struct cost_consts *k, const struct kvr_active_worker *aw,
                                const struct kvr_worker_hot *h, const uint32_t *count,
@@ -196,6 +202,10 @@ static inline double time_cost(const struct cost_consts *k, const struct kvr_act
                   k->ow_cache * (fill > 1.0 ? 1.0 : fill) * t->cache_time;
     if (t->share)
         cost += t->share_cost;
+    if (k->own_decode > 0) {
+        double d = poly(k->decode_ms, u);
+        cost += k->own_decode * (d < 1.0 ? 1.0 : d);
+    }
     return cost;
 }
 

@@ -67,7 +67,7 @@ static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct flee
 {
     fleet_prefix(r, walked, f);
     reuse_memo_init(memo);
-    cost_consts_init(&pr->k, r, ow);
+    cost_consts_init(&pr->k, r, ow, p->max_tokens);
     pr->aws = r->act.w;
     pr->hot = r->reg.hot;
     pr->overlap = r->overlap;
@@ -224,15 +224,14 @@ static double least_fill(const struct kvr_router *r, const struct pricer *pr)
  * through its own figures, and each term of it is at least: the prompt's whole prefill queued
  * behind nothing, its decodes at their cheapest (max(1, decode_ms[0]) a step, when that
  * polynomial cannot fall), the stall over its nreqs, the cache term at the least full cache of
- * the fleet, and the share term. That floor depends only on nreqs and grows with it, and adds its
- * terms in time_cost's order, so its floating-point sum is at most the price but for rounding (a
- * prefill of several steps sums them otherwise: an ulp or so), which a relative margin of 1e-9
- * covers. So those workers are visited in order of load (by_load) and the visit stops at the
- * first whose floor is above the best price by more than the margin: neither it nor any after it
- * can cost less or tie. The choice follows
- * kvr_select_kv's rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken
- * only when no other is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none
- * is eligible.
+ * the fleet, the share term, and the own decode at that cheapest step. That floor depends only on
+ * nreqs and grows with it, and adds its terms in time_cost's order, so its floating-point sum is
+ * at most the price but for rounding (a prefill of several steps sums them otherwise: an ulp or
+ * so), which a relative margin of 1e-9 covers. So those workers are visited in order of load
+ * (by_load) and the visit stops at the first whose floor is above the best price by more than the
+ * margin: neither it nor any after it can cost less or tie. The choice follows kvr_select_kv's
+ * rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken only when no other
+ * is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
  */
 static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
                             uint32_t walked, double *cost)
@@ -254,6 +253,7 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
     const double *d = r->cfg.decode_ms;
     double step = d[1] >= 0 && d[2] >= 0 && d[0] > 1.0 ? d[0] : 1.0;
     double base[2] = {t0.ttft0, t0.ttft0 + (double)t0.steps0 * step};
+    double own = pr.k.own_decode > 0 ? pr.k.own_decode * step : 0; /* at its cheapest step */
     double cache = 0, share = t0.share ? t0.share_cost : 0;
     bool filled = false; /* cache: 0 until a floor without it fails to stop the visit */
     const double sw = pr.k.stall_weight, stall = t0.stall_time;
@@ -268,11 +268,11 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
          * win), with a margin for rounding */
         double bound = pk.best.cost * (1.0 + 1e-9);
         double lower = base[n > 0] + sw * (double)n * stall;
-        if (!filled && lower + cache + share <= bound) {
+        if (!filled && lower + cache + share + own <= bound) {
             cache = pr.k.ow_cache * least_fill(r, &pr) * t0.cache_time;
             filled = true;
         }
-        if (lower + cache + share > bound)
+        if (lower + cache + share + own > bound)
             break;
         offer(r, p, &pr, memo, &f, slot, &pk);
     }
@@ -499,6 +499,8 @@ static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, s
     p->explain = req->explain;
     p->deadline = req->deadline;
     p->avoid = req->avoid_worker;
+    p->max_tokens =
+        req->max_tokens < r->cfg.max_output_tokens ? req->max_tokens : r->cfg.max_output_tokens;
     return KVR_OK;
 }
 

@@ -35,6 +35,7 @@ struct prompt {
     bool explain;                   /* fill every candidate's full view */
     uint64_t deadline;              /* the request's own (0: none) */
     uint64_t avoid;                 /* a worker not to choose when another is eligible (0: none) */
+    uint32_t max_tokens;            /* its generation limit, at most max_output_tokens */
 };
 
 struct queued; /* a waiting request (router_queue.c) */

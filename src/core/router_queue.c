@@ -23,6 +23,7 @@ struct queued {
     uint64_t *seq;           /* its sequence hashes, owned */
     uint32_t nblocks;        /* */
     uint32_t ntokens;        /* */
+    uint32_t max_tokens;     /* */
     struct kvr_overrides ov; /* */
     struct queued *next;     /* FIFO */
 };
@@ -90,7 +91,8 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
     while (r->qhead) {
         struct queued *q = r->qhead;
         struct kvr_overrides ov = q->ov;
-        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash, &ov, false, 0, 0};
+        struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash,
+                           &ov,   false,  0,          0,          q->max_tokens};
         struct kvr_decision d;
         kvr_status st = KVR_ERR_OVERLOADED;
         if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
@@ -140,6 +142,7 @@ kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uin
     q->first_hash = p->first_hash;
     q->nblocks = p->nblocks;
     q->ntokens = p->ntokens;
+    q->max_tokens = p->max_tokens;
     if (p->ov)
         q->ov = *p->ov;
     if (r->qtail)

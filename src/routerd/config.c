@@ -74,11 +74,12 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
         .name = n, .env = e, .type = KVR_OPT_BOOL, .ptr = p, .help = h                             \
     }
 
-size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
+#define KVR_CORE_OPTIONS 14
+
+/* The routing core's options (policy, weights, bounds) into out (KVR_CORE_OPTIONS entries). */
+static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
 {
-    struct kvr_router_config *k = &c->core;
     const struct kvr_opt t[] = {
-        STR("id", "KVR_ROUTER_ID", c->id, "router id (none: host-pid)"),
         {.name = "block-size",
          .env = "KVR_BLOCK_SIZE",
          .type = KVR_OPT_U32,
@@ -100,6 +101,8 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
         NUM("overlap-weight", KVR_OPT_DOUBLE, &k->overlap_weight, 0, 1e6, "kv: weight of reuse"),
         NUM("cache-weight", KVR_OPT_DOUBLE, &k->cache_weight, 0, 1e6, "kv: recompute charge"),
         NUM("stall-weight", KVR_OPT_DOUBLE, &k->stall_weight, 0, 1e6, "kv: decode stall charge"),
+        NUM("decode-weight", KVR_OPT_DOUBLE, &k->decode_weight, 0, 1e6,
+            "kv: own decode (max_tokens)"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),
         NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6, "kv: 0 cheapest, > 0 samples"),
         NUM("tie-margin", KVR_OPT_DOUBLE, &k->tie_margin, 0, 1, "kv: pick among near-least"),
@@ -113,6 +116,17 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
                 "least 1048576, at most 16777216)"),
         NUM("max-prompt-tokens", KVR_OPT_U32, &k->max_prompt_tokens, 1, 1 << 24,
             "longer prompts refused"),
+    };
+    _Static_assert(sizeof t / sizeof t[0] == KVR_CORE_OPTIONS, "KVR_CORE_OPTIONS");
+    memcpy(out, t, sizeof t);
+    return sizeof t / sizeof t[0];
+}
+
+size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
+{
+    struct kvr_router_config *k = &c->core;
+    const struct kvr_opt t[] = {
+        STR("id", "KVR_ROUTER_ID", c->id, "router id (none: host-pid)"),
         NUM("max-output-tokens", KVR_OPT_U32, &c->max_output_tokens, 1, 1 << 24,
             "larger max_tokens refused"),
         NUM("queue-max", KVR_OPT_U32, &k->queue_max, 0, 1 << 24,
@@ -151,11 +165,13 @@ size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out)
          .ptr = c->metrics_addr,
          .help = "serve /metrics, /healthz, /readyz on HOST:PORT (IPv4 or [IPv6]; none: off)"},
     };
-    _Static_assert(KVR_NATS_OPTIONS + sizeof t / sizeof t[0] <= KVR_RD_OPTIONS,
+    _Static_assert(KVR_NATS_OPTIONS + KVR_CORE_OPTIONS + sizeof t / sizeof t[0] <= KVR_RD_OPTIONS,
                    "KVR_RD_OPTIONS too small");
     size_t n = kvr_nats_config_options(&c->net, out);
-    memcpy(out + n, t, sizeof t);
-    return n + sizeof t / sizeof t[0];
+    out[n++] = t[0]; /* the id, then the core's options, then the daemon's */
+    n += core_options(&c->core, out + n);
+    memcpy(out + n, t + 1, sizeof t - sizeof t[0]);
+    return n + sizeof t / sizeof t[0] - 1;
 }
 
 static bool id_char(char ch)

@@ -100,6 +100,9 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
         OPT("stall-weight", KVR_OPT_DOUBLE, &r->stall_weight, 0, 1e6,
             "router, time: the delay a prefill adds to each request decoding there, charged this "
             "many times"),
+        OPT("decode-weight", KVR_OPT_DOUBLE, &r->decode_weight, 0, 1e6,
+            "router, time: the request's own decode (max_tokens steps at the worker's decode "
+            "step), charged this many times; 0: not priced"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,

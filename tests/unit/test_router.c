@@ -750,6 +750,53 @@ Test(router, time_model_prices_the_stall_of_decoders)
 }
 
 /*
+ * Worker 1 caches a 512-block prefix and decodes one long request holding 1,200 of its 2,000
+ * blocks; worker 2 is empty. A request of that prefix and 4 blocks more, generating max_tokens,
+ * priced with decode_weight: where does it go?
+ */
+static uint64_t long_or_short(double decode_weight, uint32_t max_tokens)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.decode_weight = decode_weight;
+    make();
+    join(1, 2000);
+    join(2, 2000);
+    uint64_t *local = malloc(516 * sizeof *local), *held = malloc(1200 * sizeof *held);
+    uint32_t *t = prompt(70, 512 * B, 9, 4 * B);
+    kvr_hash_prompt(t, 516 * B, B, local, NULL);
+    struct kvr_kv_block *blocks = malloc(512 * sizeof *blocks);
+    for (uint32_t i = 0; i < 512; i++)
+        blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 512), KVR_OK));
+    uint32_t *o = prompt(71, 0, 1, 1200 * B);
+    kvr_hash_prompt(o, 1200 * B, B, NULL, held);
+    cr_assert(eq(int, kvr_router_book(r, 1, 1, held, 1200, 1200 * B, 0, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_prefill_done(r, 1, 0), KVR_OK));
+    struct kvr_request q = {.id = 9, .tokens = t, .ntokens = 516 * B, .max_tokens = max_tokens};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    free(o);
+    free(t);
+    free(held);
+    free(local);
+    free(blocks);
+    kvr_router_destroy(r);
+    r = NULL;
+    return d.worker_id;
+}
+
+Test(router, time_model_prices_the_own_decode_when_asked)
+{
+    cr_assert(eq(u64, long_or_short(0.0, 1000), 1), "unpriced: the cached prefix wins");
+    cr_assert(eq(u64, long_or_short(1.0, 1000), 2),
+              "1,000 steps at 86 % KV use cost more than recomputing 512 blocks");
+    cr_assert(eq(u64, long_or_short(1.0, 2), 1), "a short one stays with its prefix");
+    cr_assert(eq(u64, long_or_short(1.0, 0), 1), "no max_tokens: nothing to price");
+    cfg.max_output_tokens = 2;
+    cr_assert(eq(u64, long_or_short(1.0, UINT32_MAX), 1), "taken at most max_output_tokens");
+}
+
+/*
  * Worker 1 caches a 128-block prefix and has three requests queued for prefill; workers 2 and 3
  * have full caches of other blocks. With `hot`, the queued requests use that prefix too.
  */
@@ -943,12 +990,13 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
  */
 /* Routes on a moving fleet, each decision checked against a select of the same state: with margin
  * 0 the least price and, among equal ones, the fewest cached blocks; with a margin m, a price at
- * most (1 + m) times the least. */
-static void routed_against_select(double margin)
+ * most (1 + m) times the least. With decode_weight, two requests in three set max_tokens. */
+static void routed_against_select(double margin, double decode_weight)
 {
     enum { W = 160, FAMILIES = 6, ROUNDS = 700 };
     cfg.cost_model = KVR_COST_TIME;
     cfg.tie_margin = margin;
+    cfg.decode_weight = decode_weight;
     cfg.max_prompt_tokens = 64 * B;
     make();
     struct kvr_rng rng;
@@ -975,6 +1023,8 @@ static void routed_against_select(double margin)
         uint32_t unique = 1 + (uint32_t)kvr_rng_below(&rng, 20 * B);
         uint32_t *t = prompt(f, shared, id, unique);
         struct kvr_request q = {.id = id, .tokens = t, .ntokens = shared + unique, .explain = true};
+        if (decode_weight > 0 && id % 3)
+            q.max_tokens = 1 + (uint32_t)kvr_rng_below(&rng, 2000);
         if (id % 9 == 0)
             q.avoid_worker = 1 + kvr_rng_below(&rng, W);
         struct kvr_decision all, d;
@@ -1056,12 +1106,17 @@ static void routed_against_select(double margin)
 
 Test(router, a_routed_pick_is_the_cheapest_without_pricing_every_worker)
 {
-    routed_against_select(0);
+    routed_against_select(0, 0);
+}
+
+Test(router, a_routed_pick_pricing_the_own_decode_is_the_cheapest_too)
+{
+    routed_against_select(0, 0.5);
 }
 
 Test(router, a_routed_pick_with_a_tie_margin_stays_within_it)
 {
-    routed_against_select(0.1);
+    routed_against_select(0.1, 0);
 }
 
 /* Two routers with the same state and their own seeds, on workers whose prices differ by a hair:
