@@ -180,7 +180,8 @@ struct kvr_request {
     uint64_t id;             /* unique among in-flight requests; 0 is invalid */
     const uint32_t *tokens;  /* prompt token ids, borrowed */
     uint32_t ntokens;        /* */
-    uint32_t max_tokens;     /* generation limit (informational to the core) */
+    uint32_t max_tokens;     /* generation limit; priced only with decode_weight (at most
+                                max_output_tokens) */
     struct kvr_overrides ov; /* */
     bool explain;            /* fill decision.candidates with every worker's full view */
     uint64_t deadline;       /* 0: none; else, queued past this time (the core's clock) it is
@@ -396,9 +397,9 @@ void kvr_router_export_requests(struct kvr_router *r,
 kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
                              uint64_t now);
 
-/* Whether kvr_router_import could book rec at all: KVR_ERR_UNKNOWN_WORKER (counted) or
- * KVR_ERR_INVALID as it would refuse it, else KVR_OK (it may still find it a duplicate). Lets a
- * caller check a record before it undoes what the record would replace. */
+/* Whether kvr_router_import could book rec at all: KVR_ERR_UNKNOWN_WORKER or KVR_ERR_INVALID as
+ * it would refuse it (not counted), else KVR_OK (it may still find it a duplicate). Lets a caller
+ * check a record before it undoes what the record would replace. */
 kvr_status kvr_router_import_check(struct kvr_router *r, const struct kvr_request_record *rec);
 
 /* One index entry as a replica holds it. */

@@ -27,7 +27,6 @@ static struct kvr_worker *importable(struct kvr_router *r, const struct kvr_requ
         return NULL;
     struct kvr_worker *w = kvr_registry_find(&r->reg, rec->worker_id);
     if (!w) {
-        r->st.unknown_worker++;
         *st = KVR_ERR_UNKNOWN_WORKER;
         return NULL;
     }
@@ -56,8 +55,10 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
 {
     kvr_status st;
     struct kvr_worker *w = importable(r, rec, &st);
-    if (!w)
+    if (!w) {
+        r->st.unknown_worker += st == KVR_ERR_UNKNOWN_WORKER;
         return st;
+    }
     if (kvr_active_find(&r->act, rec->request_id)) {
         r->st.duplicate_request++;
         return KVR_ERR_DUPLICATE;

@@ -102,7 +102,7 @@ static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
         NUM("cache-weight", KVR_OPT_DOUBLE, &k->cache_weight, 0, 1e6, "kv: recompute charge"),
         NUM("stall-weight", KVR_OPT_DOUBLE, &k->stall_weight, 0, 1e6, "kv: decode stall charge"),
         NUM("decode-weight", KVR_OPT_DOUBLE, &k->decode_weight, 0, 1e6,
-            "kv: own decode (max_tokens)"),
+            "kv, time: own decode (max_tokens)"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),
         NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6, "kv: 0 cheapest, > 0 samples"),
         NUM("tie-margin", KVR_OPT_DOUBLE, &k->tie_margin, 0, 1, "kv: pick among near-least"),

@@ -236,12 +236,23 @@ static bool placed_anew(const struct kvr_pending *p, const struct kvr_wire_decis
            (d->placement == p->attempts && !p->worker_id && d->rec.worker_id);
 }
 
+/* d could not be booked on any router (KVR_ERR_INVALID into *st): over its worker's bounds. */
+static bool refused_whole(struct kvr_rd *rd, const struct kvr_wire_decision *d, kvr_status *st)
+{
+    if (kvr_router_import_check(rd->core, &d->rec) != KVR_ERR_INVALID)
+        return false;
+    *st = KVR_ERR_INVALID;
+    return true;
+}
+
 /*
  * Two routers decided one request (a resend reached both before either heard of the other's
  * decision, or one was paused with it in its socket): keep the decision that stands, stop the
  * other's worker silently (its client hears only the one that stands). True when d was taken in
  * place of p's decision (and its booking is to be imported); else *st says why not. A decision
- * this router could not book replaces nothing: checked before p's booking is cancelled.
+ * no router could book (more blocks than its worker has: forged, or broken) replaces nothing,
+ * checked before p's booking is cancelled; one on a worker this router has not heard of yet is
+ * taken (the fleet agrees on it) and booked later, when a heartbeat of that worker lists it.
  */
 static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d,
                     kvr_status *st)
@@ -253,8 +264,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     if (same_origin(rd, p, d)) { /* one router's decisions: never a conflict */
         if (!p->origin || !placed_anew(p, d))
             return false; /* this router's own (it knows its latest), or an older one, late */
-        if (p->worker_id != d->rec.worker_id &&
-            (*st = kvr_router_import_check(rd->core, &d->rec)) != KVR_OK)
+        if (p->worker_id != d->rec.worker_id && refused_whole(rd, d, st))
             return false;
         p->attempts = d->placement;
         if (p->worker_id == d->rec.worker_id)
@@ -265,7 +275,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
         return true;
     }
     bool peer = peer_stands(rd, p, d);
-    if (peer && (*st = kvr_router_import_check(rd->core, &d->rec)) != KVR_OK)
+    if (peer && refused_whole(rd, d, st))
         return false;
     rd->n.conflicts++;
     uint64_t kept = peer ? d->rec.worker_id : p->worker_id;

@@ -57,37 +57,35 @@ uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
         if ((!s->at.groups && kvr_map_init(&s->at, 16) != KVR_OK) ||
             !KVR_GROW(s->w, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
             return 0;
-        s->w[s->n++] = (struct kvr_kvseq_worker){seq, false};
+        s->w[s->n++] = (struct kvr_kvseq_worker){seq, seq};
         return 0;
     }
     struct kvr_kvseq_worker *w = &s->w[i];
-    if (seq == w->last) {
-        if (w->announced) { /* the one a heartbeat numbered, here now */
-            w->announced = false;
-            came_late(s);
-        }
-        return 0; /* else a repeat */
-    }
-    if (seq < w->last) {
-        if (w->last - seq > KVR_KVSEQ_REORDER)
-            *w = (struct kvr_kvseq_worker){seq, false}; /* a restarted worker, from 1 again */
+    if (seq == w->seen)
+        return 0; /* a repeat */
+    if (seq < w->seen) {
+        if (w->seen - seq > KVR_KVSEQ_REORDER)
+            *w = (struct kvr_kvseq_worker){seq, seq}; /* a restarted worker, from 1 again */
         else
             came_late(s); /* one that was skipped */
         return 0;
     }
-    /* an announced last that never came stays open: counted when it was announced */
-    uint64_t last = w->last;
-    *w = (struct kvr_kvseq_worker){seq, false};
-    return skip(s, seq - last - 1);
+    w->seen = seq;
+    if (seq <= w->told) { /* one its heartbeat named: counted then */
+        came_late(s);
+        return 0;
+    }
+    uint64_t top = w->told; /* the numbers up to it are counted already */
+    w->told = seq;
+    return skip(s, seq - top - 1);
 }
 
 uint64_t kvr_kvseq_announce(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
 {
     uint32_t i = s->at.groups ? kvr_map_get(&s->at, wid) : KVR_NIL;
-    if (i == KVR_NIL || seq <= s->w[i].last)
+    if (i == KVR_NIL || seq <= s->w[i].told)
         return 0; /* not noted yet (what came before is a snapshot's), or nothing new */
-    struct kvr_kvseq_worker *w = &s->w[i];
-    uint64_t last = w->last;
-    *w = (struct kvr_kvseq_worker){seq, true};
-    return skip(s, seq - last); /* seq itself has not come either */
+    uint64_t top = s->w[i].told;
+    s->w[i].told = seq;
+    return skip(s, seq - top); /* seq itself has not come either */
 }

@@ -14,7 +14,6 @@
 #ifndef KVR_RD_KVSEQ_H
 #define KVR_RD_KVSEQ_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 #include "map.h"
@@ -23,8 +22,8 @@
 #define KVR_KVSEQ_REORDER 1024u  /* numbers below the highest seen taken for late ones */
 
 struct kvr_kvseq_worker {
-    uint64_t last;  /* the highest event_seq seen, or announced by its heartbeat */
-    bool announced; /* last was announced and has not come yet */
+    uint64_t seen; /* the highest event_seq received */
+    uint64_t told; /* the highest its heartbeats named, or seen if higher */
 };
 
 struct kvr_kvseq {

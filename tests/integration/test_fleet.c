@@ -506,8 +506,12 @@ Test(fleet, heartbeats_number_the_last_kv_event_so_a_lost_last_one_shows)
     cr_assert(eq(u64, told, top), "a heartbeat names the last one (%llu of %llu)",
               (unsigned long long)told, (unsigned long long)top);
     natsSubscription_Destroy(sub);
-    /* a real worker's traffic reads as no loss */
-    cr_assert(eq(u64, router_stat("data.kv_event_gaps"), 0));
+    /* a real worker's traffic reads as no loss (a heartbeat ahead of its events would count a
+     * gap, closed when they come: never logged as missed) */
+    h_sleep_ms(400);
+    cr_assert(not(h_log_has(r1, "msg=kv_events_missed")));
+    uint64_t missed = router_stat("data.kv_events_missed"),
+             gaps = router_stat("data.kv_event_gaps");
     /* worker 9 numbers events 2 to 4 it never sends: only its heartbeat says so */
     struct kvr_wire_heartbeat hb = {.info = {.id = 9, .block_size = 64, .capacity_blocks = 64},
                                     .interval_ms = 500};
@@ -523,8 +527,8 @@ Test(fleet, heartbeats_number_the_last_kv_event_so_a_lost_last_one_shows)
     uint64_t t0 = h_now_ms();
     while (!h_log_has(r1, "msg=kv_events_missed") && h_now_ms() - t0 < 5000)
         h_sleep_ms(50);
-    cr_assert(h_log_has(r1, "msg=kv_events_missed missed=3 open=3 gaps=1"), "logged (no peer)");
-    cr_assert(eq(u64, router_stat("data.kv_events_missed"), 3));
-    cr_assert(eq(u64, router_stat("data.kv_event_gaps"), 1));
+    cr_assert(h_log_has(r1, "open=3"), "logged, with no peer to ask");
+    cr_assert(eq(u64, router_stat("data.kv_events_missed"), missed + 3));
+    cr_assert(eq(u64, router_stat("data.kv_event_gaps"), gaps + 1));
     h_end();
 }

@@ -311,49 +311,52 @@ Test(routerd, a_peer_placing_its_request_again_replaces_its_first_decision)
     cr_assert(eq(u32, rd.pend.n, 0), "its done ends it here too");
 }
 
+/* Gossip `origin`'s decision number seq for key on worker wid: 8 blocks, over a 4-block worker. */
+static void peer_decision_big(const char *origin, uint64_t seq, uint64_t key, uint64_t wid,
+                              uint64_t decided_ns, uint32_t placement)
+{
+    uint64_t many[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct kvr_request_record big = {key, wid, many, 8, 512, 0, false, 0};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &big, "_INBOX.u", "unknown",
+                                                 origin, decided_ns, placement),
+                 KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
 /* Once open: a decision taking the place of a known one was checked only after the known one's
- * booking was cancelled, so one naming a worker this router does not know (or over its bounds)
- * left the request pointed at a worker it had no booking on. Now it replaces nothing. */
-Test(routerd, a_decision_this_router_cannot_book_replaces_nothing)
+ * booking was cancelled, so one that no router can book (more blocks than its worker has) left
+ * the request pointed at a worker it had no booking on, and stopped the other worker. Now it
+ * replaces nothing; one on a worker not heard of yet is still taken (the fleet agrees on it). */
+Test(routerd, a_decision_no_router_can_book_replaces_nothing)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
+    heartbeat(2, 4, NULL, 0, 1000); /* 4 blocks */
     uint64_t key = kvr_pending_key("_INBOX.u", "unknown"), t = kvr_realtime_ns();
     peer_decision_at("peer", 1, key, 1, "_INBOX.u", "unknown", t, 0);
     struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
     cr_assert(not(eq(ptr, p, NULL)));
-    /* its origin placed it again on worker 9, which this router never heard of */
-    peer_decision_at("peer", 2, key, 9, "_INBOX.u", "unknown", t, 1);
-    cr_assert(eq(u64, rd.fleet->unknown_worker, 1));
+    /* its origin placed it again on worker 2, with 8 blocks */
+    peer_decision_big("peer", 2, key, 2, t, 1);
+    cr_assert(eq(u64, rd.fleet->bad, 1));
     cr_assert(eq(u64, rd.fleet->placed_anew, 0));
-    /* another router's earlier decision, which would stand, on worker 9 too */
-    peer_decision_at("other", 1, key, 9, "_INBOX.u", "unknown", t - 1000, 0);
-    cr_assert(eq(u64, rd.fleet->unknown_worker, 2));
+    /* another router's earlier decision, which would stand, the same way */
+    peer_decision_big("other", 1, key, 2, t - 1000, 0);
+    cr_assert(eq(u64, rd.fleet->bad, 2));
     cr_assert(eq(u64, rd.n.conflicts, 0));
     cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 0), "nobody stopped");
     cr_assert(eq(u64, p->worker_id, 1));
     struct kvr_request_record rec;
     cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK), "still booked");
     cr_assert(eq(u64, rec.worker_id, 1));
-    /* the same on a known worker, over its bounds: refused as bad, nothing replaced */
-    heartbeat(2, 4, NULL, 0, 1000); /* 4 blocks */
-    uint64_t many[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    struct kvr_request_record big = {key, 2, many, 8, 512, 0, false, 0};
-    struct kvr_buf b = {0};
-    cr_assert(eq(int,
-                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &big, "_INBOX.u", "unknown",
-                                                 "peer", t, 2),
-                 KVR_OK));
-    uint64_t bad = rd.fleet->bad;
-    gossip_in(&rd, b.data, b.len);
-    kvr_buf_free(&b);
-    cr_assert(eq(u64, rd.fleet->bad, bad + 1));
-    cr_assert(eq(u64, p->worker_id, 1));
-    cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK));
-    cr_assert(eq(u64, rec.worker_id, 1));
-    /* and one it can book still replaces it */
-    peer_decision_at("peer", 4, key, 2, "_INBOX.u", "unknown", t, 3);
-    cr_assert(eq(u64, p->worker_id, 2));
+    /* placed again on worker 9, which this router has not heard of: taken, booked later */
+    peer_decision_at("peer", 3, key, 9, "_INBOX.u", "unknown", t, 2);
+    cr_assert(eq(u64, p->worker_id, 9));
     cr_assert(eq(u64, rd.fleet->placed_anew, 1));
+    cr_assert(eq(u64, rd.fleet->unknown_worker, 1));
+    cr_assert(not(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK)), "not on worker 1");
 }
 
 Test(routerd, a_request_that_started_fails_to_its_client_once)
@@ -1334,12 +1337,21 @@ Test(routerd, kv_events_lost_at_the_end_show_in_the_next_heartbeat)
     kv_numbered(1, 9);
     kv_numbered(1, 7);
     cr_assert(eq(u64, rd.kvseq.open, 0));
+    /* a heartbeat ahead of more events than are taken for late ones (a worker that queued
+     * 2,000 at once): each closes one as it comes, none reads as a restart */
+    heartbeat_numbered(1, 2010);
+    cr_assert(eq(u64, rd.kvseq.open, 2000));
+    for (uint64_t seq = 11; seq <= 2010; seq++)
+        kv_numbered(1, seq);
+    cr_assert(eq(u64, rd.kvseq.open, 0));
+    uint64_t missed = rd.kvseq.missed;
     /* a number from the wire cannot wrap the counts */
     heartbeat_numbered(1, UINT64_MAX);
-    cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX - 10));
-    heartbeat_numbered(2, UINT64_MAX); /* unknown worker: refused before it is noted */
-    cr_assert(eq(u64, rd.kvseq.missed, UINT64_MAX - 4));
-    kv_numbered(1, 1); /* far below: the worker restarted */
+    cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX - 2010));
+    heartbeat_numbered(2, UINT64_MAX); /* not noted yet: its numbers are a snapshot's */
+    cr_assert(eq(u64, rd.kvseq.missed, missed + UINT64_MAX - 2010));
+    kv_numbered(1, 5000); /* one of them */
+    kv_numbered(1, 1);    /* far below the highest received: the worker restarted */
     heartbeat_numbered(1, UINT64_MAX);
     cr_assert(eq(u64, rd.kvseq.missed, UINT64_MAX), "held at the top");
     cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX));
