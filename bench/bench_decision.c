@@ -13,7 +13,8 @@
  * (--quick: fewer iterations and a 256k-entry index; --group: one prompt and block size;
  * --case: one case, for profiling). KVR_BENCH_CPUTIME=1 in the environment times each decision
  * with the thread's CPU clock instead of CLOCK_MONOTONIC (same output; on a shared, loaded
- * machine it leaves out the time a decision spent preempted).
+ * machine it leaves out the time a decision spent preempted). KVR_BENCH_DECODE_WEIGHT=W prices
+ * the own decode (decode_weight W, every request with max_tokens 256).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@
 #define INFLIGHT 2000
 
 static clockid_t bench_clock = CLOCK_MONOTONIC; /* or the thread's CPU clock (KVR_BENCH_CPUTIME) */
+static double decode_weight;                    /* KVR_BENCH_DECODE_WEIGHT */
 
 static uint64_t now_ns(void)
 {
@@ -104,6 +106,7 @@ static int setup(struct bench *b)
     cfg.block_size = b->block;
     cfg.index_max_entries = (uint32_t)(b->index_entries * 2);
     cfg.max_prompt_tokens = b->tokens;
+    cfg.decode_weight = decode_weight;
     kvr_status st;
     b->r = kvr_router_create(&cfg, &st);
     if (!b->r)
@@ -129,7 +132,7 @@ static int setup(struct bench *b)
         return -1;
     for (uint64_t id = 1; id <= INFLIGHT; id++) {
         fill_prompt(b, t, (uint32_t)kvr_rng_below(&b->rng, FAMILIES));
-        struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens};
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens, .max_tokens = 256};
         struct kvr_decision d;
         if (kvr_router_route(b->r, &q, 0, &d) != KVR_OK || d.queued) {
             free(t);
@@ -151,7 +154,7 @@ struct result {
 static int one_decision(struct bench *b, uint32_t *t, uint64_t id, uint64_t *dt)
 {
     fill_prompt(b, t, (uint32_t)kvr_rng_below(&b->rng, FAMILIES));
-    struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens};
+    struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens, .max_tokens = 256};
     struct kvr_decision d;
     uint64_t t0 = now_ns();
     kvr_status st = kvr_router_route(b->r, &q, 0, &d);
@@ -236,6 +239,10 @@ int main(int argc, char **argv)
     const char *cpu = getenv("KVR_BENCH_CPUTIME");
     if (cpu && !strcmp(cpu, "1"))
         bench_clock = CLOCK_THREAD_CPUTIME_ID;
+    const char *dw = getenv("KVR_BENCH_DECODE_WEIGHT");
+    decode_weight = dw ? atof(dw) : 0;
+    if (!(decode_weight >= 0))
+        return 2;
     static const uint32_t tokens[] = {1024, 8192, 32768};
     static const uint32_t blocks[] = {16, 64};
     static const uint32_t workers[] = {8, 64, 1024};
