@@ -218,20 +218,48 @@ static double least_fill(const struct kvr_router *r, const struct pricer *pr)
 }
 
 /*
+ * The least decode step a live worker would take with the request's blocks booked and none of them
+ * in use there: max(1, decode_ms(u)) for u = (its blocks + the request's) / its capacity, the least
+ * of a quadratic over the interval those u span (its ends, and its vertex when inside). Every
+ * worker the walk did not meet has such a u, so its own decode costs at least this a step. One
+ * pass over compact arrays, as least_fill.
+ */
+static double least_step(const struct kvr_router *r, const struct pricer *pr)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (uint32_t i = 0; i < r->reg.nlive; i++) {
+        uint32_t slot = r->reg.order[i];
+        double u = (double)(pr->aws[slot].blocks + pr->req_blocks) * pr->hot[slot].inv_capacity;
+        lo = u < lo ? u : lo;
+        hi = u > hi ? u : hi;
+    }
+    const double *d = pr->k.decode_ms;
+    double least = poly(d, lo), at = poly(d, hi);
+    least = at < least ? at : least;
+    if (d[2] > 0) {
+        double v = -d[1] / (2 * d[2]);
+        if (v > lo && v < hi && (at = poly(d, v)) < least)
+            least = at;
+    }
+    return least > 1.0 ? least : 1.0;
+}
+
+/*
  * The kv pick without pricing every worker. The workers the walk met (they cache the prompt's
  * first block or run a request that uses it: the members of its node's sets) are priced one by
  * one. Every other worker reuses nothing, so its price (time_cost) differs from another's only
  * through its own figures, and each term of it is at least: the prompt's whole prefill queued
  * behind nothing, its decodes at their cheapest (max(1, decode_ms[0]) a step, when that
  * polynomial cannot fall), the stall over its nreqs, the cache term at the least full cache of
- * the fleet, the share term, and the own decode at that cheapest step. That floor depends only on
- * nreqs and grows with it, and adds its terms in time_cost's order, so its floating-point sum is
- * at most the price but for rounding (a prefill of several steps sums them otherwise: an ulp or
- * so), which a relative margin of 1e-9 covers. So those workers are visited in order of load
- * (by_load) and the visit stops at the first whose floor is above the best price by more than the
- * margin: neither it nor any after it can cost less or tie. The choice follows kvr_select_kv's
- * rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken only when no other
- * is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when none is eligible.
+ * the fleet, the share term, and the own decode at the least step of the fleet (least_step). That
+ * floor depends only on nreqs and grows with it, and adds its terms in time_cost's order, so its
+ * floating-point sum is at most the price but for rounding (a prefill of several steps sums them
+ * otherwise: an ulp or so), which a relative margin of 1e-9 covers. So those workers are visited
+ * in order of load (by_load) and the visit stops at the first whose floor is above the best price
+ * by more than the margin: neither it nor any after it can cost less or tie. The choice follows
+ * kvr_select_kv's rule (kvr_kv_offer, on each price's kvr_kv_key); the worker to avoid is taken
+ * only when no other is eligible. Returns the chosen slot and its price in *cost; KVR_NIL when
+ * none is eligible.
  */
 static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
                             uint32_t walked, double *cost)
@@ -253,7 +281,7 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
     const double *d = r->cfg.decode_ms;
     double step = d[1] >= 0 && d[2] >= 0 && d[0] > 1.0 ? d[0] : 1.0;
     double base[2] = {t0.ttft0, t0.ttft0 + (double)t0.steps0 * step};
-    double own = pr.k.own_decode > 0 ? pr.k.own_decode * step : 0; /* at its cheapest step */
+    double own = pr.k.own_decode > 0 ? pr.k.own_decode * least_step(r, &pr) : 0;
     double cache = 0, share = t0.share ? t0.share_cost : 0;
     bool filled = false; /* cache: 0 until a floor without it fails to stop the visit */
     const double sw = pr.k.stall_weight, stall = t0.stall_time;
