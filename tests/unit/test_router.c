@@ -1114,6 +1114,15 @@ Test(router, a_routed_pick_pricing_the_own_decode_is_the_cheapest_too)
     routed_against_select(0, 0.5);
 }
 
+Test(router, a_routed_pick_pricing_the_own_decode_holds_for_a_step_least_inside)
+{
+    /* a decode step least at half the cache (5 ms) and 10 ms empty: the floor is its vertex */
+    cfg.decode_ms[0] = 10;
+    cfg.decode_ms[1] = -20;
+    cfg.decode_ms[2] = 20;
+    routed_against_select(0, 0.5);
+}
+
 Test(router, a_routed_pick_with_a_tie_margin_stays_within_it)
 {
     routed_against_select(0.1, 0);
