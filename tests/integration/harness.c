@@ -683,6 +683,12 @@ natsConnection *h_connect(const char *url)
     return nc;
 }
 
+void h_publish(natsConnection *nc, const char *subject, const struct kvr_buf *b)
+{
+    cr_assert(eq(int, natsConnection_Publish(nc, subject, b->data, (int)b->len), NATS_OK),
+              "publish on %s", subject);
+}
+
 /* h_inbox_prefix's ("": natsInbox_Create's _INBOX) */
 static char inbox_prefix[128];
 

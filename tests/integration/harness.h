@@ -200,6 +200,9 @@ uint64_t h_json_u64(json_t *obj, const char *path);
 /* --- small things ------------------------------------------------------------------------- */
 
 natsConnection *h_connect(const char *url);
+struct kvr_buf;
+/* Publish b's bytes on subject (asserted). */
+void h_publish(natsConnection *nc, const char *subject, const struct kvr_buf *b);
 uint64_t h_now_ms(void);
 void h_sleep_ms(int ms);
 /* GET url (monitoring), into buf; false on failure. */

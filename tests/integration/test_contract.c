@@ -310,8 +310,7 @@ static void cancel(const struct stream *s, const char *id)
 {
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_cancel(&b, id, s->inbox), KVR_OK));
-    cr_assert(
-        eq(int, natsConnection_Publish(nc, "kv.default.cancel", b.data, (int)b.len), NATS_OK));
+    h_publish(nc, "kv.default.cancel", &b);
     kvr_buf_free(&b);
 }
 

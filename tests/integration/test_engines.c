@@ -362,8 +362,7 @@ Test(engines, a_cancel_aborts_the_request_in_the_engine)
     cr_assert(ne(u64, h_first_worker(&q, 10000), 0), "no first chunk");
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_cancel(&b, "c1", q.inbox), KVR_OK));
-    cr_assert(
-        eq(int, natsConnection_Publish(nc, "kv.default.cancel", b.data, (int)b.len), NATS_OK));
+    h_publish(nc, "kv.default.cancel", &b);
     kvr_buf_free(&b);
     struct got g = collect(&q, 10000);
     natsSubscription_Destroy(q.sub);

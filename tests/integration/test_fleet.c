@@ -452,13 +452,6 @@ Test(fleet, a_router_started_after_its_workers_knows_them_at_once)
     h_end();
 }
 
-/* Publish b on subject from the test's connection (b freed). */
-static void publish(const char *subject, struct kvr_buf *b)
-{
-    cr_assert(eq(int, natsConnection_Publish(nc, subject, b->data, (int)b->len), NATS_OK));
-    kvr_buf_free(b);
-}
-
 /* The highest KV event number, and the last heartbeat's last_event_seq, of worker 1's messages
  * on sub for up to ms, or until the heartbeat names the highest number seen (> 0). */
 static void read_numbers(natsSubscription *sub, int ms, uint64_t *top, uint64_t *told)
@@ -519,12 +512,13 @@ Test(fleet, heartbeats_number_the_last_kv_event_so_a_lost_last_one_shows)
                                     .interval_ms = 500};
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
-    publish("kv.default.ev.9.hb", &b);
+    h_publish(nc, "kv.default.ev.9.hb", &b);
     cr_assert(eq(int, kvr_wire_encode_cleared(&b, 9, 1), KVR_OK));
-    publish("kv.default.ev.9.kv", &b);
+    h_publish(nc, "kv.default.ev.9.kv", &b);
     hb.last_event_seq = 4;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
-    publish("kv.default.ev.9.hb", &b);
+    h_publish(nc, "kv.default.ev.9.hb", &b);
+    kvr_buf_free(&b);
     natsConnection_Flush(nc);
     uint64_t t0 = h_now_ms();
     while (!h_log_has(r1, "msg=kv_events_missed") && h_now_ms() - t0 < 5000)

@@ -34,11 +34,6 @@ static void teardown(void)
 
 TestSuite(hostile, .init = setup, .fini = teardown, .timeout = 120);
 
-static void publish(const char *subject, const struct kvr_buf *b)
-{
-    cr_assert(eq(int, natsConnection_Publish(nc, subject, b->data, (int)b->len), NATS_OK));
-}
-
 /* A counter of the (one) router's $SRV.STATS: its generate endpoint's, at path. */
 static uint64_t router_stat(const char *path)
 {
@@ -72,25 +67,25 @@ static void forge_gossip(void)
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_hello(&b, "x 0\r\n\r\nPUB evil 5\r\nhello", 5, 9, true),
                  KVR_OK));
-    publish("kv.default.router.gossip.x", &b); /* its id is not its subject's */
+    h_publish(nc, "kv.default.router.gossip.x", &b); /* its id is not its subject's */
     uint64_t h[2] = {11, 12};
     struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(
                      &b, "peer", 5, 1, &rec, "_INBOX.x\r\nPUB evil 3\r\nabc", "c", "peer", 1, 0),
                  KVR_OK));
-    publish("kv.default.router.gossip.peer", &b);
+    h_publish(nc, "kv.default.router.gossip.peer", &b);
     rec.request_id = 4243;
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 2, &rec, "_INBOX.y", "c",
                                                  "evil\r\nPUB evil 1\r\nx", 1, 0),
                  KVR_OK));
-    publish("kv.default.router.gossip.peer", &b);
+    h_publish(nc, "kv.default.router.gossip.peer", &b);
     rec = (struct kvr_request_record){4244, 1, h, 2, 128, 0, true, UINT32_MAX};
     cr_assert(eq(
         int, kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &rec, "_INBOX.z", "c", "peer", 1, 0),
         KVR_OK));
-    publish("kv.default.router.gossip.peer", &b);
+    h_publish(nc, "kv.default.router.gossip.peer", &b);
     kvr_buf_free(&b);
 }
 
@@ -101,9 +96,9 @@ static void forge_event_subjects(void)
                                     .interval_ms = 500};
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
-    publish("kv.default.ev.+7.hb", &b);
-    publish("kv.default.ev.007.hb", &b);
-    publish("kv.default.ev.-1.hb", &b);
+    h_publish(nc, "kv.default.ev.+7.hb", &b);
+    h_publish(nc, "kv.default.ev.007.hb", &b);
+    h_publish(nc, "kv.default.ev.-1.hb", &b);
     kvr_buf_free(&b);
 }
 
@@ -170,7 +165,7 @@ Test(hostile, forged_bookings_that_fill_a_worker_go_with_its_heartbeats)
                  kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.nobody", "c",
                                                  "forger", 1, 0),
                  KVR_OK));
-    publish("kv.default.router.gossip.forger", &b);
+    h_publish(nc, "kv.default.router.gossip.forger", &b);
     kvr_buf_free(&b);
     natsConnection_Flush(nc);
     h_sleep_ms(50);
@@ -196,7 +191,7 @@ Test(hostile, a_worker_cannot_speak_for_another_through_a_longer_subject)
                                     .interval_ms = 500};
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &hb), KVR_OK));
-    publish("kv.default.ev.1.7.hb", &b); /* under worker 1's subjects */
+    h_publish(nc, "kv.default.ev.1.7.hb", &b); /* under worker 1's subjects */
     kvr_buf_free(&b);
     natsConnection_Flush(nc);
     uint64_t bad = 0;
@@ -248,7 +243,7 @@ Test(hostile, a_batch_cannot_end_another_workers_requests)
     struct kvr_buf b = {0};
     struct kvr_wire_event pair[2] = {ev, ev};
     cr_assert(eq(int, kvr_wire_encode_batch(&b, 2, pair, 2), KVR_OK));
-    publish("kv.default.ev.1.batch", &b); /* worker 2's batch on worker 1's subject */
+    h_publish(nc, "kv.default.ev.1.batch", &b); /* worker 2's batch on worker 1's subject */
     Kvrouter__V1__DoneEvent d = KVROUTER__V1__DONE_EVENT__INIT;
     d.worker_id = 2;
     d.request_key = key;
@@ -261,7 +256,7 @@ Test(hostile, a_batch_cannot_end_another_workers_requests)
     m.events = lp;
     cr_assert(eq(int, kvr_buf_reserve(&b, protobuf_c_message_get_packed_size(&m.base)), KVR_OK));
     b.len = protobuf_c_message_pack(&m.base, b.data);
-    publish("kv.default.ev.1.batch", &b);
+    h_publish(nc, "kv.default.ev.1.batch", &b);
     /* over the cap: two full batches of worker 2 back to back merge into 512 events */
     static struct kvr_wire_event many[KVR_WIRE_BATCH_MAX];
     for (uint32_t i = 0; i < KVR_WIRE_BATCH_MAX; i++)
@@ -271,7 +266,7 @@ Test(hostile, a_batch_cannot_end_another_workers_requests)
     cr_assert(eq(int, kvr_buf_reserve(&b, 2 * one), KVR_OK));
     memcpy(b.data + one, b.data, one);
     b.len = 2 * one;
-    publish("kv.default.ev.2.batch", &b);
+    h_publish(nc, "kv.default.ev.2.batch", &b);
     kvr_buf_free(&b);
     natsConnection_Flush(nc);
     uint64_t bad = 0;
