@@ -132,6 +132,8 @@ static size_t sim_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
         OPT("arrival-spread-ms", KVR_OPT_MS, &c->spread_ns, 0, 1e9,
             "open loop: each arrival moves later by a uniform draw in [0, this) of trace time"),
         FLAG("quiet", &c->quiet, "no progress lines"),
+        FLAG("per-request", &s->per_request,
+             "also write requests.csv into --out: a line per finished request of every run"),
         TEXT("replicas", c->replica_list,
              "share the requests among N routers (a queue group), for each N of the list; "
              "report.md compares them with one"),

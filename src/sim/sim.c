@@ -94,6 +94,37 @@ static void on_outblk(void *ctx, uint64_t id)
 
 static void issue_next(struct sim *s);
 
+/* The prefix group of request i (struct kvr_sim_request). */
+static uint64_t group_of(const struct kvr_workload *w, uint32_t i)
+{
+    const struct kvr_wl_request *r = &w->reqs[i];
+    if (w->kind != KVR_WL_TRACE)
+        return r->family;
+    return r->nids ? w->ids[r->family] : KVR_SIM_NO_GROUP;
+}
+
+/* Request i's record k (kvr_sim_config.per_request), served by worker w. */
+static void record(struct sim *s, uint32_t k, uint32_t i, uint32_t w,
+                   const struct kvr_engine_result *res)
+{
+    uint32_t gaps = res->osl > 1 ? res->osl - 1 : 0;
+    s->per_request[k] = (struct kvr_sim_request){
+        .index = i,
+        .worker = w,
+        .group = group_of(s->wl, i),
+        .isl = res->isl,
+        .osl = res->osl,
+        .cached_tokens = res->cached_tokens,
+        .preemptions = res->preemptions,
+        .arrival_ms = (double)s->arrival[i] / 1e6,
+        .queue_ms = s->queue[k],
+        .ttft_ms = s->ttft[k],
+        .e2e_ms = s->e2e[k],
+        .itl_mean_ms = gaps ? res->itl_sum_ms / gaps : 0,
+        .itl_max_ms = res->itl_max_ms,
+    };
+}
+
 static void on_done(void *ctx, const struct kvr_engine_result *res)
 {
     struct wctx *c = ctx;
@@ -103,6 +134,8 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
     s->ttft[k] = (double)(res->first_token - s->arrival[i]) / 1e6;
     s->e2e[k] = (double)(res->finished - s->arrival[i]) / 1e6;
     s->queue[k] = (double)(res->admitted - s->arrival[i]) / 1e6;
+    if (s->per_request)
+        record(s, k, i, c->w, res);
     s->cached_tokens += res->cached_tokens;
     s->prompt_tokens += res->isl;
     s->output_tokens += res->osl;
@@ -344,6 +377,8 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     s->busy = calloc(nw, sizeof *s->busy);
     s->per_worker = calloc(nw, sizeof *s->per_worker);
     s->rep = calloc(s->nrep, sizeof *s->rep);
+    if (cfg->per_request && !(s->per_request = calloc(n, sizeof *s->per_request)))
+        return KVR_ERR_NOMEM;
     if (!s->arrival || !s->pending || !s->ttft || !s->e2e || !s->queue || !s->engines || !s->wctx ||
         !s->busy || !s->per_worker || !s->rep)
         return KVR_ERR_NOMEM;
@@ -397,6 +432,7 @@ static void teardown(struct sim *s)
     free(s->ttft);
     free(s->e2e);
     free(s->queue);
+    free(s->per_request);
     free(s->scratch_tok);
     free(s->scratch_hash);
     free(s->itl);
@@ -462,4 +498,6 @@ void kvr_sim_result_free(struct kvr_sim_result *r)
 {
     free(r->ttft_sorted);
     r->ttft_sorted = NULL;
+    free(r->per_request);
+    r->per_request = NULL;
 }

@@ -44,11 +44,31 @@ struct kvr_sim_config {
     uint32_t replicas;        /* routers sharing the requests; 0 counts as 1 */
     bool gossip;              /* replicas import each other's decisions */
     uint64_t gossip_delay_ns; /* a booking -> its import by the other replicas */
+    bool per_request;         /* keep a kvr_sim_request per finished request in the result */
 };
 
 /* Fill c with kvsim run's defaults: 8 workers, the engine's and the router's defaults, event delay
  * 1 ms, heartbeat 100 ms, rate scale 1, 20 clients, one router, gossip on with a 1 ms delay. */
 void kvr_sim_config_default(struct kvr_sim_config *c);
+
+/* One finished request (kvr_sim_config.per_request). Times are virtual, ms from the run's start. */
+struct kvr_sim_request {
+    uint32_t index;         /* in the workload, from 0 */
+    uint32_t worker;        /* the engine that served it, from 0 */
+    uint64_t group;         /* its prefix: generated workloads, the family; traces, the first hash
+                               id (KVR_SIM_NO_GROUP: a trace record without one) */
+    uint32_t isl, osl;      /* prompt and output tokens */
+    uint32_t cached_tokens; /* prompt tokens the engine found cached at admission */
+    uint32_t preemptions;   /* times the engine preempted it */
+    double arrival_ms;      /* reached the router */
+    double queue_ms;        /* arrival -> first scheduled by the engine */
+    double ttft_ms;         /* arrival -> first token */
+    double e2e_ms;          /* arrival -> last token */
+    double itl_mean_ms;     /* its mean inter-token gap (0 with one output token) */
+    double itl_max_ms;      /* its largest gap */
+};
+
+#define KVR_SIM_NO_GROUP UINT64_MAX
 
 struct kvr_sim_result {
     enum kvr_policy policy;
@@ -89,6 +109,8 @@ struct kvr_sim_result {
     uint64_t early_events;     /* events a replica got before (or without) their decision */
     uint64_t late_decisions;   /* imports refused: the request's done came first */
     double pred_err_rel_worst; /* pred_err_rel of the replica that predicted worst */
+    struct kvr_sim_request *per_request; /* finished requests in the order they finished (as
+                                            many as finished); NULL unless asked; owned */
 };
 
 /* Run one simulation. out is filled (free it with kvr_sim_result_free). */

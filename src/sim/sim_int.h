@@ -23,6 +23,7 @@
 
 struct kvr_sim_config; /* sim.h, which the files that read them include */
 struct kvr_sim_result;
+struct kvr_sim_request;
 
 enum ev_kind {
     EV_ARRIVAL,   /* arg: request index */
@@ -120,6 +121,7 @@ struct sim {
     uint32_t cap_hash;
     /* metrics */
     double *ttft, *e2e, *queue;
+    struct kvr_sim_request *per_request; /* when asked: one per finished request, as ttft */
     uint32_t nfinished, rejected;
     uint64_t cached_tokens, prompt_tokens, output_tokens;
     uint64_t first_arrival, last_finish;

@@ -89,6 +89,8 @@ void kvr__sim_collect(struct sim *s, struct kvr_sim_result *out)
     out->itl_ms = kvr_stat_of(s->itl, s->nitl);
     out->ttft_sorted = s->ttft;
     s->ttft = NULL;
+    out->per_request = s->per_request;
+    s->per_request = NULL;
     out->hit_rate = s->prompt_tokens ? (double)s->cached_tokens / s->prompt_tokens : 0;
     out->makespan_s =
         s->last_finish > s->first_arrival ? (double)(s->last_finish - s->first_arrival) / 1e9 : 0;

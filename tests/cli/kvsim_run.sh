@@ -41,6 +41,28 @@ e2e() { sed -nE 's/.*"e2e_ms": \{"mean": ([0-9.]+).*/\1/p' "$1/report.json" | he
 awk -v a="$(e2e "$out/m")" -v b="$(e2e "$out/d")" 'BEGIN { exit !(a > 0 && b > 0 && a < b / 5) }' \
   || fail "--max-tokens 2: e2e mean $(e2e "$out/m") ms against $(e2e "$out/d") ms without it"
 
+# --per-request: requests.csv, a line per finished request of every run, agreeing with the report
+"$kvsim" run --workload conversation --trace "$fixture" --workers 4 --policies kv,random \
+  --num-blocks 4096 --sweep 1,2 --seed 7 --per-request --out "$out/p" --quiet >/dev/null 2>&1 \
+  || fail "--per-request run failed"
+csv="$out/p/requests.csv"
+head -1 "$csv" | grep -q '^run,load,request,group,worker,arrival_ms,isl,osl,cached_tokens,preemptions,queue_ms,ttft_ms,e2e_ms,itl_mean_ms,itl_max_ms$' \
+  || fail "requests.csv header: $(head -1 "$csv")"
+[ "$(tail -n +2 "$csv" | wc -l)" -eq 800 ] || fail "expected 2 policies x 2 loads x 200 lines"
+awk -F, 'NR > 1 && (NF != 15 || $4 == "" || $5 >= 4 || $12 > $13) { bad++ } END { exit bad > 0 }' "$csv" \
+  || fail "requests.csv has a malformed line"
+for run in kv random; do
+  for load in 1 2; do
+    got=$(awk -F, -v r="$run" -v l="$load" '$1 == r && $2 == l { s += $12; n++ } END { printf "%.3f", s / n }' "$csv")
+    want=$(grep "\"policy\": \"$run\", \"load\": $load," "$out/p/report.json" \
+      | sed -nE 's/.*"ttft_ms": \{"mean": ([0-9.]+).*/\1/p')
+    awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(b > 0 && d < 0.005 && d > -0.005) }' || fail "$run at $load: TTFT mean $got ms in requests.csv, $want in report.json"
+  done
+done
+mkdir -p "$out/q/requests.csv"
+"$kvsim" run --workload seed --requests 20 --per-request --out "$out/q" --quiet >/dev/null 2>"$out/qlog"
+[ $? -eq 1 ] && grep -q "cannot write $out/q/requests.csv" "$out/qlog" || fail "an unwritable requests.csv: $(cat "$out/qlog")"
+
 for bad in "--workload nope" "--workload seed --workers 0" "--workload seed --policies kv,nope" \
            "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent" \
            "--workload seed --max-tokens x"; do

@@ -67,6 +67,70 @@ Test(sim, equal_seeds_equal_results)
     kvr_workload_free(&w);
 }
 
+/* Each record's TTFT, times, tokens and worker agree with the run's summary figures. */
+static void check_records(const struct kvr_workload *w, const struct kvr_sim_result *r,
+                          uint32_t workers)
+{
+    double ttft = 0, e2e = 0, itl_max = 0;
+    uint64_t cached = 0, isl = 0;
+    uint32_t per_worker[16] = {0}, most = 0;
+    cr_assert(le(u32, workers, 16));
+    bool *seen = calloc(w->nreqs, sizeof *seen);
+    cr_assert(not(eq(ptr, seen, NULL)));
+    for (uint32_t i = 0; i < r->finished; i++) {
+        const struct kvr_sim_request *q = &r->per_request[i];
+        cr_assert(lt(u32, q->index, w->nreqs));
+        cr_assert(not(seen[q->index]), "request %u recorded twice", q->index);
+        seen[q->index] = true;
+        cr_assert(lt(u32, q->worker, workers));
+        per_worker[q->worker]++;
+        most = per_worker[q->worker] > most ? per_worker[q->worker] : most;
+        cr_assert(eq(u32, q->isl, w->reqs[q->index].isl));
+        cr_assert(eq(u32, q->osl, w->reqs[q->index].osl));
+        cr_assert(le(dbl, q->queue_ms, q->ttft_ms));
+        cr_assert(le(dbl, q->ttft_ms, q->e2e_ms));
+        cr_assert(le(dbl, q->itl_mean_ms, q->itl_max_ms * (1 + 1e-12))); /* equal gaps round */
+        cr_assert(le(u32, q->cached_tokens, q->isl));
+        ttft += q->ttft_ms;
+        e2e += q->e2e_ms;
+        itl_max = q->itl_max_ms > itl_max ? q->itl_max_ms : itl_max;
+        cached += q->cached_tokens;
+        isl += q->isl;
+    }
+    free(seen);
+    cr_assert(ieee_ulp_eq(dbl, ttft / r->finished, r->ttft_ms.mean, 64));
+    cr_assert(ieee_ulp_eq(dbl, e2e / r->finished, r->e2e_ms.mean, 64));
+    cr_assert(eq(dbl, itl_max, r->itl_ms.max), "the largest gap is some request's");
+    cr_assert(eq(dbl, (double)cached / (double)isl, r->hit_rate));
+    cr_assert(eq(dbl, most / ((double)r->finished / workers), r->imbalance), "workers as counted");
+}
+
+Test(sim, per_request_records_add_up_to_the_summary)
+{
+    struct kvr_workload w;
+    uint64_t bad = 0;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, &bad), KVR_OK));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    struct kvr_sim_result off, on;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &off), KVR_OK));
+    cr_assert(eq(ptr, off.per_request, NULL), "no records unless asked");
+    c.per_request = true;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &on), KVR_OK));
+    cr_assert(not(eq(ptr, on.per_request, NULL)));
+    cr_assert(eq(u32, on.finished, 200));
+    cr_assert(eq(dbl, on.ttft_ms.p90, off.ttft_ms.p90), "recording changes nothing");
+    check_records(&w, &on, c.workers);
+    for (uint32_t i = 0; i < on.finished; i++) { /* a trace's group: its first hash id */
+        const struct kvr_sim_request *q = &on.per_request[i];
+        const struct kvr_wl_request *wr = &w.reqs[q->index];
+        cr_assert(eq(u64, q->group, wr->nids ? w.ids[wr->family] : KVR_SIM_NO_GROUP));
+    }
+    kvr_sim_result_free(&off);
+    kvr_sim_result_free(&on);
+    kvr_workload_free(&w);
+}
+
 Test(sim, itl_quantiles_are_order_statistics_of_the_gaps)
 {
     struct kvr_workload w;
