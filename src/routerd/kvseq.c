@@ -4,6 +4,7 @@
 #include "kvseq.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "grow.h"
 
@@ -39,13 +40,44 @@ static uint64_t skip(struct kvr_kvseq *s, uint64_t skipped)
     return skipped;
 }
 
-/* One skipped number came after all. */
+/* One open number came after all. */
 static void came_late(struct kvr_kvseq *s)
 {
     if (s->open) {
         s->open--;
         s->late++;
     }
+}
+
+static bool bit(const struct kvr_kvseq_worker *w, uint64_t n)
+{
+    uint64_t r = n % KVR_KVSEQ_REORDER;
+    return w->missing[r / 64] >> (r % 64) & 1;
+}
+
+static void set_bit(struct kvr_kvseq_worker *w, uint64_t n, bool open)
+{
+    uint64_t r = n % KVR_KVSEQ_REORDER, m = 1ull << (r % 64);
+    w->missing[r / 64] = open ? w->missing[r / 64] | m : w->missing[r / 64] & ~m;
+}
+
+/* A worker's first number, or its first after a restart: nothing below it is watched. */
+static void first(struct kvr_kvseq_worker *w, uint64_t seq)
+{
+    *w = (struct kvr_kvseq_worker){.seen = seq, .told = seq, .settled = seq};
+}
+
+/*
+ * The highest received moves up from w->seen to seq: the window below it then holds seq - REORDER
+ * to seq - 1, of which the old highest came and every watched number above it is open (the bits
+ * of the numbers that leave the window are overwritten: those still open stay counted).
+ */
+static void slide(struct kvr_kvseq_worker *w, uint64_t seq)
+{
+    uint64_t from = seq - w->seen > KVR_KVSEQ_REORDER ? seq - KVR_KVSEQ_REORDER : w->seen;
+    for (uint64_t n = from; n < seq; n++)
+        set_bit(w, n, n != w->seen && n > w->settled);
+    w->seen = seq;
 }
 
 uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
@@ -57,22 +89,25 @@ uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
         if ((!s->at.groups && kvr_map_init(&s->at, 16) != KVR_OK) ||
             !KVR_GROW(s->w, s->cap, s->n + 1, 16) || kvr_map_put(&s->at, wid, s->n) != KVR_OK)
             return 0;
-        s->w[s->n++] = (struct kvr_kvseq_worker){seq, seq};
+        first(&s->w[s->n++], seq);
         return 0;
     }
     struct kvr_kvseq_worker *w = &s->w[i];
     if (seq == w->seen)
         return 0; /* a repeat */
     if (seq < w->seen) {
-        if (w->seen - seq > KVR_KVSEQ_REORDER)
-            *w = (struct kvr_kvseq_worker){seq, seq}; /* a restarted worker, from 1 again */
-        else
-            came_late(s); /* one that was skipped */
+        if (w->seen - seq > KVR_KVSEQ_REORDER) {
+            first(w, seq);        /* a restarted worker, from 1 again */
+        } else if (bit(w, seq)) { /* one that was open; else a repeat */
+            set_bit(w, seq, false);
+            came_late(s);
+        }
         return 0;
     }
-    w->seen = seq;
-    if (seq <= w->told) { /* one its heartbeat named: counted then */
-        came_late(s);
+    slide(w, seq);
+    if (seq <= w->told) { /* one its heartbeat named: counted then (unless settled since) */
+        if (seq > w->settled)
+            came_late(s);
         return 0;
     }
     uint64_t top = w->told; /* the numbers up to it are counted already */
@@ -88,4 +123,14 @@ uint64_t kvr_kvseq_announce(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
     uint64_t top = s->w[i].told;
     s->w[i].told = seq;
     return skip(s, seq - top); /* seq itself has not come either */
+}
+
+void kvr_kvseq_settle(struct kvr_kvseq *s)
+{
+    for (uint32_t i = 0; i < s->n; i++) {
+        struct kvr_kvseq_worker *w = &s->w[i];
+        w->settled = w->told;
+        memset(w->missing, 0, sizeof w->missing);
+    }
+    s->open = 0;
 }

@@ -107,7 +107,7 @@ static void catch_up(struct kvr_rd *rd, uint64_t now)
                 asked ? "snapshot from a peer" : "none: no peer to take a snapshot from");
     if (asked || rd->resync_kv) {
         rd->kv_gap = false;
-        rd->kvseq.open = 0;
+        kvr_kvseq_settle(&rd->kvseq);
     }
     rd->kv_resyncs += asked && rd->resync_kv;
 }

@@ -1357,6 +1357,51 @@ Test(routerd, kv_events_lost_at_the_end_show_in_the_next_heartbeat)
     cr_assert(eq(u64, rd.kvseq.open, UINT64_MAX));
 }
 
+/* The numbers each worker missed, one by one: a late number closes only its own worker's gap,
+ * and a repeat or a number a snapshot covered closes none. */
+Test(routerd, kvseq_closes_only_the_numbers_a_worker_missed)
+{
+    struct kvr_kvseq q = {0};
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 1), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 1), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 3), 1)); /* worker 1: 2 open */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 3), 1)); /* worker 2: 2 open */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 2), 0));
+    cr_assert(eq(u64, q.open, 1), "worker 2's late 2 closes its own gap only");
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 2), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 1), 0));
+    cr_assert(eq(u64, q.open, 1), "repeats close nothing: worker 1's 2 is still missing");
+    cr_assert(eq(u64, q.late, 1));
+    /* a number of the window that was never skipped (it came) closes nothing either */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 3), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 1), 0));
+    cr_assert(eq(u64, q.open, 1));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 2), 0));
+    cr_assert(eq(u64, q.open, 0));
+    /* a snapshot covers what is open: the same numbers coming later close nothing new */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 6), 2));     /* 4, 5 open */
+    cr_assert(eq(u64, kvr_kvseq_announce(&q, 2, 5), 2)); /* 4, 5 of worker 2 open */
+    cr_assert(eq(u64, q.open, 4));
+    kvr_kvseq_settle(&q);
+    cr_assert(eq(u64, q.open, 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 9), 3)); /* 6 to 8: a new gap */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 1, 4), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 4), 0));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 5), 0));
+    cr_assert(eq(u64, q.open, 3), "numbers the snapshot covered do not close the new gap");
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 7), 0));
+    cr_assert(eq(u64, q.open, 2));
+    /* a skipped number that falls out of the window can no longer come late: it stays open */
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 9 + KVR_KVSEQ_REORDER), KVR_KVSEQ_REORDER - 1));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 10 + KVR_KVSEQ_REORDER), 0));
+    cr_assert(eq(u64, q.open, 2 + KVR_KVSEQ_REORDER - 1));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 10), 0)); /* in the window, open: closes */
+    cr_assert(eq(u64, q.open, 2 + KVR_KVSEQ_REORDER - 2));
+    cr_assert(eq(u64, kvr_kvseq_note(&q, 2, 6), 0)); /* far below: a restart, nothing closed */
+    cr_assert(eq(u64, q.open, 2 + KVR_KVSEQ_REORDER - 2));
+    kvr_kvseq_free(&q);
+}
+
 /* --- snapshots from an index with holes ------------------------------------------------------ */
 
 /* Worker wid's KV event number seq: a chain of n blocks from the root, hashes and engine ids
