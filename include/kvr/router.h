@@ -392,7 +392,8 @@ void kvr_router_export_requests(struct kvr_router *r,
 /*
  * Book a request another replica decided (gossip, a snapshot, a repair). Events that arrived before
  * it are applied; if its done already arrived, it is refused with KVR_ERR_DUPLICATE (a
- * tombstone) and counted as a late decision.
+ * tombstone) and counted as a late decision. With max_inflight requests in flight already it is
+ * refused with KVR_ERR_FULL.
  */
 kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_record *rec,
                              uint64_t now);

@@ -303,14 +303,24 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
 }
 
 /* Count a decision the core refused (st), or nothing for KVR_OK. */
-static void refused(struct kvr_fleet *g, kvr_status st)
+static void refused(struct kvr_fleet *g, const struct kvr_wire_decision *d, kvr_status st)
 {
-    if (st == KVR_ERR_UNKNOWN_WORKER)
+    if (st == KVR_OK)
+        return;
+    if (st == KVR_ERR_UNKNOWN_WORKER) {
         g->unknown_worker++;
-    else if (st == KVR_ERR_INVALID)
+    } else if (st == KVR_ERR_INVALID) {
         g->bad++; /* more blocks than its worker has: forged, or broken */
-    else if (st == KVR_ERR_DUPLICATE)
+    } else if (st == KVR_ERR_DUPLICATE) {
         g->late++; /* already known, or its done came first */
+    } else {
+        /* out of memory, or max_inflight reached: its worker's load is missing here until the
+         * request ends */
+        g->import_failed++;
+        kvr_log(KVR_LOG_WARN, "decision_not_imported",
+                "key=%016" PRIx64 " worker=%" PRIu64 " error=\"%s\"", d->rec.request_id,
+                d->rec.worker_id, kvr_status_str(st));
+    }
 }
 
 void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,
@@ -327,7 +337,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
     kvr_status st;
     if (known && !resolve(rd, known, d, &st)) {
-        refused(g, st);
+        refused(g, d, st);
         return;
     }
     const struct kvr_recent_item *ended =
@@ -341,7 +351,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         return;
     }
     st = kvr_router_import(rd->core, &d->rec, now);
-    refused(g, st);
+    refused(g, d, st);
     if (known || st != KVR_OK)
         return;
     g->imported++;
@@ -585,6 +595,7 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"late_decisions", s.late_decisions},
         {"early_events", s.early_events},
         {"import_unknown_worker", g->unknown_worker},
+        {"import_failed", g->import_failed},
         {"gaps", g->gaps},
         {"repairs_asked", g->repairs_asked},
         {"repaired", g->repaired},

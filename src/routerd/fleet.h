@@ -73,6 +73,7 @@ struct kvr_fleet {
     uint64_t snapshots_served_partial, resyncs_kept_index; /* indexes with holes (sync.c) */
     uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t peers_evicted; /* silent ones, the table full */
+    uint64_t import_failed; /* decisions not booked here: no memory, max_inflight */
 };
 
 /* Create rd->fleet (subjects from rd->cfg). */

@@ -187,6 +187,9 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      "Gaps seen in peers' decision sequences.", g->gaps);
     kvr_prom_counter(p, "kvrouter_replication_repaired_total", "Decisions recovered by repairs.",
                      g->repaired);
+    kvr_prom_counter(p, "kvrouter_replication_import_failed_total",
+                     "Peers' decisions not booked here: out of memory, or max_inflight reached.",
+                     g->import_failed);
     kvr_prom_counter(p, "kvrouter_replication_resyncs_total", "Snapshots taken again after a cut.",
                      g->resyncs);
     kvr_prom_counter(p, "kvrouter_replication_resyncs_kept_index_total",

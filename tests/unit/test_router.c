@@ -229,6 +229,32 @@ Test(router, a_prefix_computed_in_flight_is_not_booked_as_prefill_again)
     free(t);
 }
 
+Test(router, imports_keep_the_in_flight_bound)
+{
+    make();
+    join(1, 0);
+    uint32_t *t = prompt(1, 4 * B, 1, 0);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t, 4 * B, &d), KVR_OK));
+    cr_assert(eq(int, route(2, t, 4 * B, &d), KVR_OK));
+    struct kvr_request_record one, two;
+    cr_assert(eq(int, kvr_router_export(r, 1, &one), KVR_OK));
+    cr_assert(eq(int, kvr_router_export(r, 2, &two), KVR_OK));
+    struct kvr_router *origin = r;
+    cfg.max_inflight = 1;
+    make();
+    join(1, 0);
+    cr_assert(eq(int, kvr_router_import(r, &one, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_import(r, &two, 0), KVR_ERR_FULL), "one in flight is the bound");
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.inflight, 1));
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    cr_assert(eq(int, kvr_router_import(r, &two, 0), KVR_OK), "room again");
+    kvr_router_destroy(origin);
+    free(t);
+}
+
 Test(router, a_request_placed_again_avoids_the_worker_it_never_reached)
 {
     uint64_t seq[10];

@@ -77,7 +77,8 @@ static struct last_decision last_decision(size_t from)
 static struct kvr_rd_config cfg;
 static struct kvr_rd rd;
 
-static void setup(void)
+/* The state under test, with at most max_inflight requests in flight (0: the default). */
+static void setup_with(uint32_t max_inflight)
 {
     rec_reset();
     kvr_rd_config_default(&cfg);
@@ -85,10 +86,17 @@ static void setup(void)
     cfg.core.seed = 7;
     cfg.hello_ns = 2 * KVR_NS_PER_MS;
     cfg.heartbeat_min_ns = 1 * KVR_NS_PER_MS; /* workers that die within milliseconds */
+    if (max_inflight)
+        cfg.core.max_inflight = max_inflight;
     cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true; /* nobody to take a snapshot from */
     rd.serving = true;
+}
+
+static void setup(void)
+{
+    setup_with(0);
 }
 
 static void teardown(void)
@@ -330,6 +338,22 @@ static void peer_decision_big(const char *origin, uint64_t seq, uint64_t key, ui
  * booking was cancelled, so one that no router can book (more blocks than its worker has) left
  * the request pointed at a worker it had no booking on, and stopped the other worker. Now it
  * replaces nothing; one on a worker not heard of yet is still taken (the fleet agrees on it). */
+Test(routerd, a_peers_decision_past_the_in_flight_bound_is_counted_not_booked)
+{
+    teardown();
+    setup_with(1); /* one request in flight at most */
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint64_t t = kvr_realtime_ns();
+    uint64_t a = kvr_pending_key("_INBOX.a", "a"), b = kvr_pending_key("_INBOX.b", "b");
+    peer_decision_at("peer", 1, a, 1, "_INBOX.a", "a", t, 0);
+    peer_decision_at("peer", 2, b, 1, "_INBOX.b", "b", t, 0);
+    cr_assert(eq(u64, rd.fleet->imported, 1));
+    cr_assert(eq(u64, rd.fleet->import_failed, 1), "counted where an operator sees it");
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, b), NULL), "nothing of it kept");
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(rd.core, b, &rec), KVR_ERR_UNKNOWN_REQUEST));
+}
+
 Test(routerd, a_decision_no_router_can_book_replaces_nothing)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
