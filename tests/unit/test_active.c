@@ -1,6 +1,7 @@
 /* The predictive active-block map: booking, lifecycle, loads, TTL, worker loss, invariants. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include "../criterion_end.h"
 #include <string.h>
 
 #include "active.h"
@@ -18,12 +19,24 @@ static void setup(void)
     cr_assert(eq(int, kvr_active_reserve(&act, 4), KVR_OK));
 }
 
-static void teardown(void)
+static bool ended; /* end ran: everything is freed */
+
+/* Every test's last step (criterion_end.h): the map freed, no node or set left behind. */
+static void end(void)
 {
     kvr_active_free(&act);
     cr_assert(eq(u32, kvr_blocktab_count(&tab), 0), "every node freed with its last request");
     cr_assert(eq(sz, tab.set_bytes, 0));
     kvr_blocktab_free(&tab);
+    ended = true;
+}
+
+static void teardown(void)
+{
+    if (!ended) { /* a failed test */
+        kvr_active_free(&act);
+        kvr_blocktab_free(&tab);
+    }
 }
 
 TestSuite(active, .init = setup, .fini = teardown);
@@ -35,7 +48,7 @@ static void nodes_for(uint64_t base, uint32_t n, uint32_t *nodes)
         cr_assert(eq(int, kvr_blocktab_get(&tab, kvr_mix64(base + i), &nodes[i]), KVR_OK));
 }
 
-Test(active, add_counts_distinct_blocks_and_prefill)
+KVR_TEST_END(active, add_counts_distinct_blocks_and_prefill, end)
 {
     uint32_t a[4], b[6];
     nodes_for(100, 4, a);
@@ -60,7 +73,7 @@ Test(active, add_counts_distinct_blocks_and_prefill)
     }
 }
 
-Test(active, lifecycle_moves_prefill_and_output_blocks)
+KVR_TEST_END(active, lifecycle_moves_prefill_and_output_blocks, end)
 {
     uint32_t a[2];
     nodes_for(7, 2, a);
@@ -77,7 +90,7 @@ Test(active, lifecycle_moves_prefill_and_output_blocks)
     cr_assert(eq(u64, act.w[2].blocks, 0));
 }
 
-Test(active, unknown_and_duplicate_ids_are_refused)
+KVR_TEST_END(active, unknown_and_duplicate_ids_are_refused, end)
 {
     uint32_t a[1];
     nodes_for(1, 1, a);
@@ -101,7 +114,7 @@ static void count_drop(void *ctx, uint64_t id, uint32_t slot)
     dropped++;
 }
 
-Test(active, stale_requests_expire_after_their_last_event)
+KVR_TEST_END(active, stale_requests_expire_after_their_last_event, end)
 {
     uint32_t a[3];
     nodes_for(1, 3, a);
@@ -117,7 +130,7 @@ Test(active, stale_requests_expire_after_their_last_event)
     cr_assert(eq(u32, kvr_active_count(&act), 0));
 }
 
-Test(active, dropping_a_worker_frees_only_its_requests)
+KVR_TEST_END(active, dropping_a_worker_frees_only_its_requests, end)
 {
     uint32_t a[3];
     nodes_for(1, 3, a);
@@ -133,7 +146,7 @@ Test(active, dropping_a_worker_frees_only_its_requests)
 }
 
 /* Random add/event/remove traffic; loads always match a recount, and all goes to zero. */
-Test(active, random_traffic_keeps_invariants)
+KVR_TEST_END(active, random_traffic_keeps_invariants, end)
 {
     enum { N = 400 };
     struct kvr_rng rng;
@@ -211,7 +224,7 @@ static void check_by_load(const bool *listed, uint32_t nslots)
     cr_assert(eq(u32, act.load_first[act.nloads - 1], act.nlisted), "the last load is empty");
 }
 
-Test(active, workers_stay_in_order_of_load)
+KVR_TEST_END(active, workers_stay_in_order_of_load, end)
 {
     enum { N = 300, SLOTS = 12 };
     cr_assert(eq(int, kvr_active_reserve(&act, SLOTS), KVR_OK));
@@ -257,7 +270,7 @@ Test(active, workers_stay_in_order_of_load)
  * worker's active blocks must match, and freeing every request must free every table (teardown
  * checks no set bytes are left).
  */
-Test(active, dense_sets_shared_along_a_path_match_a_reference)
+KVR_TEST_END(active, dense_sets_shared_along_a_path_match_a_reference, end)
 {
     enum { W = 200, F = 3, D = 24, N = 1500 };
     static uint32_t want[F][D][W]; /* requests of worker w on block d of family f */

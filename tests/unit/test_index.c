@@ -1,6 +1,7 @@
 /* The prefix index: events, strict prefixes, all overlaps in one walk, bounds, TTL. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include "../criterion_end.h"
 #include <string.h>
 
 #include "index.h"
@@ -27,13 +28,26 @@ static void setup(void)
     setup_cfg(1000);
 }
 
-static void teardown(void)
+static bool ended; /* end ran: everything is freed */
+
+/* Every test's last step (criterion_end.h): the index freed, no node or set left behind. */
+static void end(void)
 {
     kvr_index_free(&ix);
     cr_assert(eq(u32, kvr_blocktab_count(&tab), 0), "no node outlives its entries");
     cr_assert(eq(sz, tab.set_bytes, 0));
     kvr_blocktab_free(&tab);
     kvr_walk_free(&walk);
+    ended = true;
+}
+
+static void teardown(void)
+{
+    if (!ended) { /* a failed test */
+        kvr_index_free(&ix);
+        kvr_blocktab_free(&tab);
+        kvr_walk_free(&walk);
+    }
 }
 
 /* A prompt path: local hashes base+0.. and their sequence hashes. */
@@ -60,7 +74,7 @@ static void overlaps(const uint64_t *seq, uint32_t n, uint32_t *out)
 
 TestSuite(index, .init = setup, .fini = teardown);
 
-Test(index, stored_chain_with_parent_gives_overlap)
+KVR_TEST_END(index, stored_chain_with_parent_gives_overlap, end)
 {
     struct kvr_kv_block b[6];
     uint64_t seq[6];
@@ -78,7 +92,7 @@ Test(index, stored_chain_with_parent_gives_overlap)
     cr_assert(eq(u64, ix.cnt.stored_blocks, 8));
 }
 
-Test(index, unknown_parent_rejects_whole_event)
+KVR_TEST_END(index, unknown_parent_rejects_whole_event, end)
 {
     struct kvr_kv_block b[3];
     uint64_t seq[3], bogus = 424242;
@@ -93,7 +107,7 @@ Test(index, unknown_parent_rejects_whole_event)
     cr_assert(eq(int, kvr_index_stored(&ix, 99, NULL, b, 1), KVR_ERR_INVALID));
 }
 
-Test(index, hole_in_prefix_stops_overlap)
+KVR_TEST_END(index, hole_in_prefix_stops_overlap, end)
 {
     struct kvr_kv_block b[5];
     uint64_t seq[5];
@@ -108,7 +122,7 @@ Test(index, hole_in_prefix_stops_overlap)
     cr_assert(eq(u32, ov[1], 5));
 }
 
-Test(index, removed_frees_nodes_and_counts_unknown_ids)
+KVR_TEST_END(index, removed_frees_nodes_and_counts_unknown_ids, end)
 {
     struct kvr_kv_block b[4];
     uint64_t seq[4], ids[5];
@@ -126,7 +140,7 @@ Test(index, removed_frees_nodes_and_counts_unknown_ids)
     cr_assert(eq(u64, ix.cnt.unknown_block, 2), "a second removal is an unknown id");
 }
 
-Test(index, cleared_drops_one_worker_only)
+KVR_TEST_END(index, cleared_drops_one_worker_only, end)
 {
     struct kvr_kv_block b[4];
     uint64_t seq[4];
@@ -145,7 +159,7 @@ Test(index, cleared_drops_one_worker_only)
     cr_assert(eq(int, kvr_index_stored(&ix, 1, &b[3].engine_id, b, 1), KVR_ERR_UNKNOWN_PARENT));
 }
 
-Test(index, repeated_and_reassigned_engine_ids)
+KVR_TEST_END(index, repeated_and_reassigned_engine_ids, end)
 {
     struct kvr_kv_block a[2], c[2];
     uint64_t sa[2], sc[2];
@@ -165,7 +179,7 @@ Test(index, repeated_and_reassigned_engine_ids)
     cr_assert(eq(u32, ov[0], 2));
 }
 
-Test(index, every_worker_overlap_in_one_walk)
+KVR_TEST_END(index, every_worker_overlap_in_one_walk, end)
 {
     struct kvr_kv_block b[8];
     uint64_t seq[8];
@@ -178,7 +192,7 @@ Test(index, every_worker_overlap_in_one_walk)
         cr_assert(eq(u32, ov[w], w));
 }
 
-Test(index, bounded_under_flood_of_stored_events)
+KVR_TEST_END(index, bounded_under_flood_of_stored_events, end)
 {
     struct kvr_kv_block b[16];
     uint64_t seq[16];
@@ -195,7 +209,7 @@ Test(index, bounded_under_flood_of_stored_events)
     cr_assert(eq(u32, ov[4999 % 8], 16));
 }
 
-Test(index, approximate_entries_expire_after_ttl_and_refresh_on_use)
+KVR_TEST_END(index, approximate_entries_expire_after_ttl_and_refresh_on_use, end)
 {
     uint32_t nodes[4];
     uint64_t seq[4];
@@ -223,7 +237,7 @@ Test(index, approximate_entries_expire_after_ttl_and_refresh_on_use)
     cr_assert(eq(u32, kvr_blocktab_count(&tab), 0));
 }
 
-Test(index, event_entry_outranks_ttl_entry)
+KVR_TEST_END(index, event_entry_outranks_ttl_entry, end)
 {
     struct kvr_kv_block b[2];
     uint64_t seq[2];
@@ -240,7 +254,7 @@ Test(index, event_entry_outranks_ttl_entry)
     cr_assert(eq(u32, kvr_index_entries(&ix), 1));
 }
 
-Test(index, pruning_counts_live_entries_apart_from_guesses)
+KVR_TEST_END(index, pruning_counts_live_entries_apart_from_guesses, end)
 {
     struct kvr_kv_block b[10];
     uint64_t seq[10];

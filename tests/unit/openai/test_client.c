@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 #include "../../criterion_gt.h"
+#include "../../criterion_end.h"
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -238,6 +239,7 @@ static struct kvr_oai *client(struct kvr_oai_config cfg)
     if (!cfg.model)
         cfg.model = "test-model";
     kvr_status st = KVR_ERR_IO;
+    R.thread_set = false; /* a new client: a new hook thread */
     R.c = kvr_oai_create(&cfg, &hooks, &st);
     cr_assert(eq(int, st, KVR_OK));
     cr_assert(ne(ptr, R.c, NULL));
@@ -260,12 +262,19 @@ static void setup(void)
     cr_assert(ne(ptr, srv, NULL));
 }
 
-static void teardown(void)
+/* Every test's last step (criterion_end.h): the client destroyed, then what its hooks did. */
+static void end(void)
 {
     kvr_oai_destroy(R.c);
-    cr_expect(not(R.other_thread), "every hook ran on one thread");
+    R.c = NULL;
+    cr_assert(not(R.other_thread), "every hook of a client ran on its one thread");
     for (unsigned i = 0; i < NKEYS; i++)
-        cr_expect(not(R.k[i].after_end), "no hook after the end of key %u", i);
+        cr_assert(not(R.k[i].after_end), "no hook after the end of key %u", i);
+}
+
+static void teardown(void)
+{
+    kvr_oai_destroy(R.c); /* a failed test's */
     tsrv_stop(srv);
 }
 
@@ -278,7 +287,7 @@ static bool slow(void)
 
 /* ---- whole streams ---- */
 
-Test(client, stream_with_ids_and_continuous_usage)
+KVR_TEST_END(client, stream_with_ids_and_continuous_usage, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true, .continuous_usage = true});
     R.stats_in_hook = true;
@@ -327,7 +336,7 @@ Test(client, stream_with_ids_and_continuous_usage)
     cr_assert(gt(u64, st.thread_cpu_ns, 0));
 }
 
-Test(client, stream_text_only)
+KVR_TEST_END(client, stream_text_only, end)
 {
     client((struct kvr_oai_config){0});
     struct seen s = run(2, TS_STREAM, 10, TF_STOP, 1000, 0);
@@ -350,7 +359,7 @@ Test(client, stream_text_only)
     json_decref(req);
 }
 
-Test(client, continuous_usage_counts_tokens_without_ids)
+KVR_TEST_END(client, continuous_usage_counts_tokens_without_ids, end)
 {
     client((struct kvr_oai_config){.continuous_usage = true});
     struct seen s = run(3, TS_STREAM, 8, TF_LENGTH, 0, TSF_MULTI);
@@ -366,7 +375,7 @@ Test(client, continuous_usage_counts_tokens_without_ids)
     cr_assert(eq(u64, s.tokens, 16));
 }
 
-Test(client, finish_reasons_and_ends)
+KVR_TEST_END(client, finish_reasons_and_ends, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
     struct seen s = run(5, TS_STREAM, 3, TF_ODD, 0, 0);
@@ -388,7 +397,7 @@ Test(client, finish_reasons_and_ends)
     cr_assert(eq(u32, s.n_ids, 3));
 }
 
-Test(client, framings)
+KVR_TEST_END(client, framings, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true, .continuous_usage = true});
     uint32_t flags[] = {TSF_CRLF, TSF_SPLIT_DATA, TSF_CRLF | TSF_SPLIT_DATA};
@@ -403,7 +412,7 @@ Test(client, framings)
 
 /* ---- errors ---- */
 
-Test(client, http_errors)
+KVR_TEST_END(client, http_errors, end)
 {
     client((struct kvr_oai_config){0});
     static const struct {
@@ -434,7 +443,7 @@ Test(client, http_errors)
     cr_assert(eq(u64, st.failed, st.failed_http));
 }
 
-Test(client, error_inside_the_stream)
+KVR_TEST_END(client, error_inside_the_stream, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
     for (uint32_t shape = 0; shape < 2; shape++) {
@@ -460,7 +469,7 @@ static uint16_t closed_port(void)
     return ntohs(sa.sin_port);
 }
 
-Test(client, connection_refused)
+KVR_TEST_END(client, connection_refused, end)
 {
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%u", closed_port());
@@ -473,7 +482,7 @@ Test(client, connection_refused)
     cr_assert(eq(u64, st.failed_lost, 1));
 }
 
-Test(client, cut_mid_stream)
+KVR_TEST_END(client, cut_mid_stream, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
     struct seen s = run(41, TS_CUT, 5, 0, 0, 0);
@@ -483,7 +492,7 @@ Test(client, cut_mid_stream)
     cr_assert(eq(int, s.st, KVR_ERR_WORKER_LOST), "%s", s.msg);
 }
 
-Test(client, idle_timeout)
+KVR_TEST_END(client, idle_timeout, end)
 {
     client((struct kvr_oai_config){.idle_timeout_ms = 200});
     struct timespec t0, t1;
@@ -500,7 +509,7 @@ Test(client, idle_timeout)
     cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
 }
 
-Test(client, total_timeout)
+KVR_TEST_END(client, total_timeout, end)
 {
     client((struct kvr_oai_config){.total_timeout_ms = 300});
     struct seen s = run(45, TS_HOLD, 10000, 0, 0, 0);
@@ -514,7 +523,7 @@ Test(client, total_timeout)
 
 /* ---- cancels ---- */
 
-Test(client, cancel_from_a_hook)
+KVR_TEST_END(client, cancel_from_a_hook, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
     R.cancel_key = 50;
@@ -531,7 +540,7 @@ Test(client, cancel_from_a_hook)
     cr_assert(eq(u32, st.in_flight, 0));
 }
 
-Test(client, cancel_from_another_thread_under_the_hooks_lock)
+KVR_TEST_END(client, cancel_from_another_thread_under_the_hooks_lock, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
     cr_assert(eq(int, submit(52, TS_HOLD, 1000, 0, 0, 0), KVR_OK));
@@ -549,7 +558,7 @@ Test(client, cancel_from_another_thread_under_the_hooks_lock)
     kvr_oai_cancel(R.c, 999999); /* unknown: a no-op */
 }
 
-Test(client, cancel_storm)
+KVR_TEST_END(client, cancel_storm, end)
 {
     client((struct kvr_oai_config){.max_streams = 16});
     unsigned n = slow() ? 20 : 200;
@@ -572,7 +581,7 @@ Test(client, cancel_storm)
     cr_assert(tsrv_wait_closed(srv, tsrv_requests(srv) - 1, WAIT_MS));
 }
 
-Test(client, duplicates_and_reuse)
+KVR_TEST_END(client, duplicates_and_reuse, end)
 {
     client((struct kvr_oai_config){0});
     cr_assert(eq(int, submit(70, TS_HOLD, 2000, 0, 0, 0), KVR_OK));
@@ -594,7 +603,7 @@ Test(client, duplicates_and_reuse)
     cr_assert(eq(u64, st.refused, 1));
 }
 
-Test(client, overloaded_and_bad_submissions)
+KVR_TEST_END(client, overloaded_and_bad_submissions, end)
 {
     client((struct kvr_oai_config){.max_streams = 4});
     for (uint64_t k = 0; k < 4; k++)
@@ -611,7 +620,7 @@ Test(client, overloaded_and_bad_submissions)
         eq(int, kvr_oai_submit(R.c, 85, p, KVR_OAI_MAX_PROMPT + 1, 1), KVR_ERR_PROMPT_TOO_LONG));
 }
 
-Test(client, destroy_with_streams_in_flight)
+KVR_TEST_END(client, destroy_with_streams_in_flight, end)
 {
     client((struct kvr_oai_config){0});
     for (uint64_t k = 0; k < 8; k++)
@@ -628,7 +637,7 @@ Test(client, destroy_with_streams_in_flight)
 
 /* ---- many at once ---- */
 
-Test(client, sixty_four_streams)
+KVR_TEST_END(client, sixty_four_streams, end)
 {
     client((struct kvr_oai_config){
         .return_token_ids = true, .continuous_usage = true, .max_streams = 64});
@@ -653,7 +662,7 @@ Test(client, sixty_four_streams)
 
 /* ---- malformed streams ---- */
 
-Test(client, malformed_streams)
+KVR_TEST_END(client, malformed_streams, end)
 {
     client((struct kvr_oai_config){.max_event_bytes = 4096});
     static const char *const bodies[] = {
@@ -694,7 +703,7 @@ Test(client, malformed_streams)
     cr_assert(eq(u64, st.failed_malformed, sizeof bodies / sizeof bodies[0] + 2));
 }
 
-Test(client, ten_megabyte_event)
+KVR_TEST_END(client, ten_megabyte_event, end)
 {
     client((struct kvr_oai_config){0}); /* the default bound, 1 MiB */
     struct seen s = run(132, TS_BIG, 10u << 20, 0, 0, 0);
@@ -708,7 +717,7 @@ Test(client, ten_megabyte_event)
 
 /* ---- creation, the model ---- */
 
-Test(client, create_checks_and_model_discovery)
+KVR_TEST_END(client, create_checks_and_model_discovery, end)
 {
     kvr_status st = KVR_OK;
     struct kvr_oai_config bad[] = {
@@ -752,7 +761,7 @@ Test(client, create_checks_and_model_discovery)
 
 /* ---- the engine's metrics, health ---- */
 
-Test(client, engine_metrics_over_http)
+KVR_TEST_END(client, engine_metrics_over_http, end)
 {
     const char *url = tsrv_url(srv);
     struct kvr_engine_metrics m;
@@ -797,7 +806,7 @@ Test(client, engine_metrics_over_http)
     cr_assert(eq(int, kvr_oai_health(closed, 2000), KVR_ERR_WORKER_LOST));
 }
 
-Test(client, metrics_body_bound)
+KVR_TEST_END(client, metrics_body_bound, end)
 {
     char *big = malloc(KVR_OAI_METRICS_MAX_BYTES + 2);
     memset(big, '#', KVR_OAI_METRICS_MAX_BYTES + 1);
@@ -843,4 +852,5 @@ Test(client, cpu_per_token, .timeout = 300)
             "per token, %.0f tokens/s wall, %.0f bytes per token%s\n",
             tokens, streams, thread_ns / tokens / 1e3, thread_ns / 1e9, proc_us / tokens,
             tokens / wall, (double)st.bytes / tokens, slow() ? " (under valgrind)" : "");
+    end();
 }
