@@ -189,6 +189,10 @@ struct kvr_request {
     uint64_t avoid_worker;   /* 0: none; else another eligible worker is chosen over this one (a
                                 request placed again after it never reached it); not kept while
                                 queued */
+    /* NULL: the prompt is hashed in the call; else its sequence hashes at the router's block
+     * size, ntokens / block_size of them (kvr_hash_prompt's seq_out), borrowed for the call: a
+     * caller hashes before taking the lock it calls the router under */
+    const uint64_t *seq_hashes;
 };
 
 /* One worker as the decision saw it. */

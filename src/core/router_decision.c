@@ -507,22 +507,25 @@ static kvr_status check_request(struct kvr_router *r, const struct kvr_request *
     return KVR_OK;
 }
 
-/* Validate and hash req into r->seq; fills *p. */
+/* Validate req and hash it into r->seq (unless its hashes come with it); fills *p. */
 static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, struct prompt *p)
 {
     kvr_status st = check_request(r, req);
     if (st != KVR_OK)
         return st;
     uint32_t nblocks = req->ntokens / r->cfg.block_size;
-    st = kvr__router_ensure_blocks(r, nblocks);
+    st = kvr__router_ensure_blocks(r, nblocks); /* the booking's nodes, whoever hashed */
     if (st != KVR_OK)
         return st;
-    kvr_hash_prompt(req->tokens, req->ntokens, r->cfg.block_size, NULL, r->seq);
+    p->seq = req->seq_hashes;
+    if (!p->seq) {
+        kvr_hash_prompt(req->tokens, req->ntokens, r->cfg.block_size, NULL, r->seq);
+        p->seq = r->seq;
+    }
     p->id = req->id;
-    p->seq = r->seq;
     p->nblocks = nblocks;
     p->ntokens = req->ntokens;
-    p->first_hash = nblocks ? r->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
+    p->first_hash = nblocks ? p->seq[0] : kvr_hash_bytes(req->tokens, req->ntokens * 4ull);
     p->ov = &req->ov;
     p->explain = req->explain;
     p->deadline = req->deadline;

@@ -5,10 +5,12 @@
 #include "intake.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
 #include "fleet.h"
+#include "kvr/hash.h"
 #include "log.h"
 #include "place.h"
 #include "rebind.h"
@@ -45,9 +47,26 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
     return true;
 }
 
-/* Under mu: route q (bytes data[0..len), key) and remember it; KVR_OK or why it is refused. */
-static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, uint64_t key,
-                        const char *reply, const void *data, size_t len)
+/*
+ * q's sequence hashes at the router's block size, made before the state mutex is taken (the hash
+ * needs no state: a long prompt's hashing then holds nobody up); NULL for a prompt shorter than a
+ * block, or when memory is short (the router then hashes under the mutex). The caller frees it.
+ */
+static uint64_t *hash_before_lock(const struct kvr_rd *rd, const struct kvr_wire_request *q,
+                                  kvr_status st)
+{
+    uint32_t B = rd->cfg->core.block_size;
+    size_t n = st == KVR_OK && B ? q->ntokens / B : 0;
+    uint64_t *seq = n ? malloc(n * sizeof *seq) : NULL;
+    if (seq)
+        kvr_hash_prompt(q->tokens, q->ntokens, B, NULL, seq);
+    return seq;
+}
+
+/* Under mu: route q (bytes data[0..len), key; seq its hashes or NULL) and remember it; KVR_OK or
+ * why it is refused. */
+static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, const uint64_t *seq,
+                        uint64_t key, const char *reply, const void *data, size_t len)
 {
     uint64_t now = kvr_now_ns();
     if (seen_before(rd, key, reply, q->request_id, now))
@@ -65,7 +84,8 @@ static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, uin
                               .ntokens = q->ntokens,
                               .max_tokens = q->max_tokens,
                               .ov = q->ov,
-                              .deadline = p->deadline_ns};
+                              .deadline = p->deadline_ns,
+                              .seq_hashes = seq};
     struct kvr_decision d;
     st = kvr_router_route(rd->core, &req, now, &d);
     if (st != KVR_OK) {
@@ -114,29 +134,33 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     kvr_status st = kvr_wire_decode_generate(data, len, &rd->lim, &q);
     if (!kvr_reply_usable(reply, rd->cfg->net.prefix))
         reply = NULL; /* never answered: counted as ERR_NO_REPLY, dropped */
+    uint64_t *seq = hash_before_lock(rd, &q, st);
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK)
         st = fits(rd, reply, len, &q);
     if (st == KVR_OK)
-        st = route(rd, &q, kvr_pending_key(reply, q.request_id), reply, data, len);
+        st = route(rd, &q, seq, kvr_pending_key(reply, q.request_id), reply, data, len);
     if (st != KVR_OK)
         kvr_reply_refuse(&rd->generate, &rd->out, reply, &q, st);
     kvr_place_settle(rd);
     kvr_reply_count(&rd->generate, kvr_now_ns() - t0);
     kvr_rd_unlock_flush(rd);
     kvr_wire_request_free(&q);
+    free(seq);
 }
 
-/* Under mu: decide q (key), booking it when asked; *d describes the decision. */
-static kvr_status select_one(struct kvr_rd *rd, const struct kvr_wire_request *q, uint64_t key,
-                             bool book, struct kvr_decision *d)
+/* Under mu: decide q (key; seq its hashes or NULL), booking it when asked; *d describes the
+ * decision. */
+static kvr_status select_one(struct kvr_rd *rd, const struct kvr_wire_request *q,
+                             const uint64_t *seq, uint64_t key, bool book, struct kvr_decision *d)
 {
     struct kvr_request req = {.id = key,
                               .tokens = q->tokens,
                               .ntokens = q->ntokens,
                               .max_tokens = q->max_tokens,
                               .ov = q->ov,
-                              .explain = true};
+                              .explain = true,
+                              .seq_hashes = seq};
     if (book && kvr_pending_find(&rd->pend, key))
         return KVR_ERR_DUPLICATE;
     uint64_t now = kvr_now_ns();
@@ -174,6 +198,7 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
         reply = NULL; /* never answered (nor booked): counted as ERR_NO_REPLY, dropped */
         st = st == KVR_OK ? KVR_ERR_NO_REPLY : st;
     }
+    uint64_t *seq = hash_before_lock(rd, &q, st);
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX) {
         q.got = strlen(reply);
@@ -182,7 +207,7 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     }
     if (st == KVR_OK) {
         key = kvr_pending_key(reply, q.request_id);
-        st = select_one(rd, &q, key, book, &d);
+        st = select_one(rd, &q, seq, key, book, &d);
     }
     kvr_wire_request_why(&q, st, detail, sizeof detail);
     kvr_reply_select(&rd->select, &rd->out, reply, st == KVR_OK ? &d : NULL,
@@ -191,6 +216,7 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     kvr_reply_count(&rd->select, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);
     kvr_wire_request_free(&q);
+    free(seq);
     kvr_rd_flush(rd);
 }
 

@@ -203,8 +203,11 @@ static void route(struct sim *s, uint32_t i)
     kvr_workload_tokens(s->wl, i, s->scratch_tok);
     uint64_t *local = s->scratch_hash, *seq = s->scratch_hash + nb;
     kvr_hash_prompt(s->scratch_tok, r->isl, B, local, seq);
-    struct kvr_request q = {
-        .id = i + 1, .tokens = s->scratch_tok, .ntokens = r->isl, .max_tokens = r->osl};
+    struct kvr_request q = {.id = i + 1,
+                            .tokens = s->scratch_tok,
+                            .ntokens = r->isl,
+                            .max_tokens = r->osl,
+                            .seq_hashes = seq}; /* hashed once, for the engine too */
     struct kvr_decision d;
     struct replica *rp = &s->rep[s->nrep > 1 ? kvr_rng_below(&s->pick, s->nrep) : 0];
     kvr_status st = kvr_router_route(rp->router, &q, s->now, &d);

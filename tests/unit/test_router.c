@@ -172,6 +172,35 @@ static uint32_t *cached_on(uint64_t n, uint64_t w, uint64_t seq[10])
     return t;
 }
 
+/* A caller that hashed the prompt itself (kvrouter, before taking its lock) gets the decision the
+ * router would have made hashing it, and the router prices the hashes it was given. */
+Test(router, a_prompt_hashed_by_the_caller_is_decided_alike)
+{
+    uint64_t seq[10];
+    uint32_t *t = cached_on(4, 3, seq);
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 10 * B, .explain = true};
+    struct kvr_decision own, given;
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &own), KVR_OK));
+    uint64_t own_hashes[10];
+    memcpy(own_hashes, own.block_hashes, sizeof own_hashes);
+    q.seq_hashes = seq;
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &given), KVR_OK));
+    cr_assert(eq(u64, given.worker_id, own.worker_id));
+    cr_assert(eq(u32, given.overlap_blocks, 8));
+    cr_assert(eq(dbl, given.cost, own.cost));
+    cr_assert(eq(int, memcmp(given.block_hashes, own_hashes, sizeof own_hashes), 0));
+    /* hashes of another prompt: the decision follows them (nothing of it is cached) */
+    uint64_t other[10];
+    uint32_t *u = prompt(2, 10 * B, 2, 0);
+    kvr_hash_prompt(u, 10 * B, B, NULL, other);
+    q.seq_hashes = other;
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &given), KVR_OK));
+    cr_assert(eq(u32, given.overlap_blocks, 0), "the given hashes are the ones priced");
+    cr_assert(eq(u64, given.block_hashes[0], other[0]));
+    free(u);
+    free(t);
+}
+
 Test(router, event_mode_follows_the_cached_prefix)
 {
     uint64_t seq[10];
