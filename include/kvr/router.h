@@ -429,6 +429,7 @@ kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_
  * KVR_ERR_NOT_DELIVERED: the worker never got it or lost it). Two strikes, so a burst of stale
  * heartbeats (buffered during a disconnection) drops nothing. Keys the router does not know are
  * written to unknown (at most max) so the caller can ask its peers. Returns how many were dropped.
+ * keys may come in any order; sorted ascending, they are not copied and sorted here.
  */
 uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
                               uint32_t n, uint64_t now, uint64_t grace, uint64_t *unknown,

@@ -240,15 +240,19 @@ uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const ui
 {
     *nunknown = 0;
     struct kvr_worker *w = kvr_registry_find(&r->reg, worker_id);
-    uint64_t *sorted = n ? malloc((size_t)n * sizeof *sorted) : NULL;
-    if (!w || (n && !sorted)) {
-        free(sorted);
+    if (!w)
         return 0;
+    uint32_t k = 1;
+    while (k < n && keys[k - 1] <= keys[k])
+        k++;
+    uint64_t *copy = NULL; /* keys sorted here, unless they came so (kvrouter sorts them first) */
+    if (k < n) {
+        if (!(copy = malloc((size_t)n * sizeof *copy)))
+            return 0;
+        memcpy(copy, keys, (size_t)n * sizeof *copy);
+        qsort(copy, n, sizeof *copy, cmp_u64);
     }
-    if (n) {
-        memcpy(sorted, keys, (size_t)n * sizeof *sorted);
-        qsort(sorted, n, sizeof *sorted, cmp_u64);
-    }
+    const uint64_t *sorted = copy ? copy : keys;
     uint32_t slot = kvr_registry_slot(&r->reg, w), dropped = 0;
     /* collect first: dropping while walking the worker's list would unlink under our feet */
     uint32_t cap = r->act.w[slot].nreqs;
@@ -263,7 +267,7 @@ uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const ui
         if (!kvr_active_find(&r->act, keys[i]) && kvr_map_get(&r->early.ids, keys[i]) == KVR_NIL)
             unknown[(*nunknown)++] = keys[i];
     free(victims);
-    free(sorted);
+    free(copy);
     return dropped;
 }
 

@@ -188,13 +188,31 @@ static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, 
     }
 }
 
-static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
-                            uint64_t now)
+static int cmp_u64(const void *a, const void *b)
 {
-    struct kvr_wire_heartbeat h;
-    kvr_status st = kvr_wire_decode_heartbeat(data, len, &h);
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * A heartbeat decoded into *h, its held keys sorted (kvr_router_reconcile then needs no sort of
+ * its own): the work that needs no state, done before the mutex is taken. KVR_OK, or why not.
+ */
+static kvr_status heartbeat_decode(const void *data, size_t len, struct kvr_wire_heartbeat *h)
+{
+    kvr_status st = kvr_wire_decode_heartbeat(data, len, h);
+    if (st == KVR_OK && h->ninflight > 1)
+        qsort(h->inflight, h->ninflight, sizeof *h->inflight, cmp_u64);
+    return st;
+}
+
+/* Under mu: worker wid's heartbeat h (decoded with status st; freed here). */
+static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, struct kvr_wire_heartbeat *hb,
+                            kvr_status st, uint64_t now)
+{
     if (st != KVR_OK)
         return st;
+    struct kvr_wire_heartbeat h = *hb;
     if (h.info.id != wid) {
         kvr_wire_heartbeat_free(&h);
         return KVR_ERR_INVALID;
@@ -224,13 +242,11 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, const void *data, s
     return st;
 }
 
-/* Under mu: one worker event. */
+/* Under mu: one worker event (a heartbeat comes decoded: heartbeat_decode). */
 static kvr_status apply(struct kvr_rd *rd, uint64_t wid, const char *kind, const void *data,
                         size_t len)
 {
     uint64_t now = kvr_now_ns();
-    if (!strcmp(kind, "hb"))
-        return heartbeat(rd, wid, data, len, now);
     if (!strcmp(kind, "kv"))
         return kvr_rd_hold(rd, wid, data, len) ? KVR_OK : kvr_events_apply_kv(rd, wid, data, len);
     if (!strcmp(kind, "tokens"))
@@ -280,11 +296,16 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
 {
     uint64_t wid = 0;
     const char *kind = NULL;
-    kvr_status st = KVR_ERR_MALFORMED;
+    kvr_status st = KVR_ERR_MALFORMED, hb_st = KVR_OK;
     bool counted = false;
+    bool ours = kvr_events_parse_subject(rd->subj_ev, subject, &wid, &kind); /* no state */
+    bool hb = ours && !strcmp(kind, "hb");
+    struct kvr_wire_heartbeat h;
+    if (hb) /* a heartbeat may list 65,536 keys: decoded and sorted before the mutex */
+        hb_st = heartbeat_decode(data, len, &h);
     pthread_mutex_lock(&rd->mu);
-    if (kvr_events_parse_subject(rd->subj_ev, subject, &wid, &kind)) {
-        st = apply(rd, wid, kind, data, len);
+    if (ours) {
+        st = hb ? heartbeat(rd, wid, &h, hb_st, kvr_now_ns()) : apply(rd, wid, kind, data, len);
         kvr_place_settle(rd);
     }
     counted = kvr_events_bad(st);

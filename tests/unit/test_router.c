@@ -1034,6 +1034,16 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
     kvr_router_stats(r, &s);
     cr_assert(eq(u32, s.inflight, 2), "2 held or too young to judge remain");
     cr_assert(eq(u64, s.reconciled, 2));
+    /* keys in any order (kvrouter sorts them first; others need not) */
+    for (uint64_t id = 5; id <= 7; id++)
+        cr_assert(eq(int, kvr_router_book(r, id, 2, seq, 1, B, 0, 10), KVR_OK));
+    uint64_t unsorted[3] = {7, 556, 5};
+    cr_assert(eq(u32, kvr_router_reconcile(r, 2, unsorted, 3, 50, 30, unknown, &nunknown, 4), 0));
+    cr_assert(eq(u32, kvr_router_reconcile(r, 2, unsorted, 3, 70, 30, unknown, &nunknown, 4), 1),
+              "only 6, which it does not hold");
+    cr_assert(eq(u32, nunknown, 1));
+    cr_assert(eq(u64, unknown[0], 556));
+    cr_assert(eq(u64, unsorted[0], 7), "the caller's keys left as they were");
 }
 
 /*
