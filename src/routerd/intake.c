@@ -47,20 +47,29 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
     return true;
 }
 
+#define HASHES_ON_STACK 256 /* blocks: 16k tokens at 64 a block hash into the caller's array */
+
 /*
  * q's sequence hashes at the router's block size, made before the state mutex is taken (the hash
- * needs no state: a long prompt's hashing then holds nobody up); NULL for a prompt shorter than a
- * block, or when memory is short (the router then hashes under the mutex). The caller frees it.
+ * needs no state: a long prompt's hashing then holds nobody up): into local (HASHES_ON_STACK of
+ * them) or, for a longer prompt, an array the caller frees when it is not local. NULL for a prompt
+ * shorter than a block, or when memory is short (the router then hashes under the mutex).
  */
 static uint64_t *hash_before_lock(const struct kvr_rd *rd, const struct kvr_wire_request *q,
-                                  kvr_status st)
+                                  kvr_status st, uint64_t *local)
 {
     uint32_t B = rd->cfg->core.block_size;
     size_t n = st == KVR_OK && B ? q->ntokens / B : 0;
-    uint64_t *seq = n ? malloc(n * sizeof *seq) : NULL;
+    uint64_t *seq = n > HASHES_ON_STACK ? malloc(n * sizeof *seq) : n ? local : NULL;
     if (seq)
         kvr_hash_prompt(q->tokens, q->ntokens, B, NULL, seq);
     return seq;
+}
+
+static void hashes_free(uint64_t *seq, const uint64_t *local)
+{
+    if (seq != local)
+        free(seq);
 }
 
 /* Under mu: route q (bytes data[0..len), key; seq its hashes or NULL) and remember it; KVR_OK or
@@ -134,7 +143,8 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     kvr_status st = kvr_wire_decode_generate(data, len, &rd->lim, &q);
     if (!kvr_reply_usable(reply, rd->cfg->net.prefix))
         reply = NULL; /* never answered: counted as ERR_NO_REPLY, dropped */
-    uint64_t *seq = hash_before_lock(rd, &q, st);
+    uint64_t local[HASHES_ON_STACK];
+    uint64_t *seq = hash_before_lock(rd, &q, st, local);
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK)
         st = fits(rd, reply, len, &q);
@@ -146,7 +156,7 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     kvr_reply_count(&rd->generate, kvr_now_ns() - t0);
     kvr_rd_unlock_flush(rd);
     kvr_wire_request_free(&q);
-    free(seq);
+    hashes_free(seq, local);
 }
 
 /* Under mu: decide q (key; seq its hashes or NULL), booking it when asked; *d describes the
@@ -198,7 +208,8 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
         reply = NULL; /* never answered (nor booked): counted as ERR_NO_REPLY, dropped */
         st = st == KVR_OK ? KVR_ERR_NO_REPLY : st;
     }
-    uint64_t *seq = hash_before_lock(rd, &q, st);
+    uint64_t local[HASHES_ON_STACK];
+    uint64_t *seq = hash_before_lock(rd, &q, st, local);
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK && reply && strlen(reply) > KVR_REPLY_MAX) {
         q.got = strlen(reply);
@@ -216,7 +227,7 @@ void kvr_intake_select(struct kvr_rd *rd, const char *reply, const void *data, s
     kvr_reply_count(&rd->select, kvr_now_ns() - t0);
     pthread_mutex_unlock(&rd->mu);
     kvr_wire_request_free(&q);
-    free(seq);
+    hashes_free(seq, local);
     kvr_rd_flush(rd);
 }
 

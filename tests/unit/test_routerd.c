@@ -182,6 +182,33 @@ Test(routerd, a_request_is_forwarded_booked_and_gossiped)
     cr_assert(eq(u32, rd.pend.n, 0), "done frees the pending entry");
 }
 
+/* The intake hashes a prompt before taking the mutex: on the stack up to 256 blocks, in an array
+ * of its own past that; either way the router books the prompt's own hashes. */
+Test(routerd, prompts_hashed_before_the_lock_are_booked_by_their_own_hashes)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    uint32_t B = cfg.core.block_size, sizes[3] = {B / 2, 10 * B + 3, 300 * B};
+    for (uint32_t k = 0; k < 3; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "h%u", k);
+        generate("_INBOX.h", id, 7 + k, sizes[k]);
+        struct kvr_request_record rec;
+        cr_assert(eq(int, kvr_router_export(rd.core, kvr_pending_key("_INBOX.h", id), &rec),
+                     KVR_OK));
+        uint32_t n = sizes[k] / B;
+        cr_assert(eq(u32, rec.nblocks, n));
+        uint32_t *t = malloc(sizes[k] * sizeof *t);
+        uint64_t *want = malloc((n + 1) * sizeof *want);
+        for (uint32_t i = 0; i < sizes[k]; i++)
+            t[i] = (7 + k) * 1000 + i; /* as generate() makes them */
+        kvr_hash_prompt(t, sizes[k], B, NULL, want);
+        cr_assert(eq(int, memcmp(rec.block_hashes, want, n * sizeof *want), 0), "prompt %u", k);
+        free(t);
+        free(want);
+    }
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 3));
+}
+
 Test(routerd, a_resend_is_absorbed_not_routed_twice)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
