@@ -193,8 +193,8 @@ Test(routerd, prompts_hashed_before_the_lock_are_booked_by_their_own_hashes)
         snprintf(id, sizeof id, "h%u", k);
         generate("_INBOX.h", id, 7 + k, sizes[k]);
         struct kvr_request_record rec;
-        cr_assert(eq(int, kvr_router_export(rd.core, kvr_pending_key("_INBOX.h", id), &rec),
-                     KVR_OK));
+        cr_assert(
+            eq(int, kvr_router_export(rd.core, kvr_pending_key("_INBOX.h", id), &rec), KVR_OK));
         uint32_t n = sizes[k] / B;
         cr_assert(eq(u32, rec.nblocks, n));
         uint32_t *t = malloc(sizes[k] * sizeof *t);
