@@ -202,7 +202,7 @@ Test(routerd, prompts_hashed_before_the_lock_are_booked_by_their_own_hashes)
         for (uint32_t i = 0; i < sizes[k]; i++)
             t[i] = (7 + k) * 1000 + i; /* as generate() makes them */
         kvr_hash_prompt(t, sizes[k], B, NULL, want);
-        cr_assert(eq(int, memcmp(rec.block_hashes, want, n * sizeof *want), 0), "prompt %u", k);
+        cr_assert(n == 0 || memcmp(rec.block_hashes, want, n * sizeof *want) == 0, "prompt %u", k);
         free(t);
         free(want);
     }
