@@ -92,6 +92,11 @@ static size_t load_options(struct kvr_bench_config *c, struct kvr_opt *t, size_t
             "override every output length (0: the workload's; cancel: 16384; direct: 16)"),
         OPT("seed", KVR_OPT_U64, &c->seed, 0, 0, "workload seed"),
         TEXT("out", c->out, "write report.json, report.md and plots here (direct: report.json)"),
+        {.name = "per-request",
+         .type = KVR_OPT_BOOL,
+         .ptr = &c->per_request,
+         .help = "load: also write requests.csv into --out, a line per request answered in each "
+                 "run (as kvsim run --per-request)"},
         OPT("workers", KVR_OPT_U32, &c->workers, 0, 0,
             "fleet size, for the hit-rate reference (0: from the workers' heartbeats)"),
         OPT("num-blocks", KVR_OPT_U32, &c->num_blocks, 0, 0, "blocks per worker, likewise"),
@@ -170,7 +175,7 @@ static int parse_policies(struct kvr_bench_config *c)
 
 enum kvr_opts_result kvr_bench_config_parse(struct kvr_bench_config *c, int argc, char **argv)
 {
-    struct kvr_opt t[40];
+    struct kvr_opt t[48];
     size_t n = common_options(c, t, 0);
     n = load_options(c, t, n);
     n = other_options(c, t, n);
@@ -186,6 +191,10 @@ enum kvr_opts_result kvr_bench_config_parse(struct kvr_bench_config *c, int argc
     }
     if (parse_policies(c))
         return KVR_OPTS_BAD;
+    if (c->per_request && !c->out[0]) {
+        fprintf(stderr, "kvbench: --per-request needs --out\n");
+        return KVR_OPTS_BAD;
+    }
     if (c->mode == KVR_BENCH_DIRECT && !c->engine[0]) {
         fprintf(stderr, "kvbench: --mode direct needs --engine-url http://host:port\n");
         return KVR_OPTS_BAD;

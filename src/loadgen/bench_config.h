@@ -30,6 +30,7 @@ struct kvr_bench_config {
     char trace[KVR_OPT_STR_MAX];    /* trace file; "" : traces/<workload>_trace.jsonl */
     char policies[KVR_OPT_STR_MAX]; /* load: one run per policy, comma-separated */
     char out[KVR_OPT_STR_MAX];      /* load, direct: report directory; "": no report */
+    bool per_request;               /* load: requests.csv in out, a line per request answered */
     uint32_t requests;              /* load: 0 is the workload's default; hop: 0 is 2,000;
                                        direct: rounds, 0 is 200 */
     uint32_t concurrency;           /* load, closed loop: clients */

@@ -5,7 +5,9 @@
  */
 #include "replay.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@ struct replay {
     struct kvr_contract contract[KVR_POLICY_COUNT];   /* what each run broke of the contract */
     struct kvr_routers_run routers[KVR_POLICY_COUNT]; /* the routers' own figures of each run */
     struct kvr_routers_poll *polls; /* [2]: their answers before and after a run */
+    FILE *requests;                 /* --per-request: requests.csv, open through the runs */
 };
 
 /* The client's encoder: request i of this run, with the policy override. */
@@ -110,6 +113,28 @@ static double imbalance(uint64_t *ids, size_t n)
     return (double)most / ((double)n / (double)distinct);
 }
 
+/* Request i's line of requests.csv (--per-request): what a client sees of it. A client sees no
+ * queueing nor preemption, and its gaps are between chunks (the mean per token is kept). */
+static void record(const struct replay *rp, uint32_t i, uint64_t t0, double ttft, double e2e,
+                   struct kvr_sim_request *out)
+{
+    const struct kvr_client_req *q = &rp->client->reqs[i];
+    double span = (double)(q->t_last - q->t_first) / 1e6;
+    *out = (struct kvr_sim_request){.index = i,
+                                    .worker = q->worker,
+                                    .group = kvr_workload_group(&rp->wl, i),
+                                    .isl = rp->wl.reqs[i].isl,
+                                    .osl = q->ntok,
+                                    .cached_tokens = q->cached,
+                                    .preemptions = KVR_SIM_UNKNOWN,
+                                    .arrival_ms = (double)(q->t_send - t0) / 1e6,
+                                    .queue_ms = NAN,
+                                    .ttft_ms = ttft,
+                                    .e2e_ms = e2e,
+                                    .itl_mean_ms = q->ntok > 1 ? span / (q->ntok - 1) : 0,
+                                    .itl_max_ms = NAN};
+}
+
 /* Under the client's mu: the run's records into res (ttft, e2e, ids: room for every request). */
 static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uint64_t *ids,
                   struct kvr_sim_result *res)
@@ -125,6 +150,8 @@ static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uin
         }
         ttft[nf] = (double)(q->t_first - q->t_send) / 1e6;
         e2e[nf] = (double)(q->t_last - q->t_send) / 1e6;
+        if (res->per_request)
+            record(rp, i, t0, ttft[nf], e2e[nf], &res->per_request[nf]);
         nf++;
         cached += q->cached;
         isl += rp->wl.reqs[i].isl;
@@ -156,6 +183,10 @@ static int collect(struct replay *rp, enum kvr_policy policy, double load, uint6
     memset(res, 0, sizeof *res);
     res->policy = policy;
     res->load = load;
+    if (rp->requests && !(res->per_request = calloc(n, sizeof *res->per_request))) {
+        free(ids);
+        ids = NULL; /* out of memory: no result */
+    }
     if (ttft && e2e && ids) {
         pthread_mutex_lock(&rp->client->mu);
         tally(rp, t0, ttft, e2e, ids, res);
@@ -166,6 +197,7 @@ static int collect(struct replay *rp, enum kvr_policy policy, double load, uint6
     free(ids);
     if (!res->ttft_sorted) {
         free(ttft);
+        kvr_sim_result_free(res);
         return 1;
     }
     return 0;
@@ -423,11 +455,27 @@ static int run_policies(struct replay *rp)
     struct kvr_sim_result *res = calloc(np ? np : 1, sizeof *res);
     int rc = res ? 0 : 1;
     uint64_t t0 = kvr_now_ns();
+    if (rc == 0 && cfg->per_request &&
+        (kvr_mkdir_p(cfg->out) || !(rp->requests = kvr_report_requests_open(cfg->out)))) {
+        fprintf(stderr, "kvbench: cannot write %s/requests.csv: %s\n", cfg->out, strerror(errno));
+        rc = 1;
+    }
+    struct kvr_report_meta meta = {.source = "kvbench"}; /* the runs' names in requests.csv */
     for (size_t p = 0; p < np && rc == 0; p++) {
         rc = run_policy(rp, cfg->policy[p], load, &res[p]);
+        if (rc == 0 && rp->requests &&
+            kvr_report_requests_write(rp->requests, &meta, &res[p]) != KVR_OK) {
+            fprintf(stderr, "kvbench: cannot write %s/requests.csv\n", cfg->out);
+            rc = 1;
+        }
         if (rc == 0)
             print_row(rp, &res[p], &rp->contract[p], &rp->routers[p]);
     }
+    if (rp->requests && fclose(rp->requests) && rc == 0) {
+        fprintf(stderr, "kvbench: cannot write %s/requests.csv\n", cfg->out);
+        rc = 1;
+    }
+    rp->requests = NULL;
     if (rc == 0) {
         if (np >= 2)
             print_ratio(res);

@@ -204,45 +204,10 @@ static int report(const struct kvr_run_config *c, const struct kvr_report_meta *
 /* --per-request: requests.csv in --out, its header written; NULL (reported) when it cannot be. */
 static FILE *requests_open(const struct kvr_run_config *c)
 {
-    char path[sizeof c->out + 16];
-    snprintf(path, sizeof path, "%s/requests.csv", c->out);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "kvsim run: cannot write %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    fprintf(f, "run,load,request,group,worker,arrival_ms,isl,osl,cached_tokens,preemptions,"
-               "queue_ms,ttft_ms,e2e_ms,itl_mean_ms,itl_max_ms\n");
+    FILE *f = kvr_report_requests_open(c->out);
+    if (!f)
+        fprintf(stderr, "kvsim run: cannot write %s/requests.csv: %s\n", c->out, strerror(errno));
     return f;
-}
-
-/*
- * Run r's lines of requests.csv (its label as report.json's file names have it), then its records
- * freed: they are written as each run ends, so a sweep holds one run's at a time. 0, or 1 when
- * the file could not be written.
- */
-static int requests_write(FILE *f, const char *out, const struct kvr_report_meta *meta,
-                          struct kvr_sim_result *r)
-{
-    char label[128];
-    kvr_report_label(meta, r, true, label, sizeof label);
-    for (uint32_t i = 0; i < r->finished; i++) {
-        const struct kvr_sim_request *q = &r->per_request[i];
-        if (q->group == KVR_SIM_NO_GROUP)
-            fprintf(f, "%s,%g,%u,,", label, r->load, q->index);
-        else
-            fprintf(f, "%s,%g,%u,%llu,", label, r->load, q->index, (unsigned long long)q->group);
-        fprintf(f, "%u,%.3f,%u,%u,%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f\n", q->worker, q->arrival_ms,
-                q->isl, q->osl, q->cached_tokens, q->preemptions, q->queue_ms, q->ttft_ms,
-                q->e2e_ms, q->itl_mean_ms, q->itl_max_ms);
-    }
-    free(r->per_request);
-    r->per_request = NULL;
-    if (fflush(f) || ferror(f)) {
-        fprintf(stderr, "kvsim run: cannot write %s/requests.csv\n", out);
-        return 1;
-    }
-    return 0;
 }
 
 /* Every planned run (with --per-request, each one's lines as it ends), then the report; 0 or 1. */
@@ -262,8 +227,10 @@ static int run_all(struct kvr_run_config *c, const struct kvr_workload *w, bool 
         rc = 1;
     for (size_t i = 0; i < nruns && rc == 0; i++) {
         rc = run_one(c, w, &runs[i], closed, meta, t0, &res[nres]);
-        if (rc == 0 && reqs)
-            rc = requests_write(reqs, c->out, meta, &res[nres]);
+        if (rc == 0 && reqs && kvr_report_requests_write(reqs, meta, &res[nres]) != KVR_OK) {
+            fprintf(stderr, "kvsim run: cannot write %s/requests.csv\n", c->out);
+            rc = 1;
+        }
         nres += rc == 0;
     }
     if (reqs && fclose(reqs) && rc == 0) {

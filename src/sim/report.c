@@ -5,6 +5,7 @@
 #include "report.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -574,4 +575,49 @@ kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
         sizeof cmd)
         return KVR_ERR_IO;
     return system(cmd) == 0 ? KVR_OK : KVR_ERR_IO;
+}
+
+FILE *kvr_report_requests_open(const char *dir)
+{
+    FILE *f = open_in(dir, "requests.csv", "w");
+    if (f)
+        fprintf(f, "run,load,request,group,worker,arrival_ms,isl,osl,cached_tokens,preemptions,"
+                   "queue_ms,ttft_ms,e2e_ms,itl_mean_ms,itl_max_ms\n");
+    return f;
+}
+
+/* ",%.3f", or "," for a figure not known. */
+static void csv_ms(FILE *f, double v)
+{
+    if (isnan(v))
+        fputc(',', f);
+    else
+        fprintf(f, ",%.3f", v);
+}
+
+kvr_status kvr_report_requests_write(FILE *f, const struct kvr_report_meta *m,
+                                     struct kvr_sim_result *r)
+{
+    char label[128];
+    kvr_report_label(m, r, true, label, sizeof label);
+    for (uint32_t i = 0; r->per_request && i < r->finished; i++) {
+        const struct kvr_sim_request *q = &r->per_request[i];
+        fprintf(f, "%s,%g,%u,", label, r->load, q->index);
+        if (q->group != KVR_SIM_NO_GROUP)
+            fprintf(f, "%llu", (unsigned long long)q->group);
+        fprintf(f, ",%llu", (unsigned long long)q->worker);
+        csv_ms(f, q->arrival_ms);
+        fprintf(f, ",%u,%u,%u,", q->isl, q->osl, q->cached_tokens);
+        if (q->preemptions != KVR_SIM_UNKNOWN)
+            fprintf(f, "%u", q->preemptions);
+        csv_ms(f, q->queue_ms);
+        csv_ms(f, q->ttft_ms);
+        csv_ms(f, q->e2e_ms);
+        csv_ms(f, q->itl_mean_ms);
+        csv_ms(f, q->itl_max_ms);
+        fputc('\n', f);
+    }
+    free(r->per_request);
+    r->per_request = NULL;
+    return fflush(f) || ferror(f) ? KVR_ERR_IO : KVR_OK;
 }

@@ -47,4 +47,16 @@ kvr_status kvr_report_write(const char *dir, const struct kvr_report_meta *m,
 kvr_status kvr_report_plots(const char *dir, const struct kvr_report_meta *m,
                             const struct kvr_sim_result *res, size_t n);
 
+/* requests.csv in dir (--per-request), its header written; NULL when it cannot be (errno). */
+FILE *kvr_report_requests_open(const char *dir);
+
+/*
+ * Result r's per-request records as lines of requests.csv (the run named as the report's file
+ * names have it), then freed: written as each run ends, a sweep holds one run's at a time. A
+ * figure a measurement does not know (NaN, KVR_SIM_UNKNOWN) is an empty field. KVR_OK, or
+ * KVR_ERR_IO when the file could not be written.
+ */
+kvr_status kvr_report_requests_write(FILE *f, const struct kvr_report_meta *m,
+                                     struct kvr_sim_result *r);
+
 #endif

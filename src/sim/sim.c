@@ -94,15 +94,6 @@ static void on_outblk(void *ctx, uint64_t id)
 
 static void issue_next(struct sim *s);
 
-/* The prefix group of request i (struct kvr_sim_request). */
-static uint64_t group_of(const struct kvr_workload *w, uint32_t i)
-{
-    const struct kvr_wl_request *r = &w->reqs[i];
-    if (w->kind != KVR_WL_TRACE)
-        return r->family;
-    return r->nids ? w->ids[r->family] : KVR_SIM_NO_GROUP;
-}
-
 /* Request i's record k (kvr_sim_config.per_request), served by worker w. */
 static void record(struct sim *s, uint32_t k, uint32_t i, uint32_t w,
                    const struct kvr_engine_result *res)
@@ -111,7 +102,7 @@ static void record(struct sim *s, uint32_t k, uint32_t i, uint32_t w,
     s->per_request[k] = (struct kvr_sim_request){
         .index = i,
         .worker = w,
-        .group = group_of(s->wl, i),
+        .group = kvr_workload_group(s->wl, i),
         .isl = res->isl,
         .osl = res->osl,
         .cached_tokens = res->cached_tokens,

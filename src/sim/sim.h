@@ -51,10 +51,12 @@ struct kvr_sim_config {
  * 1 ms, heartbeat 100 ms, rate scale 1, 20 clients, one router, gossip on with a 1 ms delay. */
 void kvr_sim_config_default(struct kvr_sim_config *c);
 
-/* One finished request (kvr_sim_config.per_request). Times are virtual, ms from the run's start. */
+/* One finished request (kvr_sim_config.per_request; kvbench --per-request fills the same).
+ * Times are ms from the run's start, virtual in kvsim; a figure kvbench cannot see is NaN (and
+ * preemptions KVR_SIM_UNKNOWN). */
 struct kvr_sim_request {
     uint32_t index;         /* in the workload, from 0 */
-    uint32_t worker;        /* the engine that served it, from 0 */
+    uint64_t worker;        /* kvsim: the engine that served it, from 0; kvbench: its worker id */
     uint64_t group;         /* its prefix: generated workloads, the family; traces, the first hash
                                id (KVR_SIM_NO_GROUP: a trace record without one) */
     uint32_t isl, osl;      /* prompt and output tokens */
@@ -69,6 +71,7 @@ struct kvr_sim_request {
 };
 
 #define KVR_SIM_NO_GROUP UINT64_MAX
+#define KVR_SIM_UNKNOWN  UINT32_MAX
 
 struct kvr_sim_result {
     enum kvr_policy policy;

@@ -251,3 +251,11 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
         kvr_workload_free(w);
     return st;
 }
+
+uint64_t kvr_workload_group(const struct kvr_workload *w, uint32_t i)
+{
+    const struct kvr_wl_request *r = &w->reqs[i];
+    if (w->kind != KVR_WL_TRACE)
+        return r->family;
+    return r->nids ? w->ids[r->family] : UINT64_MAX;
+}

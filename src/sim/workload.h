@@ -44,6 +44,10 @@ struct kvr_workload {
     uint64_t seed; /* every generated token and length comes from it */
 };
 
+/* The prefix group of request i: a generated workload's family, a trace's first hash id
+ * (UINT64_MAX for a trace record without one). */
+uint64_t kvr_workload_group(const struct kvr_workload *w, uint32_t i);
+
 /* Generated workloads: n requests (0: the workload's default) from seed. */
 kvr_status kvr_workload_generate(struct kvr_workload *w, const char *name, uint32_t n,
                                  uint64_t seed);

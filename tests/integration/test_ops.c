@@ -572,6 +572,40 @@ Test(ops, hop_prints_the_routers_cpu_per_request)
     h_end();
 }
 
+/* kvbench --per-request: requests.csv in out_dir, a line per request answered of its three runs of
+ * 40 requests on workers 1 and 2, with what a client sees (no queue time: an empty field). */
+static void check_requests_csv(const char *out_dir)
+{
+    char path[512], line[512];
+    snprintf(path, sizeof path, "%s/requests.csv", out_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f != NULL, "no %s", path);
+    cr_assert(fgets(line, sizeof line, f) != NULL);
+    cr_assert(eq(str, line,
+                 "run,load,request,group,worker,arrival_ms,isl,osl,cached_tokens,preemptions,"
+                 "queue_ms,ttft_ms,e2e_ms,itl_mean_ms,itl_max_ms\n"));
+    int lines = 0, kv = 0;
+    while (fgets(line, sizeof line, f)) {
+        char run[32], rest[256];
+        unsigned request, isl, osl, cached;
+        unsigned long long group, worker;
+        double load, arrival, ttft, e2e;
+        int n = sscanf(line, "%31[^,],%lf,%u,%llu,%llu,%lf,%u,%u,%u,,,%lf,%lf,%255s", run, &load,
+                       &request, &group, &worker, &arrival, &isl, &osl, &cached, &ttft, &e2e, rest);
+        cr_assert(eq(int, n, 12), "a line of requests.csv: %s", line);
+        cr_assert(worker == 1 || worker == 2, "worker %llu", worker);
+        cr_assert(lt(u32, request, 40));
+        cr_assert(eq(u32, osl, 4), "--max-tokens 4");
+        cr_assert(gt(dbl, ttft, 0));
+        cr_assert(le(dbl, ttft, e2e));
+        kv += !strcmp(run, "kv");
+        lines++;
+    }
+    fclose(f);
+    cr_assert(eq(int, lines, 120), "three runs of 40 requests answered");
+    cr_assert(eq(int, kv, 40));
+}
+
 /* --- kvbench --mode load ends with the lines a newcomer reads ---------------------------- */
 
 Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
@@ -582,27 +616,20 @@ Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
     h_worker(srv.url, "2", 50, 200, NULL);
     h_router(srv.url, "r1", NULL);
     h_until_served(nc, GEN, 1, 15000);
-    const char *bench[] = {"--nats",
-                           srv.url,
-                           "--workload",
-                           "conversation",
-                           "--trace",
-                           KVR_SOURCE_ROOT "/tests/fixtures/conversation_head.jsonl",
-                           "--requests",
-                           "40",
-                           "--rate-scale",
-                           "200",
-                           "--max-tokens",
-                           "4",
-                           "--policies",
-                           "kv,round_robin,random",
-                           "--out",
-                           out_dir,
-                           "--log-level",
-                           "error",
-                           NULL};
+    const char *bench[] = {
+        "--nats",        srv.url,
+        "--workload",    "conversation",
+        "--trace",       KVR_SOURCE_ROOT "/tests/fixtures/conversation_head.jsonl",
+        "--requests",    "40",
+        "--rate-scale",  "200",
+        "--max-tokens",  "4",
+        "--policies",    "kv,round_robin,random",
+        "--out",         out_dir,
+        "--log-level",   "error",
+        "--per-request", NULL};
     pid_t b = h_spawn("kvbench", bench);
     cr_assert(eq(int, h_wait(b, 60000), 0), "kvbench --mode load failed");
+    check_requests_csv(out_dir);
     cr_assert(h_log_has(b, "\nIn short: on 2 workers, 40 requests of conversation (3 runs, "));
     cr_assert(h_log_has(b, " s), kv's p90 time to first token was "));
     cr_assert(h_log_has(b, " ms against round_robin's "));
