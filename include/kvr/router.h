@@ -15,7 +15,8 @@
  *
  * Ownership: every pointer passed in is borrowed for the duration of the call. Pointers handed out
  * (decision candidates, block hashes) belong to the router and stay valid until the next call into
- * it.
+ * it; but a decision's block_hashes are the request's own seq_hashes when it came with them (valid
+ * as long as the caller keeps those).
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -313,7 +314,8 @@ kvr_status kvr_router_select(struct kvr_router *r, const struct kvr_request *req
 /*
  * Book a decision made elsewhere (a peer's gossip, or a gateway that selected earlier): request id
  * on worker_id with the given sequence hashes, prompt length and the prefix it will not prefill
- * (a selected decision's reuse_blocks). Duplicate ids and unknown workers are refused and counted.
+ * (a selected decision's reuse_blocks). Duplicate ids and unknown workers are refused and counted;
+ * with max_inflight requests in flight already it is refused with KVR_ERR_FULL.
  */
 kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t worker_id,
                            const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,

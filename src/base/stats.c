@@ -17,6 +17,18 @@ void kvr_sort_doubles(double *v, size_t n)
         qsort(v, n, sizeof *v, cmp_double);
 }
 
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return (a > b) - (a < b);
+}
+
+void kvr_sort_u64(uint64_t *v, size_t n)
+{
+    if (n > 1)
+        qsort(v, n, sizeof *v, cmp_u64);
+}
+
 double kvr_quantile_sorted(const double *v, size_t n, double q)
 {
     if (!n)

@@ -22,4 +22,7 @@ struct kvr_stat kvr_stat_of(double *v, size_t n);
 /* Sort v[0..n) ascending in place. */
 void kvr_sort_doubles(double *v, size_t n);
 
+/* The same for 64-bit keys (request keys, worker ids). */
+void kvr_sort_u64(uint64_t *v, size_t n);
+
 #endif

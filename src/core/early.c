@@ -79,6 +79,12 @@ bool kvr_early_take(struct kvr_early *e, uint64_t id, struct kvr_early_rec *out)
     return true;
 }
 
+bool kvr_early_done(const struct kvr_early *e, uint64_t id)
+{
+    uint32_t h = kvr_map_get(&e->ids, id);
+    return h != KVR_NIL && rec(e, h)->done;
+}
+
 void kvr_early_expire(struct kvr_early *e, uint64_t now)
 {
     while (e->fifo.head != KVR_NIL && rec(e, e->fifo.head)->expires <= now)

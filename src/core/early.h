@@ -42,6 +42,9 @@ void kvr_early_note(struct kvr_early *e, uint64_t id, enum kvr_early_kind kind, 
 /* Take (and forget) what was remembered for id; false when nothing was. */
 bool kvr_early_take(struct kvr_early *e, uint64_t id, struct kvr_early_rec *out);
 
+/* Whether id's done came before its decision (a tombstone), without taking anything. */
+bool kvr_early_done(const struct kvr_early *e, uint64_t id);
+
 /* Forget records older than their ttl. */
 void kvr_early_expire(struct kvr_early *e, uint64_t now);
 

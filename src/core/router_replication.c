@@ -63,8 +63,11 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         r->st.duplicate_request++;
         return KVR_ERR_DUPLICATE;
     }
-    if (kvr_active_count(&r->act) >= r->cfg.max_inflight)
-        return KVR_ERR_FULL; /* the bound holds whoever decided: peers' decisions too */
+    /* the bound holds whoever decided (peers' decisions, a booked select); one whose done came
+     * first is not in flight: a tombstone, below */
+    if (kvr_active_count(&r->act) >= r->cfg.max_inflight &&
+        !kvr_early_done(&r->early, rec->request_id))
+        return KVR_ERR_FULL;
     struct kvr_early_rec early;
     bool had_early = kvr_early_take(&r->early, rec->request_id, &early);
     if (had_early && early.done) { /* its done overtook it: it is over */

@@ -92,18 +92,12 @@ static void discover(struct replay *rp)
     kvr_fleet_free(&f);
 }
 
-static int cmp_u64(const void *x, const void *y)
-{
-    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return (a > b) - (a < b);
-}
-
 /* Max over mean of requests per worker, over the n workers ids[] of served requests (sorted). */
 static double imbalance(uint64_t *ids, size_t n)
 {
     if (!n)
         return 0;
-    qsort(ids, n, sizeof *ids, cmp_u64);
+    kvr_sort_u64(ids, n);
     size_t distinct = 0, run = 0, most = 0;
     for (size_t i = 0; i < n; i++) {
         run = i && ids[i] == ids[i - 1] ? run + 1 : 1;

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "fleet.h"
 #include "log.h"
+#include "stats.h"
 #include "place.h"
 #include "rebind.h"
 
@@ -188,12 +189,6 @@ static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, 
     }
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /*
  * A heartbeat decoded into *h, its held keys sorted (kvr_router_reconcile then needs no sort of
  * its own): the work that needs no state, done before the mutex is taken. KVR_OK, or why not.
@@ -201,8 +196,8 @@ static int cmp_u64(const void *a, const void *b)
 static kvr_status heartbeat_decode(const void *data, size_t len, struct kvr_wire_heartbeat *h)
 {
     kvr_status st = kvr_wire_decode_heartbeat(data, len, h);
-    if (st == KVR_OK && h->ninflight > 1)
-        qsort(h->inflight, h->ninflight, sizeof *h->inflight, cmp_u64);
+    if (st == KVR_OK)
+        kvr_sort_u64(h->inflight, h->ninflight);
     return st;
 }
 

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "kvr/hash.h"
 #include "log.h"
+#include "stats.h"
 #include "send.h"
 #include "service.h"
 #include "subject.h"
@@ -302,8 +303,9 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     return true;
 }
 
-/* Count a decision the core refused (st), or nothing for KVR_OK. */
-static void refused(struct kvr_fleet *g, const struct kvr_wire_decision *d, kvr_status st)
+/* Count a decision the core refused (st) at now, or nothing for KVR_OK. */
+static void refused(struct kvr_fleet *g, const struct kvr_wire_decision *d, kvr_status st,
+                    uint64_t now)
 {
     if (st == KVR_OK)
         return;
@@ -315,11 +317,17 @@ static void refused(struct kvr_fleet *g, const struct kvr_wire_decision *d, kvr_
         g->late++; /* already known, or its done came first */
     } else {
         /* out of memory, or max_inflight reached: its worker's load is missing here until the
-         * request ends */
+         * request ends. Logged at most once per 10 s (a peer, or heartbeats' lookups, may bring
+         * such decisions again and again), with the count since the last line. */
         g->import_failed++;
+        if (g->import_failed_log_ns && now - g->import_failed_log_ns < 10 * KVR_NS_PER_S)
+            return;
         kvr_log(KVR_LOG_WARN, "decision_not_imported",
-                "key=%016" PRIx64 " worker=%" PRIu64 " error=\"%s\"", d->rec.request_id,
-                d->rec.worker_id, kvr_status_str(st));
+                "key=%016" PRIx64 " worker=%" PRIu64 " error=\"%s\" since_last=%" PRIu64,
+                d->rec.request_id, d->rec.worker_id, kvr_status_str(st),
+                g->import_failed - g->import_failed_logged);
+        g->import_failed_logged = g->import_failed;
+        g->import_failed_log_ns = now;
     }
 }
 
@@ -337,7 +345,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
     kvr_status st;
     if (known && !resolve(rd, known, d, &st)) {
-        refused(g, d, st);
+        refused(g, d, st, now);
         return;
     }
     const struct kvr_recent_item *ended =
@@ -351,7 +359,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         return;
     }
     st = kvr_router_import(rd->core, &d->rec, now);
-    refused(g, d, st);
+    refused(g, d, st, now);
     if (known || st != KVR_OK)
         return;
     g->imported++;
@@ -464,6 +472,19 @@ void kvr_fleet_on_gossip(struct kvr_rd *rd, const char *subject, const void *dat
 
 /* --- anti-entropy and answering clients ---------------------------------------------------- */
 
+/*
+ * out[0..na) (room for na + nb) and the sorted b[0..nb) into one sorted run in out: the
+ * heartbeat's keys come sorted (events.c), and a few bookings sorted here and merged keep it so,
+ * so the core need not sort 65,536 keys under the mutex.
+ */
+static void merge_sorted(uint64_t *out, uint32_t na, const uint64_t *b, uint32_t nb)
+{
+    kvr_sort_u64(out, na);
+    uint32_t i = na, j = nb, k = na + nb;
+    while (j > 0) /* from the back: out's own run moves up as b's fills in */
+        out[--k] = i > 0 && out[i - 1] > b[j - 1] ? out[--i] : b[--j];
+}
+
 void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *keys, uint32_t n,
                          uint32_t interval_ms, uint64_t now)
 {
@@ -475,9 +496,8 @@ void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *
     uint64_t *held = NULL;
     if (rd->pend.nbookings && (held = malloc(((size_t)n + rd->pend.nbookings) * sizeof *held))) {
         /* a booking within its TTL counts as held: its client forwards it when it likes */
-        memcpy(held, keys, (size_t)n * sizeof *held);
-        nbooked =
-            kvr_pending_live_bookings(&rd->pend, worker_id, now, held + n, rd->pend.nbookings);
+        nbooked = kvr_pending_live_bookings(&rd->pend, worker_id, now, held, rd->pend.nbookings);
+        merge_sorted(held, nbooked, keys, n);
         keys = held;
     }
     uint32_t dropped = kvr_router_reconcile(rd->core, worker_id, keys, n + nbooked, now, grace,

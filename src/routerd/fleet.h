@@ -74,6 +74,8 @@ struct kvr_fleet {
     uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t peers_evicted; /* silent ones, the table full */
     uint64_t import_failed; /* decisions not booked here: no memory, max_inflight */
+    uint64_t import_failed_logged; /* import_failed at the last decision_not_imported line */
+    uint64_t import_failed_log_ns; /* when that line was written (at most one per 10 s) */
 };
 
 /* Create rd->fleet (subjects from rd->cfg). */

@@ -144,7 +144,7 @@ void kvr_intake_generate(struct kvr_rd *rd, const char *reply, const void *data,
     if (!kvr_reply_usable(reply, rd->cfg->net.prefix))
         reply = NULL; /* never answered: counted as ERR_NO_REPLY, dropped */
     uint64_t local[HASHES_ON_STACK];
-    uint64_t *seq = hash_before_lock(rd, &q, st, local);
+    uint64_t *seq = hash_before_lock(rd, &q, reply ? st : KVR_ERR_NO_REPLY, local);
     pthread_mutex_lock(&rd->mu);
     if (st == KVR_OK)
         st = fits(rd, reply, len, &q);

@@ -227,11 +227,11 @@ static int run_all(struct kvr_run_config *c, const struct kvr_workload *w, bool 
         rc = 1;
     for (size_t i = 0; i < nruns && rc == 0; i++) {
         rc = run_one(c, w, &runs[i], closed, meta, t0, &res[nres]);
-        if (rc == 0 && reqs && kvr_report_requests_write(reqs, meta, &res[nres]) != KVR_OK) {
+        nres += rc == 0; /* its result is freed below, whatever comes next */
+        if (rc == 0 && reqs && kvr_report_requests_write(reqs, meta, &res[nres - 1]) != KVR_OK) {
             fprintf(stderr, "kvsim run: cannot write %s/requests.csv\n", c->out);
             rc = 1;
         }
-        nres += rc == 0;
     }
     if (reqs && fclose(reqs) && rc == 0) {
         fprintf(stderr, "kvsim run: cannot write %s/requests.csv\n", c->out);

@@ -112,8 +112,9 @@ struct kvr_sim_result {
     uint64_t early_events;     /* events a replica got before (or without) their decision */
     uint64_t late_decisions;   /* imports refused: the request's done came first */
     double pred_err_rel_worst; /* pred_err_rel of the replica that predicted worst */
-    struct kvr_sim_request *per_request; /* finished requests in the order they finished (as
-                                            many as finished); NULL unless asked; owned */
+    struct kvr_sim_request *per_request; /* finished requests (as many as finished): kvsim's in
+                                            the order they finished, kvbench's in the workload's;
+                                            NULL unless asked; owned */
 };
 
 /* Run one simulation. out is filled (free it with kvr_sim_result_free). */

@@ -11,15 +11,15 @@
 
 static struct kvr_blocktab tab;
 static struct kvr_active act;
+static bool ended; /* end ran: everything is freed */
 
 static void setup(void)
 {
+    ended = false;
     cr_assert(eq(int, kvr_blocktab_init(&tab, 16), KVR_OK));
     cr_assert(eq(int, kvr_active_init(&act, &tab, B, 16), KVR_OK));
     cr_assert(eq(int, kvr_active_reserve(&act, 4), KVR_OK));
 }
-
-static bool ended; /* end ran: everything is freed */
 
 /* Every test's last step (criterion_end.h): the map freed, no node or set left behind. */
 static void end(void)

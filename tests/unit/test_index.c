@@ -13,9 +13,11 @@
 static struct kvr_blocktab tab;
 static struct kvr_index ix;
 static struct kvr_walk walk;
+static bool ended; /* end ran: everything is freed */
 
 static void setup_cfg(uint32_t max_entries)
 {
+    ended = false;
     cr_assert(eq(int, kvr_blocktab_init(&tab, 16), KVR_OK));
     struct kvr_index_config cfg = {120 * NS, max_entries, 80};
     cr_assert(eq(int, kvr_index_init(&ix, &tab, &cfg), KVR_OK));
@@ -27,8 +29,6 @@ static void setup(void)
 {
     setup_cfg(1000);
 }
-
-static bool ended; /* end ran: everything is freed */
 
 /* Every test's last step (criterion_end.h): the index freed, no node or set left behind. */
 static void end(void)

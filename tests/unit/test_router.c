@@ -266,20 +266,25 @@ Test(router, imports_keep_the_in_flight_bound)
     struct kvr_decision d;
     cr_assert(eq(int, route(1, t, 4 * B, &d), KVR_OK));
     cr_assert(eq(int, route(2, t, 4 * B, &d), KVR_OK));
-    struct kvr_request_record one, two;
+    cr_assert(eq(int, route(3, t, 4 * B, &d), KVR_OK));
+    struct kvr_request_record one, two, three;
     cr_assert(eq(int, kvr_router_export(r, 1, &one), KVR_OK));
     cr_assert(eq(int, kvr_router_export(r, 2, &two), KVR_OK));
+    cr_assert(eq(int, kvr_router_export(r, 3, &three), KVR_OK));
     struct kvr_router *origin = r;
     cfg.max_inflight = 1;
     make();
     join(1, 0);
     cr_assert(eq(int, kvr_router_import(r, &one, 0), KVR_OK));
     cr_assert(eq(int, kvr_router_import(r, &two, 0), KVR_ERR_FULL), "one in flight is the bound");
+    /* a decision whose done came first is no request in flight: refused as late, not for room */
+    cr_assert(eq(int, kvr_router_done(r, 2), KVR_ERR_UNKNOWN_REQUEST), "noted as early");
+    cr_assert(eq(int, kvr_router_import(r, &two, 0), KVR_ERR_DUPLICATE), "a tombstone");
     struct kvr_router_stats s;
     kvr_router_stats(r, &s);
     cr_assert(eq(u32, s.inflight, 1));
     cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
-    cr_assert(eq(int, kvr_router_import(r, &two, 0), KVR_OK), "room again");
+    cr_assert(eq(int, kvr_router_import(r, &three, 0), KVR_OK), "room again");
     kvr_router_destroy(origin);
     free(t);
 }

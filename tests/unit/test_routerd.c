@@ -361,10 +361,8 @@ static void peer_decision_big(const char *origin, uint64_t seq, uint64_t key, ui
     kvr_buf_free(&b);
 }
 
-/* Once open: a decision taking the place of a known one was checked only after the known one's
- * booking was cancelled, so one that no router can book (more blocks than its worker has) left
- * the request pointed at a worker it had no booking on, and stopped the other worker. Now it
- * replaces nothing; one on a worker not heard of yet is still taken (the fleet agrees on it). */
+/* Peers' decisions keep the in-flight bound too (once only this router's own were bounded); one
+ * refused for it is counted and logged, and nothing of it is kept. */
 Test(routerd, a_peers_decision_past_the_in_flight_bound_is_counted_not_booked)
 {
     teardown();
@@ -379,8 +377,23 @@ Test(routerd, a_peers_decision_past_the_in_flight_bound_is_counted_not_booked)
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, b), NULL), "nothing of it kept");
     struct kvr_request_record rec;
     cr_assert(eq(int, kvr_router_export(rd.core, b, &rec), KVR_ERR_UNKNOWN_REQUEST));
+    /* one whose done came first is not in flight: late, as ever, however full the router is */
+    uint64_t c = kvr_pending_key("_INBOX.c", "c");
+    worker_done(1, c);
+    peer_decision_at("peer", 3, c, 1, "_INBOX.c", "c", t, 0);
+    cr_assert(eq(u64, rd.fleet->import_failed, 1));
+    cr_assert(eq(u64, rd.fleet->late, 1), "a tombstone");
+    /* another refused within 10 s: counted, not logged again (the next line says how many) */
+    uint64_t e = kvr_pending_key("_INBOX.e", "e");
+    peer_decision_at("peer", 4, e, 1, "_INBOX.e", "e", t, 0);
+    cr_assert(eq(u64, rd.fleet->import_failed, 2));
+    cr_assert(eq(u64, rd.fleet->import_failed_logged, 1));
 }
 
+/* Once open: a decision taking the place of a known one was checked only after the known one's
+ * booking was cancelled, so one that no router can book (more blocks than its worker has) left
+ * the request pointed at a worker it had no booking on, and stopped the other worker. Now it
+ * replaces nothing; one on a worker not heard of yet is still taken (the fleet agrees on it). */
 Test(routerd, a_decision_no_router_can_book_replaces_nothing)
 {
     heartbeat(1, 4096, NULL, 0, 1000);

@@ -131,6 +131,37 @@ Test(sim, per_request_records_add_up_to_the_summary)
     kvr_workload_free(&w);
 }
 
+/* Closed loop, one worker kept busy, a short queue timeout: the router rejects requests from its
+ * queue inside later calls into it. The next client's request then arrives as an event (a
+ * callback must not call back into the router, which reused the scratch of the call in progress);
+ * every request is resolved, and two runs agree. */
+Test(sim, requests_rejected_inside_a_router_call_are_resolved)
+{
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_generate(&w, "seed", 120, 3), KVR_OK));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    c.workers = 1;
+    c.concurrency = 16;
+    c.router.busy_threshold = 0.01; /* busy with its first request */
+    c.router.queue_max = 4;
+    c.router.queue_timeout_ns = 1000000; /* 1 ms */
+    c.per_request = true;
+    struct kvr_sim_result a, b;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &a), KVR_OK));
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &b), KVR_OK));
+    cr_assert(gt(u32, a.rejected, 0), "some were rejected");
+    cr_assert(gt(u32, a.finished, 0));
+    cr_assert(eq(u32, a.finished + a.rejected, 120), "every request resolved");
+    cr_assert(eq(u32, b.rejected, a.rejected));
+    cr_assert(eq(dbl, b.ttft_ms.mean, a.ttft_ms.mean));
+    for (uint32_t i = 0; i < a.finished; i++) /* each prompt was its own */
+        cr_assert(eq(u32, a.per_request[i].isl, w.reqs[a.per_request[i].index].isl));
+    kvr_sim_result_free(&a);
+    kvr_sim_result_free(&b);
+    kvr_workload_free(&w);
+}
+
 Test(sim, itl_quantiles_are_order_statistics_of_the_gaps)
 {
     struct kvr_workload w;
