@@ -831,6 +831,36 @@ Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
     cr_assert(eq(u64, rd.n.bookings_expired, 1));
 }
 
+/* A heartbeat's held keys (sorted before the mutex) and the live select bookings are merged into
+ * one sorted list for the reconcile: a booking the worker cannot hold yet is kept, a held request
+ * too, and only the forwarded request the worker does not hold is dropped, at the second strike. */
+Test(routerd, a_heartbeat_reconciles_held_keys_and_live_bookings_together)
+{
+    heartbeat(1, 4096, NULL, 0, 10);
+    generate("_INBOX.g", "held", 1, 128);
+    generate("_INBOX.x", "lost", 2, 128);
+    select_request("_INBOX.s", "booked", true);
+    uint64_t held = kvr_pending_key("_INBOX.g", "held"), lost = kvr_pending_key("_INBOX.x", "lost");
+    uint64_t booked = kvr_pending_key("_INBOX.s", "booked");
+    cr_assert(eq(u32, rd.pend.n, 3));
+    uint64_t keys[3] = {held, held ^ 1, held ^ 2}; /* and two the router does not know */
+    kvr_sleep_ns(25 * KVR_NS_PER_MS);              /* past the grace of two 10 ms intervals */
+    heartbeat(1, 4096, keys, 3, 10);               /* a first strike */
+    kvr_sleep_ns(15 * KVR_NS_PER_MS);
+    heartbeat(1, 4096, keys, 3, 10); /* the second */
+    struct kvr_router_stats st;
+    kvr_router_stats(rd.core, &st);
+    cr_assert(eq(u64, st.reconciled, 1), "one dropped: neither held nor booked");
+    cr_assert(eq(u64, rd.placed_again, 1), "it was lost: its origin placed it again");
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, lost);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u32, p->attempts, 1));
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(rd.core, held, &rec), KVR_OK), "held: kept");
+    cr_assert(eq(int, kvr_router_export(rd.core, booked, &rec), KVR_OK), "booked: kept");
+    cr_assert(not(eq(ptr, kvr_pending_find(&rd.pend, booked), NULL)));
+}
+
 static kvr_status refuse_forwards(void *ctx, const struct kvr_outmsg *m)
 {
     if (strstr(m->subject, ".worker.") && strstr(m->subject, ".generate")) {
