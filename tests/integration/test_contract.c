@@ -202,6 +202,19 @@ static void send_unheard(struct stream *s, const char *subject, natsSubscription
     send_again(s);
 }
 
+/*
+ * Stop listening on a busy subject (every worker's events): unsubscribed, then a flush, so the
+ * connection's reader has handled every message of it before the subscription is freed. Seen
+ * under ASan: natsSubscription_Destroy alone, with events still arriving, crashed nats.c 3.4.1's
+ * reader thread in natsConn_processMsg (a NULL mutex).
+ */
+static void stop_listening(natsSubscription *sub)
+{
+    natsSubscription_Unsubscribe(sub);
+    natsConnection_Flush(nc);
+    natsSubscription_Destroy(sub);
+}
+
 /* From now on, s's inbox is listened to. */
 static void listen_now(struct stream *s)
 {
@@ -234,7 +247,7 @@ Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
     struct stream s;
     send_unheard(&s, "kv.default.ev.*.done", &dones, "lost-whole", 4242, 24); /* final included */
     cr_assert(done_of(dones, 24, 20000), "the request never ended on its worker");
-    natsSubscription_Destroy(dones);
+    stop_listening(dones);
     listen_now(&s);
     send_again(&s); /* nothing came for a while: the client resends */
     uint64_t end = h_now_ms() + 5000;
@@ -276,7 +289,7 @@ Test(contract, a_stream_that_lost_its_first_chunks_is_filled_by_a_resend)
     send_unheard(&s, "kv.default.ev.*.tokens", &ev, "lost-head", 4343, 300);
     /* two output blocks: more than a block of tokens (64) went out to nobody */
     cr_assert(output_blocks(ev, 2, 20000), "the request never took two output blocks");
-    natsSubscription_Destroy(ev);
+    stop_listening(ev);
     listen_now(&s);
     cr_assert(read_one(&s, 10000), "no chunk after subscribing");
     cr_assert(gt(u32, s.gaps, 0), "the first chunk seen starts above position 0: a gap");
