@@ -13,8 +13,9 @@
  * (--quick: fewer iterations and a 256k-entry index; --group: one prompt and block size;
  * --case: one case, for profiling). KVR_BENCH_CPUTIME=1 in the environment times each decision
  * with the thread's CPU clock instead of CLOCK_MONOTONIC (same output; on a shared, loaded
- * machine it leaves out the time a decision spent preempted). KVR_BENCH_DECODE_WEIGHT=W prices
- * the own decode (decode_weight W, every request with max_tokens 256).
+ * machine it leaves out the time a decision spent preempted). Every request has max_tokens 256,
+ * priced with the library's decode_weight (0.5), or W with KVR_BENCH_DECODE_WEIGHT=W (0: not
+ * priced).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@
 #define INFLIGHT 2000
 
 static clockid_t bench_clock = CLOCK_MONOTONIC; /* or the thread's CPU clock (KVR_BENCH_CPUTIME) */
-static double decode_weight;                    /* KVR_BENCH_DECODE_WEIGHT */
+static double decode_weight = -1;               /* KVR_BENCH_DECODE_WEIGHT; < 0: the default */
 
 static uint64_t now_ns(void)
 {
@@ -106,7 +107,8 @@ static int setup(struct bench *b)
     cfg.block_size = b->block;
     cfg.index_max_entries = (uint32_t)(b->index_entries * 2);
     cfg.max_prompt_tokens = b->tokens;
-    cfg.decode_weight = decode_weight;
+    if (decode_weight >= 0)
+        cfg.decode_weight = decode_weight;
     kvr_status st;
     b->r = kvr_router_create(&cfg, &st);
     if (!b->r)
@@ -240,8 +242,7 @@ int main(int argc, char **argv)
     if (cpu && !strcmp(cpu, "1"))
         bench_clock = CLOCK_THREAD_CPUTIME_ID;
     const char *dw = getenv("KVR_BENCH_DECODE_WEIGHT");
-    decode_weight = dw ? atof(dw) : 0;
-    if (!(decode_weight >= 0))
+    if (dw && !((decode_weight = atof(dw)) >= 0))
         return 2;
     static const uint32_t tokens[] = {1024, 8192, 32768};
     static const uint32_t blocks[] = {16, 64};

@@ -113,6 +113,9 @@ struct kvr_router_config {
                                        the worker's decode step with it booked, charged this many
                                        times (0: not priced; for clients whose max_tokens is close
                                        to what they generate: docs/architecture.md) */
+    bool learn_output;              /* time model, decode_weight: price a request's output as its
+                                       max_tokens times the share of it that requests with a like
+                                       max_tokens generated here (false: its max_tokens) */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */
@@ -333,6 +336,13 @@ kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, ui
 kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id);
 /* done at time now (a done for a request not booked yet is remembered until its decision). */
 kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now);
+/* done_at for a request that completed having generated output_tokens: with learn_output, what
+ * a request of its max_tokens is expected to generate is learned from it (the router's own
+ * decisions only: an imported one's max_tokens is not known). */
+kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64_t now,
+                               uint32_t output_tokens);
+/* The output the router expects of a request with this max_tokens (what decode_weight prices). */
+uint32_t kvr_router_expected_output(const struct kvr_router *r, uint32_t max_tokens);
 
 /*
  * A worker's heartbeat (or first announcement): registers it when new, refreshes its liveness,

@@ -295,6 +295,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->last_ns = now;
     r->booked_ns = now;
     r->missed_ns = 0;
+    r->max_tokens = 0;
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
@@ -376,6 +377,13 @@ kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id)
         return KVR_ERR_UNKNOWN_REQUEST;
     remove_handle(a, h);
     return KVR_OK;
+}
+
+void kvr_active_set_max_tokens(struct kvr_active *a, uint64_t id, uint32_t max_tokens)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    if (h != KVR_NIL)
+        req(a, h)->max_tokens = max_tokens;
 }
 
 void kvr_active_each(const struct kvr_active *a,

@@ -31,6 +31,7 @@ struct kvr_active_req {
     uint32_t extra;         /* blocks held outside the table */
     uint32_t prompt_tokens; /* */
     uint32_t overlap;       /* cached prefix blocks at booking */
+    uint32_t max_tokens;    /* its client's generation limit (0: not known: imported) */
     struct kvr_link ttl;    /* in the TTL list (by last_ns) */
     struct kvr_link wl;     /* in its worker's list */
 };
@@ -94,6 +95,9 @@ kvr_status kvr_active_output_block(struct kvr_active *a, uint64_t id, uint64_t n
 /* n output blocks at once (an imported request's count so far); saturates. */
 kvr_status kvr_active_output_blocks(struct kvr_active *a, uint64_t id, uint32_t n, uint64_t now);
 kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id);
+
+/* Note request id's max_tokens (kvr_active_add leaves it 0); nothing when id is not in flight. */
+void kvr_active_set_max_tokens(struct kvr_active *a, uint64_t id, uint32_t max_tokens);
 
 /* Call fn for every request in flight (none may be added or removed meanwhile). */
 void kvr_active_each(const struct kvr_active *a,

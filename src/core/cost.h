@@ -163,7 +163,7 @@ struct cost_consts {
     double decode_ms[3];               /* c->decode_ms */
     double stall_weight;               /* c->stall_weight */
     double ow_cache;                   /* ow x c->cache_weight */
-    double own_decode;                 /* c->decode_weight x the request's max_tokens */
+    double own_decode;                 /* c->decode_weight x the output predicted of max_tokens */
 };
 
 static inline void cost_consts_init(struct cost_consts *k, const struct kvr_router *r, double ow,
@@ -174,7 +174,9 @@ static inline void cost_consts_init(struct cost_consts *k, const struct kvr_rout
         k->decode_ms[i] = r->cfg.decode_ms[i];
     k->stall_weight = r->cfg.stall_weight;
     k->ow_cache = ow * r->cfg.cache_weight;
-    k->own_decode = r->cfg.decode_weight * (double)max_tokens;
+    k->own_decode = r->cfg.decode_weight > 0
+                        ? r->cfg.decode_weight * kvr_outlen_predict(&r->outlen, max_tokens)
+                        : 0;
 }
 
 /*

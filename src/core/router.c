@@ -32,6 +32,8 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->cache_weight = 4.0;
     c->share_weight = 16.0;
     c->stall_weight = 0.6;
+    c->decode_weight = 0.5;
+    c->learn_output = true;
     static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
     memcpy(c->prefill_ms, prefill, sizeof prefill);
     memcpy(c->decode_ms, decode, sizeof decode);
@@ -97,6 +99,7 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
         goto out;
     }
     r->cfg = *cfg;
+    kvr_outlen_init(&r->outlen, cfg->learn_output);
     kvr_select_init(&r->sel, cfg->seed);
     struct kvr_index_config icfg = {cfg->index_ttl_ns, kvr_index_bound(cfg, 0),
                                     cfg->index_prune_pct};

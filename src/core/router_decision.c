@@ -468,6 +468,8 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     if (st == KVR_OK && do_book)
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
                               reuse, now);
+    if (st == KVR_OK && do_book)
+        kvr_active_set_max_tokens(&r->act, p->id, p->max_tokens);
     if (st != KVR_OK)
         return st;
     out->request_id = p->id;

@@ -45,6 +45,20 @@ kvr_status kvr_router_output_block(struct kvr_router *r, uint64_t request_id, ui
                        KVR_EARLY_OUTBLOCK, now);
 }
 
+kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64_t now,
+                               uint32_t output_tokens)
+{
+    const struct kvr_active_req *q = kvr_active_find(&r->act, request_id);
+    if (q)
+        kvr_outlen_add(&r->outlen, q->max_tokens, output_tokens);
+    return kvr_router_done_at(r, request_id, now);
+}
+
+uint32_t kvr_router_expected_output(const struct kvr_router *r, uint32_t max_tokens)
+{
+    return kvr_outlen_predict(&r->outlen, max_tokens);
+}
+
 kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now)
 {
     return early_event(r, kvr_active_remove(&r->act, request_id), request_id, KVR_EARLY_DONE, now);

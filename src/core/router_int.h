@@ -20,6 +20,7 @@
 #include "blocktab.h"
 #include "early.h"
 #include "index.h"
+#include "outlen.h"
 #include "kvr/router.h"
 #include "registry.h"
 #include "select.h"
@@ -47,9 +48,10 @@ struct kvr_router {
     struct kvr_index ix;
     struct kvr_active act;
     struct kvr_select_state sel;
-    struct kvr_early early;  /* events that came before their decision */
-    uint64_t *export_hashes; /* scratch for kvr_router_export */
-    uint32_t cap_export;     /* */
+    struct kvr_early early;   /* events that came before their decision */
+    struct kvr_outlen outlen; /* output lengths of the requests that ended here */
+    uint64_t *export_hashes;  /* scratch for kvr_router_export */
+    uint32_t cap_export;      /* */
     struct kvr_walk walk_idx;
     struct kvr_walk walk_act;
     bool ring_dirty;             /* the chwbl ring misses a membership change */

@@ -74,7 +74,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
         .name = n, .env = e, .type = KVR_OPT_BOOL, .ptr = p, .help = h                             \
     }
 
-#define KVR_CORE_OPTIONS 14
+#define KVR_CORE_OPTIONS 15
 
 /* The routing core's options (policy, weights, bounds) into out (KVR_CORE_OPTIONS entries). */
 static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
@@ -103,6 +103,8 @@ static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
         NUM("stall-weight", KVR_OPT_DOUBLE, &k->stall_weight, 0, 1e6, "kv: decode stall charge"),
         NUM("decode-weight", KVR_OPT_DOUBLE, &k->decode_weight, 0, 1e6,
             "kv, time: own decode (max_tokens)"),
+        FLAG("learn-output", NULL, &k->learn_output,
+             "kv, time: price max_tokens at the share of it that like requests generated"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),
         NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6, "kv: 0 cheapest, > 0 samples"),
         NUM("tie-margin", KVR_OPT_DOUBLE, &k->tie_margin, 0, 1, "kv: pick among near-least"),

@@ -91,10 +91,11 @@ static kvr_status tokens(struct kvr_rd *rd, uint64_t wid, const void *data, size
     return apply_tokens(rd, wid, &t, now);
 }
 
-/* Under mu: worker wid ended request key with status (its done event, or its heartbeat's list
- * of ended requests when the event was lost). */
+/* Under mu: worker wid ended request key with status, having streamed output tokens (its done
+ * event; or its heartbeat's list of ended requests when the event was lost: output 0, not known).
+ */
 static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
-                              uint64_t now)
+                              uint32_t output, uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (p && p->worker_id && p->worker_id != wid) {
@@ -114,6 +115,8 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
     kvr_log(KVR_LOG_DEBUG, "request_ended",
             "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,
             p ? "true" : "false");
+    if (status == KVR_OK && output) /* what its max_tokens was likely to mean */
+        return kvr_router_finished(rd->core, key, now, output);
     return kvr_router_done_at(rd->core, key, now);
 }
 
@@ -127,9 +130,9 @@ static void place_waiting(struct kvr_rd *rd, uint64_t now)
 
 /* Under mu: end_request, then what the freed load lets go. */
 static kvr_status ended(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr_status status,
-                        uint64_t now)
+                        uint32_t output, uint64_t now)
 {
-    kvr_status st = end_request(rd, wid, key, status, now);
+    kvr_status st = end_request(rd, wid, key, status, output, now);
     place_waiting(rd, now);
     return st;
 }
@@ -142,7 +145,7 @@ static kvr_status done(struct kvr_rd *rd, uint64_t wid, const void *data, size_t
         return st;
     if (d.worker_id != wid)
         return KVR_ERR_INVALID;
-    return ended(rd, wid, d.key, (kvr_status)d.status, now);
+    return ended(rd, wid, d.key, (kvr_status)d.status, d.output_tokens, now);
 }
 
 /* Under mu: a batch of lifecycle events of wid, applied in order as if each had come alone; the
@@ -163,7 +166,8 @@ static kvr_status batch(struct kvr_rd *rd, uint64_t wid, const void *data, size_
         if (e->kind == KVR_WIRE_EV_TOKENS) {
             apply_tokens(rd, wid, &e->u.tokens, now);
         } else {
-            end_request(rd, wid, e->u.done.key, (kvr_status)e->u.done.status, now);
+            end_request(rd, wid, e->u.done.key, (kvr_status)e->u.done.status,
+                        e->u.done.output_tokens, now);
             freed = true;
         }
     }
@@ -184,7 +188,7 @@ static void ended_listed(struct kvr_rd *rd, uint64_t wid, const uint64_t *keys, 
         const struct kvr_pending *p = kvr_pending_find(&rd->pend, keys[i]);
         if (p && p->worker_id == wid) {
             rd->n.ends_from_heartbeats++;
-            ended(rd, wid, keys[i], KVR_OK, now);
+            ended(rd, wid, keys[i], KVR_OK, 0, now);
         }
     }
 }

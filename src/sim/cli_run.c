@@ -51,11 +51,17 @@ static const char *default_trace(const char *workload, char *buf, size_t len)
     return buf;
 }
 
-/* Every output length of w set to max_tokens (0: left as it is). */
-static void cut_outputs(struct kvr_workload *w, uint32_t max_tokens)
+/* Every output length of w set to c's --max-tokens (0: left as it is), then cut to what the
+ * clients allow (--client-max-tokens; 0: no cut). */
+static void cut_outputs(struct kvr_workload *w, const struct kvr_run_config *c)
 {
-    for (uint32_t i = 0; max_tokens && i < w->nreqs; i++)
-        w->reqs[i].osl = max_tokens;
+    uint32_t cap = c->sim.client_max_tokens;
+    for (uint32_t i = 0; i < w->nreqs; i++) {
+        if (c->max_tokens)
+            w->reqs[i].osl = c->max_tokens;
+        if (cap && w->reqs[i].osl > cap)
+            w->reqs[i].osl = cap;
+    }
 }
 
 /* The workload into *w; *doc_ceiling: the trace's documented hit ceiling (0: none). 0 or 1. */
@@ -71,7 +77,7 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
         if (st != KVR_OK)
             fprintf(stderr, "kvsim run: %s\n", kvr_status_str(st));
         else
-            cut_outputs(w, c->max_tokens);
+            cut_outputs(w, c);
         return st == KVR_OK ? 0 : 1;
     }
     char buf[4096];
@@ -87,7 +93,7 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
     if (!c->requests)
         *doc_ceiling = !strcmp(c->workload, "conversation") ? 0.366 : 0.640;
     if (st == KVR_OK)
-        cut_outputs(w, c->max_tokens);
+        cut_outputs(w, c);
     return st == KVR_OK ? 0 : 1;
 }
 

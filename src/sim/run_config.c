@@ -60,6 +60,9 @@ static size_t run_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
             "all"),
         OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, 1e6,
             "override every output length, as kvbench's (0: the workload's)"),
+        OPT("client-max-tokens", KVR_OPT_U32, &s->client_max_tokens, 0, 1e6,
+            "the max_tokens every client sends the router, outputs cut to it (0: each request's "
+            "own output length, exactly)"),
         OPT("seed", KVR_OPT_U64, &s->router.seed, 0, 0, "seeds the workload and the routers"),
         TEXT("out", c->out, "where report.json, report.md and plots go"),
         TEXT("trace", c->trace, "the trace file; none: traces/<workload>_trace.jsonl"),
@@ -103,6 +106,11 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
         OPT("decode-weight", KVR_OPT_DOUBLE, &r->decode_weight, 0, 1e6,
             "router, time: the request's own decode (max_tokens steps at the worker's decode "
             "step), charged this many times; 0: not priced"),
+        {.name = "learn-output",
+         .type = KVR_OPT_BOOL,
+         .ptr = &r->learn_output,
+         .help = "router, time: --decode-weight prices max_tokens times the share of it that "
+                 "requests of a like max_tokens generated (off: max_tokens as sent)"},
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,

@@ -208,7 +208,8 @@ static void route(struct sim *s, uint32_t i)
     struct kvr_request q = {.id = i + 1,
                             .tokens = s->scratch_tok,
                             .ntokens = r->isl,
-                            .max_tokens = r->osl,
+                            .max_tokens =
+                                s->cfg->client_max_tokens ? s->cfg->client_max_tokens : r->osl,
                             .seq_hashes = seq}; /* hashed once, for the engine too */
     struct kvr_decision d;
     struct replica *rp = &s->rep[s->nrep > 1 ? kvr_rng_below(&s->pick, s->nrep) : 0];
@@ -317,7 +318,7 @@ static void deliver(struct sim *s, struct replica *rp, const struct ev *e)
         kvr_router_output_block(r, e->arg, s->now);
         break;
     case EV_DONE:
-        kvr_router_done_at(r, e->arg, s->now);
+        kvr_router_finished(r, e->arg, s->now, s->wl->reqs[e->arg - 1].osl);
         tick(rp);
         break;
     case EV_GOSSIP: /* the replica that booked it (worker) already has it */

@@ -40,11 +40,13 @@ struct kvr_sim_config {
     double rate_scale;               /* open loop: arrival rate factor */
     uint32_t concurrency;            /* closed loop: clients */
     void (*progress)(void *ctx, uint32_t resolved, uint32_t total, uint64_t now_ns);
-    void *progress_ctx;       /* */
-    uint32_t replicas;        /* routers sharing the requests; 0 counts as 1 */
-    bool gossip;              /* replicas import each other's decisions */
-    uint64_t gossip_delay_ns; /* a booking -> its import by the other replicas */
-    bool per_request;         /* keep a kvr_sim_request per finished request in the result */
+    void *progress_ctx;         /* */
+    uint32_t replicas;          /* routers sharing the requests; 0 counts as 1 */
+    bool gossip;                /* replicas import each other's decisions */
+    uint64_t gossip_delay_ns;   /* a booking -> its import by the other replicas */
+    bool per_request;           /* keep a kvr_sim_request per finished request in the result */
+    uint32_t client_max_tokens; /* the max_tokens every client sends (outputs are cut to it);
+                                   0: each request's own output length */
 };
 
 /* Fill c with kvsim run's defaults: 8 workers, the engine's and the router's defaults, event delay

@@ -41,6 +41,12 @@ e2e() { sed -nE 's/.*"e2e_ms": \{"mean": ([0-9.]+).*/\1/p' "$1/report.json" | he
 awk -v a="$(e2e "$out/m")" -v b="$(e2e "$out/d")" 'BEGIN { exit !(a > 0 && b > 0 && a < b / 5) }' \
   || fail "--max-tokens 2: e2e mean $(e2e "$out/m") ms against $(e2e "$out/d") ms without it"
 
+# --client-max-tokens: every client sends that max_tokens, and longer outputs are cut to it
+"$kvsim" run --workload seed --requests 100 --concurrency 10 --policies kv --client-max-tokens 30 \
+  --per-request --out "$out/k" --quiet >/dev/null 2>&1 || fail "--client-max-tokens run failed"
+awk -F, 'NR > 1 && $8 != 30 { bad++ } END { exit (bad > 0 || NR != 101) }' "$out/k/requests.csv" \
+  || fail "--client-max-tokens 30: outputs $(cut -d, -f8 "$out/k/requests.csv" | sort -u | tr '\n' ' ')"
+
 # --per-request: requests.csv, a line per finished request of every run, agreeing with the report
 "$kvsim" run --workload conversation --trace "$fixture" --workers 4 --policies kv,random \
   --num-blocks 4096 --sweep 1,2 --seed 7 --per-request --out "$out/p" --quiet >/dev/null 2>&1 \
@@ -65,7 +71,8 @@ mkdir -p "$out/q/requests.csv"
 
 for bad in "--workload nope" "--workload seed --workers 0" "--workload seed --policies kv,nope" \
            "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent" \
-           "--workload seed --max-tokens x"; do
+           "--workload seed --max-tokens x" "--workload seed --client-max-tokens -1" \
+           "--workload seed --learn-output maybe"; do
   # shellcheck disable=SC2086
   "$kvsim" run $bad --out "$out/e" --quiet >/dev/null 2>&1
   rc=$?

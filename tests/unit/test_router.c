@@ -812,9 +812,11 @@ Test(router, time_model_prices_the_stall_of_decoders)
 /*
  * Worker 1 caches a 512-block prefix and decodes one long request holding 1,200 of its 2,000
  * blocks; worker 2 is empty. A request of that prefix and 4 blocks more, generating max_tokens,
- * priced with decode_weight: where does it go?
+ * priced with decode_weight: where does it go? Before it, `taught` requests of the same
+ * max_tokens end having generated `generated` tokens each (they teach learn_output).
  */
-static uint64_t long_or_short(double decode_weight, uint32_t max_tokens)
+static uint64_t long_or_short_taught(double decode_weight, uint32_t max_tokens, uint32_t taught,
+                                     uint32_t generated)
 {
     cfg.cost_model = KVR_COST_TIME;
     cfg.decode_weight = decode_weight;
@@ -832,6 +834,14 @@ static uint64_t long_or_short(double decode_weight, uint32_t max_tokens)
     kvr_hash_prompt(o, 1200 * B, B, NULL, held);
     cr_assert(eq(int, kvr_router_book(r, 1, 1, held, 1200, 1200 * B, 0, 0), KVR_OK));
     cr_assert(eq(int, kvr_router_prefill_done(r, 1, 0), KVR_OK));
+    for (uint32_t i = 0; i < taught; i++) {
+        uint32_t one[B] = {i + 1};
+        struct kvr_request k = {
+            .id = 100 + i, .tokens = one, .ntokens = B, .max_tokens = max_tokens};
+        struct kvr_decision kd;
+        cr_assert(eq(int, kvr_router_route(r, &k, 0, &kd), KVR_OK));
+        cr_assert(eq(int, kvr_router_finished(r, k.id, 0, generated), KVR_OK));
+    }
     struct kvr_request q = {.id = 9, .tokens = t, .ntokens = 516 * B, .max_tokens = max_tokens};
     struct kvr_decision d;
     cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
@@ -845,6 +855,11 @@ static uint64_t long_or_short(double decode_weight, uint32_t max_tokens)
     return d.worker_id;
 }
 
+static uint64_t long_or_short(double decode_weight, uint32_t max_tokens)
+{
+    return long_or_short_taught(decode_weight, max_tokens, 0, 0);
+}
+
 Test(router, time_model_prices_the_own_decode_when_asked)
 {
     cr_assert(eq(u64, long_or_short(0.0, 1000), 1), "unpriced: the cached prefix wins");
@@ -854,6 +869,16 @@ Test(router, time_model_prices_the_own_decode_when_asked)
     cr_assert(eq(u64, long_or_short(1.0, 0), 1), "no max_tokens: nothing to price");
     cfg.max_output_tokens = 2;
     cr_assert(eq(u64, long_or_short(1.0, UINT32_MAX), 1), "taken at most max_output_tokens");
+}
+
+Test(router, a_max_tokens_is_priced_at_what_requests_with_it_generated)
+{
+    cr_assert(eq(u64, long_or_short_taught(1.0, 1000, 16, 1000), 2), "they used it all");
+    cr_assert(eq(u64, long_or_short_taught(1.0, 1000, 16, 2), 1),
+              "they generated 2 tokens of 1,000: it stays with its prefix");
+    cr_assert(eq(u64, long_or_short_taught(1.0, 1000, 15, 2), 2), "15 are too few to go by");
+    cfg.learn_output = false;
+    cr_assert(eq(u64, long_or_short_taught(1.0, 1000, 16, 2), 2), "not learned: as sent");
 }
 
 /*

@@ -128,15 +128,20 @@ static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uin
     kvr_buf_free(&e.b);
 }
 
-/* Worker wid's done event for key, with status st. */
-static void worker_ended(uint64_t wid, uint64_t key, kvr_status st)
+/* Worker wid's done event for key, with status st, having streamed output tokens. */
+static void worker_streamed(uint64_t wid, uint64_t key, kvr_status st, uint32_t output)
 {
     struct kvr_buf b = {0};
     char subject[64];
     snprintf(subject, sizeof subject, "kv.default.ev.%llu.done", (unsigned long long)wid);
-    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, st, 0), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, st, output), KVR_OK));
     kvr_events_on_message(&rd, subject, b.data, b.len);
     kvr_buf_free(&b);
+}
+
+static void worker_ended(uint64_t wid, uint64_t key, kvr_status st)
+{
+    worker_streamed(wid, key, st, 0);
 }
 
 static void worker_done(uint64_t wid, uint64_t key)
@@ -180,6 +185,40 @@ Test(routerd, a_request_is_forwarded_booked_and_gossiped)
     cr_assert(eq(u32, rd.pend.n, 1));
     worker_done(1, key);
     cr_assert(eq(u32, rd.pend.n, 0), "done frees the pending entry");
+}
+
+/* A completed request's done event says how much of its max_tokens it used; the router prices the
+ * next ones of that max_tokens at it (generate() asks for 8). Only completions teach: a failure,
+ * a done that says nothing (0) and an end a heartbeat lists do not. */
+Test(routerd, completions_teach_what_a_max_tokens_will_generate)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    for (int k = 0; k < 40; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "o%d", k);
+        generate("_INBOX.o", id, 1 + k, 64);
+        uint64_t key = kvr_pending_key("_INBOX.o", id);
+        if (k < 8)
+            worker_streamed(1, key, KVR_ERR_WORKER_LOST, 1);
+        else if (k < 16)
+            worker_streamed(1, key, KVR_OK, 0);
+        else if (k < 24) {
+            struct kvr_wire_heartbeat h = {
+                .info = {.id = 1, .block_size = 64, .capacity_blocks = 4096},
+                .interval_ms = 1000,
+                .ended = &key,
+                .nended = 1};
+            struct kvr_buf b = {0};
+            cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+            kvr_events_on_message(&rd, "kv.default.ev.1.hb", b.data, b.len);
+            kvr_buf_free(&b);
+        } else
+            worker_streamed(1, key, KVR_OK, 2);
+        cr_assert(eq(u32, kvr_router_expected_output(rd.core, 8), k < 39 ? 8 : 2),
+                  "after %d: nothing learned before 16 completions", k + 1);
+    }
+    cr_assert(eq(u32, rd.pend.n, 0));
+    cr_assert(eq(u32, kvr_router_expected_output(rd.core, 1000), 1000), "another max_tokens");
 }
 
 /* The intake hashes a prompt before taking the mutex: on the stack up to 256 blocks, in an array
