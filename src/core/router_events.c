@@ -49,8 +49,12 @@ kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64
                                uint32_t output_tokens)
 {
     const struct kvr_active_req *q = kvr_active_find(&r->act, request_id);
-    if (q)
+    if (q && q->max_tokens) {
         kvr_outlen_add(&r->outlen, q->max_tokens, output_tokens);
+        r->st.completions++;
+        r->st.completion_tokens += output_tokens < q->max_tokens ? output_tokens : q->max_tokens;
+        r->st.completion_limit += q->max_tokens;
+    }
     return kvr_router_done_at(r, request_id, now);
 }
 

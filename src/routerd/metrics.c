@@ -139,6 +139,17 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                      s.kv_ignored);
     kvr_prom_gauge(p, "kvrouter_memory_bytes", "Heap held by the routing core.",
                    (double)s.memory_bytes);
+    kvr_prom_counter(p, "kvrouter_completions_total",
+                     "Requests routed here that completed saying their output (what the own-decode "
+                     "price learns from).",
+                     s.completions);
+    kvr_prom_counter(p, "kvrouter_completion_tokens_total",
+                     "Tokens those completions generated (each at most its max_tokens).",
+                     s.completion_tokens);
+    kvr_prom_counter(p, "kvrouter_completion_limit_tokens_total",
+                     "The sum of those completions' max_tokens: tokens over limit is the share "
+                     "of max_tokens clients use.",
+                     s.completion_limit);
     kvr_prom_counter(p, "kvrouter_bad_events_total",
                      "Worker events dropped as malformed or forged.", rd->ev_errors);
     kvr_prom_counter(p, "kvrouter_kv_events_missed_total",

@@ -15,6 +15,7 @@
 #include "events.h"
 #include "fleet.h"
 #include "intake.h"
+#include "metrics.h"
 #include "kvr/hash.h"
 #include "place.h"
 #include "rec.h"
@@ -219,6 +220,20 @@ Test(routerd, completions_teach_what_a_max_tokens_will_generate)
     }
     cr_assert(eq(u32, rd.pend.n, 0));
     cr_assert(eq(u32, kvr_router_expected_output(rd.core, 1000), 1000), "another max_tokens");
+    struct kvr_router_stats s;
+    kvr_router_stats(rd.core, &s);
+    cr_assert(eq(u64, s.completions, 16));
+    cr_assert(eq(u64, s.completion_tokens, 32));
+    cr_assert(eq(u64, s.completion_limit, 128));
+    struct kvr_buf b = {0};
+    struct kvr_prom p;
+    kvr_prom_begin(&p, &b);
+    cr_assert(eq(int, kvr_rd_metrics(&rd, &p), KVR_OK));
+    char *text = strndup((const char *)b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(strstr(text, "\nkvrouter_completion_tokens_total 32\n") != NULL);
+    cr_assert(strstr(text, "\nkvrouter_completion_limit_tokens_total 128\n") != NULL);
+    free(text);
 }
 
 /* The intake hashes a prompt before taking the mutex: on the stack up to 256 blocks, in an array
