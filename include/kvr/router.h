@@ -109,10 +109,10 @@ struct kvr_router_config {
                                        in-flight requests are computing now, times (n-2)/n */
     double stall_weight;            /* time model: the delay our prefill's steps add to each
                                        request decoding on the worker is charged this many times */
-    double decode_weight;           /* time model: the request's own decode, max_tokens steps at
-                                       the worker's decode step with it booked, charged this many
-                                       times (0: not priced; for clients whose max_tokens is close
-                                       to what they generate: docs/architecture.md) */
+    double decode_weight;           /* time model: the request's own decode, the output expected of
+                                       its max_tokens (learn_output) in steps at the worker's
+                                       decode step with it booked, charged this many times (0: not
+                                       priced; docs/architecture.md, "The kv cost") */
     bool learn_output;              /* time model, decode_weight: price a request's output as its
                                        max_tokens times the share of it that requests with a like
                                        max_tokens generated here (false: its max_tokens) */
@@ -345,8 +345,13 @@ kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_
  * decisions only: an imported one's max_tokens is not known). */
 kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64_t now,
                                uint32_t output_tokens);
-/* The output the router expects of a request with this max_tokens (what decode_weight prices). */
+/* The output the router expects of a request with this max_tokens (what decode_weight prices;
+ * max_tokens taken at most max_output_tokens). */
 uint32_t kvr_router_expected_output(const struct kvr_router *r, uint32_t max_tokens);
+/* The max_tokens of a request this router booked with kvr_router_book for a client of its own (a
+ * booked select), so its completion teaches learn_output as a routed one's does; nothing when
+ * request_id is not in flight. */
+void kvr_router_note_max_tokens(struct kvr_router *r, uint64_t request_id, uint32_t max_tokens);
 
 /*
  * A worker's heartbeat (or first announcement): registers it when new, refreshes its liveness,

@@ -184,10 +184,10 @@ static inline void cost_consts_init(struct cost_consts *k, const struct kvr_rout
  * entries in the index, for prefill tokens (its queue and ours) and decode blocks, t the terms of
  * its reuse: predicted TTFT, plus what the choice costs others. The requests decoding there wait
  * for our prefill's steps: each of them is delayed by its time, charged stall_weight times; then
- * the cache and share terms (reuse_terms); and, with decode_weight, the request's own decode: its
- * max_tokens steps at the worker's decode step with its blocks booked (a long generation is
- * slowed by every block the worker holds, a short one hardly). Reads only the compact per-slot
- * arrays.
+ * the cache and share terms (reuse_terms); and, with decode_weight, the request's own decode: the
+ * output expected of its max_tokens (kvr_outlen_predict), a step each at the worker's decode step
+ * with its blocks booked (a long generation is slowed by every block the worker holds, a short
+ * one hardly). Reads only the compact per-slot arrays.
  */
 static inline double time_cost(const struct cost_consts *k, const struct kvr_active_worker *aw,
                                const struct kvr_worker_hot *h, const uint32_t *count,

@@ -60,7 +60,14 @@ kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64
 
 uint32_t kvr_router_expected_output(const struct kvr_router *r, uint32_t max_tokens)
 {
-    return kvr_outlen_predict(&r->outlen, max_tokens);
+    uint32_t m = r->cfg.max_output_tokens;
+    return kvr_outlen_predict(&r->outlen, max_tokens < m ? max_tokens : m);
+}
+
+void kvr_router_note_max_tokens(struct kvr_router *r, uint64_t request_id, uint32_t max_tokens)
+{
+    uint32_t m = r->cfg.max_output_tokens;
+    kvr_active_set_max_tokens(&r->act, request_id, max_tokens < m ? max_tokens : m);
 }
 
 kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now)

@@ -20,8 +20,8 @@
 #include "blocktab.h"
 #include "early.h"
 #include "index.h"
-#include "outlen.h"
 #include "kvr/router.h"
+#include "outlen.h"
 #include "registry.h"
 #include "select.h"
 

@@ -102,7 +102,7 @@ static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
         NUM("cache-weight", KVR_OPT_DOUBLE, &k->cache_weight, 0, 1e6, "kv: recompute charge"),
         NUM("stall-weight", KVR_OPT_DOUBLE, &k->stall_weight, 0, 1e6, "kv: decode stall charge"),
         NUM("decode-weight", KVR_OPT_DOUBLE, &k->decode_weight, 0, 1e6,
-            "kv, time: own decode (max_tokens)"),
+            "kv, time: own decode (the output expected of max_tokens)"),
         FLAG("learn-output", NULL, &k->learn_output,
              "kv, time: price max_tokens at the share of it that like requests generated"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),

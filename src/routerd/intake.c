@@ -182,6 +182,7 @@ static kvr_status select_one(struct kvr_rd *rd, const struct kvr_wire_request *q
                          d->prompt_tokens, d->reuse_blocks, now);
     struct kvr_pending *p = NULL;
     if (st == KVR_OK) {
+        kvr_router_note_max_tokens(rd->core, key, q->max_tokens); /* its completion teaches */
         st = kvr_pending_add(&rd->pend, key, NULL, q->request_id, NULL, 0, &p);
         if (st != KVR_OK)
             kvr_router_cancel(rd->core, key); /* a booking nobody could expire */

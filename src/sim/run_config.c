@@ -104,13 +104,11 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
             "router, time: the delay a prefill adds to each request decoding there, charged this "
             "many times"),
         OPT("decode-weight", KVR_OPT_DOUBLE, &r->decode_weight, 0, 1e6,
-            "router, time: the request's own decode (max_tokens steps at the worker's decode "
-            "step), charged this many times; 0: not priced"),
-        {.name = "learn-output",
-         .type = KVR_OPT_BOOL,
-         .ptr = &r->learn_output,
-         .help = "router, time: --decode-weight prices max_tokens times the share of it that "
-                 "requests of a like max_tokens generated (off: max_tokens as sent)"},
+            "router, time: the request's own decode (the output expected of its max_tokens, a "
+            "step each at the worker's decode step), charged this many times; 0: not priced"),
+        FLAG("learn-output", &r->learn_output,
+             "router, time: --decode-weight prices max_tokens times the share of it that requests "
+             "of a like max_tokens generated (false: max_tokens as sent)"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,

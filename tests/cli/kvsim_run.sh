@@ -46,6 +46,17 @@ awk -v a="$(e2e "$out/m")" -v b="$(e2e "$out/d")" 'BEGIN { exit !(a > 0 && b > 0
   --per-request --out "$out/k" --quiet >/dev/null 2>&1 || fail "--client-max-tokens run failed"
 awk -F, 'NR > 1 && $8 != 30 { bad++ } END { exit (bad > 0 || NR != 101) }' "$out/k/requests.csv" \
   || fail "--client-max-tokens 30: outputs $(cut -d, -f8 "$out/k/requests.csv" | sort -u | tr '\n' ' ')"
+grep -q '"client_max_tokens": 30,' "$out/k/report.json" || fail "report.json lacks client_max_tokens"
+grep -q '"decode_weight": 0.500, "learn_output": true' "$out/d/report.json" \
+  || fail "report.json lacks the own decode's settings: $(grep '"router"' "$out/d/report.json")"
+# the router is sent that max_tokens: taken as sent (--learn-output=false), 2,048 instead of seed's
+# 100 prices every request's decode 20 times higher, and kv places them otherwise
+for cap in 0 2048; do
+  "$kvsim" run --workload seed --requests 200 --concurrency 20 --policies kv --learn-output=false \
+    --client-max-tokens $cap --out "$out/c$cap" --quiet >/dev/null 2>&1 || fail "--client-max-tokens $cap run failed"
+done
+[ "$(grep '"policy": "kv"' "$out/c0/report.json")" != "$(grep '"policy": "kv"' "$out/c2048/report.json")" ] \
+  || fail "--client-max-tokens 2048 did not reach the router's price"
 
 # --per-request: requests.csv, a line per finished request of every run, agreeing with the report
 "$kvsim" run --workload conversation --trace "$fixture" --workers 4 --policies kv,random \
@@ -72,7 +83,7 @@ mkdir -p "$out/q/requests.csv"
 for bad in "--workload nope" "--workload seed --workers 0" "--workload seed --policies kv,nope" \
            "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent" \
            "--workload seed --max-tokens x" "--workload seed --client-max-tokens -1" \
-           "--workload seed --learn-output maybe"; do
+           "--workload seed --learn-output=maybe"; do
   # shellcheck disable=SC2086
   "$kvsim" run $bad --out "$out/e" --quiet >/dev/null 2>&1
   rc=$?

@@ -1,4 +1,4 @@
-/* kvr_outlen: the learned quantile of output lengths, against the exact one of what was added. */
+/* kvr_outlen: the share of max_tokens that requests generated, learned per group of max_tokens. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <stdbool.h>
@@ -94,4 +94,17 @@ Test(outlen, off_unknown_and_out_of_range)
     cr_assert(eq(u32, kvr_outlen_predict(&o, 64), 64));
     uint32_t big = kvr_outlen_predict(&o, UINT32_MAX);
     cr_assert(big >= 1u << 20 && big <= (1u << 20) + 1, "%u: its share of its own max_tokens", big);
+}
+
+Test(outlen, one_forged_answer_moves_its_group_by_one_request_at_most)
+{
+    struct kvr_outlen o;
+    kvr_outlen_init(&o, true);
+    for (int i = 0; i < 99; i++)
+        kvr_outlen_add(&o, 1000, 100);
+    cr_assert(eq(u32, kvr_outlen_predict(&o, 1000), 100));
+    kvr_outlen_add(&o, 1000, UINT32_MAX); /* counted as all of its max_tokens, no more */
+    uint32_t b = kvr_outlen_bucket(1000), p = kvr_outlen_predict(&o, 1000);
+    cr_assert(eq(u32, p, 109), "(99 x 0.1 + 1) / 100 of 1,000");
+    cr_assert(o.ratio[b] <= o.n[b]);
 }

@@ -1118,8 +1118,8 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
         uint32_t unique = 1 + (uint32_t)kvr_rng_below(&rng, 20 * B);
         uint32_t *t = prompt(f, shared, id, unique);
         struct kvr_request q = {.id = id, .tokens = t, .ntokens = shared + unique, .explain = true};
-        if (decode_weight > 0 && id % 3)
-            q.max_tokens = 1 + (uint32_t)kvr_rng_below(&rng, 2000);
+        if (decode_weight > 0 && id % 3) /* two values, so learn_output's groups fill up */
+            q.max_tokens = 700 * (1 + (uint32_t)kvr_rng_below(&rng, 2));
         if (id % 9 == 0)
             q.avoid_worker = 1 + kvr_rng_below(&rng, W);
         struct kvr_decision all, d;
@@ -1178,7 +1178,8 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
         case 2:
             kvr_router_done(r, old);
             break;
-        default:
+        default: /* completed, saying its output: what later ones of its max_tokens are priced at */
+            kvr_router_finished(r, old, id, 1 + (uint32_t)(id % 40));
             break;
         }
         if (id % 50 == 0) { /* one drains, one leaves and comes back empty */

@@ -236,6 +236,41 @@ Test(routerd, completions_teach_what_a_max_tokens_will_generate)
     free(text);
 }
 
+static void select_request(const char *reply, const char *id, bool book);
+
+/* The same lesson from booked selects (their client forwards them) and from dones that come in a
+ * worker's EventBatch: 16 requests of max_tokens 8 that each generated 6. */
+Test(routerd, booked_selects_and_batched_dones_teach_too)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_wire_event ev[16];
+    for (int k = 0; k < 16; k++) {
+        char id[16];
+        snprintf(id, sizeof id, "s%d", k);
+        size_t mark = rec_nsent;
+        select_request("_INBOX.s", id, true);
+        const struct rec_sent *m = NULL;
+        uint64_t wid, key = 0;
+        uint32_t overlap, ncand, code;
+        cr_assert(eq(int, rec_count("_INBOX.s", mark, &m), 1));
+        cr_assert(eq(
+            int,
+            kvr_wire_decode_select_response(m->data, m->len, &wid, &overlap, &ncand, &code, &key),
+            KVR_OK));
+        cr_assert(not(eq(u64, key, 0)), "booked");
+        ev[k] = (struct kvr_wire_event){
+            .kind = KVR_WIRE_EV_DONE,
+            .u.done = {.worker_id = 1, .key = key, .status = KVR_OK, .output_tokens = 6}};
+    }
+    cr_assert(eq(u32, kvr_router_expected_output(rd.core, 8), 8), "nothing has ended yet");
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 1, ev, 16), KVR_OK));
+    kvr_events_on_message(&rd, "kv.default.ev.1.batch", b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, rd.pend.n, 0));
+    cr_assert(eq(u32, kvr_router_expected_output(rd.core, 8), 6));
+}
+
 /* The intake hashes a prompt before taking the mutex: on the stack up to 256 blocks, in an array
  * of its own past that; either way the router books the prompt's own hashes. */
 Test(routerd, prompts_hashed_before_the_lock_are_booked_by_their_own_hashes)
