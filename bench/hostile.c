@@ -201,7 +201,7 @@ static void make_decision(struct kvr_buf *b, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         hashes[i] = kvr_mix64(serial * 65537u + i);
-    struct kvr_request_record rec = {serial, 1, hashes, n, n * 64u, 0, true, n};
+    struct kvr_request_record rec = {serial, 1, hashes, n, n * 64u, 0, true, n, 0};
     kvr_wire_encode_gossip_decision(b, "peer", 5, serial, &rec, "_INBOX.bench", "c", "peer", 1, 0);
     serial++;
 }
@@ -220,7 +220,7 @@ static void make_page(struct kvr_buf *b, uint32_t n)
     for (uint32_t i = 0; i < n; i++, serial++) {
         for (int j = 0; j < 4; j++)
             h[j] = kvr_mix64(serial * 5u + (uint64_t)j);
-        struct kvr_request_record rec = {serial, 1 + i % WORKERS, h, 4, 256, 0, true, 0};
+        struct kvr_request_record rec = {serial, 1 + i % WORKERS, h, 4, 256, 0, true, 0, 0};
         kvr_page_add_decision(&pg, &rec, "_INBOX.bench", "c", "peer", 1, 0);
     }
     kvr_page_encode(&pg, b, false, 0);
@@ -234,7 +234,7 @@ static void make_page_wide(struct kvr_buf *b, uint32_t n)
     kvr_page_init(&pg);
     for (uint32_t i = 0; i < n; i++)
         hashes[i] = kvr_mix64(serial * 65537u + i);
-    struct kvr_request_record rec = {serial++, 1, hashes, n, n * 64u, 0, true, n};
+    struct kvr_request_record rec = {serial++, 1, hashes, n, n * 64u, 0, true, n, 0};
     kvr_page_add_decision(&pg, &rec, "_INBOX.bench", "c", "peer", 1, 0);
     kvr_page_encode(&pg, b, false, 0);
     kvr_page_free(&pg);
@@ -369,7 +369,7 @@ static void report_open(void)
     heartbeat(1, 1ull << 40, NULL, 0);
     struct kvr_buf b = {0};
     uint64_t h[2] = {serial, serial + 1};
-    struct kvr_request_record rec = {serial++, 1, h, 2, 128, 0, true, 1u << 20};
+    struct kvr_request_record rec = {serial++, 1, h, 2, 128, 0, true, 1u << 20, 0};
     kvr_wire_encode_gossip_decision(&b, "peer", 5, serial, &rec, "_INBOX.bench", "c", "peer", 1, 0);
     longest = 0;
     deliver_gossip(&b);

@@ -403,6 +403,7 @@ struct kvr_request_record {
                                      reuse_blocks) */
     bool prefill_done;            /* its first token is out */
     uint32_t output_blocks;       /* blocks it took while decoding */
+    uint32_t max_tokens;          /* its client's generation limit (0: not known) */
 };
 
 /* The record of request_id (block_hashes point into router scratch, valid until the next call). */

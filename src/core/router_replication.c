@@ -84,6 +84,8 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     if (st != KVR_OK)
         return st;
     r->st.decisions++;
+    if (rec->max_tokens) /* its completion teaches learn_output here too */
+        kvr_router_note_max_tokens(r, rec->request_id, rec->max_tokens);
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
     /* the record and the early events may both count the same blocks (a snapshot taken after
@@ -100,8 +102,8 @@ kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t w
                            const uint64_t *block_hashes, uint32_t nblocks, uint32_t prompt_tokens,
                            uint32_t overlap_blocks, uint64_t now)
 {
-    struct kvr_request_record rec = {request_id,    worker_id,      block_hashes, nblocks,
-                                     prompt_tokens, overlap_blocks, false,        0};
+    struct kvr_request_record rec = {
+        request_id, worker_id, block_hashes, nblocks, prompt_tokens, overlap_blocks, false, 0, 0};
     return kvr_router_import(r, &rec, now);
 }
 
@@ -121,6 +123,7 @@ static void fill_record(struct kvr_router *r, const struct kvr_active_req *q,
     out->overlap_blocks = q->overlap < n ? q->overlap : n;
     out->prefill_done = q->prefill == 0;
     out->output_blocks = q->extra > partial ? q->extra - partial : 0;
+    out->max_tokens = q->max_tokens;
 }
 
 kvr_status kvr_router_export(struct kvr_router *r, uint64_t request_id,

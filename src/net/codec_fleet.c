@@ -48,6 +48,7 @@ static void fill_decision_msg(Kvrouter__V1__Decision *m, const struct kvr_reques
     m->request_id = (char *)(request_id ? request_id : "");
     m->prefill_done = rec->prefill_done;
     m->output_blocks = rec->output_blocks;
+    m->max_tokens = rec->max_tokens;
     m->origin = (char *)(origin ? origin : "");
 }
 
@@ -72,7 +73,8 @@ static void view_decision(const Kvrouter__V1__Decision *m, struct kvr_wire_decis
 {
     d->rec = (struct kvr_request_record){
         m->request_key,   m->worker_id,      m->block_hashes, (uint32_t)m->n_block_hashes,
-        m->prompt_tokens, m->overlap_blocks, m->prefill_done, m->output_blocks};
+        m->prompt_tokens, m->overlap_blocks, m->prefill_done, m->output_blocks,
+        m->max_tokens};
     d->reply = kvr_codec_str(m->reply);
     d->request_id = kvr_codec_str(m->request_id);
     d->origin = kvr_codec_str(m->origin);

@@ -162,7 +162,7 @@ static void replicas(void)
 {
     struct kvr_buf b = {0};
     uint64_t hashes[4] = {0xa1, 0xa2, 0xa3, 0xa4}, keys[2] = {1000, 1001};
-    struct kvr_request_record rec = {1000, 7, hashes, 4, 64, 2, true, 3};
+    struct kvr_request_record rec = {1000, 7, hashes, 4, 64, 2, true, 3, 0};
     check(kvr_wire_encode_gossip_decision(&b, "r1", 5, 1, &rec, "_INBOX.x", "req-1", "r1", 0, 0),
           "gossip");
     put("gossip", 0, &b);
@@ -236,7 +236,7 @@ static void handlers(void)
     put("routerd", 0, &seq);
     seq.len = 0;
     uint64_t hashes[2] = {0xa1, 0xa2};
-    struct kvr_request_record rec = {1000, 2, hashes, 2, 40, 1, false, 0};
+    struct kvr_request_record rec = {1000, 2, hashes, 2, 40, 1, false, 0, 0};
     check(
         kvr_wire_encode_gossip_decision(&w, "peer", 5, 1, &rec, "_INBOX.x", "req-9", "peer", 0, 0),
         "gossip");

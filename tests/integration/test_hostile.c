@@ -69,7 +69,7 @@ static void forge_gossip(void)
                  KVR_OK));
     h_publish(nc, "kv.default.router.gossip.x", &b); /* its id is not its subject's */
     uint64_t h[2] = {11, 12};
-    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0, 0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(
                      &b, "peer", 5, 1, &rec, "_INBOX.x\r\nPUB evil 3\r\nabc", "c", "peer", 1, 0),
@@ -81,7 +81,7 @@ static void forge_gossip(void)
                                                  "evil\r\nPUB evil 1\r\nx", 1, 0),
                  KVR_OK));
     h_publish(nc, "kv.default.router.gossip.peer", &b);
-    rec = (struct kvr_request_record){4244, 1, h, 2, 128, 0, true, UINT32_MAX};
+    rec = (struct kvr_request_record){4244, 1, h, 2, 128, 0, true, UINT32_MAX, 0};
     cr_assert(eq(
         int, kvr_wire_encode_gossip_decision(&b, "peer", 5, 3, &rec, "_INBOX.z", "c", "peer", 1, 0),
         KVR_OK));
@@ -159,7 +159,7 @@ Test(hostile, forged_bookings_that_fill_a_worker_go_with_its_heartbeats)
     h_router(srv.url, "r1", NULL);
     h_until_served(nc, H_GEN, 1, 20000);
     uint64_t h[1] = {11};
-    struct kvr_request_record rec = {4242, 1, h, 1, 64, 0, true, 63}; /* all 64 blocks */
+    struct kvr_request_record rec = {4242, 1, h, 1, 64, 0, true, 63, 0}; /* all 64 blocks */
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "forger", 5, 1, &rec, "_INBOX.nobody", "c",

@@ -293,7 +293,7 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
     /* well-formed, but about a worker nobody knows, from a peer nobody knows */
     struct kvr_buf b = {0};
     uint64_t h[2] = {1, 2};
-    struct kvr_request_record rec = {4242, 99, h, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {4242, 99, h, 2, 128, 0, false, 0, 0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "stranger", 1, 1, &rec, "_INBOX.x", "id",
                                                  "stranger", 0, 0),

@@ -467,7 +467,7 @@ Test(codec, gossip_round_trip)
 {
     struct kvr_buf b = {0};
     uint64_t h[3] = {11, 22, 33};
-    struct kvr_request_record rec = {77, 5, h, 3, 150, 2, true, 4};
+    struct kvr_request_record rec = {77, 5, h, 3, 150, 2, true, 4, 300};
     cr_assert(eq(
         int,
         kvr_wire_encode_gossip_decision(&b, "r1", 9, 42, &rec, "_INBOX.x", "req-7", "r1", 123, 2),
@@ -488,6 +488,7 @@ Test(codec, gossip_round_trip)
     cr_assert(eq(u32, g.d.rec.overlap_blocks, 2));
     cr_assert(g.d.rec.prefill_done);
     cr_assert(eq(u32, g.d.rec.output_blocks, 4));
+    cr_assert(eq(u32, g.d.rec.max_tokens, 300));
     cr_assert(eq(str, g.d.reply, "_INBOX.x"));
     cr_assert(eq(str, g.d.request_id, "req-7"));
     cr_assert(eq(str, g.d.origin, "r1"));
@@ -582,7 +583,7 @@ Test(codec, sync_pages_carry_decisions_and_entries)
     for (uint32_t i = 1; i <= 300; i++) {
         uint64_t h[4] = {i, i + 1, i + 2, i + 3};
         expect += 4 * (uint64_t)i + 6;
-        struct kvr_request_record rec = {i, 1 + i % 4, h, 4, 200, 1, false, 0};
+        struct kvr_request_record rec = {i, 1 + i % 4, h, 4, 200, 1, false, 0, 0};
         cr_assert(
             eq(int,
                kvr_page_add_decision(&p, &rec, "_INBOX.a", "id", i == 300 ? "rz" : "ra", 0, i % 2),
@@ -770,7 +771,7 @@ Test(codec, over_long_strings_are_too_large)
     cr_assert(eq(int, dec_sync(b.data, b.len), KVR_ERR_TOO_LARGE));
     /* a decision's reply, request id and origin, in a gossip and in a page */
     uint64_t h[1] = {11};
-    struct kvr_request_record rec = {77, 5, h, 1, 64, 1, false, 0};
+    struct kvr_request_record rec = {77, 5, h, 1, 64, 1, false, 0, 0};
     const char *strs[3][3] = {{reply, "q", "r1"}, {"_INBOX.a", id, "r1"}, {"_INBOX.a", "q", rid}};
     struct kvr_page p;
     kvr_page_init(&p);
@@ -809,7 +810,7 @@ static void encode_items(struct kvr_buf *b, int k, uint32_t n)
     struct kvr_wire_heartbeat hb = {
         .info = {.id = 7, .block_size = 64}, .inflight = ids, .ninflight = n, .interval_ms = 1000};
     struct kvr_wire_sync s = {"r1", false, ids, n, 0, 0, 1, 2};
-    struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0};
+    struct kvr_request_record rec = {77, 5, ids, n, 64 * n, 0, false, 0, 0};
     b->len = 0;
     switch (k) {
     case 0:
@@ -873,7 +874,7 @@ Test(codec, over_many_items_are_too_large)
     kvr_page_init(&p);
     uint64_t h[1] = {11};
     for (uint32_t i = 0; i <= KVR_WIRE_PAGE_ITEMS_MAX; i++) {
-        struct kvr_request_record rec = {i + 1, 5, h, 1, 64, 0, false, 0};
+        struct kvr_request_record rec = {i + 1, 5, h, 1, 64, 0, false, 0, 0};
         cr_assert(eq(int, kvr_page_add_decision(&p, &rec, "", "", "", 0, 0), KVR_OK));
     }
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, 1), KVR_OK));
@@ -923,7 +924,7 @@ Test(codec, values_out_of_range_are_invalid)
     /* pages with one bad record are refused whole: a decision naming no worker, an entry naming
      * no worker, an entry whose TTL overflows in nanoseconds */
     uint64_t hs[2] = {1, 2};
-    struct kvr_request_record good = {77, 5, hs, 2, 128, 1, false, 0}, bad = good;
+    struct kvr_request_record good = {77, 5, hs, 2, 128, 1, false, 0, 0}, bad = good;
     bad.worker_id = 0;
     struct kvr_index_record e = {5, 1, true, 9, 0}, noworker = {0, 1, true, 9, 0};
     struct kvr_page p;
@@ -1048,7 +1049,7 @@ Test(codec, allocation_failure_is_nomem_never_malformed)
     struct kvr_page p;
     kvr_page_init(&p);
     uint64_t h[2] = {1, 2};
-    struct kvr_request_record rec = {77, 5, h, 2, 128, 1, false, 0};
+    struct kvr_request_record rec = {77, 5, h, 2, 128, 1, false, 0, 0};
     struct kvr_index_record e = {5, 1, true, 9, 0};
     kvr_page_add_decision(&p, &rec, "_INBOX.a", "q", "r1", 0, 0);
     kvr_page_add_entry(&p, &e);

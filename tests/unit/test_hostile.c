@@ -94,11 +94,11 @@ Test(hostile, injection_a_decision_whose_reply_or_origin_is_no_name_is_dropped)
     size_t mark = hr_nsent;
     size_t nr = sizeof replies / sizeof replies[0], no = sizeof origins / sizeof origins[0];
     for (size_t i = 0; i < nr; i++) {
-        struct kvr_request_record rec = {100 + i, 1, h, 2, 128, 0, false, 0};
+        struct kvr_request_record rec = {100 + i, 1, h, 2, 128, 0, false, 0, 0};
         hr_gossip("peer", 5, ++seq, &rec, replies[i], "peer");
     }
     for (size_t i = 0; i < no; i++) {
-        struct kvr_request_record rec = {200 + i, 1, h, 2, 128, 0, false, 0};
+        struct kvr_request_record rec = {200 + i, 1, h, 2, 128, 0, false, 0, 0};
         hr_gossip("peer", 5, ++seq, &rec, "_INBOX.fine", origins[i]);
     }
     const char *log = hr_log_end();
@@ -107,7 +107,7 @@ Test(hostile, injection_a_decision_whose_reply_or_origin_is_no_name_is_dropped)
     cr_assert(eq(u64, hr_stat("data.replication.imported"), 0));
     cr_assert(eq(sz, hr_nsent, mark));
     cr_assert(hr_log_lines_whole(log), "a log line was forged:\n%s", log);
-    struct kvr_request_record ok = {300, 1, h, 2, 128, 0, false, 0};
+    struct kvr_request_record ok = {300, 1, h, 2, 128, 0, false, 0, 0};
     hr_gossip("peer", 5, ++seq, &ok, "_INBOX.fine", "peer");
     cr_assert(eq(u32, hr_rd.pend.n, 1), "a good one is imported");
 }
@@ -124,7 +124,7 @@ Test(hostile, lockup_a_decision_is_bounded_by_its_workers_capacity_and_the_outpu
 {
     hr_heartbeat(1, 4096, NULL, 0, 1000);
     uint64_t h[2] = {11, 12}, blocks = 0;
-    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, UINT32_MAX};
+    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, UINT32_MAX, 0};
     double us = gossip_us(&rec); /* once a 2^32-step loop under the lock (~40 s) */
     cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 1));
     kvr_router_worker_load(hr_rd.core, 1, &blocks, NULL, NULL);
@@ -137,7 +137,7 @@ Test(hostile, lockup_a_decision_is_bounded_by_its_workers_capacity_and_the_outpu
     kvr_router_worker_load(hr_rd.core, 1, &blocks, NULL, NULL);
     cr_assert(eq(u64, blocks, 6 + 2), "its output blocks and its two prompt blocks");
     hr_heartbeat(2, 4, NULL, 0, 1000); /* a worker of 4 blocks: its capacity binds first */
-    rec = (struct kvr_request_record){100, 2, h, 2, 128, 0, true, 5};
+    rec = (struct kvr_request_record){100, 2, h, 2, 128, 0, true, 5, 0};
     gossip_us(&rec);
     cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 3));
     cr_log_info("decision, output_blocks 2^32-1: %.1f us (refused); 6 (the limit): %.1f us", us,
@@ -148,12 +148,13 @@ Test(hostile, lockup_a_decision_is_bounded_by_the_prompt_limit_and_blocks)
 {
     hr_heartbeat(1, 8, NULL, 0, 1000);
     uint64_t h[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-    struct kvr_request_record rec = {77, 1, h, 9, 576, 0, false, 0}; /* 9 blocks, it has 8 */
+    struct kvr_request_record rec = {77, 1, h, 9, 576, 0, false, 0, 0}; /* 9 blocks, it has 8 */
     gossip_us(&rec);
-    rec = (struct kvr_request_record){78, 1, h, 2, 8193, 0, false, 0}; /* over the prompt limit */
+    rec =
+        (struct kvr_request_record){78, 1, h, 2, 8193, 0, false, 0, 0}; /* over the prompt limit */
     gossip_us(&rec);
     hr_heartbeat(2, 0, NULL, 0, 1000); /* no capacity announced: a prompt's worth, 65,536 */
-    rec = (struct kvr_request_record){79, 2, h, 2, 128, 0, false, 65537};
+    rec = (struct kvr_request_record){79, 2, h, 2, 128, 0, false, 65537, 0};
     gossip_us(&rec);
     cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 3));
     cr_assert(eq(u32, hr_rd.pend.n, 0));
@@ -163,7 +164,7 @@ Test(hostile, lockup_a_sync_page_decision_is_bounded_the_same_way)
 {
     hr_heartbeat(1, 4096, NULL, 0, 1000);
     uint64_t h[2] = {11, 12};
-    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, UINT32_MAX};
+    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, UINT32_MAX, 0};
     struct kvr_page pg;
     struct kvr_buf b = {0};
     kvr_page_init(&pg);
@@ -190,7 +191,7 @@ Test(hostile, a_capacity_from_the_wire_does_not_lift_the_bound)
 {
     hr_heartbeat(1, 1ull << 40, NULL, 0, 1000); /* forged: no pool has 2^40 blocks */
     uint64_t h[2] = {11, 12}, blocks = 0;
-    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, 1u << 18};
+    struct kvr_request_record rec = {99, 1, h, 2, 128, 0, true, 1u << 18, 0};
     double us = gossip_us(&rec);
     kvr_router_worker_load(hr_rd.core, 1, &blocks, NULL, NULL);
     cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 1), "refused");
@@ -244,7 +245,7 @@ Test(hostile, forged_decisions_filling_a_worker_go_with_its_heartbeats)
     hr_start();
     hr_heartbeat(1, 64, NULL, 0, 20);
     uint64_t h[1] = {11};
-    struct kvr_request_record rec = {4242, 1, h, 1, 64, 0, true, 63}; /* 64 blocks: all it has */
+    struct kvr_request_record rec = {4242, 1, h, 1, 64, 0, true, 63, 0}; /* 64 blocks: all it has */
     hr_gossip("forger", 5, 1, &rec, "_INBOX.nobody", "forger");
     hr_generate("_INBOX.a", "real", 1, 128, 8);
     cr_assert(eq(u32, kvr_router_queue_len(hr_rd.core), 1), "the real request waits");
@@ -276,7 +277,7 @@ Test(hostile, a_newer_epoch_under_another_routers_id_holds_while_its_forger_talk
     cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), 1));
     hr_on_gossip("r2", b.data, b.len); /* forged on r2's own subject: taken */
     kvr_buf_free(&b);
-    struct kvr_request_record rec = {501, 1, h, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {501, 1, h, 2, 128, 0, false, 0, 0};
     hr_gossip("r2", 100, 1, &rec, "_INBOX.c", "r2"); /* the real router's, at once */
     cr_assert(eq(u64, hr_stat("data.replication.gossip_stale"), 1), "taken for stale");
     cr_assert(eq(u64, hr_stat("data.replication.imported"), 0));

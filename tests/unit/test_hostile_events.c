@@ -233,7 +233,7 @@ Test(hostile_events, events_out_of_order_are_absorbed)
     hr_event("kv.default.ev.1.done", b.data, b.len); /* before its decision */
     hr_event("kv.default.ev.1.done", b.data, b.len); /* and twice */
     uint64_t h[2] = {11, 12};
-    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {4242, 1, h, 2, 128, 0, false, 0, 0};
     hr_gossip("peer", 5, 1, &rec, "_INBOX.late", "peer");
     cr_assert(eq(u32, hr_rd.pend.n, 0), "its done came first: over");
     cr_assert(eq(u64, hr_stat("data.replication.already_known"), 1));

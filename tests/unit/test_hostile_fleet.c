@@ -109,7 +109,7 @@ Test(hostile_fleet, gossip_checked_against_what_this_router_knows)
 {
     hr_heartbeat(1, 4096, NULL, 0, 1000);
     uint64_t h[2] = {11, 12};
-    struct kvr_request_record rec = {777, 9, h, 2, 128, 0, false, 0}; /* worker 9: unknown */
+    struct kvr_request_record rec = {777, 9, h, 2, 128, 0, false, 0, 0}; /* worker 9: unknown */
     hr_gossip("peer", 5, 1, &rec, "_INBOX.x", "peer");
     cr_assert(eq(u64, hr_stat("data.replication.import_unknown_worker"), 1));
     rec.worker_id = 1;
@@ -141,7 +141,7 @@ Test(hostile_fleet, a_seq_from_far_ahead_asks_a_bounded_repair)
     cr_assert(eq(u64, hr_stat("data.replication.gaps"), 4096));
     uint64_t h[2] = {11, 12};
     hr_heartbeat(1, 4096, NULL, 0, 1000);
-    struct kvr_request_record rec = {888, 1, h, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {888, 1, h, 2, 128, 0, false, 0, 0};
     hr_gossip("peer", 5, 1ull << 63, &rec, "_INBOX.x", "peer"); /* a decision from far ahead */
     cr_assert(eq(u32, hr_rd.pend.n, 1), "taken; the gap asked for");
     cr_assert(le(u64, hr_stat("data.replication.gaps"), 2 * 4096));

@@ -258,6 +258,44 @@ Test(router, a_prefix_computed_in_flight_is_not_booked_as_prefill_again)
     free(t);
 }
 
+/* A decision's record carries its max_tokens, so a peer that imports it learns from its
+ * completion as its origin would; the origin, which never hears it end, learns nothing. */
+Test(router, a_peer_learns_from_the_completions_of_decisions_it_imported)
+{
+    make();
+    join(1, 0);
+    struct kvr_router *origin = r;
+    make();
+    join(1, 0);
+    struct kvr_router *peer = r;
+    uint32_t *t = prompt(1, 2 * B, 1, 5);
+    for (uint64_t id = 1; id <= 16; id++) {
+        struct kvr_request q = {.id = id, .tokens = t, .ntokens = 2 * B + 5, .max_tokens = 1000};
+        struct kvr_decision d;
+        cr_assert(eq(int, kvr_router_route(origin, &q, 0, &d), KVR_OK));
+        struct kvr_request_record rec;
+        cr_assert(eq(int, kvr_router_export(origin, id, &rec), KVR_OK));
+        cr_assert(eq(u32, rec.max_tokens, 1000));
+        if (id == 16) { /* one more hop: the peer's own record of it says the same */
+            cr_assert(eq(int, kvr_router_import(peer, &rec, 0), KVR_OK));
+            cr_assert(eq(int, kvr_router_export(peer, id, &rec), KVR_OK));
+            cr_assert(eq(u32, rec.max_tokens, 1000));
+        } else {
+            rec.max_tokens = id == 15 ? 0 : rec.max_tokens; /* an older peer's: not counted */
+            cr_assert(eq(int, kvr_router_import(peer, &rec, 0), KVR_OK));
+        }
+        cr_assert(eq(int, kvr_router_finished(peer, id, 0, 100), KVR_OK));
+    }
+    cr_assert(eq(u32, kvr_router_expected_output(peer, 1000), 1000), "15 taught it: too few");
+    struct kvr_request_record rec = {17, 1, NULL, 0, 5, 0, false, 0, 1000};
+    cr_assert(eq(int, kvr_router_import(peer, &rec, 0), KVR_OK));
+    cr_assert(eq(int, kvr_router_finished(peer, 17, 0, 100), KVR_OK));
+    cr_assert(eq(u32, kvr_router_expected_output(peer, 1000), 100));
+    cr_assert(eq(u32, kvr_router_expected_output(origin, 1000), 1000));
+    kvr_router_destroy(origin);
+    free(t);
+}
+
 Test(router, imports_keep_the_in_flight_bound)
 {
     make();
@@ -1000,7 +1038,7 @@ Test(replication, a_done_that_overtakes_its_decision_wins)
 {
     struct kvr_router *b = make_plain();
     uint64_t seq[2] = {1, 2};
-    struct kvr_request_record rec = {77, 2, seq, 2, 2 * B, 0, false, 0};
+    struct kvr_request_record rec = {77, 2, seq, 2, 2 * B, 0, false, 0, 0};
     cr_assert(eq(int, kvr_router_done_at(b, 77, 1), KVR_ERR_UNKNOWN_REQUEST));
     cr_assert(eq(int, kvr_router_import(b, &rec, 2), KVR_ERR_DUPLICATE), "tombstoned");
     cr_assert(eq(int, kvr_router_import(b, &rec, 3), KVR_ERR_DUPLICATE), "still, a second time");

@@ -42,6 +42,7 @@ static void gossip_in(struct kvr_rd *r, const void *data, size_t len)
 struct last_decision {
     uint64_t decided_ns;
     uint32_t placement;
+    uint32_t max_tokens;
 };
 static int gossiped(size_t from, struct last_decision *last)
 {
@@ -54,7 +55,7 @@ static int gossiped(size_t from, struct last_decision *last)
         if (g.kind == KVR_WIRE_GOSSIP_DECISION) {
             n++;
             if (last)
-                *last = (struct last_decision){g.d.decided_ns, g.d.placement};
+                *last = (struct last_decision){g.d.decided_ns, g.d.placement, g.d.rec.max_tokens};
         }
         kvr_wire_gossip_free(&g);
     }
@@ -68,7 +69,7 @@ static int decisions_since(size_t from)
 
 static struct last_decision last_decision(size_t from)
 {
-    struct last_decision at = {0, 0};
+    struct last_decision at = {0, 0, 0};
     gossiped(from, &at);
     return at;
 }
@@ -236,6 +237,30 @@ Test(routerd, completions_teach_what_a_max_tokens_will_generate)
     free(text);
 }
 
+/* Peers' decisions carry their max_tokens (this router's gossip too), so the completions of the
+ * requests they routed teach this router as well: 16 of max_tokens 8 that generated 4 each. */
+Test(routerd, a_peers_decisions_teach_too)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.m", "mine", 1, 64);
+    cr_assert(eq(u32, last_decision(0).max_tokens, 8), "this router's gossip carries it");
+    worker_done(1, kvr_pending_key("_INBOX.m", "mine"));
+    uint64_t hashes[2] = {11, 12};
+    for (uint64_t k = 1; k <= 16; k++) {
+        struct kvr_request_record rec = {500 + k, 1, hashes, 2, 128, 0, false, 0, 8};
+        struct kvr_buf b = {0};
+        cr_assert(eq(int,
+                     kvr_wire_encode_gossip_decision(&b, "r2", 5, k, &rec, "_INBOX.p", "p", "r2",
+                                                     kvr_realtime_ns(), 0),
+                     KVR_OK));
+        gossip_in(&rd, b.data, b.len);
+        kvr_buf_free(&b);
+        cr_assert(eq(u32, rd.pend.n, 1), "decision %llu booked", (unsigned long long)k);
+        worker_streamed(1, 500 + k, KVR_OK, 4);
+    }
+    cr_assert(eq(u32, kvr_router_expected_output(rd.core, 8), 4));
+}
+
 static void select_request(const char *reply, const char *id, bool book);
 
 /* The same lesson from booked selects (their client forwards them) and from dones that come in a
@@ -354,7 +379,7 @@ static void peer_decision_at(const char *origin, uint64_t seq, uint64_t key, uin
                              uint32_t placement)
 {
     uint64_t hashes[2] = {11, 12};
-    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {key, wid, hashes, 2, 128, 0, false, 0, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &rec, reply, id, origin,
@@ -387,7 +412,7 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
               "decided when it first was: how it ranks against another router's decision");
     /* a peer's repair brings this router's first decision back: its own, and older */
     uint64_t key = kvr_pending_key("_INBOX.c1", "moves"), hashes[2] = {11, 12};
-    struct kvr_request_record rec = {key, 1, hashes, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {key, 1, hashes, 2, 128, 0, false, 0, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.c1", "moves", "r1",
@@ -440,7 +465,7 @@ static void peer_decision_big(const char *origin, uint64_t seq, uint64_t key, ui
                               uint64_t decided_ns, uint32_t placement)
 {
     uint64_t many[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    struct kvr_request_record big = {key, wid, many, 8, 512, 0, false, 0};
+    struct kvr_request_record big = {key, wid, many, 8, 512, 0, false, 0, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, origin, 5, seq, &big, "_INBOX.u", "unknown",
@@ -781,7 +806,7 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
     uint64_t mine = p->worker_id, theirs = mine == 1 ? 2 : 1;
     /* a peer decided the same request a moment earlier, on the other worker */
     uint64_t hashes[2] = {11, 12};
-    struct kvr_request_record rec = {key, theirs, hashes, 2, 128, 0, false, 0};
+    struct kvr_request_record rec = {key, theirs, hashes, 2, 128, 0, false, 0, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(int,
                  kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.d", "twice",
@@ -1163,7 +1188,7 @@ Test(routerd, a_decision_with_more_blocks_than_its_worker_is_refused)
 {
     heartbeat(1, 4096, NULL, 0, 1000);
     uint64_t hashes[2] = {11, 12};
-    struct kvr_request_record rec = {99, 1, hashes, 2, 128, 0, true, UINT32_MAX};
+    struct kvr_request_record rec = {99, 1, hashes, 2, 128, 0, true, UINT32_MAX, 0};
     struct kvr_buf b = {0};
     cr_assert(eq(
         int,
