@@ -16,17 +16,19 @@
 /*
  * The wire size of the Gossip message kvrouter publishes for a booking (proto/kvrouter/v1:
  * Gossip{router_id, epoch, seq, Decision{request_key, worker_id, block_hashes (packed),
- * prompt_tokens, overlap_blocks, reply, request_id, origin}}), counted as protobuf encodes it:
- * one-byte tags, varints at their real length, zero fields left out. What the simulation does not
- * have is given a typical size: 64-bit hashes (request key, epoch) 10 bytes, router ids
- * ("host-pid") 12 bytes, the client's reply subject ("_INBOX.<22-char nuid>.<n>") 36, its request
- * id 16. So a decision of n blocks costs about 9.5 n + 125 bytes (the block hashes, random 64-bit
- * values, take 9 or 10 bytes each).
+ * prompt_tokens, overlap_blocks, reply, request_id, origin, decided_ns, max_tokens}}), counted as
+ * protobuf encodes it: one-byte tags, varints at their real length, zero fields left out (a first
+ * placement's is 0). What the simulation does not have is given a typical size: 64-bit hashes
+ * (request key, epoch) 10 bytes, a wall-clock time in ns 9 bytes, router ids ("host-pid") 12
+ * bytes, the client's reply subject ("_INBOX.<22-char nuid>.<n>") 36, its request id 16. So a
+ * decision of n blocks costs about 9.5 n + 140 bytes (the block hashes, random 64-bit values, take
+ * 9 or 10 bytes each).
  */
 #define WIRE_HASH       10
 #define WIRE_ROUTER_ID  12
 #define WIRE_REPLY      36
 #define WIRE_REQUEST_ID 16
+#define WIRE_TIME_NS    9
 
 static uint32_t varint_len(uint64_t v)
 {
@@ -58,7 +60,8 @@ static uint32_t gossip_size(const struct kvr_request_record *rec, uint64_t seq)
     uint32_t d = 1 + WIRE_HASH + varint_field(rec->worker_id) +
                  (rec->nblocks ? delimited(hashes) : 0) + varint_field(rec->prompt_tokens) +
                  varint_field(rec->overlap_blocks) + delimited(WIRE_REPLY) +
-                 delimited(WIRE_REQUEST_ID) + delimited(WIRE_ROUTER_ID);
+                 delimited(WIRE_REQUEST_ID) + delimited(WIRE_ROUTER_ID) + 1 + WIRE_TIME_NS +
+                 varint_field(rec->max_tokens);
     return delimited(WIRE_ROUTER_ID) + 1 + WIRE_HASH + varint_field(seq) + delimited(d);
 }
 
