@@ -286,8 +286,8 @@ struct kvr_router_stats {
     uint64_t routed_blocks;     /* prompt blocks of the requests this router routed */
     uint64_t routed_overlap;    /* ... of which its decisions expected cached on their worker */
     uint64_t kv_ignored;        /* KV events dropped unapplied: the router is approximate */
-    uint64_t completions;       /* requests of this router's that completed saying their output
-                                   (kvr_router_finished): what learn_output learns from */
+    uint64_t completions;       /* requests held here (its decisions, peers') that completed
+                                   saying their output: what learn_output learns from */
     uint64_t completion_tokens; /* ... the tokens they generated (each at most its max_tokens) */
     uint64_t completion_limit;  /* ... the sum of their max_tokens */
     struct kvr_index_counters index;

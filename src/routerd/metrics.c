@@ -139,10 +139,11 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                      s.kv_ignored);
     kvr_prom_gauge(p, "kvrouter_memory_bytes", "Heap held by the routing core.",
                    (double)s.memory_bytes);
-    kvr_prom_counter(p, "kvrouter_completions_total",
-                     "Requests routed here that completed saying their output (what the own-decode "
-                     "price learns from).",
-                     s.completions);
+    kvr_prom_counter(
+        p, "kvrouter_completions_total",
+        "Requests held here (this router's decisions and its peers') that completed saying "
+        "their output (what the own-decode price learns from).",
+        s.completions);
     kvr_prom_counter(p, "kvrouter_completion_tokens_total",
                      "Tokens those completions generated (each at most its max_tokens).",
                      s.completion_tokens);
