@@ -630,7 +630,7 @@ void h_end(void)
 
 void h_teardown(natsConnection **nc)
 {
-    natsSubscription_Destroy(held);
+    h_sub_close(*nc, held);
     held = NULL;
     natsConnection_Destroy(*nc);
     *nc = NULL;
@@ -703,9 +703,19 @@ static void new_inbox(char *out, size_t len)
     natsInbox_Destroy(ib);
 }
 
+void h_sub_close(natsConnection *nc, natsSubscription *sub)
+{
+    if (!sub)
+        return;
+    natsSubscription_Unsubscribe(sub);
+    natsConnection_Flush(nc);
+    natsSubscription_Destroy(sub);
+}
+
 static bool start_sub(natsConnection *nc, struct h_req *q, char *inbox, size_t len)
 {
     memset(q, 0, sizeof *q);
+    q->nc = nc;
     new_inbox(inbox, len);
     if (natsConnection_SubscribeSync(&q->sub, nc, inbox) != NATS_OK)
         return false;
@@ -786,7 +796,7 @@ bool h_collect(struct h_req *q, int timeout_ms)
     uint64_t end = h_now_ms() + (uint64_t)timeout_ms;
     while (!q->res.final && read_chunk(q, (int64_t)end - (int64_t)h_now_ms()))
         ;
-    natsSubscription_Destroy(q->sub);
+    h_sub_close(q->nc, q->sub);
     q->sub = NULL;
     return q->res.final;
 }
@@ -809,7 +819,7 @@ bool h_collect_resend(natsConnection *nc, const char *subject, struct h_req *q, 
     uint64_t linger_end = h_now_ms() + (uint64_t)linger_ms;
     while (q->res.final && read_chunk(q, (int64_t)linger_end - (int64_t)h_now_ms()))
         ;
-    natsSubscription_Destroy(q->sub);
+    h_sub_close(q->nc, q->sub);
     q->sub = NULL;
     return q->res.final;
 }
@@ -935,7 +945,7 @@ int h_digests(natsConnection *nc, struct h_digest *out, int max, int wait_ms)
             json_decref(o);
         }
     }
-    natsSubscription_Destroy(sub);
+    h_sub_close(nc, sub);
     return n;
 }
 

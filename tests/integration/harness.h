@@ -122,6 +122,7 @@ struct h_result {
 
 /* A client request in flight. */
 struct h_req {
+    natsConnection *nc; /* the connection it was sent and is read on */
     natsSubscription *sub;
     uint64_t t0;
     struct h_result res;
@@ -131,6 +132,15 @@ struct h_req {
     uint32_t resends;   /* times it was sent again */
     uint32_t extra;     /* chunks that came after the final one */
 };
+
+/*
+ * Stop a subscription on nc and free it (NULL: nothing): unsubscribed, then a flush, so nc's reader
+ * has handled every message of it before it is freed. nats.c 3.4.1's reader looks a message's
+ * subscription up and then locks it without holding a reference, so natsSubscription_Destroy alone
+ * on a subscription that messages still reach can free it under the reader (seen under ASan on a
+ * busy one: a crash in natsConn_processMsg).
+ */
+void h_sub_close(natsConnection *nc, natsSubscription *sub);
 
 /* Publish a GenerateRequest on subject; collect with h_collect. prompt: n tokens from base. */
 bool h_send(natsConnection *nc, const char *subject, struct h_req *q, const char *id, uint32_t base,

@@ -129,7 +129,7 @@ static void finish(struct stream *s, int timeout_ms, int linger_ms)
     end = h_now_ms() + (uint64_t)linger_ms;
     while (read_one(s, (int64_t)end - (int64_t)h_now_ms()))
         ;
-    natsSubscription_Destroy(s->sub);
+    h_sub_close(nc, s->sub);
     s->sub = NULL;
 }
 
@@ -195,24 +195,9 @@ static void send_unheard(struct stream *s, const char *subject, natsSubscription
     cr_assert(eq(int, natsConnection_SubscribeSync(ev, nc, subject), NATS_OK));
     natsSubscription_SetPendingLimits(*ev, -1, -1);
     start(s, id, base, 256, max_tokens, NULL, 0);
-    natsSubscription_Unsubscribe(s->sub);
-    natsSubscription_Destroy(s->sub);
+    h_sub_close(nc, s->sub); /* unsubscribed and flushed: nothing more reaches it */
     s->sub = NULL;
-    natsConnection_Flush(nc);
     send_again(s);
-}
-
-/*
- * Stop listening on a busy subject (every worker's events): unsubscribed, then a flush, so the
- * connection's reader has handled every message of it before the subscription is freed. Seen
- * under ASan: natsSubscription_Destroy alone, with events still arriving, crashed nats.c 3.4.1's
- * reader thread in natsConn_processMsg (a NULL mutex).
- */
-static void stop_listening(natsSubscription *sub)
-{
-    natsSubscription_Unsubscribe(sub);
-    natsConnection_Flush(nc);
-    natsSubscription_Destroy(sub);
 }
 
 /* From now on, s's inbox is listened to. */
@@ -247,7 +232,7 @@ Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
     struct stream s;
     send_unheard(&s, "kv.default.ev.*.done", &dones, "lost-whole", 4242, 24); /* final included */
     cr_assert(done_of(dones, 24, 20000), "the request never ended on its worker");
-    stop_listening(dones);
+    h_sub_close(nc, dones);
     listen_now(&s);
     send_again(&s); /* nothing came for a while: the client resends */
     uint64_t end = h_now_ms() + 5000;
@@ -289,7 +274,7 @@ Test(contract, a_stream_that_lost_its_first_chunks_is_filled_by_a_resend)
     send_unheard(&s, "kv.default.ev.*.tokens", &ev, "lost-head", 4343, 300);
     /* two output blocks: more than a block of tokens (64) went out to nobody */
     cr_assert(output_blocks(ev, 2, 20000), "the request never took two output blocks");
-    stop_listening(ev);
+    h_sub_close(nc, ev);
     listen_now(&s);
     cr_assert(read_one(&s, 10000), "no chunk after subscribing");
     cr_assert(gt(u32, s.gaps, 0), "the first chunk seen starts above position 0: a gap");
@@ -404,7 +389,7 @@ Test(contract, a_dead_worker_is_named_within_two_seconds_and_a_clash_refused)
     cr_assert(lt(u64, took, 5000),
               "well within the resend advice's reach (2 s on a quiet machine)");
     kvr_wire_response_free(&r);
-    natsSubscription_Destroy(s.sub);
+    h_sub_close(nc, s.sub);
     h_end();
 }
 

@@ -220,7 +220,7 @@ static struct got ask(const char *id, uint32_t base, uint32_t shared, uint32_t n
     struct h_req q;
     cr_assert(h_send(nc, GEN, &q, id, base, shared, n, max));
     struct got g = collect(&q, 20000);
-    natsSubscription_Destroy(q.sub);
+    h_sub_close(q.nc, q.sub);
     return g;
 }
 
@@ -333,7 +333,7 @@ Test(engines, a_killed_engine_fails_its_requests_as_worker_lost)
     h_signal(e.pid, SIGKILL);
     uint64_t t0 = h_now_ms();
     struct got g = collect(&q, 10000);
-    natsSubscription_Destroy(q.sub);
+    h_sub_close(q.nc, q.sub);
     cr_assert(g.final, "no final chunk after the engine died");
     cr_expect(eq(u32, g.error_code, (uint32_t)KVR_ERR_WORKER_LOST), "error %u", g.error_code);
     printf("engines: final ERR_WORKER_LOST %llu ms after kill -9 of the engine\n",
@@ -365,7 +365,7 @@ Test(engines, a_cancel_aborts_the_request_in_the_engine)
     h_publish(nc, "kv.default.cancel", &b);
     kvr_buf_free(&b);
     struct got g = collect(&q, 10000);
-    natsSubscription_Destroy(q.sub);
+    h_sub_close(q.nc, q.sub);
     cr_assert(g.final);
     cr_expect(eq(u32, g.error_code, (uint32_t)KVR_ERR_CANCELLED), "error %u", g.error_code);
     double aborted = until_metric(e.port, "kvengine_requests_aborted_total", 1, 3000);
@@ -428,7 +428,7 @@ Test(engines, a_burst_of_10000_stored_blocks_reaches_the_index)
     uint64_t t0 = h_now_ms();
     for (int i = 0; i < N; i++) {
         struct got g = collect(&q[i], 30000);
-        natsSubscription_Destroy(q[i].sub);
+        h_sub_close(q[i].nc, q[i].sub);
         cr_assert(g.final && g.error_code == 0, "request %d: error %u", i, g.error_code);
     }
     double cached = metric(e.port, "kvengine_engine_cached_blocks");

@@ -117,7 +117,7 @@ Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
     }
     for (int i = 0; i < 4; i++)
         if (q[i].sub)
-            natsSubscription_Destroy(q[i].sub);
+            h_sub_close(q[i].nc, q[i].sub);
     /* the survivor still serves */
     struct h_result r = h_ask(nc, GEN, "after", 42, 0, 64, 2, 10000);
     cr_assert(r.final && r.error_code == 0);
@@ -332,7 +332,7 @@ Test(fleet, selects_and_generates_at_once_are_all_answered)
         selected++;
         natsMsg_Destroy(m);
     }
-    natsSubscription_Destroy(answers);
+    h_sub_close(nc, answers);
     cr_assert(eq(int, selected, N), "every select answered");
     for (int i = 0; i < N; i++) {
         cr_assert(h_collect(&q[i], 15000), "generate %d got no answer", i);
@@ -357,7 +357,7 @@ Test(fleet, selects_and_generates_at_once_are_all_answered)
         json_decref(o);
         natsMsg_Destroy(m);
     }
-    natsSubscription_Destroy(srv_answers);
+    h_sub_close(nc, srv_answers);
     cr_assert(eq(int, workers, 2), "both workers answer $SRV.STATS.kvworker");
     cr_assert(ge(u64, served, N), "the workers counted the %d requests they served", N);
     kvr_buf_free(&req);
@@ -448,7 +448,7 @@ Test(fleet, a_router_started_after_its_workers_knows_them_at_once)
     cr_assert(seen[1] && seen[2], "both workers served within %" PRIu64 " ms", h_now_ms() - t0);
     cr_assert(lt(u64, h_now_ms() - t0, 10000), "long before their next heartbeats");
     cr_assert(ge(u64, router_stat("data.worker_announces_asked"), 1));
-    natsSubscription_Destroy(hb);
+    h_sub_close(nc, hb);
     h_end();
 }
 
@@ -500,7 +500,7 @@ Test(fleet, heartbeats_number_the_last_kv_event_so_a_lost_last_one_shows)
     cr_assert(gt(u64, top, 0), "the prompts' blocks were stored");
     cr_assert(eq(u64, told, top), "a heartbeat names the last one (%llu of %llu)",
               (unsigned long long)told, (unsigned long long)top);
-    natsSubscription_Destroy(sub);
+    h_sub_close(nc, sub);
     /* a real worker's traffic reads as no loss (a heartbeat ahead of its events would count a
      * gap, closed when they come: never logged as missed) */
     h_sleep_ms(400);

@@ -128,7 +128,7 @@ Test(hostile, forged_gossip_injects_nothing_and_holds_no_lock)
     cr_assert(eq(u64, router_stat("data.replication.imported"), 0));
     cr_assert(eq(u64, router_stat("data.bad_events"), 3), "the three subjects counted");
     cr_assert(eq(u64, router_stat("data.workers"), 1), "no worker 7");
-    natsSubscription_Destroy(spy);
+    h_sub_close(spy_nc, spy);
     natsConnection_Destroy(spy_nc);
     h_end();
 }
@@ -334,7 +334,7 @@ Test(hostile, a_snapshot_is_not_served_to_an_inbox)
     cr_assert(ge(u64, router_stat("data.replication.gossip_bad"), 1), "counted");
     cr_assert(eq(u64, router_stat("data.replication.snapshots_served"), 0));
     kvr_buf_free(&b);
-    natsSubscription_Destroy(victim.sub);
+    h_sub_close(victim.nc, victim.sub);
     h_end();
 }
 
@@ -367,6 +367,6 @@ Test(hostile, a_flood_of_announce_asks_costs_a_worker_ten_heartbeats_a_second)
     }
     cr_assert(ge(int, beats, 2), "the asks were answered (%d heartbeats for %d asks)", beats, asks);
     cr_assert(le(int, beats, 14), "at most one heartbeat per 100 ms (%d for %d asks)", beats, asks);
-    natsSubscription_Destroy(hb);
+    h_sub_close(nc, hb);
     h_end();
 }

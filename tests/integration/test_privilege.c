@@ -286,7 +286,7 @@ static void stats_lines(char lines[][2048], const char ids[][64], int n)
                 put_value(lines[i], sizeof lines[i], data, STATS_KEYS[k]);
         json_decref(o);
     }
-    natsSubscription_Destroy(sub);
+    h_sub_close(ops, sub);
     cr_assert(eq(int, got, n), "%d of %d routers answered $SRV.STATS", got, n);
 }
 
@@ -450,7 +450,7 @@ static uint64_t workers_sum(const char *field)
         sum += (uint64_t)json_integer_value(v);
         json_decref(o);
     }
-    natsSubscription_Destroy(sub);
+    h_sub_close(ops, sub);
     cr_assert(eq(int, got, 2), "%d of 2 workers answered $SRV.STATS", got);
     return sum;
 }
@@ -493,7 +493,7 @@ static void lost_stream_repeated(void)
     if (got)
         kvr_wire_response_free(&r);
     cr_expect(eq(u64, workers_sum("resend_repeats"), 1));
-    natsSubscription_Destroy(sub);
+    h_sub_close(nc, sub);
     kvr_buf_free(&req);
 }
 

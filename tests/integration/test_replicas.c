@@ -237,7 +237,7 @@ Test(replicas, a_killed_worker_is_dropped_by_every_replica)
     int failed = 0;
     for (int i = 0; i < 9; i++) {
         if (wid[i] != victim) {
-            natsSubscription_Destroy(q[i].sub);
+            h_sub_close(q[i].nc, q[i].sub);
             continue;
         }
         cr_assert(h_collect_resend(nc, GEN, &q[i], 60000, 0, 10000, 1500),
@@ -315,7 +315,7 @@ Test(replicas, bad_replication_messages_are_counted_and_dropped)
                                   "kv.default.router.pages.stranger", b.data, (int)b.len);
     cr_assert(eq(int, natsSubscription_NextMsg(&page, pages, 5000), NATS_OK),
               "a snapshot page came back");
-    natsSubscription_Destroy(pages);
+    h_sub_close(nc, pages);
     struct kvr_wire_page_head head;
     cr_assert(eq(int,
                  kvr_wire_decode_page(natsMsg_GetData(page), (size_t)natsMsg_GetDataLength(page),
@@ -369,7 +369,7 @@ static void poll_snapshots(int ms, int *partial, int *whole)
         }
     }
     kvr_buf_free(&b);
-    natsSubscription_Destroy(pages);
+    h_sub_close(nc, pages);
 }
 
 Test(replicas, a_router_catching_up_serves_its_snapshot_marked_partial)
