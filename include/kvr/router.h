@@ -341,8 +341,8 @@ kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id);
 /* done at time now (a done for a request not booked yet is remembered until its decision). */
 kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now);
 /* done_at for a request that completed having generated output_tokens: with learn_output, what
- * a request of its max_tokens is expected to generate is learned from it (the router's own
- * decisions only: an imported one's max_tokens is not known). */
+ * a request of its max_tokens is expected to generate is learned from it (any booking whose
+ * max_tokens is known: this router's decisions, and peers' whose records carry it). */
 kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64_t now,
                                uint32_t output_tokens);
 /* The output the router expects of a request with this max_tokens (what decode_weight prices;

@@ -532,8 +532,7 @@ static kvr_status prepare(struct kvr_router *r, const struct kvr_request *req, s
     p->explain = req->explain;
     p->deadline = req->deadline;
     p->avoid = req->avoid_worker;
-    p->max_tokens =
-        req->max_tokens < r->cfg.max_output_tokens ? req->max_tokens : r->cfg.max_output_tokens;
+    p->max_tokens = kvr__router_max_tokens(r, req->max_tokens);
     return KVR_OK;
 }
 

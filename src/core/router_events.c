@@ -60,14 +60,12 @@ kvr_status kvr_router_finished(struct kvr_router *r, uint64_t request_id, uint64
 
 uint32_t kvr_router_expected_output(const struct kvr_router *r, uint32_t max_tokens)
 {
-    uint32_t m = r->cfg.max_output_tokens;
-    return kvr_outlen_predict(&r->outlen, max_tokens < m ? max_tokens : m);
+    return kvr_outlen_predict(&r->outlen, kvr__router_max_tokens(r, max_tokens));
 }
 
 void kvr_router_note_max_tokens(struct kvr_router *r, uint64_t request_id, uint32_t max_tokens)
 {
-    uint32_t m = r->cfg.max_output_tokens;
-    kvr_active_set_max_tokens(&r->act, request_id, max_tokens < m ? max_tokens : m);
+    kvr_active_set_max_tokens(&r->act, request_id, kvr__router_max_tokens(r, max_tokens));
 }
 
 kvr_status kvr_router_done_at(struct kvr_router *r, uint64_t request_id, uint64_t now)

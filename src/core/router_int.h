@@ -73,6 +73,12 @@ struct kvr_router {
     uint64_t last_now;           /* the latest time a call brought (for calls without one) */
 };
 
+/* A request's max_tokens as the router takes it: at most max_output_tokens. */
+static inline uint32_t kvr__router_max_tokens(const struct kvr_router *r, uint32_t max_tokens)
+{
+    return max_tokens < r->cfg.max_output_tokens ? max_tokens : r->cfg.max_output_tokens;
+}
+
 /* router.c */
 
 /* Tell the owner (cfg.on_event, when set) of an event; d may be NULL. */

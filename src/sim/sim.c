@@ -171,6 +171,12 @@ static void tick(struct replica *rp)
     kvr__sim_gossip_out(rp);
 }
 
+/* Whether a closed loop has a next client's request to issue. */
+static bool more_to_issue(const struct sim *s)
+{
+    return s->wl->reqs[0].arrival_ns == KVR_CLOSED_LOOP && s->next_issue < s->wl->nreqs;
+}
+
 static void reject(struct sim *s)
 {
     s->rejected++;
@@ -185,7 +191,7 @@ static void reject_later(struct sim *s)
 {
     s->rejected++;
     s->resolved++;
-    if (s->wl->reqs[0].arrival_ns == KVR_CLOSED_LOOP && s->next_issue < s->wl->nreqs)
+    if (more_to_issue(s))
         kvr__sim_push(s, s->now, EV_ARRIVAL, 0, s->next_issue++, NULL);
 }
 
@@ -234,9 +240,8 @@ static void route(struct sim *s, uint32_t i)
 
 static void issue_next(struct sim *s)
 {
-    if (s->wl->reqs[0].arrival_ns != KVR_CLOSED_LOOP || s->next_issue >= s->wl->nreqs)
-        return;
-    route(s, s->next_issue++);
+    if (more_to_issue(s))
+        route(s, s->next_issue++);
 }
 
 /* A replica's own reports: queued requests placed or rejected, requests failed. */
