@@ -32,7 +32,7 @@ echo "kvengine on 127.0.0.1:$eport (speedup $SPEEDUP)"
   --metrics-addr 127.0.0.1:0 --log-level info >"$run/adapter.log" 2>&1 &
 adapter=$!
 pids+=($adapter)
-"$bin/kvrouter" --nats "$url" --id r1 >"$run/router.log" 2>&1 &
+"$bin/kvrouter" --nats "$url" --id r1 --engine-speedup "$SPEEDUP" >"$run/router.log" 2>&1 &
 pids+=($!)
 log_value "$run/adapter.log" worker_started id >/dev/null
 log_value "$run/router.log" router_started id >/dev/null # in the request queue group

@@ -187,7 +187,7 @@ for i in $(seq "$WORKERS"); do
   worker_pids+=($!)
 done
 for i in 1 2; do
-  "$bin/kvrouter" --nats "$url" --id "faults-r$i" --log-level warn >"$run/router$i.log" 2>&1 &
+  "$bin/kvrouter" --nats "$url" --id "faults-r$i" --engine-speedup "$SPEEDUP" --log-level warn >"$run/router$i.log" 2>&1 &
   router_pids+=($!)
 done
 for _ in $(seq 40); do [ "$(routers_answering)" = 2 ] && break; sleep 0.25; done

@@ -86,7 +86,7 @@ else
   done
 fi
 for i in $(seq "$ROUTERS"); do
-  "$bin/kvrouter" --nats "$url" --id "router$i" --log-level warn >"$run/router$i.log" 2>&1 &
+  "$bin/kvrouter" --nats "$url" --id "router$i" --engine-speedup "$SPEEDUP" --log-level warn >"$run/router$i.log" 2>&1 &
   pids+=($!)
 done
 sleep 1.5 # one heartbeat: every router knows every worker

@@ -72,6 +72,9 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
     }
 #define KVR_MODEL_BATCH_TOKENS 8192u /* tokens an engine step takes */
 
+/* The longest prefill_window_ns a router takes (one hour). */
+#define KVR_PREFILL_WINDOW_MAX_NS (3600ull * 1000000000ull)
+
 /* The kv policy's tie margin in kvrouter and kvsim run (kvr_router_config.tie_margin). */
 #define KVR_TIE_MARGIN 0.1
 
@@ -116,6 +119,13 @@ struct kvr_router_config {
     bool learn_output;              /* time model, decode_weight: price a request's output as its
                                        max_tokens times the share of it that requests with a like
                                        max_tokens generated here (false: its max_tokens) */
+    uint64_t prefill_window_ns;     /* time model, decode_weight: a worker's decode step is
+                                       stretched by the share of its time that the prefills booked
+                                       there take, their rate measured over this window (0: not
+                                       stretched; at most KVR_PREFILL_WINDOW_MAX_NS) */
+    double engine_speedup;          /* how many times faster than the timing model the engines
+                                       run (a simulated fleet's --speedup): the router's clock
+                                       reads as the model's time divided by it (> 0) */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */

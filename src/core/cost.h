@@ -164,10 +164,11 @@ struct cost_consts {
     double stall_weight;               /* c->stall_weight */
     double ow_cache;                   /* ow x c->cache_weight */
     double own_decode;                 /* c->decode_weight x the output predicted of max_tokens */
+    double pshare_scale;               /* a worker's prefill load to its share (kvr_pshare_scale) */
 };
 
 static inline void cost_consts_init(struct cost_consts *k, const struct kvr_router *r, double ow,
-                                    uint32_t max_tokens)
+                                    uint32_t max_tokens, uint64_t now)
 {
     k->c = &r->cfg;
     for (int i = 0; i < 3; i++)
@@ -177,6 +178,7 @@ static inline void cost_consts_init(struct cost_consts *k, const struct kvr_rout
     k->own_decode = r->cfg.decode_weight > 0
                         ? r->cfg.decode_weight * kvr_outlen_predict(&r->outlen, max_tokens)
                         : 0;
+    k->pshare_scale = k->own_decode > 0 ? kvr_pshare_scale(&r->psh, now) : 0;
 }
 
 /*
@@ -187,11 +189,14 @@ static inline void cost_consts_init(struct cost_consts *k, const struct kvr_rout
  * the cache and share terms (reuse_terms); and, with decode_weight, the request's own decode: the
  * output expected of its max_tokens (kvr_outlen_predict), a step each at the worker's decode step
  * with its blocks booked (a long generation is slowed by every block the worker holds, a short
- * one hardly). Reads only the compact per-slot arrays.
+ * one hardly), stretched by the share of the worker's time its prefills take (pload: the slot's
+ * kvr_pshare load; the prefills that keep arriving there run in its decode's steps too). Reads
+ * only the compact per-slot arrays.
  */
 static inline double time_cost(const struct cost_consts *k, const struct kvr_active_worker *aw,
                                const struct kvr_worker_hot *h, const uint32_t *count,
-                               uint64_t prefill, uint64_t decode, const struct reuse_terms *t)
+                               uint64_t prefill, uint64_t decode, const struct reuse_terms *t,
+                               double pload)
 {
     static_assert(REUSE_MEMO == 16u, "reuse_terms indexes with the top 4 bits");
     double inv = h->inv_capacity; /* 0 when the capacity is unknown */
@@ -206,7 +211,7 @@ static inline double time_cost(const struct cost_consts *k, const struct kvr_act
         cost += t->share_cost;
     if (k->own_decode > 0) {
         double d = poly(k->decode_ms, u);
-        cost += k->own_decode * (d < 1.0 ? 1.0 : d);
+        cost += k->own_decode * (d < 1.0 ? 1.0 : d) / kvr_pshare_left(pload, k->pshare_scale);
     }
     return cost;
 }

@@ -34,6 +34,8 @@ void kvr_router_config_default(struct kvr_router_config *c)
     c->stall_weight = 0.6;
     c->decode_weight = 0.5;
     c->learn_output = true;
+    c->prefill_window_ns = 10ull * 1000000000ull;
+    c->engine_speedup = 1.0;
     static const double prefill[3] = KVR_MODEL_PREFILL_MS, decode[3] = KVR_MODEL_DECODE_MS;
     memcpy(c->prefill_ms, prefill, sizeof prefill);
     memcpy(c->decode_ms, decode, sizeof decode);
@@ -79,10 +81,11 @@ static bool config_valid(const struct kvr_router_config *c)
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
            c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
            c->stall_weight >= 0 && c->decode_weight >= 0 && isfinite(c->decode_weight) &&
-           c->temperature >= 0 && c->batch_tokens > 0 && c->tie_margin >= 0 && c->tie_margin <= 1 &&
-           c->busy_threshold >= 0 && c->max_prompt_tokens > 0 && c->max_output_tokens > 0 &&
-           c->max_inflight > 0 && c->max_workers > 0 && c->chwbl_load_factor >= 1.0 &&
-           index_config_valid(c);
+           c->prefill_window_ns <= KVR_PREFILL_WINDOW_MAX_NS && c->engine_speedup > 0 &&
+           isfinite(c->engine_speedup) && c->temperature >= 0 && c->batch_tokens > 0 &&
+           c->tie_margin >= 0 && c->tie_margin <= 1 && c->busy_threshold >= 0 &&
+           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 &&
+           c->max_workers > 0 && c->chwbl_load_factor >= 1.0 && index_config_valid(c);
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)
@@ -100,6 +103,7 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
     }
     r->cfg = *cfg;
     kvr_outlen_init(&r->outlen, cfg->learn_output);
+    kvr_pshare_init(&r->psh, cfg->prefill_window_ns, cfg->engine_speedup);
     kvr_select_init(&r->sel, cfg->seed);
     struct kvr_index_config icfg = {cfg->index_ttl_ns, kvr_index_bound(cfg, 0),
                                     cfg->index_prune_pct};
@@ -129,6 +133,7 @@ void kvr_router_destroy(struct kvr_router *r)
     kvr__router_queue_free(r);
     kvr_active_free(&r->act);
     kvr_early_free(&r->early);
+    kvr_pshare_free(&r->psh);
     free(r->export_hashes);
     kvr_index_free(&r->ix);
     kvr_blocktab_free(&r->tab);
@@ -175,6 +180,8 @@ kvr_status kvr__router_ensure_slots(struct kvr_router *r)
         st = kvr_walk_reserve(&r->walk_idx, n);
     if (st == KVR_OK)
         st = kvr_walk_reserve(&r->walk_act, n);
+    if (st == KVR_OK)
+        st = kvr_pshare_reserve(&r->psh, n);
     if (st != KVR_OK)
         return st;
     if (!GROW_SLOTS(r->overlap, n) || !GROW_SLOTS(r->hits, n) || !GROW_SLOTS(r->slot_cand, n) ||
@@ -229,6 +236,7 @@ void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out)
                         (size_t)r->nslots * (3 * sizeof(uint32_t) + sizeof(struct kvr_candidate) +
                                              sizeof(uint32_t) + 2 * 8) +
                         (size_t)r->reg.nslots * (sizeof(struct kvr_worker_hot) + sizeof(uint64_t)) +
+                        (size_t)r->psh.nslots * sizeof(double) +
                         (size_t)r->cap_blocks * (sizeof(uint64_t) + sizeof(uint32_t));
 }
 

@@ -54,20 +54,22 @@ struct pricer {
     const struct kvr_active_worker *aws;
     const struct kvr_worker_hot *hot;
     const uint32_t *overlap, *hits, *counts;
+    const double *pload; /* per slot: the prefill booked there lately (kvr_pshare) */
     uint64_t req_blocks, busy_prefill;
     uint32_t ntokens;
     uint32_t block_size;
 };
 
-/* Set up the pricing of prompt p (walk done, `walked` nodes): pr, an empty memo, the fleet's
- * figures f. */
+/* Set up the pricing of prompt p (walk done, `walked` nodes) at now: pr, an empty memo, the
+ * fleet's figures f. */
 static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct fleet_prefix *f,
                         const struct kvr_router *r, const struct prompt *p, double ow,
-                        uint32_t walked)
+                        uint32_t walked, uint64_t now)
 {
     fleet_prefix(r, walked, f);
     reuse_memo_init(memo);
-    cost_consts_init(&pr->k, r, ow, p->max_tokens);
+    cost_consts_init(&pr->k, r, ow, p->max_tokens, now);
+    pr->pload = r->psh.load;
     pr->aws = r->act.w;
     pr->hot = r->reg.hot;
     pr->overlap = r->overlap;
@@ -93,7 +95,7 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
     *busy = (double)aw->blocks > pr->hot[slot].busy_blocks ||
             (pr->busy_prefill && aw->prefill > pr->busy_prefill);
     return time_cost(&pr->k, aw, &pr->hot[slot], &pr->counts[slot], prefill, decode,
-                     reuse_terms(r, memo, reuse, pr->ntokens, f));
+                     reuse_terms(r, memo, reuse, pr->ntokens, f), pr->pload[slot]);
 }
 
 /*
@@ -104,7 +106,8 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
  * reads only compact per-slot arrays (never the registry's worker records), and the time model's
  * terms that depend only on a worker's reuse are computed once per distinct reuse (reuse_terms).
  */
-static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked)
+static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked,
+                      uint64_t now)
 {
     const uint32_t *order = r->reg.order;
     uint32_t neligible = 0;
@@ -112,7 +115,7 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         struct fleet_prefix f;
         struct reuse_terms memo[REUSE_MEMO];
         struct pricer pr;
-        pricer_init(&pr, memo, &f, r, p, ow, walked);
+        pricer_init(&pr, memo, &f, r, p, ow, walked, now);
         const uint32_t n = r->reg.nlive;
         double *costs = r->costs;
         uint32_t *eligible = r->eligible;
@@ -262,12 +265,12 @@ static double least_step(const struct kvr_router *r, const struct pricer *pr)
  * none is eligible.
  */
 static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double ow,
-                            uint32_t walked, double *cost)
+                            uint32_t walked, uint64_t now, double *cost)
 {
     struct fleet_prefix f;
     struct reuse_terms memo[REUSE_MEMO];
     struct pricer pr;
-    pricer_init(&pr, memo, &f, r, p, ow, walked);
+    pricer_init(&pr, memo, &f, r, p, ow, walked, now);
     struct pruned pk = {.chosen = KVR_NIL, .avoided = KVR_NIL, .avoided_cost = 0};
     kvr_kv_choice_init(&pk.best);
     if (walked) {
@@ -380,6 +383,9 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
     }
     if (r->cfg.approximate || r->reg.by_slot[slot].approximate)
         kvr_index_touch(&r->ix, slot, nodes, n, now); /* best effort: a miss costs only a hit */
+    uint64_t cached = (uint64_t)overlap * r->cfg.block_size;
+    kvr_pshare_add(&r->psh, slot, prefill_time(&r->cfg, cached < ntokens ? ntokens - cached : 0),
+                   now);
     return KVR_OK;
 }
 
@@ -418,10 +424,10 @@ static uint32_t choose(struct kvr_router *r, const struct prompt *p, enum kvr_po
  * chosen slot and its price in *slot and *cost; *full when the candidates' full view was built.
  */
 static kvr_status pick_full(struct kvr_router *r, const struct prompt *p, enum kvr_policy policy,
-                            double ow, double temp, uint32_t walked, uint32_t *slot, double *cost,
-                            bool *full)
+                            double ow, double temp, uint32_t walked, uint64_t now, uint32_t *slot,
+                            double *cost, bool *full)
 {
-    uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked));
+    uint32_t neligible = drop_avoided(r, p->avoid, score(r, p, ow, walked, now));
     if (neligible == 0)
         return KVR_ERR_OVERLOADED;
     *full = p->explain || policy != KVR_POLICY_KV;
@@ -459,10 +465,10 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     uint32_t slot = KVR_NIL;
     double cost = 0;
     if (pruned) {
-        slot = pick_pruned(r, p, ow, walked, &cost);
+        slot = pick_pruned(r, p, ow, walked, now, &cost);
         st = slot == KVR_NIL ? KVR_ERR_OVERLOADED : KVR_OK;
     } else {
-        st = pick_full(r, p, policy, ow, temp, walked, &slot, &cost, &full);
+        st = pick_full(r, p, policy, ow, temp, walked, now, &slot, &cost, &full);
     }
     uint32_t reuse = st == KVR_OK ? reuse_of(r, slot) : 0;
     if (st == KVR_OK && do_book)

@@ -22,6 +22,7 @@
 #include "index.h"
 #include "kvr/router.h"
 #include "outlen.h"
+#include "pshare.h"
 #include "registry.h"
 #include "select.h"
 
@@ -50,6 +51,7 @@ struct kvr_router {
     struct kvr_select_state sel;
     struct kvr_early early;   /* events that came before their decision */
     struct kvr_outlen outlen; /* output lengths of the requests that ended here */
+    struct kvr_pshare psh;    /* per slot: the prefill booked there lately */
     uint64_t *export_hashes;  /* scratch for kvr_router_export */
     uint32_t cap_export;      /* */
     struct kvr_walk walk_idx;

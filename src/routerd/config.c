@@ -74,7 +74,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
         .name = n, .env = e, .type = KVR_OPT_BOOL, .ptr = p, .help = h                             \
     }
 
-#define KVR_CORE_OPTIONS 15
+#define KVR_CORE_OPTIONS 17
 
 /* The routing core's options (policy, weights, bounds) into out (KVR_CORE_OPTIONS entries). */
 static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
@@ -105,6 +105,12 @@ static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
             "kv, time: own decode (the output expected of max_tokens)"),
         FLAG("learn-output", NULL, &k->learn_output,
              "kv, time: price max_tokens at the share of it that like requests generated"),
+        NUM("prefill-window-s", KVR_OPT_SEC, &k->prefill_window_ns, 0, 3600,
+            "kv, time: a worker's decode is slowed by the share of its time its prefills took "
+            "over about this long (0: not priced)"),
+        NUM("engine-speedup", KVR_OPT_DOUBLE, &k->engine_speedup, 1e-3, 1e6,
+            "the engines run this many times faster than the timing model (simulated workers' "
+            "--speedup)"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),
         NUM("temperature", KVR_OPT_DOUBLE, &k->temperature, 0, 1e6, "kv: 0 cheapest, > 0 samples"),
         NUM("tie-margin", KVR_OPT_DOUBLE, &k->tie_margin, 0, 1, "kv: pick among near-least"),

@@ -41,7 +41,7 @@ struct kvr_rd_config {
 void kvr_rd_config_default(struct kvr_rd_config *c);
 
 /* The option table over c, into out (at least KVR_RD_OPTIONS entries); returns the count. */
-#define KVR_RD_OPTIONS 40
+#define KVR_RD_OPTIONS 42
 size_t kvr_rd_config_options(struct kvr_rd_config *c, struct kvr_opt *out);
 
 /*

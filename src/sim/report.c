@@ -133,11 +133,12 @@ static kvr_status write_json(const char *dir, const struct kvr_report_meta *m,
                 "  \"router\": {\"overlap_weight\": %.3f, \"temperature\": %.3f, \"approximate\": "
                 "%s, \"busy_threshold\": %.3f, \"kv_cost\": \"%s\", \"stall_weight\": %.3f, "
                 "\"cache_weight\": %.3f, \"share_weight\": %.3f, \"decode_weight\": %.3f, "
-                "\"learn_output\": %s, \"tie_margin\": %.3f},\n",
+                "\"learn_output\": %s, \"prefill_window_s\": %.3f, \"tie_margin\": %.3f},\n",
                 k->overlap_weight, k->temperature, k->approximate ? "true" : "false",
                 k->busy_threshold, k->cost_model == KVR_COST_TIME ? "time" : "blocks",
                 k->stall_weight, k->cache_weight, k->share_weight, k->decode_weight,
-                k->learn_output ? "true" : "false", k->tie_margin);
+                k->learn_output ? "true" : "false", (double)k->prefill_window_ns / 1e9,
+                k->tie_margin);
         if (c->client_max_tokens)
             fprintf(f, "  \"client_max_tokens\": %u,\n", c->client_max_tokens);
         fprintf(f, "  \"event_delay_ms\": %.3f,\n", c->event_delay_ns / 1e6);

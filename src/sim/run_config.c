@@ -109,6 +109,9 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
         FLAG("learn-output", &r->learn_output,
              "router, time: --decode-weight prices max_tokens times the share of it that requests "
              "of a like max_tokens generated (false: max_tokens as sent)"),
+        OPT("prefill-window-s", KVR_OPT_SEC, &r->prefill_window_ns, 0, 3600,
+            "router, time: --decode-weight's step is slowed by the share of the worker's time its "
+            "prefills took over about this long (0: not priced)"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,
@@ -235,6 +238,7 @@ static int check(struct kvr_run_config *c)
         return bad("--replicas", "has a bad value");
     c->gossip_runs = (unsigned)c->gossip + 1;
     c->sim.router.block_size = c->sim.engine.block_size;
+    c->sim.router.engine_speedup = c->sim.engine.speedup; /* the router's clock is the engines' */
     return parse_policies(c);
 }
 

@@ -132,6 +132,25 @@ Test(router, refuses_bad_requests_with_clear_errors)
     cr_assert(eq(u64, s.duplicate_request, 1));
 }
 
+Test(router, refuses_a_configuration_it_cannot_price_with)
+{
+    struct kvr_router_config bad[5];
+    for (int i = 0; i < 5; i++)
+        bad[i] = cfg;
+    bad[0].engine_speedup = 0;
+    bad[1].engine_speedup = NAN;
+    bad[2].engine_speedup = INFINITY;
+    bad[3].prefill_window_ns = KVR_PREFILL_WINDOW_MAX_NS + 1;
+    bad[4].decode_weight = INFINITY;
+    for (int i = 0; i < 5; i++) {
+        kvr_status st = KVR_OK;
+        cr_assert(kvr_router_create(&bad[i], &st) == NULL, "configuration %d", i);
+        cr_assert(eq(int, st, KVR_ERR_INVALID));
+    }
+    cfg.prefill_window_ns = KVR_PREFILL_WINDOW_MAX_NS;
+    make();
+}
+
 Test(router, refuses_prompts_over_the_limit)
 {
     cfg.max_prompt_tokens = 8;
@@ -920,6 +939,54 @@ Test(router, a_max_tokens_is_priced_at_what_requests_with_it_generated)
 }
 
 /*
+ * Workers 1 and 2 are alike and idle, but worker 1 caches the probe's first 4 blocks and took
+ * eight 64-block prefills at time 0 (requests since ended). Where does a probe of max_tokens,
+ * decided at `at`, go, with the prefill window `window_ns`?
+ */
+static uint64_t after_prefills(uint64_t window_ns, uint32_t max_tokens, uint64_t at)
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.prefill_window_ns = window_ns;
+    make();
+    join(1, 100000);
+    join(2, 100000);
+    uint64_t local[8], seq[64];
+    uint32_t *t = prompt(80, 4 * B, 1, 4 * B);
+    kvr_hash_prompt(t, 8 * B, B, local, NULL);
+    struct kvr_kv_block blocks[4];
+    for (uint32_t i = 0; i < 4; i++)
+        blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 4), KVR_OK));
+    for (uint64_t id = 10; id < 18; id++) {
+        uint32_t *q = prompt(90 + (uint32_t)id, 0, id, 64 * B);
+        kvr_hash_prompt(q, 64 * B, B, NULL, seq);
+        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 64, 64 * B, 0, 0), KVR_OK));
+        cr_assert(eq(int, kvr_router_done(r, id), KVR_OK));
+        free(q);
+    }
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 8 * B, .max_tokens = max_tokens};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_select(r, &q, at, &d), KVR_OK));
+    free(t);
+    uint64_t w = d.worker_id;
+    kvr_router_destroy(r);
+    r = NULL;
+    return w;
+}
+
+Test(router, a_long_generation_avoids_a_worker_busy_with_prefills)
+{
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 1), 2),
+              "its 1,000 steps there would each wait for a share of 260 ms of prefill in 10 s");
+    cr_assert(eq(u64, after_prefills(10 * NS, 2, 1), 1), "a short one stays with its prefix");
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 60 * NS), 1),
+              "a minute later those prefills are six windows old");
+    cr_assert(eq(u64, after_prefills(0, 1000, 1), 1), "no window: not priced");
+    cfg.decode_weight = 0;
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 1), 1), "no own decode: nothing to stretch");
+}
+
+/*
  * Worker 1 caches a 128-block prefix and has three requests queued for prefill; workers 2 and 3
  * have full caches of other blocks. With `hot`, the queued requests use that prefix too.
  */
@@ -1245,6 +1312,7 @@ Test(router, a_routed_pick_is_the_cheapest_without_pricing_every_worker)
 
 Test(router, a_routed_pick_pricing_the_own_decode_is_the_cheapest_too)
 {
+    cfg.prefill_window_ns = NS; /* this test's clock is ns: workers' decodes 1-1.3x stretched */
     routed_against_select(0, 0.5, 300);
 }
 
@@ -1254,6 +1322,7 @@ Test(router, a_routed_pick_pricing_the_own_decode_holds_for_a_step_least_inside)
     cfg.decode_ms[0] = 10;
     cfg.decode_ms[1] = -20;
     cfg.decode_ms[2] = 20;
+    cfg.prefill_window_ns = NS;
     routed_against_select(0, 0.5, 300);
 }
 
