@@ -15,7 +15,8 @@
 # the workload's), SPEEDUP (10), POLICIES (kv,round_robin,sglang_cache_aware), OUT (out/fleet),
 # EVENT_BATCH_MS (0: each lifecycle event alone; 1: each worker sends them in EventBatches of up
 # to 1 ms, fewer messages for the routers),
-# KEEP_LOGS (1: keep every process's log, and print where),
+# KEEP_LOGS (1: keep every process's log, and print where), ROUTER_ARGS (more kvrouter flags, split
+# on spaces, e.g. "--decode-weight 0"),
 # and ENGINE: sim (the default: each kvworker simulates its engine in-process) or standin (each
 # worker is the adapter, `kvworker --engine openai`, in front of its own engine stand-in
 # `kvengine`, reached over the engines' real interfaces: the OpenAI-compatible HTTP API and
@@ -86,7 +87,9 @@ else
   done
 fi
 for i in $(seq "$ROUTERS"); do
-  "$bin/kvrouter" --nats "$url" --id "router$i" --engine-speedup "$SPEEDUP" --log-level warn >"$run/router$i.log" 2>&1 &
+  # shellcheck disable=SC2086 # ROUTER_ARGS is split into flags on purpose
+  "$bin/kvrouter" --nats "$url" --id "router$i" --engine-speedup "$SPEEDUP" --log-level warn \
+    ${ROUTER_ARGS:-} >"$run/router$i.log" 2>&1 &
   pids+=($!)
 done
 sleep 1.5 # one heartbeat: every router knows every worker
