@@ -72,8 +72,13 @@ typedef void (*kvr_event_fn)(void *ctx, const struct kvr_event *ev);
     }
 #define KVR_MODEL_BATCH_TOKENS 8192u /* tokens an engine step takes */
 
-/* The longest prefill_window_ns a router takes (one hour). */
+/* The prefill_window_ns a router takes: 0, or 10 ms to one hour (a shorter one would move the
+ * shares' epoch, a pass over every worker, at nearly every booking). */
+#define KVR_PREFILL_WINDOW_MIN_NS 10000000ull
 #define KVR_PREFILL_WINDOW_MAX_NS (3600ull * 1000000000ull)
+/* The engine_speedup a router takes. */
+#define KVR_ENGINE_SPEEDUP_MIN 1e-3
+#define KVR_ENGINE_SPEEDUP_MAX 1e6
 
 /* The kv policy's tie margin in kvrouter and kvsim run (kvr_router_config.tie_margin). */
 #define KVR_TIE_MARGIN 0.1
@@ -122,10 +127,10 @@ struct kvr_router_config {
     uint64_t prefill_window_ns;     /* time model, decode_weight: a worker's decode step is
                                        stretched by the share of its time that the prefills booked
                                        there take, their rate measured over this window (0: not
-                                       stretched; at most KVR_PREFILL_WINDOW_MAX_NS) */
+                                       stretched; else KVR_PREFILL_WINDOW_MIN_NS to _MAX_NS) */
     double engine_speedup;          /* how many times faster than the timing model the engines
                                        run (a simulated fleet's --speedup): the router's clock
-                                       reads as the model's time divided by it (> 0) */
+                                       reads as the model's time divided by it (1e-3 to 1e6) */
     double prefill_ms[3];           /* timing model: prefill(T) = [0] + [1] T + [2] T^2 ms */
     double decode_ms[3];            /* timing model: decode(u) = max(1, [0] + [1] u + [2] u^2) ms */
     uint32_t batch_tokens;          /* timing model: tokens an engine step takes */

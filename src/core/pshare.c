@@ -12,7 +12,7 @@ void kvr_pshare_init(struct kvr_pshare *p, uint64_t window_ns, double speedup)
     assert(speedup > 0);
     if (window_ns) {
         p->per_ns = speedup / (double)window_ns;
-        p->inv_ms = 1e6 / ((double)window_ns * speedup);
+        p->inv_ms = 1e6 / (double)window_ns; /* the sums are the model's ms, as the window */
     }
 }
 

@@ -30,7 +30,7 @@ struct kvr_pshare {
     uint32_t nslots; /* room in load */
     uint64_t epoch;  /* ns, the router's clock */
     double per_ns;   /* speedup / window_ns: the decay's rate on the router's clock; 0: off */
-    double inv_ms;   /* 1 / the window in the model's ms */
+    double inv_ms;   /* 1 / the window, ms (the model's, like the sums) */
 };
 
 /* Start empty, off when window_ns is 0; speedup > 0. */

@@ -81,11 +81,14 @@ static bool config_valid(const struct kvr_router_config *c)
     return c->block_size > 0 && c->block_size <= 65536 && (unsigned)c->policy < KVR_POLICY_COUNT &&
            c->overlap_weight >= 0 && c->cache_weight >= 0 && c->share_weight >= 0 &&
            c->stall_weight >= 0 && c->decode_weight >= 0 && isfinite(c->decode_weight) &&
-           c->prefill_window_ns <= KVR_PREFILL_WINDOW_MAX_NS && c->engine_speedup > 0 &&
-           isfinite(c->engine_speedup) && c->temperature >= 0 && c->batch_tokens > 0 &&
-           c->tie_margin >= 0 && c->tie_margin <= 1 && c->busy_threshold >= 0 &&
-           c->max_prompt_tokens > 0 && c->max_output_tokens > 0 && c->max_inflight > 0 &&
-           c->max_workers > 0 && c->chwbl_load_factor >= 1.0 && index_config_valid(c);
+           (c->prefill_window_ns == 0 || (c->prefill_window_ns >= KVR_PREFILL_WINDOW_MIN_NS &&
+                                          c->prefill_window_ns <= KVR_PREFILL_WINDOW_MAX_NS)) &&
+           c->engine_speedup >= KVR_ENGINE_SPEEDUP_MIN &&
+           c->engine_speedup <= KVR_ENGINE_SPEEDUP_MAX && c->temperature >= 0 &&
+           c->batch_tokens > 0 && c->tie_margin >= 0 && c->tie_margin <= 1 &&
+           c->busy_threshold >= 0 && c->max_prompt_tokens > 0 && c->max_output_tokens > 0 &&
+           c->max_inflight > 0 && c->max_workers > 0 && c->chwbl_load_factor >= 1.0 &&
+           index_config_valid(c);
 }
 
 struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_status *st)

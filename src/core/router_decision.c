@@ -383,10 +383,16 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
     }
     if (r->cfg.approximate || r->reg.by_slot[slot].approximate)
         kvr_index_touch(&r->ix, slot, nodes, n, now); /* best effort: a miss costs only a hit */
-    uint64_t cached = (uint64_t)overlap * r->cfg.block_size;
-    kvr_pshare_add(&r->psh, slot, prefill_time(&r->cfg, cached < ntokens ? ntokens - cached : 0),
-                   now);
     return KVR_OK;
+}
+
+void kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
+                              uint64_t now)
+{
+    uint64_t cached = (uint64_t)reuse * r->cfg.block_size;
+    double ms = prefill_time(&r->cfg, cached < ntokens ? ntokens - cached : 0);
+    if (ms > 0) /* a model with negative coefficients (library callers) adds nothing; nor NaN */
+        kvr_pshare_add(&r->psh, slot, ms, now);
 }
 
 /* r->eligible[0..n) without the worker avoid when another is left; the new count. */
@@ -474,8 +480,10 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     if (st == KVR_OK && do_book)
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
                               reuse, now);
-    if (st == KVR_OK && do_book)
+    if (st == KVR_OK && do_book) {
         kvr_active_set_max_tokens(&r->act, p->id, p->max_tokens);
+        kvr__router_note_prefill(r, slot, p->ntokens, reuse, now);
+    }
     if (st != KVR_OK)
         return st;
     out->request_id = p->id;

@@ -103,6 +103,13 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
                               bool do_book, struct kvr_decision *out);
 
 /*
+ * A prefill of ntokens less reuse blocks was booked on slot at now: its predicted time goes to the
+ * worker's prefill share (kvr_pshare), which stretches the own decode's step there.
+ */
+void kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
+                              uint64_t now);
+
+/*
  * Resolve the nodes of seq[from..n) into nodes (creating them; nodes[0..from) are resolved
  * already) and book request id on slot. On failure nothing is booked and no node is left empty.
  */

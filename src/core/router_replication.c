@@ -88,6 +88,9 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         kvr_router_note_max_tokens(r, rec->request_id, rec->max_tokens);
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
+    else /* its prefill is to come (a repair or a snapshot of one that ran: not now, not here) */
+        kvr__router_note_prefill(r, kvr_registry_slot(&r->reg, w), rec->prompt_tokens,
+                                 rec->overlap_blocks, now);
     /* the record and the early events may both count the same blocks (a snapshot taken after
      * events this replica also saw): the larger count, never the sum */
     uint32_t out = rec->output_blocks;

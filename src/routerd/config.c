@@ -107,8 +107,9 @@ static size_t core_options(struct kvr_router_config *k, struct kvr_opt *out)
              "kv, time: price max_tokens at the share of it that like requests generated"),
         NUM("prefill-window-s", KVR_OPT_SEC, &k->prefill_window_ns, 0, 3600,
             "kv, time: a worker's decode is slowed by the share of its time its prefills took "
-            "over about this long (0: not priced)"),
-        NUM("engine-speedup", KVR_OPT_DOUBLE, &k->engine_speedup, 1e-3, 1e6,
+            "over about this long (0: not priced; else at least 0.01)"),
+        NUM("engine-speedup", KVR_OPT_DOUBLE, &k->engine_speedup, KVR_ENGINE_SPEEDUP_MIN,
+            KVR_ENGINE_SPEEDUP_MAX,
             "the engines run this many times faster than the timing model (simulated workers' "
             "--speedup)"),
         NUM("share-weight", KVR_OPT_DOUBLE, &k->share_weight, 0, 1e6, "kv: shared recompute"),

@@ -111,7 +111,7 @@ static size_t model_options(struct kvr_run_config *c, struct kvr_opt *t, size_t 
              "of a like max_tokens generated (false: max_tokens as sent)"),
         OPT("prefill-window-s", KVR_OPT_SEC, &r->prefill_window_ns, 0, 3600,
             "router, time: --decode-weight's step is slowed by the share of the worker's time its "
-            "prefills took over about this long (0: not priced)"),
+            "prefills took over about this long (0: not priced; else at least 0.01)"),
         OPT("temperature", KVR_OPT_DOUBLE, &r->temperature, 0, 1e6,
             "router: 0 picks the cheapest, more samples softly"),
         OPT("tie-margin", KVR_OPT_DOUBLE, &r->tie_margin, 0, 1,

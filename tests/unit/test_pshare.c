@@ -100,13 +100,20 @@ Test(pshare, off_it_stretches_nothing)
 Test(pshare, the_window_is_the_engines_time)
 {
     /* engines 10 times faster than the model: 1 s of the router's clock is 10 s of the model's,
-     * so a 10 s window fades by e in 1 s and 100 model ms a second are a share of 1 % */
+     * so a 10 s window fades by e in 1 s, and 5 s of the model's prefill are half of it */
     struct kvr_pshare p;
     kvr_pshare_init(&p, 10 * S, 10.0);
     cr_assert(eq(int, kvr_pshare_reserve(&p, 1), KVR_OK));
     kvr_pshare_add(&p, 0, 5000.0, 0);
-    cr_assert(near(share(&p, 0, 0), 0.05));
-    cr_assert(near(share(&p, 0, S), 0.05 * exp(-1.0)));
+    cr_assert(near(share(&p, 0, 0), 0.5));
+    cr_assert(near(share(&p, 0, S), 0.5 * exp(-1.0)));
+    /* a steady 100 model ms every 0.1 s of the router's clock (1 s of the model's): 10 % */
+    kvr_pshare_clear(&p, 0);
+    uint64_t t = 100 * S;
+    for (int i = 0; i < 400; i++, t += S / 10)
+        kvr_pshare_add(&p, 0, 100.0, t);
+    double s = share(&p, 0, t - S / 10);
+    cr_assert(s > 0.10 && s < 0.106, "share %f", s);
     kvr_pshare_free(&p);
 }
 

@@ -134,20 +134,29 @@ Test(router, refuses_bad_requests_with_clear_errors)
 
 Test(router, refuses_a_configuration_it_cannot_price_with)
 {
-    struct kvr_router_config bad[5];
-    for (int i = 0; i < 5; i++)
+    enum { NBAD = 8 };
+    struct kvr_router_config bad[NBAD];
+    for (int i = 0; i < NBAD; i++)
         bad[i] = cfg;
     bad[0].engine_speedup = 0;
     bad[1].engine_speedup = NAN;
     bad[2].engine_speedup = INFINITY;
     bad[3].prefill_window_ns = KVR_PREFILL_WINDOW_MAX_NS + 1;
     bad[4].decode_weight = INFINITY;
-    for (int i = 0; i < 5; i++) {
+    bad[5].engine_speedup = 1e-310; /* subnormal: its window would read as infinitely short */
+    bad[6].engine_speedup = KVR_ENGINE_SPEEDUP_MAX * 2;
+    bad[7].prefill_window_ns = 1; /* the shares' epoch would move at every booking */
+    for (int i = 0; i < NBAD; i++) {
         kvr_status st = KVR_OK;
         cr_assert(kvr_router_create(&bad[i], &st) == NULL, "configuration %d", i);
         cr_assert(eq(int, st, KVR_ERR_INVALID));
     }
     cfg.prefill_window_ns = KVR_PREFILL_WINDOW_MAX_NS;
+    cfg.engine_speedup = KVR_ENGINE_SPEEDUP_MIN;
+    make();
+    kvr_router_destroy(r);
+    cfg.prefill_window_ns = KVR_PREFILL_WINDOW_MIN_NS;
+    cfg.engine_speedup = KVR_ENGINE_SPEEDUP_MAX;
     make();
 }
 
@@ -940,29 +949,54 @@ Test(router, a_max_tokens_is_priced_at_what_requests_with_it_generated)
 
 /*
  * Workers 1 and 2 are alike and idle, but worker 1 caches the probe's first 4 blocks and took
- * eight 64-block prefills at time 0 (requests since ended). Where does a probe of max_tokens,
- * decided at `at`, go, with the prefill window `window_ns`?
+ * eight 64-block prefills at time 0 (requests since ended), booked as its peers' decisions
+ * (BY_PEERS) or routed by this router (BY_ROUTING). Where does a probe of max_tokens, decided at
+ * `at`, go, with the prefill window `window_ns`? BY_A_WORKER_THAT_LEFT: worker 2 takes the
+ * prefills and leaves, and worker 3, which takes its slot, caches the probe's blocks.
+ * BY_A_SNAPSHOT: worker 1's eight requests come from a peer's snapshot, their prefills done.
  */
-static uint64_t after_prefills(uint64_t window_ns, uint32_t max_tokens, uint64_t at)
+enum prefills_by { BY_PEERS, BY_ROUTING, BY_A_WORKER_THAT_LEFT, BY_A_SNAPSHOT };
+
+static uint64_t after_prefills_by(enum prefills_by by, uint64_t window_ns, uint32_t max_tokens,
+                                  uint64_t at)
 {
     cfg.cost_model = KVR_COST_TIME;
     cfg.prefill_window_ns = window_ns;
     make();
     join(1, 100000);
-    join(2, 100000);
+    if (by != BY_ROUTING) /* routed, the prefills can go to worker 1 only */
+        join(2, 100000);
     uint64_t local[8], seq[64];
     uint32_t *t = prompt(80, 4 * B, 1, 4 * B);
     kvr_hash_prompt(t, 8 * B, B, local, NULL);
     struct kvr_kv_block blocks[4];
     for (uint32_t i = 0; i < 4; i++)
         blocks[i] = (struct kvr_kv_block){i + 1, local[i]};
-    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 4), KVR_OK));
+    if (by != BY_A_WORKER_THAT_LEFT)
+        cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 4), KVR_OK));
     for (uint64_t id = 10; id < 18; id++) {
         uint32_t *q = prompt(90 + (uint32_t)id, 0, id, 64 * B);
         kvr_hash_prompt(q, 64 * B, B, NULL, seq);
-        cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 64, 64 * B, 0, 0), KVR_OK));
+        uint64_t on = by == BY_A_WORKER_THAT_LEFT ? 2 : 1;
+        if (by == BY_ROUTING) {
+            struct kvr_decision d;
+            cr_assert(eq(int, route(id, q, 64 * B, &d), KVR_OK));
+            cr_assert(eq(u64, d.worker_id, 1));
+        } else if (by == BY_A_SNAPSHOT) { /* records of requests whose prefill ran already */
+            struct kvr_request_record rec = {id, 1, seq, 64, 64 * B, 0, true, 0, 0};
+            cr_assert(eq(int, kvr_router_import(r, &rec, 0), KVR_OK));
+        } else {
+            cr_assert(eq(int, kvr_router_book(r, id, on, seq, 64, 64 * B, 0, 0), KVR_OK));
+        }
         cr_assert(eq(int, kvr_router_done(r, id), KVR_OK));
         free(q);
+    }
+    if (by == BY_ROUTING) {
+        join(2, 100000);
+    } else if (by == BY_A_WORKER_THAT_LEFT) { /* worker 3 takes worker 2's slot, and the cache */
+        cr_assert(eq(int, kvr_router_worker_remove(r, 2), KVR_OK));
+        join(3, 100000);
+        cr_assert(eq(int, kvr_router_kv_stored(r, 3, NULL, blocks, 4), KVR_OK));
     }
     struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 8 * B, .max_tokens = max_tokens};
     struct kvr_decision d;
@@ -972,6 +1006,11 @@ static uint64_t after_prefills(uint64_t window_ns, uint32_t max_tokens, uint64_t
     kvr_router_destroy(r);
     r = NULL;
     return w;
+}
+
+static uint64_t after_prefills(uint64_t window_ns, uint32_t max_tokens, uint64_t at)
+{
+    return after_prefills_by(BY_PEERS, window_ns, max_tokens, at);
 }
 
 Test(router, a_long_generation_avoids_a_worker_busy_with_prefills)
@@ -984,6 +1023,27 @@ Test(router, a_long_generation_avoids_a_worker_busy_with_prefills)
     cr_assert(eq(u64, after_prefills(0, 1000, 1), 1), "no window: not priced");
     cfg.decode_weight = 0;
     cr_assert(eq(u64, after_prefills(10 * NS, 1000, 1), 1), "no own decode: nothing to stretch");
+}
+
+Test(router, the_prefills_it_routes_count_and_a_workers_go_with_it)
+{
+    cr_assert(eq(u64, after_prefills_by(BY_ROUTING, 10 * NS, 1000, 1), 2),
+              "the prefills this router decided count as its peers' do");
+    cr_assert(eq(u64, after_prefills_by(BY_A_WORKER_THAT_LEFT, 10 * NS, 1000, 1), 3),
+              "worker 2 took them and left: worker 3 in its slot starts with none");
+    cr_assert(eq(u64, after_prefills_by(BY_A_SNAPSHOT, 10 * NS, 1000, 1), 1),
+              "prefills a snapshot says ran, at some time before, are not counted now");
+}
+
+Test(router, the_window_is_the_engines_time)
+{
+    /* engines 10 times faster than the model: 6 s of the router's clock are 6 windows */
+    cfg.engine_speedup = 10;
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 1), 2));
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 6 * NS), 1));
+    cfg.engine_speedup = 1;
+    cr_assert(eq(u64, after_prefills(10 * NS, 1000, 6 * NS), 2),
+              "at the model's speed: 0.6 of one");
 }
 
 /*
@@ -1191,8 +1251,12 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
 /* Routes on a moving fleet, each decision checked against a select of the same state: with margin
  * 0 the least price and, among equal ones, the fewest cached blocks; with a margin m, a price at
  * most (1 + m) times the least. With decode_weight, two requests in three set max_tokens. */
-static void routed_against_select(double margin, double decode_weight, uint32_t rounds)
+/* routed_against_select's clock: round id is at id * tick ns */
+static uint64_t tick = 1;
+
+static uint64_t routed_against_select(double margin, double decode_weight, uint32_t rounds)
 {
+    uint64_t picks = 0;
     enum { W = 160, FAMILIES = 6 };
     cfg.cost_model = KVR_COST_TIME;
     cfg.tie_margin = margin;
@@ -1228,7 +1292,7 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
         if (id % 9 == 0)
             q.avoid_worker = 1 + kvr_rng_below(&rng, W);
         struct kvr_decision all, d;
-        kvr_status st = kvr_router_select(r, &q, id, &all);
+        kvr_status st = kvr_router_select(r, &q, id * tick, &all);
         cr_assert(eq(int, st, KVR_OK));
         double least = INFINITY;
         uint32_t fewest = UINT32_MAX, cheapest = 0;
@@ -1247,7 +1311,8 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
                 }
             }
         q.explain = false;
-        cr_assert(eq(int, kvr_router_route(r, &q, id, &d), KVR_OK));
+        cr_assert(eq(int, kvr_router_route(r, &q, id * tick, &d), KVR_OK));
+        picks = picks * 1000003 + d.worker_id;
         cr_assert(not(d.queued));
         cr_assert(d.costs == NULL, "the routed decision priced only some workers");
         const struct kvr_candidate *got = NULL;
@@ -1274,24 +1339,24 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
         uint64_t old = 1 + kvr_rng_below(&rng, id);
         switch (kvr_rng_below(&rng, 4)) {
         case 0:
-            kvr_router_prefill_done(r, old, id);
+            kvr_router_prefill_done(r, old, id * tick);
             break;
         case 1:
             for (int k = 0; k < 8; k++)
-                kvr_router_output_block(r, old, id);
+                kvr_router_output_block(r, old, id * tick);
             break;
         case 2:
             kvr_router_done(r, old);
             break;
         default: /* completed, saying its output: what later ones of its max_tokens are priced at */
-            kvr_router_finished(r, old, id, 1 + (uint32_t)(id % 40));
+            kvr_router_finished(r, old, id * tick, 1 + (uint32_t)(id % 40));
             break;
         }
         if (id % 50 == 0) { /* one drains, one leaves and comes back empty */
             uint64_t w = 1 + kvr_rng_below(&rng, W);
             struct kvr_worker_info info = {
                 .id = w, .block_size = B, .capacity_blocks = 1000, .draining = true};
-            cr_assert(eq(int, kvr_router_worker_seen(r, &info, id), KVR_OK));
+            cr_assert(eq(int, kvr_router_worker_seen(r, &info, id * tick), KVR_OK));
             uint64_t gone = 1 + kvr_rng_below(&rng, W);
             if (gone != w) {
                 cr_assert(eq(int, kvr_router_worker_remove(r, gone), KVR_OK));
@@ -1303,6 +1368,9 @@ static void routed_against_select(double margin, double decode_weight, uint32_t 
     cr_assert(gt(u32, ties, 0), "some picks were among equal prices");
     if (margin > 0)
         cr_assert(gt(u32, above, 0), "some picks were not the least price");
+    kvr_router_destroy(r);
+    r = NULL;
+    return picks;
 }
 
 Test(router, a_routed_pick_is_the_cheapest_without_pricing_every_worker)
@@ -1312,8 +1380,13 @@ Test(router, a_routed_pick_is_the_cheapest_without_pricing_every_worker)
 
 Test(router, a_routed_pick_pricing_the_own_decode_is_the_cheapest_too)
 {
-    cfg.prefill_window_ns = NS; /* this test's clock is ns: workers' decodes 1-1.3x stretched */
-    routed_against_select(0, 0.5, 300);
+    /* a round every 0.1 s, a window of 2 s: the shares rise and fade, the epoch moves */
+    cfg.prefill_window_ns = 2 * NS;
+    tick = NS / 10;
+    uint64_t stretched = routed_against_select(0, 0.5, 300);
+    cfg.prefill_window_ns = 0;
+    cr_assert(ne(u64, routed_against_select(0, 0.5, 300), stretched),
+              "the prefill share moved some picks");
 }
 
 Test(router, a_routed_pick_pricing_the_own_decode_holds_for_a_step_least_inside)
@@ -1322,7 +1395,8 @@ Test(router, a_routed_pick_pricing_the_own_decode_holds_for_a_step_least_inside)
     cfg.decode_ms[0] = 10;
     cfg.decode_ms[1] = -20;
     cfg.decode_ms[2] = 20;
-    cfg.prefill_window_ns = NS;
+    cfg.prefill_window_ns = 2 * NS;
+    tick = NS / 10;
     routed_against_select(0, 0.5, 300);
 }
 
