@@ -503,6 +503,9 @@ struct kvr_worker_view {
     uint32_t inflight;        /* requests booked on it */
     uint32_t waiting;         /* its own queue length (reported) */
     double kv_usage;          /* its own KV utilisation in [0, 1] (reported) */
+    double prefill_share;     /* predicted: the share of its time the prefills booked on it take,
+                                 their rate over prefill_window at the last tick (the price reads
+                                 it as at most KVR_PSHARE_MAX, 0.8); 0 when the window is 0 */
     bool draining;            /* */
     bool approximate;         /* its engine publishes no KV events: learnt from decisions */
 };

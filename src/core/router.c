@@ -268,6 +268,7 @@ bool kvr_router_worker_approximate(const struct kvr_router *r, uint64_t worker_i
 
 uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *out, uint32_t max)
 {
+    double scale = kvr_pshare_scale(&r->psh, r->last_now);
     for (uint32_t i = 0; i < r->reg.nlive && i < max; i++) {
         uint32_t slot = r->reg.order[i];
         const struct kvr_worker *w = &r->reg.by_slot[slot];
@@ -279,6 +280,7 @@ uint32_t kvr_router_workers(const struct kvr_router *r, struct kvr_worker_view *
                                           .inflight = aw->nreqs,
                                           .waiting = w->waiting,
                                           .kv_usage = w->kv_usage,
+                                          .prefill_share = r->psh.load[slot] * scale,
                                           .draining = w->draining,
                                           .approximate = w->approximate};
     }

@@ -75,6 +75,10 @@ static void workers(struct kvr_prom *p, const struct kvr_rd *rd)
         {"kvrouter_worker_prefill_tokens", "Predicted prompt tokens it has still to prefill."},
         {"kvrouter_worker_capacity_blocks", "KV blocks it announced (0: unknown)."},
         {"kvrouter_worker_kv_usage_ratio", "KV usage it reported, 0 to 1."},
+        {"kvrouter_worker_prefill_share_ratio",
+         "Predicted share of its time the prefills booked on it take (their rate over "
+         "--prefill-window-s); its decodes are priced 1 / (1 - share) slower, the share read as "
+         "at most 0.8."},
         {"kvrouter_worker_waiting_requests", "Its queue length, as it reported it."},
         {"kvrouter_worker_draining", "1 while it announces it is shutting down."},
         {"kvrouter_worker_approximate",
@@ -91,6 +95,7 @@ static void workers(struct kvr_prom *p, const struct kvr_rd *rd)
                           (double)v[i].prefill_tokens,
                           (double)v[i].capacity_blocks,
                           v[i].kv_usage,
+                          v[i].prefill_share,
                           (double)v[i].waiting,
                           v[i].draining ? 1.0 : 0.0,
                           v[i].approximate ? 1.0 : 0.0};

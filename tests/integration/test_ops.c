@@ -162,6 +162,8 @@ Test(ops, metrics_pass_promtool)
     promtool_clean(m, "router-idle");
     cr_assert(eq(dbl, value(m, "kvrouter_workers"), 1));
     cr_assert(eq(dbl, value(m, "kvrouter_requests_total{endpoint=\"generate\"}"), 0));
+    cr_assert(eq(dbl, value(m, "kvrouter_worker_prefill_share_ratio{worker=\"1\"}"), 0),
+              "no prefill booked yet");
     free(m);
 
     enum { N = 5 }; /* one after another, sharing a 256-token prefix (4 blocks) */
@@ -182,6 +184,12 @@ Test(ops, metrics_pass_promtool)
            "%.0f, kvrouter_inflight_requests %.0f\n",
            active, inflight, value(m, "kvrouter_inflight_requests"));
     cr_assert(ge(dbl, active, 8), "the request holds its 8 prompt blocks, at least");
+    /* six prompts of 512 tokens (the first whole, the others less their 4 shared blocks), each
+     * some 17-24 ms of the model's prefill, within the last seconds of a 10 s window */
+    double share = value(m, "kvrouter_worker_prefill_share_ratio{worker=\"1\"}");
+    printf("prefill_share_ratio{worker=1} %.5f\n", share);
+    cr_assert(gt(dbl, share, 0.005), "the prefills booked on worker 1 take a share of its time");
+    cr_assert(lt(dbl, share, 0.02));
     cr_assert(eq(dbl, inflight, 1));
     cr_assert(eq(dbl, value(m, "kvrouter_inflight_requests"), 1));
     free(m);
