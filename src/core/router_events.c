@@ -77,9 +77,6 @@ kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id)
 {
     if (kvr__router_unqueue(r, request_id))
         return KVR_OK;
-    const struct kvr_active_req *q = kvr_active_find(&r->act, request_id);
-    if (q) /* placed again, or cancelled, before its prefill ran: not the worker's time */
-        kvr__router_unnote_prefill(r, q);
     return kvr_active_remove(&r->act, request_id);
 }
 

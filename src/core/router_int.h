@@ -109,10 +109,6 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
 void kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
                               uint64_t now);
 
-/* Booked request q is cancelled: when its prefill has not run, kvr__router_note_prefill's share
- * of it is taken back from its worker. */
-void kvr__router_unnote_prefill(struct kvr_router *r, const struct kvr_active_req *q);
-
 /*
  * Resolve the nodes of seq[from..n) into nodes (creating them; nodes[0..from) are resolved
  * already) and book request id on slot. On failure nothing is booked and no node is left empty.

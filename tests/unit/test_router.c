@@ -954,16 +954,8 @@ Test(router, a_max_tokens_is_priced_at_what_requests_with_it_generated)
  * `at`, go, with the prefill window `window_ns`? BY_A_WORKER_THAT_LEFT: worker 2 takes the
  * prefills and leaves, and worker 3, which takes its slot, caches the probe's blocks.
  * BY_A_SNAPSHOT: worker 1's eight requests come from a peer's snapshot, their prefills done.
- * CANCELLED_...: they are cancelled (placed elsewhere) before their prefill ran, or after it.
  */
-enum prefills_by {
-    BY_PEERS,
-    BY_ROUTING,
-    BY_A_WORKER_THAT_LEFT,
-    BY_A_SNAPSHOT,
-    CANCELLED_BEFORE_THEIR_PREFILL,
-    CANCELLED_AFTER_IT
-};
+enum prefills_by { BY_PEERS, BY_ROUTING, BY_A_WORKER_THAT_LEFT, BY_A_SNAPSHOT };
 
 static uint64_t after_prefills_by(enum prefills_by by, uint64_t window_ns, uint32_t max_tokens,
                                   uint64_t at)
@@ -996,12 +988,7 @@ static uint64_t after_prefills_by(enum prefills_by by, uint64_t window_ns, uint3
         } else {
             cr_assert(eq(int, kvr_router_book(r, id, on, seq, 64, 64 * B, 0, 0), KVR_OK));
         }
-        if (by == CANCELLED_AFTER_IT)
-            cr_assert(eq(int, kvr_router_prefill_done(r, id, 0), KVR_OK));
-        if (by == CANCELLED_BEFORE_THEIR_PREFILL || by == CANCELLED_AFTER_IT)
-            cr_assert(eq(int, kvr_router_cancel(r, id), KVR_OK));
-        else
-            cr_assert(eq(int, kvr_router_done(r, id), KVR_OK));
+        cr_assert(eq(int, kvr_router_done(r, id), KVR_OK));
         free(q);
     }
     if (by == BY_ROUTING) {
@@ -1046,10 +1033,6 @@ Test(router, the_prefills_it_routes_count_and_a_workers_go_with_it)
               "worker 2 took them and left: worker 3 in its slot starts with none");
     cr_assert(eq(u64, after_prefills_by(BY_A_SNAPSHOT, 10 * NS, 1000, 1), 1),
               "prefills a snapshot says ran, at some time before, are not counted now");
-    cr_assert(eq(u64, after_prefills_by(CANCELLED_BEFORE_THEIR_PREFILL, 10 * NS, 1000, 1), 1),
-              "prefills that never ran on worker 1 are not its time");
-    cr_assert(eq(u64, after_prefills_by(CANCELLED_AFTER_IT, 10 * NS, 1000, 1), 2),
-              "cancelled once they ran, they took its time");
 }
 
 Test(router, the_window_is_the_engines_time)
