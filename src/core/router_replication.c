@@ -70,27 +70,33 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
         return KVR_ERR_FULL;
     struct kvr_early_rec early;
     bool had_early = kvr_early_take(&r->early, rec->request_id, &early);
+    uint32_t slot = kvr_registry_slot(&r->reg, w);
     if (had_early && early.done) { /* its done overtook it: it is over */
         /* keep the tombstone: the same decision may come again (gossip, then a snapshot) */
         kvr_early_note(&r->early, rec->request_id, KVR_EARLY_DONE, now);
         r->st.late_decisions++;
+        if (!rec->prefill_done) /* its prefill ran, as its origin counted: so do we */
+            kvr__router_note_prefill(r, slot, rec->prompt_tokens, rec->overlap_blocks, now);
         return KVR_ERR_DUPLICATE;
     }
     st = kvr__router_ensure_blocks(r, rec->nblocks);
     if (st != KVR_OK)
         return st;
-    st = kvr__router_book(r, rec->request_id, kvr_registry_slot(&r->reg, w), rec->block_hashes,
-                          r->nodes, 0, rec->nblocks, rec->prompt_tokens, rec->overlap_blocks, now);
+    st = kvr__router_book(r, rec->request_id, slot, rec->block_hashes, r->nodes, 0, rec->nblocks,
+                          rec->prompt_tokens, rec->overlap_blocks, now);
     if (st != KVR_OK)
         return st;
     r->st.decisions++;
     if (rec->max_tokens) /* its completion teaches learn_output here too */
         kvr_router_note_max_tokens(r, rec->request_id, rec->max_tokens);
+    /* a decision as its origin sent it counts its prefill here as there, whatever events came
+     * first, so replicas price alike (the tie margin lets two routers deciding one request on the
+     * same state pick one worker); a repair or a snapshot of one whose prefill ran, at some time
+     * the record does not say, does not */
+    if (!rec->prefill_done)
+        kvr__router_note_prefill(r, slot, rec->prompt_tokens, rec->overlap_blocks, now);
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
-    else /* its prefill is to come (a repair or a snapshot of one that ran: not now, not here) */
-        kvr__router_note_prefill(r, kvr_registry_slot(&r->reg, w), rec->prompt_tokens,
-                                 rec->overlap_blocks, now);
     /* the record and the early events may both count the same blocks (a snapshot taken after
      * events this replica also saw): the larger count, never the sum */
     uint32_t out = rec->output_blocks;

@@ -954,8 +954,9 @@ Test(router, a_max_tokens_is_priced_at_what_requests_with_it_generated)
  * `at`, go, with the prefill window `window_ns`? BY_A_WORKER_THAT_LEFT: worker 2 takes the
  * prefills and leaves, and worker 3, which takes its slot, caches the probe's blocks.
  * BY_A_SNAPSHOT: worker 1's eight requests come from a peer's snapshot, their prefills done.
+ * BY_PEERS_LATE: each peer's decision comes after its request's done event.
  */
-enum prefills_by { BY_PEERS, BY_ROUTING, BY_A_WORKER_THAT_LEFT, BY_A_SNAPSHOT };
+enum prefills_by { BY_PEERS, BY_ROUTING, BY_A_WORKER_THAT_LEFT, BY_A_SNAPSHOT, BY_PEERS_LATE };
 
 static uint64_t after_prefills_by(enum prefills_by by, uint64_t window_ns, uint32_t max_tokens,
                                   uint64_t at)
@@ -982,6 +983,11 @@ static uint64_t after_prefills_by(enum prefills_by by, uint64_t window_ns, uint3
             struct kvr_decision d;
             cr_assert(eq(int, route(id, q, 64 * B, &d), KVR_OK));
             cr_assert(eq(u64, d.worker_id, 1));
+        } else if (by == BY_PEERS_LATE) { /* each one's done came before the decision */
+            cr_assert(eq(int, kvr_router_done_at(r, id, 0), KVR_ERR_UNKNOWN_REQUEST));
+            cr_assert(eq(int, kvr_router_book(r, id, 1, seq, 64, 64 * B, 0, 0), KVR_ERR_DUPLICATE));
+            free(q);
+            continue;
         } else if (by == BY_A_SNAPSHOT) { /* records of requests whose prefill ran already */
             struct kvr_request_record rec = {id, 1, seq, 64, 64 * B, 0, true, 0, 0};
             cr_assert(eq(int, kvr_router_import(r, &rec, 0), KVR_OK));
@@ -1033,6 +1039,8 @@ Test(router, the_prefills_it_routes_count_and_a_workers_go_with_it)
               "worker 2 took them and left: worker 3 in its slot starts with none");
     cr_assert(eq(u64, after_prefills_by(BY_A_SNAPSHOT, 10 * NS, 1000, 1), 1),
               "prefills a snapshot says ran, at some time before, are not counted now");
+    cr_assert(eq(u64, after_prefills_by(BY_PEERS_LATE, 10 * NS, 1000, 1), 2),
+              "a decision its done overtook counts as its origin counted it: replicas agree");
 }
 
 Test(router, the_window_is_the_engines_time)
