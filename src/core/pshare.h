@@ -9,10 +9,10 @@
  * decayed by exp(-age / window), is summed; that sum over the window is the share of the worker's
  * time its prefills take at their recent rate. The decay is kept against one epoch for all slots:
  * a slot holds sum(ms_i * exp((t_i - epoch) / window)), so pricing any number of workers at one
- * time takes one exp (kvr_pshare_scale) and a multiply per worker. The epoch moves up (every
- * slot rescaled) when a booking's exponent would pass KVR_PSHARE_REBASE. Times are the router's
- * clock (ns); speedup says how many times faster than the timing model the engines run (a simulated
- * fleet's --speedup), so the window is measured in the model's time. Pure, no I/O;
+ * time takes one exp (kvr_pshare_scale), and a multiply and a division per worker. The epoch moves
+ * up (every slot rescaled) when a booking's exponent would pass KVR_PSHARE_REBASE. Times are the
+ * router's clock (ns); speedup says how many times faster than the timing model the engines run (a
+ * simulated fleet's --speedup), so the window is measured in the model's time. Pure, no I/O;
  * single-threaded: the router's state thread.
  */
 #ifndef KVR_PSHARE_H
