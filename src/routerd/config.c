@@ -48,6 +48,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     c->warmup_ns = 2 * KVR_NS_PER_S;
     c->hello_ns = 1 * KVR_NS_PER_S;
     c->sync_timeout_ns = 1 * KVR_NS_PER_S;
+    c->kv_replay_ns = 1 * KVR_NS_PER_S; /* longer than a peer should take to apply what we have */
     c->drain_timeout_ns = c->core.queue_timeout_ns + KVR_NS_PER_S;
     c->booking_ttl_ns = 10 * KVR_NS_PER_S;
     /* an interval from the wire neither keeps a phantom worker for good nor drops a live one at

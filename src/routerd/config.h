@@ -27,6 +27,8 @@ struct kvr_rd_config {
     uint64_t warmup_ns;            /* at start, listen at most this long before serving */
     uint64_t hello_ns;             /* period of the hello to the other routers */
     uint64_t sync_timeout_ns;      /* wait this long (twice at most) for a peer's snapshot */
+    uint64_t kv_replay_ns;         /* a resync whose index replaces this one's applies the KV
+                                      events of this long before its ask again (kvlog.h) */
     uint64_t drain_timeout_ns;     /* on SIGTERM, settle queued requests for at most this long */
     uint64_t booking_ttl_ns;       /* a booked select never forwarded is dropped after this */
     uint64_t heartbeat_min_ns;     /* a worker's announced heartbeat interval, clamped to these */

@@ -16,7 +16,9 @@
 #include "place.h"
 #include "rebind.h"
 
-kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
+/* Under mu: apply one KV event; a first application is also noted (kvseq) and logged (kvlog). */
+static kvr_status apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,
+                           bool again)
 {
     struct kvr_wire_kv e;
     kvr_status st = kvr_wire_decode_kv(data, len, &e);
@@ -33,11 +35,23 @@ kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data
         st = kvr_router_kv_cleared(rd->core, wid);
     /* numbered by a known worker, applied or not (a stored run whose parent this index
      * evicted is skipped, yet came): a jump is events missed on the way (timer.c) */
-    if (st != KVR_ERR_INVALID && st != KVR_ERR_UNKNOWN_WORKER &&
-        kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
-        rd->kv_gap = true;
+    if (st != KVR_ERR_INVALID && st != KVR_ERR_UNKNOWN_WORKER && !again) {
+        if (kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
+            rd->kv_gap = true;
+        kvr_kvlog_add(&rd->kvlog, wid, kvr_now_ns(), data, len);
+    }
     kvr_wire_kv_free(&e);
     return st;
+}
+
+kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
+{
+    return apply_kv(rd, wid, data, len, false);
+}
+
+kvr_status kvr_events_apply_kv_again(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len)
+{
+    return apply_kv(rd, wid, data, len, true);
 }
 
 static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wire_heartbeat *h,

@@ -16,8 +16,13 @@
 /* A message on kv.<ns>.ev.> (takes mu; publishes). */
 void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *data, size_t len);
 
-/* Under mu: apply a KV event of worker_id (now, or replayed after a snapshot). */
+/* Under mu: apply a KV event of worker_id (now, or held back and replayed after a snapshot): its
+ * number noted (kvseq.h), the message kept in rd->kvlog. */
 kvr_status kvr_events_apply_kv(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);
+
+/* Under mu: apply again one that was applied before (from rd->kvlog): neither noted nor kept. */
+kvr_status kvr_events_apply_kv_again(struct kvr_rd *rd, uint64_t worker_id, const void *data,
+                                     size_t len);
 
 /* Whether a worker event's status makes it a bad event (counted in ev_errors and dropped). */
 bool kvr_events_bad(kvr_status st);

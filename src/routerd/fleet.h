@@ -55,6 +55,9 @@ struct kvr_fleet {
     uint32_t partial_answers;         /* resyncs in a row answered so (sync.c) */
     uint64_t resync_retry_at;         /* ask another peer then (0: no) */
     uint64_t sync_token;              /* the awaited snapshot's token */
+    uint64_t sync_asked_ns;           /* when it was asked (kvr_now_ns) */
+    bool replay_kv;                   /* its index replaced this one's: apply the KV events of the
+                                         moment before the ask again (kvlog.h) */
     uint64_t sync_deadline;           /* give up then (gossip and heartbeats fill in) */
     uint64_t sync_ms;                 /* how long the start-up snapshot took */
     char subj_gossip[256], subj_sync[256], subj_lookup[256], subj_pages[256], subj_digest[256];
@@ -71,6 +74,7 @@ struct kvr_fleet {
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
     uint64_t snapshots_served_partial, resyncs_kept_index; /* indexes with holes (sync.c) */
+    uint64_t kv_replayed;   /* KV events applied again after a resync replaced the index */
     uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t peers_evicted; /* silent ones, the table full */
     uint64_t import_failed; /* decisions not booked here: no memory, max_inflight */

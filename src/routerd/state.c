@@ -55,6 +55,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     /* every request the core holds, in flight or queued, plus orphans within their grace */
     kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
     kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
+    kvr_kvlog_init(&rd->kvlog, cfg->kv_replay_ns, 0, 0);
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
     rd->select.router_id = cfg->id;
@@ -72,6 +73,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     kvr_kept_free(&rd->kept);
     kvr_recent_free(&rd->recent);
     kvr_kvseq_free(&rd->kvseq);
+    kvr_kvlog_free(&rd->kvlog);
     kvr_outbox_free(&rd->out);
     kvr_buf_free(&rd->buf);
     kvr_reply_free(&rd->generate);

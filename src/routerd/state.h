@@ -27,6 +27,7 @@
 #include "kvr/router.h"
 #include "outbox.h"
 #include "pending.h"
+#include "kvlog.h"
 #include "kvseq.h"
 #include "recent.h"
 #include "reply.h"
@@ -100,6 +101,8 @@ struct kvr_rd {
     uint32_t nheld, capheld;          /* */
     bool holding;                     /* a snapshot is being applied: hold KV events */
     uint64_t held_dropped;            /* KV events applied at once: the hold was full */
+    struct kvr_kvlog kvlog;           /* the last moment's KV events applied, under mu: a resync
+                                         whose index replaces this one applies them again */
     uint64_t ev_errors;               /* malformed or unknown worker events, under mu */
     uint64_t placed_again;            /* requests placed again (lost on the way), under mu */
     uint32_t hb_interval_ms;          /* the longest heartbeat interval announced, under mu */

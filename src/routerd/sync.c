@@ -170,12 +170,24 @@ static void page_entry(void *ctx, const struct kvr_index_record *e)
         kvr_router_import_index(c->rd->core, e, c->now);
 }
 
-/* Under mu: the snapshot is in (or will not come): replay the held KV events, in order. */
+static void apply_again(void *ctx, const struct kvr_kvlog_event *e)
+{
+    struct kvr_rd *rd = ctx;
+    kvr_events_apply_kv_again(rd, e->worker_id, e->data, e->len);
+}
+
+/* Under mu: the snapshot is in (or will not come): replay the held KV events, in order; when its
+ * index replaced this one's, the last moment's before the ask first (kvlog.h). */
 static void finish(struct kvr_rd *rd, bool complete)
 {
     struct kvr_fleet *g = rd->fleet;
     uint32_t held = rd->nheld;
     rd->holding = false;
+    if (g->replay_kv) {
+        uint64_t t = g->sync_asked_ns, w = rd->cfg->kv_replay_ns;
+        g->kv_replayed += kvr_kvlog_since(&rd->kvlog, t > w ? t - w : 0, apply_again, rd);
+        g->replay_kv = false;
+    }
     for (uint32_t i = 0; i < rd->nheld; i++) {
         kvr_status st =
             kvr_events_apply_kv(rd, rd->held[i].worker_id, rd->held[i].data, rd->held[i].len);
@@ -201,8 +213,10 @@ static void resync_answered(struct kvr_rd *rd, bool partial)
     struct kvr_fleet *g = rd->fleet;
     g->resync = false;
     g->keep_index = partial;
-    if (!partial)
+    if (!partial) {
         kvr_router_index_clear(rd->core);
+        g->replay_kv = true;
+    }
 }
 
 /* Under mu: the last page of the awaited snapshot is in. */
@@ -257,8 +271,10 @@ static void ask_snapshot(struct kvr_rd *rd, const struct kvr_peer *from)
     struct kvr_fleet *g = rd->fleet;
     g->syncing = true;
     g->keep_index = false;
+    g->replay_kv = false;
     rd->holding = true;
-    g->sync_deadline = kvr_now_ns() + rd->cfg->sync_timeout_ns;
+    g->sync_asked_ns = kvr_now_ns(); /* KV events are held from here on */
+    g->sync_deadline = g->sync_asked_ns + rd->cfg->sync_timeout_ns;
     struct kvr_wire_sync q = {.full = true};
     kvr_fleet_ask_peer(rd, from, &q);
     g->sync_token = q.token;

@@ -131,22 +131,27 @@ static bool connected(const struct kvr_wk_link *l)
 
 /* A beat every period on the clock (a late one does not push the next back), each sent without
  * waiting on the worker's mutex behind the busy threads (kvr_worker_beat); the stop is seen
- * within 10 ms, without the mutex either. */
+ * within 10 ms, without the mutex either. One more as soon as both connections are up after a
+ * cut (l->back, set by their hooks once the worker knows): routers lose a worker silent for 3.2
+ * periods, and a server node's restart can take most of them before the library sees the cut. */
 static void *heartbeat_thread(void *arg)
 {
     struct kvr_wk_link *l = arg;
     uint64_t period = l->w->cfg->heartbeat_ns, next = kvr_now_ns(), announced = 0;
     while (!kvr_worker_stopping(l->w)) {
         uint64_t now = kvr_now_ns();
-        if (now - announced >= KVR_WK_ANNOUNCE_GAP_NS && atomic_load(&l->announce_asked) &&
-            atomic_exchange(&l->announce_asked, false)) {
+        bool up = connected(l);
+        if (up && atomic_load(&l->back) && atomic_exchange(&l->back, false)) {
+            kvr_worker_beat(l->w);
+        } else if (now - announced >= KVR_WK_ANNOUNCE_GAP_NS && atomic_load(&l->announce_asked) &&
+                   atomic_exchange(&l->announce_asked, false)) {
             announced = now; /* the ask's answer: a heartbeat now, not in place of the next */
-            if (connected(l))
+            if (up)
                 kvr_worker_beat(l->w);
         }
         if (now >= next) {
             /* one buffered while disconnected would arrive late and list stale requests: skip */
-            if (connected(l))
+            if (up)
                 kvr_worker_beat(l->w);
             next += period;
             now = kvr_now_ns();
@@ -253,6 +258,13 @@ static void on_out_back(void *ctx)
     struct kvr_wk_link *l = ctx;
     if (l->w)
         kvr_worker_on_reconnected(l->w);
+    atomic_store(&l->back, true); /* after: a beat sent before the worker knew would be dropped */
+}
+
+static void on_in_back(void *ctx)
+{
+    struct kvr_wk_link *l = ctx;
+    atomic_store(&l->back, true);
 }
 
 /* Does another process serve this id? Any answer to the hello says so; no responders (at once)
@@ -338,9 +350,10 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
     snprintf(l->name_in, sizeof l->name_in, "kvworker-%" PRIu64 "-in", w->cfg->id);
     snprintf(l->name_out, sizeof l->name_out, "kvworker-%" PRIu64, w->cfg->id);
     l->hooks_out = (struct kvr_conn_hooks){l->name_out, on_out_cut, on_out_back, l};
+    l->hooks_in = (struct kvr_conn_hooks){l->name_in, NULL, on_in_back, l};
     kvr_status st = start_http(l);
     if (st == KVR_OK)
-        st = kvr_connect(&w->cfg->net, l->name_in, &l->nc_in);
+        st = kvr_connect_hooked(&w->cfg->net, &l->hooks_in, &l->nc_in);
     if (st == KVR_OK)
         st = kvr_connect_hooked(&w->cfg->net, &l->hooks_out, &l->nc_out);
     if (st != KVR_OK)

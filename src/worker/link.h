@@ -42,11 +42,13 @@ struct kvr_wk_link {
     natsSubscription *sub_gen, *sub_rebind, *sub_cancel, *sub_hello, *sub_hb, *sub_srv[3];
     natsSubscription *sub_announce;  /* the routers' ask to announce (kv.<ns>.worker.announce) */
     _Atomic bool announce_asked;     /* an ask came: the heartbeat thread answers it */
+    _Atomic bool back;               /* a connection came back from a cut: beat once both are up */
     struct kvr_settle *settle;       /* their completions, waited for by the close */
     pthread_t engine, heartbeat;     /* */
     bool threads;                    /* started */
     char name_in[64], name_out[64];  /* connection names */
     struct kvr_conn_hooks hooks_out; /* the outgoing connection's (their ctx: this link) */
+    struct kvr_conn_hooks hooks_in;  /* the incoming one's */
     struct kvr_httpd *http;          /* --metrics-addr; NULL: none */
     _Atomic bool live;               /* connections and subscriptions made: the HTTP server's
                                         threads may read them (until kvr_wk_link_close) */

@@ -278,6 +278,29 @@ Test(replicas, a_server_node_restart_is_survived)
     h_end();
 }
 
+/* A worker beats as soon as it is back from a cut, not a period later: routers lose a worker
+ * silent for 3.2 periods, and a node's stop can take most of them before the cut is seen. Its
+ * period here is a minute, so only that beat can arrive within the wait. */
+Test(replicas, a_worker_beats_as_soon_as_its_node_is_gone)
+{
+    natsSubscription *hb = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&hb, nc, "kv.default.ev.1.hb"), NATS_OK));
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    h_worker(urls(1), "1", 20, 60000, NULL); /* on node 1 first; the clients are on node 0 */
+    natsMsg *m = NULL;
+    cr_assert(eq(int, natsSubscription_NextMsg(&m, hb, 10000), NATS_OK), "the first beat");
+    natsMsg_Destroy(m);
+    uint64_t t0 = h_now_ms();
+    h_nats_stop(&node[1]);
+    cr_assert(eq(int, natsSubscription_NextMsg(&m, hb, 15000), NATS_OK),
+              "no beat after the worker moved to another node");
+    natsMsg_Destroy(m);
+    fprintf(stderr, "node stop: the worker beat again %llu ms after it began\n",
+            (unsigned long long)(h_now_ms() - t0));
+    h_sub_close(nc, hb);
+    h_end();
+}
+
 Test(replicas, bad_replication_messages_are_counted_and_dropped)
 {
     h_router(urls(0), "r1", H_ARGS("--hello-ms", HELLO));

@@ -1705,15 +1705,14 @@ static uint64_t tick_until_asked(uint64_t *t)
     return token;
 }
 
-/* The peer's one-page answer to token: n entries of worker 1, its index whole or not. */
-static void answer(uint64_t token, uint32_t n, bool partial)
+/* The peer's one-page answer to token: index entries e[0..n), its index whole or not. */
+static void answer_entries(uint64_t token, const struct kvr_index_record *e, uint32_t n,
+                           bool partial)
 {
     struct kvr_page p;
     kvr_page_init(&p);
-    for (uint32_t i = 0; i < n; i++) {
-        struct kvr_index_record e = {1, 900 + i, false, 0, 60 * KVR_NS_PER_S};
-        cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
-    }
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert(eq(int, kvr_page_add_entry(&p, &e[i]), KVR_OK));
     p.index_partial = partial;
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_page_encode(&p, &b, true, token), KVR_OK));
@@ -1724,10 +1723,33 @@ static void answer(uint64_t token, uint32_t n, bool partial)
     cr_assert(not(rd.holding), "the KV events held meanwhile are applied");
 }
 
+/* The peer's one-page answer to token: n entries of worker 1, its index whole or not. */
+static void answer(uint64_t token, uint32_t n, bool partial)
+{
+    struct kvr_index_record e[8];
+    cr_assert(le(u32, n, 8));
+    for (uint32_t i = 0; i < n; i++)
+        e[i] = (struct kvr_index_record){1, 900 + i, false, 0, 60 * KVR_NS_PER_S};
+    answer_entries(token, e, n, partial);
+}
+
+struct entries {
+    struct kvr_index_record e[16];
+    uint32_t n;
+};
+
+static void keep_entry(void *ctx, const struct kvr_index_record *e)
+{
+    struct entries *k = ctx;
+    cr_assert(lt(u32, k->n, 16));
+    k->e[k->n++] = *e;
+}
+
 Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
 {
     cfg.hello_ns = 500 * KVR_NS_PER_MS;      /* a peer heard stays alive however slow the run */
     cfg.sync_timeout_ns = 60 * KVR_NS_PER_S; /* past the ticks' clock, which runs ahead */
+    cfg.kv_replay_ns = 0; /* its events are seconds apart on the ticks' clock, not the log's */
     heartbeat(1, 4096, NULL, 0, 10000);
     peer_hello();
     kv_stored(1, 1, 100, 8);
@@ -1754,4 +1776,44 @@ Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
     cr_assert(eq(u32, index_entries(), 3), "replaced");
     cr_assert(eq(u64, rd.fleet->resyncs, 4));
     cr_assert(eq(u64, rd.fleet->resyncs_kept_index, 3));
+}
+
+/* The peer answers with the index as it was a moment ago: a removal and a store this router
+ * applied before it asked had not reached the peer yet. They are applied again after the peer's
+ * index replaces this one's, or the removed block would stay and the stored ones be gone. */
+Test(routerd, a_resync_applies_again_what_its_peer_had_not_applied_yet)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;
+    cfg.sync_timeout_ns = 60 * KVR_NS_PER_S;
+    heartbeat(1, 4096, NULL, 0, 10000);
+    peer_hello();
+    kv_stored(1, 1, 100, 4);
+    struct entries peer = {.n = 0}; /* the peer's index: these four blocks */
+    kvr_router_export_index(rd.core, keep_entry, &peer, kvr_now_ns());
+    cr_assert(eq(u32, peer.n, 4));
+    struct kvr_buf b = {0};
+    uint64_t gone = 103; /* the last block's engine id */
+    cr_assert(eq(int, kvr_wire_encode_removed(&b, 1, 2, &gone, 1), KVR_OK));
+    kv_event_in(1, &b);
+    kv_stored(1, 4, 200, 2); /* 3 never comes: a gap, so a resync */
+    cr_assert(eq(u32, index_entries(), 5));
+    uint64_t t = kvr_now_ns();
+    uint64_t token = tick_until_asked(&t);
+    kv_stored(1, 5, 300, 1); /* held until the answer is in */
+    answer_entries(token, peer.e, peer.n, false);
+    cr_assert(eq(u64, rd.fleet->kv_replayed, 3), "the three events before the ask");
+    cr_assert(eq(u32, index_entries(), 6), "100-102, 200-201 and 300, not 100-103 and 300");
+    struct entries now = {.n = 0};
+    kvr_router_export_index(rd.core, keep_entry, &now, kvr_now_ns());
+    for (uint32_t i = 0; i < now.n; i++)
+        cr_assert(not(eq(u64, now.e[i].engine_id, gone)), "the removed block stayed removed");
+    /* a resync answered from an index with holes keeps this one's: nothing to apply again */
+    ticks(t + 100 * KVR_NS_PER_MS, t + 11 * KVR_NS_PER_S); /* the 10 s between catch-ups */
+    t += 11 * KVR_NS_PER_S;
+    heartbeat(1, 4096, NULL, 0, 10000);
+    peer_hello();
+    kv_stored(1, 7, 400, 1); /* 6 never comes */
+    answer(tick_until_asked(&t), 3, true);
+    cr_assert(eq(u64, rd.fleet->kv_replayed, 3));
+    cr_assert(eq(u32, index_entries(), 7));
 }
