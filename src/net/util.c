@@ -456,6 +456,18 @@ void kvr_net_shutdown(void)
     nats_CloseAndWait(5000);
 }
 
+natsStatus kvr_flush_subscribed(natsConnection *nc)
+{
+    natsStatus s = natsConnection_Flush(nc);
+    if (s != NATS_OK && !natsConnection_IsClosed(nc) &&
+        (s == NATS_CONNECTION_DISCONNECTED || natsConnection_IsReconnecting(nc))) {
+        kvr_log(KVR_LOG_WARN, "subscribed_while_reconnecting",
+                "error=\"%s\" action=\"made again on the reconnect\"", natsStatus_GetText(s));
+        return NATS_OK;
+    }
+    return s;
+}
+
 uint64_t kvr_nats_reconnects(natsConnection *nc)
 {
     natsStatistics *st = NULL;

@@ -78,6 +78,12 @@ kvr_status kvr_publish(natsConnection *nc, const char *subject, const void *data
  * while exit() runs the atexit handlers locks a freed mutex (a SIGSEGV seen at exit). */
 void kvr_net_shutdown(void);
 
+/* Flush nc, so the subscriptions just made are on the server before the caller goes on. NATS_OK
+ * too when the connection is cut meanwhile but reconnecting (logged): the library makes every
+ * subscription again on the reconnect, so a server that goes while a process starts does not stop
+ * it. */
+natsStatus kvr_flush_subscribed(natsConnection *nc);
+
 /* Reconnects of nc so far (0 for NULL). */
 uint64_t kvr_nats_reconnects(natsConnection *nc);
 /* Messages the library dropped over subs[0..n) (NULL entries skipped): slow consumers. */

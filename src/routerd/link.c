@@ -230,9 +230,9 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     if (s == NATS_OK && c->test_stall_ns)
         s = subscribe(&l->sub_stall, l->nc_req, subj, NULL, on_stall, l);
     if (s == NATS_OK)
-        s = natsConnection_Flush(l->nc_ev);
+        s = kvr_flush_subscribed(l->nc_ev);
     if (s == NATS_OK)
-        s = natsConnection_Flush(l->nc_req);
+        s = kvr_flush_subscribed(l->nc_req);
     if (s == NATS_OK) { /* listening: the workers announce themselves now, not at their next beat */
         pthread_mutex_lock(&l->rd->mu);
         kvr_timer_announce(l->rd, kvr_now_ns());
@@ -255,7 +255,7 @@ kvr_status kvr_link_serve(struct kvr_link *l)
     for (int i = 0; i < 3 && s == NATS_OK; i++)
         s = subscribe(&l->sub_srv[i], l->nc_req, srv[i], NULL, on_srv, l);
     if (s == NATS_OK)
-        s = natsConnection_Flush(l->nc_req);
+        s = kvr_flush_subscribed(l->nc_req);
     if (s == NATS_OK) {
         pthread_mutex_lock(&l->rd->mu);
         l->rd->serving = true;

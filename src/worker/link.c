@@ -325,13 +325,13 @@ static kvr_status subscribe(struct kvr_wk_link *l)
     if (s == NATS_OK)
         s = sub_async(l, &l->sub_rebind, l->nc_out, w->subj_rebind, on_rebind, true);
     if (s == NATS_OK)
-        s = natsConnection_Flush(l->nc_out);
+        s = kvr_flush_subscribed(l->nc_out);
     char srv[3][256];
     kvr_service_subjects(&l->svc, srv);
     for (int i = 0; i < 3 && s == NATS_OK; i++)
         s = sub_async(l, &l->sub_srv[i], l->nc_in, srv[i], on_srv, false);
     if (s == NATS_OK)
-        s = natsConnection_Flush(l->nc_in);
+        s = kvr_flush_subscribed(l->nc_in);
     if (s != NATS_OK)
         kvr_log(KVR_LOG_ERROR, "subscribe_failed", "subject=%s error=\"%s\"", w->subj_gen,
                 natsStatus_GetText(s));

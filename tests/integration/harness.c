@@ -613,8 +613,9 @@ void h_end(void)
         struct proc *p = &procs[i];
         if (!p->nats || p->state == P_DONE)
             continue;
+        bool killed = p->state == P_KILLED; /* on purpose: reaped, not judged */
         int st = stop_nats(p);
-        if (!nats_stopped_cleanly(st)) {
+        if (!killed && !nats_stopped_cleanly(st)) {
             char what[128];
             describe_status(st, what, sizeof what);
             report_proc(report, sizeof report, p, what);
@@ -975,6 +976,24 @@ int64_t h_until_agree(natsConnection *nc, int n, int timeout_ms, int every_ms,
     for (int i = 0; i < got; i++)
         fprintf(stderr, "  %s: %s\n", last[i].id, last[i].json);
     return -1;
+}
+
+json_t *h_connz_entry(const struct nats_srv *s, const char *name)
+{
+    static char body[65536];
+    char u[200];
+    snprintf(u, sizeof u, "%s/connz?limit=1024", s->monitor);
+    const char *b = h_http_get(u, body, sizeof body) ? strstr(body, "\r\n\r\n") : NULL;
+    json_t *o = b ? json_loads(b + 4, 0, NULL) : NULL, *c, *found = NULL;
+    size_t i;
+    json_array_foreach(json_object_get(o, "connections"), i, c)
+    {
+        const char *n = json_string_value(json_object_get(c, "name"));
+        if (n && !strcmp(n, name))
+            found = json_incref(c);
+    }
+    json_decref(o);
+    return found;
 }
 
 json_t *h_stats(natsConnection *nc, int timeout_ms)

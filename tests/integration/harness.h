@@ -198,6 +198,9 @@ uint64_t h_stat(const struct h_digest *a, const char *key);
 int64_t h_until_agree(natsConnection *nc, int n, int timeout_ms, int every_ms,
                       struct h_digest *last);
 
+/* The connection called name in server s's /connz, as JSON to json_decref (NULL: none). */
+json_t *h_connz_entry(const struct nats_srv *s, const char *name);
+
 /* One router's $SRV.STATS.kvrouter answer (type checked; asserted), to json_decref. */
 json_t *h_stats(natsConnection *nc, int timeout_ms);
 /* Its endpoint called name (borrowed; asserted). */

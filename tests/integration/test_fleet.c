@@ -284,6 +284,44 @@ Test(fleet, a_nats_server_restart_is_survived)
     h_end();
 }
 
+/* A server that goes while a router starts: the subscriptions it made go again with the
+ * reconnect, and it serves once a server is back (it used to exit 1, "subscribe_failed"). The
+ * server freezes in the router's warm-up, so the flush after joining the queue group waits on it,
+ * and dies with it. */
+Test(fleet, a_server_lost_while_a_router_starts_is_survived)
+{
+    int port = srv.port;
+    pid_t r1 = h_router(srv.url, "r1", H_ARGS("--warmup-ms", "2000"));
+    json_t *c = NULL; /* listening: its events connection's subscriptions are made */
+    for (int i = 0; i < 400 && !c; i++) {
+        c = h_connz_entry(&srv, "kvrouter-r1-events");
+        if (c && json_integer_value(json_object_get(c, "subscriptions")) < 5) {
+            json_decref(c);
+            c = NULL;
+        }
+        if (!c)
+            h_sleep_ms(10);
+    }
+    cr_assert(not(eq(ptr, c, NULL)), "the router never listened");
+    json_decref(c);
+    h_signal(srv.pid, SIGSTOP);
+    h_sleep_ms(3000); /* past its warm-up: it joined the queue group and waits for the flush */
+    h_signal(srv.pid, SIGKILL);
+    natsConnection_Destroy(nc);
+    nc = NULL;
+    h_sleep_ms(300);
+    cr_assert(not(h_exited(r1)), "the router gave up");
+    cr_assert(h_nats_start(&srv, port), "nats-server restarted on port %d", port);
+    nc = h_connect(srv.url);
+    cr_assert(nc != NULL);
+    h_worker(srv.url, "1", 50, 200, NULL);
+    h_until_served(nc, GEN, 0, 10000);
+    cr_assert(h_log_has(r1, "subscribed_while_reconnecting"));
+    struct h_result r = h_ask(nc, GEN, "after-the-cut", 12, 0, 256, 5, 5000);
+    cr_assert(r.final && r.error_code == 0);
+    h_end();
+}
+
 /* Generate and select requests at once, from one client: the intake's two endpoints run on
  * different delivery threads and share the state (the ThreadSanitizer stage runs this). Every
  * request is answered; the worker's own $SRV.STATS counts what it served. */

@@ -243,31 +243,12 @@ static pid_t refused(const char *id, const char *const *args, const char *why)
     return r;
 }
 
-/* The connection called name in the server's /connz, as JSON (NULL: none). */
-static json_t *connz_entry(const char *name)
-{
-    static char body[65536];
-    char u[200];
-    snprintf(u, sizeof u, "%s/connz?limit=1024", srv.monitor);
-    const char *b = h_http_get(u, body, sizeof body) ? strstr(body, "\r\n\r\n") : NULL;
-    json_t *o = b ? json_loads(b + 4, 0, NULL) : NULL, *c, *found = NULL;
-    size_t i;
-    json_array_foreach(json_object_get(o, "connections"), i, c)
-    {
-        const char *n = json_string_value(json_object_get(c, "name"));
-        if (n && !strcmp(n, name))
-            found = json_incref(c);
-    }
-    json_decref(o);
-    return found;
-}
-
 Test(secure, tls_with_ca, .fini = teardown, .timeout = 60)
 {
     start_tls(false);
     h_worker(url(), "1", 10, 200, H_ARGS("--tls-ca", in_dir("ca.pem")));
     served(H_ARGS("--tls-ca", in_dir("ca.pem")));
-    json_t *c = connz_entry("kvrouter-r1");
+    json_t *c = h_connz_entry(&srv, "kvrouter-r1");
     const char *v = json_string_value(json_object_get(c, "tls_version"));
     cr_expect(v && v[0], "the router's connection is not TLS in /connz");
     json_decref(c);
