@@ -344,10 +344,19 @@ kvr_status kvr_router_book(struct kvr_router *r, uint64_t request_id, uint64_t w
                            uint32_t overlap_blocks, uint64_t now);
 
 /*
- * Forget request_id, queued or booked, without an event (a client cancelled it, or a peer's
- * decision for it stands instead): its predicted load is freed. KVR_ERR_UNKNOWN_REQUEST if absent.
+ * Forget request_id, queued or booked, without an event (a client cancelled it, or it is placed
+ * again): its predicted load is freed. KVR_ERR_UNKNOWN_REQUEST if absent. Its prefill still
+ * counts in its worker's share, as on every replica (which cannot tell whether it ran).
  */
 kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id);
+
+/*
+ * kvr_router_cancel of a decision that never stood: another router's decision for the request,
+ * taken earlier, stands instead (and is imported in its place), and no router but this one
+ * counted this one. So its prefill is taken back from its worker's share too, and the replicas'
+ * shares stay alike.
+ */
+kvr_status kvr_router_withdraw(struct kvr_router *r, uint64_t request_id);
 
 /* Request lifecycle events from the workers. Unknown ids are counted no-ops. */
 kvr_status kvr_router_prefill_done(struct kvr_router *r, uint64_t request_id, uint64_t now);

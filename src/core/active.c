@@ -296,6 +296,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->booked_ns = now;
     r->missed_ns = 0;
     r->max_tokens = 0;
+    r->noted = false;
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
     w->blocks += r->extra;
     w->prefill += r->prefill;
@@ -384,6 +385,16 @@ void kvr_active_set_max_tokens(struct kvr_active *a, uint64_t id, uint32_t max_t
     uint32_t h = kvr_map_get(&a->ids, id);
     if (h != KVR_NIL)
         req(a, h)->max_tokens = max_tokens;
+}
+
+void kvr_active_set_booked(struct kvr_active *a, uint64_t id, uint32_t max_tokens, bool noted)
+{
+    uint32_t h = kvr_map_get(&a->ids, id);
+    if (h != KVR_NIL) {
+        struct kvr_active_req *r = req(a, h);
+        r->max_tokens = max_tokens;
+        r->noted = noted;
+    }
 }
 
 void kvr_active_each(const struct kvr_active *a,

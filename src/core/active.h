@@ -15,6 +15,7 @@
 #ifndef KVR_ACTIVE_H
 #define KVR_ACTIVE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "blocktab.h"
@@ -32,6 +33,7 @@ struct kvr_active_req {
     uint32_t prompt_tokens; /* */
     uint32_t overlap;       /* cached prefix blocks at booking */
     uint32_t max_tokens;    /* its client's generation limit (0: not known: imported) */
+    bool noted;             /* its prefill counts in its worker's share (pshare.h) */
     struct kvr_link ttl;    /* in the TTL list (by last_ns) */
     struct kvr_link wl;     /* in its worker's list */
 };
@@ -98,6 +100,10 @@ kvr_status kvr_active_remove(struct kvr_active *a, uint64_t id);
 
 /* Note request id's max_tokens (kvr_active_add leaves it 0); nothing when id is not in flight. */
 void kvr_active_set_max_tokens(struct kvr_active *a, uint64_t id, uint32_t max_tokens);
+
+/* The same, with whether its prefill was counted in its worker's share (kvr_active_add: not), in
+ * one lookup: at its booking. */
+void kvr_active_set_booked(struct kvr_active *a, uint64_t id, uint32_t max_tokens, bool noted);
 
 /* Call fn for every request in flight (none may be added or removed meanwhile). */
 void kvr_active_each(const struct kvr_active *a,

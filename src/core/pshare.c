@@ -66,6 +66,18 @@ void kvr_pshare_add(struct kvr_pshare *p, uint32_t slot, double ms, uint64_t now
     p->load[slot] += ms * exp(x);
 }
 
+void kvr_pshare_sub(struct kvr_pshare *p, uint32_t slot, double ms, uint64_t at)
+{
+    assert(slot < p->nslots && ms >= 0);
+    if (p->per_ns <= 0)
+        return;
+    /* its weight now: signed, as the epoch may have moved past it since (then it has faded) */
+    double x =
+        at >= p->epoch ? (double)(at - p->epoch) * p->per_ns : -(double)(p->epoch - at) * p->per_ns;
+    double left = p->load[slot] - ms * exp(x > KVR_PSHARE_REBASE ? KVR_PSHARE_REBASE : x);
+    p->load[slot] = left > 0 ? left : 0;
+}
+
 double kvr_pshare_scale(const struct kvr_pshare *p, uint64_t now)
 {
     if (p->per_ns <= 0)

@@ -46,6 +46,10 @@ void kvr_pshare_clear(struct kvr_pshare *p, uint32_t slot);
 /* A prefill of ms (the timing model's) was booked on slot at now. Nothing when off. */
 void kvr_pshare_add(struct kvr_pshare *p, uint32_t slot, double ms, uint64_t now);
 
+/* A prefill of ms booked on slot at `at` (kvr_pshare_add's arguments then) is withdrawn: what is
+ * left of it is taken back (the load never goes below 0). Nothing when off. */
+void kvr_pshare_sub(struct kvr_pshare *p, uint32_t slot, double ms, uint64_t at);
+
 /* What a slot's load is multiplied by to give its share at now (0 when off): one exp. */
 double kvr_pshare_scale(const struct kvr_pshare *p, uint64_t now);
 

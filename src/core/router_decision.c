@@ -386,13 +386,29 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
     return KVR_OK;
 }
 
-void kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
-                              uint64_t now)
+/* The predicted time of a prefill of ntokens less reuse blocks, ms; 0 for a model that prices
+ * it at 0 or less (library callers with negative coefficients), or NaN. */
+static double booked_prefill_ms(const struct kvr_router *r, uint32_t ntokens, uint32_t reuse)
 {
     uint64_t cached = (uint64_t)reuse * r->cfg.block_size;
     double ms = prefill_time(&r->cfg, cached < ntokens ? ntokens - cached : 0);
-    if (ms > 0) /* a model with negative coefficients (library callers) adds nothing; nor NaN */
+    return ms > 0 ? ms : 0;
+}
+
+bool kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
+                              uint64_t now)
+{
+    double ms = booked_prefill_ms(r, ntokens, reuse);
+    if (ms > 0)
         kvr_pshare_add(&r->psh, slot, ms, now);
+    return ms > 0;
+}
+
+void kvr__router_unnote_prefill(struct kvr_router *r, const struct kvr_active_req *q)
+{
+    if (q->noted)
+        kvr_pshare_sub(&r->psh, q->slot, booked_prefill_ms(r, q->prompt_tokens, q->overlap),
+                       q->booked_ns);
 }
 
 /* r->eligible[0..n) without the worker avoid when another is left; the new count. */
@@ -481,8 +497,8 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
         st = kvr__router_book(r, p->id, slot, p->seq, r->nodes, walked, p->nblocks, p->ntokens,
                               reuse, now);
     if (st == KVR_OK && do_book) {
-        kvr_active_set_max_tokens(&r->act, p->id, p->max_tokens);
-        kvr__router_note_prefill(r, slot, p->ntokens, reuse, now);
+        bool noted = kvr__router_note_prefill(r, slot, p->ntokens, reuse, now);
+        kvr_active_set_booked(&r->act, p->id, p->max_tokens, noted);
     }
     if (st != KVR_OK)
         return st;

@@ -80,6 +80,14 @@ kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id)
     return kvr_active_remove(&r->act, request_id);
 }
 
+kvr_status kvr_router_withdraw(struct kvr_router *r, uint64_t request_id)
+{
+    const struct kvr_active_req *q = kvr_active_find(&r->act, request_id);
+    if (q)
+        kvr__router_unnote_prefill(r, q);
+    return kvr_router_cancel(r, request_id);
+}
+
 kvr_status kvr_router_done(struct kvr_router *r, uint64_t request_id)
 {
     return kvr_router_done_at(r, request_id, r->last_now);

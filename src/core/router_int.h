@@ -104,10 +104,15 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
 
 /*
  * A prefill of ntokens less reuse blocks was booked on slot at now: its predicted time goes to the
- * worker's prefill share (kvr_pshare), which stretches the own decode's step there.
+ * worker's prefill share (kvr_pshare), which stretches the own decode's step there. False when
+ * the model prices it at nothing (nothing counted).
  */
-void kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
+bool kvr__router_note_prefill(struct kvr_router *r, uint32_t slot, uint32_t ntokens, uint32_t reuse,
                               uint64_t now);
+
+/* Booked request q is withdrawn: what kvr__router_note_prefill counted of it, if anything, is
+ * taken back from its worker's share. */
+void kvr__router_unnote_prefill(struct kvr_router *r, const struct kvr_active_req *q);
 
 /*
  * Resolve the nodes of seq[from..n) into nodes (creating them; nodes[0..from) are resolved

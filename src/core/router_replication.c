@@ -87,14 +87,15 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     if (st != KVR_OK)
         return st;
     r->st.decisions++;
-    if (rec->max_tokens) /* its completion teaches learn_output here too */
-        kvr_router_note_max_tokens(r, rec->request_id, rec->max_tokens);
     /* a decision as its origin sent it counts its prefill here as there, whatever events came
      * first, so replicas price alike (the tie margin lets two routers deciding one request on the
      * same state pick one worker); a repair or a snapshot of one whose prefill ran, at some time
      * the record does not say, does not */
-    if (!rec->prefill_done)
-        kvr__router_note_prefill(r, slot, rec->prompt_tokens, rec->overlap_blocks, now);
+    bool noted = !rec->prefill_done &&
+                 kvr__router_note_prefill(r, slot, rec->prompt_tokens, rec->overlap_blocks, now);
+    /* its max_tokens: its completion teaches learn_output here too */
+    kvr_active_set_booked(&r->act, rec->request_id,
+                          rec->max_tokens ? kvr__router_max_tokens(r, rec->max_tokens) : 0, noted);
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
     /* the record and the early events may both count the same blocks (a snapshot taken after

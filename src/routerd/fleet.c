@@ -294,8 +294,8 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     if (!peer)
         return false;
     rd->n.superseded += mine;
-    kvr_router_cancel(rd->core, p->key); /* queued here, or booked on the worker that lost */
-    kvr_pending_started(p);              /* its origin now places it, if anyone does */
+    kvr_router_withdraw(rd->core, p->key); /* queued here, or booked on the worker that lost */
+    kvr_pending_started(p);                /* its origin now places it, if anyone does */
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
     p->attempts = d->placement;

@@ -117,6 +117,31 @@ Test(pshare, the_window_is_the_engines_time)
     kvr_pshare_free(&p);
 }
 
+Test(pshare, a_withdrawn_prefill_is_taken_back)
+{
+    struct kvr_pshare p;
+    kvr_pshare_init(&p, 2 * S, 1.0);
+    cr_assert(eq(int, kvr_pshare_reserve(&p, 2), KVR_OK));
+    kvr_pshare_add(&p, 0, 300.0, 5 * S);
+    kvr_pshare_add(&p, 0, 700.0, 6 * S);
+    kvr_pshare_add(&p, 1, 700.0, 6 * S);
+    kvr_pshare_sub(&p, 0, 300.0, 5 * S);
+    cr_assert(near(share(&p, 0, 7 * S), share(&p, 1, 7 * S)), "only the 700 ms are left");
+    /* the epoch moves past a booking (a booking 100 s later on slot 1), then it is taken back */
+    kvr_pshare_add(&p, 1, 100.0, 106 * S);
+    cr_assert(p.epoch == 106 * S, "the epoch moved");
+    kvr_pshare_sub(&p, 0, 700.0, 6 * S);
+    cr_assert(p.load[0] >= 0 && p.load[0] < 1e-9, "nothing left: %g", p.load[0]);
+    kvr_pshare_sub(&p, 1, 1e6, 106 * S);
+    cr_assert(eq(dbl, p.load[1], 0.0), "never below 0");
+    kvr_pshare_free(&p);
+    kvr_pshare_init(&p, 0, 1.0);
+    cr_assert(eq(int, kvr_pshare_reserve(&p, 1), KVR_OK));
+    kvr_pshare_sub(&p, 0, 5.0, S);
+    cr_assert(eq(dbl, p.load[0], 0.0), "off: nothing");
+    kvr_pshare_free(&p);
+}
+
 Test(pshare, growing_keeps_the_loads_and_starts_new_slots_empty)
 {
     struct kvr_pshare p;

@@ -1043,6 +1043,49 @@ Test(router, the_prefills_it_routes_count_and_a_workers_go_with_it)
               "a decision its done overtook counts as its origin counted it: replicas agree");
 }
 
+/*
+ * A resend reached two routers before either heard of the other's decision: this one booked the
+ * request on one worker, the peer's earlier decision on the other stands. Withdrawn, this one's
+ * prefill leaves the share of the worker it chose, which the peer never counted: the two routers'
+ * shares are alike again. A cancel (a client's, a placing again, which every replica sees) keeps
+ * it.
+ */
+static void shares_after_a_decision_that_never_stood(bool withdrawn, double share[2])
+{
+    cfg.cost_model = KVR_COST_TIME;
+    cfg.prefill_window_ns = 10 * NS;
+    make();
+    join(1, 100000);
+    join(2, 100000);
+    uint64_t seq[64];
+    uint32_t *t = prompt(95, 0, 1, 64 * B);
+    kvr_hash_prompt(t, 64 * B, B, NULL, seq);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(7, t, 64 * B, &d), KVR_OK));
+    free(t);
+    uint64_t other = d.worker_id == 1 ? 2 : 1;
+    cr_assert(eq(int, (withdrawn ? kvr_router_withdraw : kvr_router_cancel)(r, 7), KVR_OK));
+    struct kvr_request_record peer = {7, other, seq, 64, 64 * B, 0, false, 0, 0};
+    cr_assert(eq(int, kvr_router_import(r, &peer, 1), KVR_OK));
+    kvr_router_tick(r, 2);
+    struct kvr_worker_view v[2];
+    cr_assert(eq(u32, kvr_router_workers(r, v, 2), 2));
+    share[0] = v[d.worker_id - 1].prefill_share; /* the one this router chose */
+    share[1] = v[other - 1].prefill_share;       /* the one that stands */
+    kvr_router_destroy(r);
+    r = NULL;
+}
+
+Test(router, a_decision_that_never_stood_leaves_no_share_behind)
+{
+    double s[2];
+    shares_after_a_decision_that_never_stood(true, s);
+    cr_assert(gt(dbl, s[1], 0.0));
+    cr_assert(lt(dbl, s[0], s[1] * 1e-9), "withdrawn: %g left of %g", s[0], s[1]);
+    shares_after_a_decision_that_never_stood(false, s);
+    cr_assert(gt(dbl, s[0], s[1] * 0.999), "cancelled: it still counts (%g and %g)", s[0], s[1]);
+}
+
 Test(router, the_window_is_the_engines_time)
 {
     /* engines 10 times faster than the model: 6 s of the router's clock are 6 windows */

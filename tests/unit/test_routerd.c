@@ -822,6 +822,13 @@ Test(routerd, of_two_decisions_for_one_request_the_earlier_stands)
     cr_assert(c.silent, "without a chunk: the client hears the other worker only");
     cr_assert(eq(u64, p->worker_id, theirs));
     cr_assert(eq(u64, rd.n.superseded, 1));
+    /* its prefill counts where the peer's decision put it, as on the peer, not twice */
+    kvr_router_tick(rd.core, kvr_now_ns());
+    struct kvr_worker_view v[2];
+    cr_assert(eq(u32, kvr_router_workers(rd.core, v, 2), 2));
+    cr_assert(gt(dbl, v[theirs - 1].prefill_share, 0.0));
+    cr_assert(lt(dbl, v[mine - 1].prefill_share, v[theirs - 1].prefill_share * 1e-9),
+              "this router's own decision never stood: %g", v[mine - 1].prefill_share);
     worker_done(mine, key); /* the stopped copy's done frees nothing */
     cr_assert(eq(u32, rd.pend.n, 1));
     cr_assert(eq(u64, rd.n.stale_events, 1));
