@@ -352,9 +352,9 @@ kvr_status kvr_router_cancel(struct kvr_router *r, uint64_t request_id);
 
 /*
  * kvr_router_cancel of a decision that never stood: another router's decision for the request,
- * taken earlier, stands instead (and is imported in its place), and no router but this one
- * counted this one. So its prefill is taken back from its worker's share too, and the replicas'
- * shares stay alike.
+ * taken earlier, stands instead (and is imported in its place). The router whose decision stands
+ * never counted this one, and every other that imported it withdraws it too; so its prefill is
+ * taken back from its worker's share as well, and the replicas' shares stay alike.
  */
 kvr_status kvr_router_withdraw(struct kvr_router *r, uint64_t request_id);
 

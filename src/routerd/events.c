@@ -38,7 +38,7 @@ static kvr_status apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, si
     if (st != KVR_ERR_INVALID && st != KVR_ERR_UNKNOWN_WORKER && !again) {
         if (kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
             rd->kv_gap = true;
-        kvr_kvlog_add(&rd->kvlog, wid, kvr_now_ns(), data, len);
+        kvr_kvlog_add(&rd->kvlog, wid, e.event_seq, kvr_now_ns(), data, len);
     }
     kvr_wire_kv_free(&e);
     return st;

@@ -32,8 +32,8 @@ void kvr_kvlog_free(struct kvr_kvlog *l)
     memset(l, 0, sizeof *l);
 }
 
-bool kvr_kvlog_add(struct kvr_kvlog *l, uint64_t worker_id, uint64_t t, const void *data,
-                   size_t len)
+bool kvr_kvlog_add(struct kvr_kvlog *l, uint64_t worker_id, uint64_t seq, uint64_t t,
+                   const void *data, size_t len)
 {
     while (l->n && l->ev[l->head].t + l->window_ns < t)
         drop_oldest(l); /* out of the window */
@@ -54,19 +54,32 @@ bool kvr_kvlog_add(struct kvr_kvlog *l, uint64_t worker_id, uint64_t t, const vo
         memcpy(copy, data, len);
     uint64_t last = l->n ? l->ev[(l->head + l->n - 1) % l->max_events].t : 0;
     l->ev[(l->head + l->n) % l->max_events] =
-        (struct kvr_kvlog_event){worker_id, t > last ? t : last, copy, len};
+        (struct kvr_kvlog_event){worker_id, seq, t > last ? t : last, copy, len, false};
     l->n++;
     l->bytes += len;
     return true;
 }
 
-uint32_t kvr_kvlog_since(const struct kvr_kvlog *l, uint64_t from,
-                         void (*fn)(void *ctx, const struct kvr_kvlog_event *e), void *ctx)
+uint32_t kvr_kvlog_mark(struct kvr_kvlog *l, uint64_t from,
+                        bool (*keep)(void *ctx, const struct kvr_kvlog_event *e), void *ctx)
 {
     uint32_t k = 0;
     for (uint32_t i = 0; i < l->n; i++) {
-        const struct kvr_kvlog_event *e = &l->ev[(l->head + i) % l->max_events];
-        if (e->t >= from) {
+        struct kvr_kvlog_event *e = &l->ev[(l->head + i) % l->max_events];
+        e->replay = e->t >= from && (!keep || keep(ctx, e));
+        k += e->replay;
+    }
+    return k;
+}
+
+uint32_t kvr_kvlog_replay(struct kvr_kvlog *l,
+                          void (*fn)(void *ctx, const struct kvr_kvlog_event *e), void *ctx)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < l->n; i++) {
+        struct kvr_kvlog_event *e = &l->ev[(l->head + i) % l->max_events];
+        if (e->replay) {
+            e->replay = false;
             fn(ctx, e);
             k++;
         }

@@ -4,8 +4,11 @@
  * it answered; one this router applied just before it asked may not have reached the peer yet
  * (another path through the cluster, a busier router), and the index that had it is gone. A stored
  * or removed event sets what one worker holds of some blocks (a cleared one, all of them), so
- * applying the last moment's events again, in their order, after the snapshot leaves every block
- * they touched as its last event says, whether the snapshot had it or not.
+ * applying again, in their order, a worker's events after the snapshot leaves every block they
+ * touched as its last event says, whether the snapshot had it or not: as long as none of that
+ * worker's events after the first replayed was missed here. So the asker marks, when it asks,
+ * which to replay (kvr_kvlog_mark: sync.c takes those numbered above the last one it knows it
+ * missed, and none from before a cut of its events connection).
  *
  * A ring of copies of the messages as they came, at most KVR_KVLOG_EVENTS of them and
  * KVR_KVLOG_BYTES of payload (the oldest go first), none older than the window at the time of the
@@ -23,9 +26,11 @@
 
 struct kvr_kvlog_event {
     uint64_t worker_id; /* the worker of its subject */
+    uint64_t seq;       /* its event_seq */
     uint64_t t;         /* when it was applied (ns, the router's clock) */
     uint8_t *data;      /* the message, owned */
     size_t len;         /* */
+    bool replay;        /* marked to be applied again (kvr_kvlog_mark) */
 };
 
 struct kvr_kvlog {
@@ -41,13 +46,19 @@ struct kvr_kvlog {
 void kvr_kvlog_init(struct kvr_kvlog *l, uint64_t window_ns, uint32_t max_events, size_t max_bytes);
 void kvr_kvlog_free(struct kvr_kvlog *l);
 
-/* Keep a copy of worker_id's event data[0..len), applied at t (not before the last one's). False
- * when it could not be kept (larger than the bound, out of memory: counted in dropped). */
-bool kvr_kvlog_add(struct kvr_kvlog *l, uint64_t worker_id, uint64_t t, const void *data,
-                   size_t len);
+/* Keep a copy of worker_id's event number seq, data[0..len), applied at t (not before the last
+ * one's), unmarked. False when it could not be kept (larger than the bound, out of memory: counted
+ * in dropped). */
+bool kvr_kvlog_add(struct kvr_kvlog *l, uint64_t worker_id, uint64_t seq, uint64_t t,
+                   const void *data, size_t len);
 
-/* fn for each event kept applied at from or later, oldest first; how many. fn must not add. */
-uint32_t kvr_kvlog_since(const struct kvr_kvlog *l, uint64_t from,
-                         void (*fn)(void *ctx, const struct kvr_kvlog_event *e), void *ctx);
+/* Mark to be applied again each event kept applied at from or later that keep (when not NULL)
+ * says yes to; unmark every other. How many are marked. */
+uint32_t kvr_kvlog_mark(struct kvr_kvlog *l, uint64_t from,
+                        bool (*keep)(void *ctx, const struct kvr_kvlog_event *e), void *ctx);
+
+/* fn for each marked event, oldest first, unmarking it; how many. fn must not add. */
+uint32_t kvr_kvlog_replay(struct kvr_kvlog *l,
+                          void (*fn)(void *ctx, const struct kvr_kvlog_event *e), void *ctx);
 
 #endif

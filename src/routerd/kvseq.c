@@ -125,6 +125,21 @@ uint64_t kvr_kvseq_announce(struct kvr_kvseq *s, uint64_t wid, uint64_t seq)
     return skip(s, seq - top); /* seq itself has not come either */
 }
 
+uint64_t kvr_kvseq_last_missing(const struct kvr_kvseq *s, uint64_t wid)
+{
+    uint32_t i = s->at.groups ? kvr_map_get(&s->at, wid) : KVR_NIL;
+    if (i == KVR_NIL)
+        return 0;
+    const struct kvr_kvseq_worker *w = &s->w[i];
+    if (w->told > w->seen && w->told > w->settled)
+        return w->told; /* named by a heartbeat, not come (nor settled since) */
+    uint64_t floor = w->seen > KVR_KVSEQ_REORDER ? w->seen - KVR_KVSEQ_REORDER : 0;
+    for (uint64_t n = w->seen; n > floor && n - 1 > w->settled;)
+        if (bit(w, --n))
+            return n;
+    return floor > w->settled ? floor : 0;
+}
+
 void kvr_kvseq_settle(struct kvr_kvseq *s)
 {
     for (uint32_t i = 0; i < s->n; i++) {

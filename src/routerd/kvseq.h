@@ -56,6 +56,12 @@ uint64_t kvr_kvseq_note(struct kvr_kvseq *s, uint64_t wid, uint64_t seq);
  * other way. Call it only when every event received before the heartbeat has been noted. */
 uint64_t kvr_kvseq_announce(struct kvr_kvseq *s, uint64_t wid, uint64_t seq);
 
+/* The highest number of worker wid's KV events known missed here: one its heartbeat named that
+ * has not come, or one still open in the window of late ones; when numbers left that window since
+ * the last snapshot (an open one among them is not known any more), the window's floor. 0: none
+ * (or wid not noted). */
+uint64_t kvr_kvseq_last_missing(const struct kvr_kvseq *s, uint64_t wid);
+
 /* A snapshot covers every open number (or a loss is let go): none is open any more, and one that
  * comes late after all closes nothing. */
 void kvr_kvseq_settle(struct kvr_kvseq *s);

@@ -215,7 +215,8 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      g->resyncs_kept_index);
     kvr_prom_counter(p, "kvrouter_replication_kv_events_replayed_total",
                      "KV events applied again after a resync replaced the index: those of the "
-                     "second before the ask, which the peer may not have applied yet.",
+                     "second before the ask after any it knows it missed, which the peer may not "
+                     "have applied yet.",
                      g->kv_replayed);
     kvr_prom_counter(p, "kvrouter_replication_snapshots_served_partial_total",
                      "Snapshots served while this router's own index had holes (marked so).",

@@ -103,6 +103,9 @@ struct kvr_rd {
     uint64_t held_dropped;            /* KV events applied at once: the hold was full */
     struct kvr_kvlog kvlog;           /* the last moment's KV events applied, under mu: a resync
                                          whose index replaces this one applies them again */
+    uint64_t kv_cut_ns;               /* the events connection came back from a cut (or the
+                                         router from a stall) then: none applied before is
+                                         applied again (timer thread, under mu) */
     uint64_t ev_errors;               /* malformed or unknown worker events, under mu */
     uint64_t placed_again;            /* requests placed again (lost on the way), under mu */
     uint32_t hb_interval_ms;          /* the longest heartbeat interval announced, under mu */

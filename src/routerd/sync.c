@@ -184,8 +184,7 @@ static void finish(struct kvr_rd *rd, bool complete)
     uint32_t held = rd->nheld;
     rd->holding = false;
     if (g->replay_kv) {
-        uint64_t t = g->sync_asked_ns, w = rd->cfg->kv_replay_ns;
-        g->kv_replayed += kvr_kvlog_since(&rd->kvlog, t > w ? t - w : 0, apply_again, rd);
+        g->kv_replayed += kvr_kvlog_replay(&rd->kvlog, apply_again, rd);
         g->replay_kv = false;
     }
     for (uint32_t i = 0; i < rd->nheld; i++) {
@@ -281,6 +280,25 @@ static void ask_snapshot(struct kvr_rd *rd, const struct kvr_peer *from)
     kvr_log(KVR_LOG_INFO, "snapshot_asked", "peer=%s", from->id);
 }
 
+/* Whether e comes after every event of its worker this router knows it missed: applied again over
+ * a snapshot, an older one could undo one it missed (a store of a block since removed). */
+static bool after_the_missed(void *ctx, const struct kvr_kvlog_event *e)
+{
+    const struct kvr_rd *rd = ctx;
+    return e->seq > kvr_kvseq_last_missing(&rd->kvseq, e->worker_id);
+}
+
+/* Under mu, as a resync asks (before its missed numbers are settled): mark the KV events to apply
+ * again if its snapshot replaces the index (kvlog.h): of the window before the ask, none from
+ * before a cut, each after the last of its worker's events known missed. Those applied later
+ * (held, or applied at once past the hold's bound) are not marked. */
+static void mark_replay(struct kvr_rd *rd)
+{
+    uint64_t t = rd->fleet->sync_asked_ns, w = rd->cfg->kv_replay_ns;
+    uint64_t from = t > w ? t - w : 0;
+    kvr_kvlog_mark(&rd->kvlog, from > rd->kv_cut_ns ? from : rd->kv_cut_ns, after_the_missed, rd);
+}
+
 bool kvr_sync_resync(struct kvr_rd *rd, const char *reason)
 {
     struct kvr_fleet *g = rd->fleet;
@@ -292,6 +310,7 @@ bool kvr_sync_resync(struct kvr_rd *rd, const char *reason)
     g->resync = true;
     g->resyncs++;
     ask_snapshot(rd, from);
+    mark_replay(rd);
     kvr_log(KVR_LOG_INFO, "resync", "reason=\"%s\"", reason);
     return true;
 }

@@ -138,6 +138,7 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     } else {
         if (rd->blind || events_cut) {
             rd->blind = false;
+            rd->kv_cut_ns = now; /* what came before the cut is not replayed over what it lost */
             rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
             kvr_timer_announce(rd, now); /* workers may have come meanwhile */
             rd->resync_kv = false;

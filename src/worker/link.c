@@ -140,18 +140,19 @@ static void *heartbeat_thread(void *arg)
     uint64_t period = l->w->cfg->heartbeat_ns, next = kvr_now_ns(), announced = 0;
     while (!kvr_worker_stopping(l->w)) {
         uint64_t now = kvr_now_ns();
-        bool up = connected(l);
-        if (up && atomic_load(&l->back) && atomic_exchange(&l->back, false)) {
+        /* each beat asks whether both connections are up right before it (a beat can wait for
+         * the mutex a while), and only then (the library's locks are not taken every 10 ms) */
+        if (atomic_load(&l->back) && connected(l) && atomic_exchange(&l->back, false)) {
             kvr_worker_beat(l->w);
         } else if (now - announced >= KVR_WK_ANNOUNCE_GAP_NS && atomic_load(&l->announce_asked) &&
                    atomic_exchange(&l->announce_asked, false)) {
             announced = now; /* the ask's answer: a heartbeat now, not in place of the next */
-            if (up)
+            if (connected(l))
                 kvr_worker_beat(l->w);
         }
         if (now >= next) {
             /* one buffered while disconnected would arrive late and list stale requests: skip */
-            if (up)
+            if (connected(l))
                 kvr_worker_beat(l->w);
             next += period;
             now = kvr_now_ns();

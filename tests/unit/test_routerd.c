@@ -1574,6 +1574,36 @@ Test(routerd, kv_events_lost_at_the_end_show_in_the_next_heartbeat)
 
 /* The numbers each worker missed, one by one: a late number closes only its own worker's gap,
  * and a repeat or a number a snapshot covered closes none. */
+/* The last number of each worker known missed: the highest open one, one a heartbeat named, the
+ * floor of the window once numbers left it, nothing once a snapshot settled them. */
+Test(routerd, kvseq_tells_the_last_number_a_worker_missed)
+{
+    struct kvr_kvseq q = {0};
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 0), "nobody noted");
+    kvr_kvseq_note(&q, 1, 10);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 0), "its first");
+    kvr_kvseq_note(&q, 1, 13); /* 11 and 12 open */
+    kvr_kvseq_note(&q, 1, 14);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 12));
+    kvr_kvseq_note(&q, 1, 12);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 11), "12 came late");
+    kvr_kvseq_announce(&q, 1, 20); /* 15 to 20 named, not come */
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 20));
+    kvr_kvseq_settle(&q);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 0), "settled by a snapshot");
+    kvr_kvseq_note(&q, 1, 21);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 0));
+    kvr_kvseq_note(&q, 1, 21 + 2 * KVR_KVSEQ_REORDER); /* numbers left the window open */
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 21 + 2 * KVR_KVSEQ_REORDER - 1));
+    kvr_kvseq_note(&q, 1, 21 + 2 * KVR_KVSEQ_REORDER - 1);
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 21 + 2 * KVR_KVSEQ_REORDER - 2));
+    for (uint64_t n = 21 + KVR_KVSEQ_REORDER; n < 21 + 2 * KVR_KVSEQ_REORDER - 1; n++)
+        kvr_kvseq_note(&q, 1, n); /* every one in the window came late */
+    cr_assert(eq(u64, kvr_kvseq_last_missing(&q, 1), 21 + KVR_KVSEQ_REORDER),
+              "below the window nothing is known: its floor");
+    kvr_kvseq_free(&q);
+}
+
 Test(routerd, kvseq_closes_only_the_numbers_a_worker_missed)
 {
     struct kvr_kvseq q = {0};
@@ -1785,42 +1815,110 @@ Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
     cr_assert(eq(u64, rd.fleet->resyncs_kept_index, 3));
 }
 
-/* The peer answers with the index as it was a moment ago: a removal and a store this router
- * applied before it asked had not reached the peer yet. They are applied again after the peer's
- * index replaces this one's, or the removed block would stay and the stored ones be gone. */
-Test(routerd, a_resync_applies_again_what_its_peer_had_not_applied_yet)
+/* Worker 1's KV event number seq removing the block of engine id `gone`. */
+static void kv_removed(uint64_t seq, uint64_t gone)
+{
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_removed(&b, 1, seq, &gone, 1), KVR_OK));
+    kv_event_in(1, &b);
+}
+
+/* This router's index entries into *k, the one of engine id `except` left out (0: none). */
+static void index_now(struct entries *k, uint64_t except)
+{
+    struct entries all = {.n = 0};
+    kvr_router_export_index(rd.core, keep_entry, &all, kvr_now_ns());
+    k->n = 0;
+    for (uint32_t i = 0; i < all.n; i++)
+        if (!except || all.e[i].engine_id != except)
+            k->e[k->n++] = all.e[i];
+}
+
+static bool index_has(uint64_t engine_id)
+{
+    struct entries now;
+    index_now(&now, 0);
+    for (uint32_t i = 0; i < now.n; i++)
+        if (now.e[i].engine_id == engine_id)
+            return true;
+    return false;
+}
+
+/* Worker 1 and a serving peer, and worker 1's event 1 storing blocks 100-103 (a chain from the
+ * root, engine ids as the hashes); the peer stays alive and its snapshots are waited for however
+ * slow the run. */
+static void worker_1_stores_100_to_103_and_a_peer_serves(void)
 {
     cfg.hello_ns = 500 * KVR_NS_PER_MS;
     cfg.sync_timeout_ns = 60 * KVR_NS_PER_S;
     heartbeat(1, 4096, NULL, 0, 10000);
     peer_hello();
     kv_stored(1, 1, 100, 4);
-    struct entries peer = {.n = 0}; /* the peer's index: these four blocks */
-    kvr_router_export_index(rd.core, keep_entry, &peer, kvr_now_ns());
+}
+
+/* The peer answers with the index as it was a moment ago: a store, a removal and a store this
+ * router applied before it asked had not reached the peer yet. They are applied again after the
+ * peer's index replaces this one's, or the removed block would stay and the stored ones be gone;
+ * the event before the one this router missed is not (it could undo what it missed). */
+Test(routerd, a_resync_applies_again_what_its_peer_had_not_applied_yet)
+{
+    worker_1_stores_100_to_103_and_a_peer_serves();
+    struct entries peer; /* the peer's index: these four blocks (and whatever 2 was) */
+    index_now(&peer, 0);
     cr_assert(eq(u32, peer.n, 4));
-    struct kvr_buf b = {0};
-    uint64_t gone = 103; /* the last block's engine id */
-    cr_assert(eq(int, kvr_wire_encode_removed(&b, 1, 2, &gone, 1), KVR_OK));
-    kv_event_in(1, &b);
-    kv_stored(1, 4, 200, 2); /* 3 never comes: a gap, so a resync */
-    cr_assert(eq(u32, index_entries(), 5));
+    kv_stored(1, 3, 150, 1); /* 2 never comes: a gap, so a resync */
+    kv_removed(4, 103);
+    kv_stored(1, 5, 200, 2);
+    cr_assert(eq(u32, index_entries(), 6));
     uint64_t t = kvr_now_ns();
     uint64_t token = tick_until_asked(&t);
-    kv_stored(1, 5, 300, 1); /* held until the answer is in */
+    kv_stored(1, 6, 300, 1); /* held until the answer is in */
     answer_entries(token, peer.e, peer.n, false);
-    cr_assert(eq(u64, rd.fleet->kv_replayed, 3), "the three events before the ask");
-    cr_assert(eq(u32, index_entries(), 6), "100-102, 200-201 and 300, not 100-103 and 300");
-    struct entries now = {.n = 0};
-    kvr_router_export_index(rd.core, keep_entry, &now, kvr_now_ns());
-    for (uint32_t i = 0; i < now.n; i++)
-        cr_assert(not(eq(u64, now.e[i].engine_id, gone)), "the removed block stayed removed");
+    cr_assert(eq(u64, rd.fleet->kv_replayed, 3), "3, 4 and 5: those after the one missed");
+    cr_assert(eq(u32, index_entries(), 7), "100-102, 150, 200-201 and 300");
+    cr_assert(not(index_has(103)), "the removed block stayed removed");
+    cr_assert(index_has(150) && index_has(201) && index_has(300));
     /* a resync answered from an index with holes keeps this one's: nothing to apply again */
     ticks(t + 100 * KVR_NS_PER_MS, t + 11 * KVR_NS_PER_S); /* the 10 s between catch-ups */
     t += 11 * KVR_NS_PER_S;
     heartbeat(1, 4096, NULL, 0, 10000);
     peer_hello();
-    kv_stored(1, 7, 400, 1); /* 6 never comes */
+    kv_stored(1, 8, 400, 1); /* 7 never comes */
     answer(tick_until_asked(&t), 3, true);
     cr_assert(eq(u64, rd.fleet->kv_replayed, 3));
-    cr_assert(eq(u32, index_entries(), 7));
+    cr_assert(eq(u32, index_entries(), 8));
+}
+
+/* This router missed a removal the peer applied: its snapshot is right, and the store before the
+ * removal, applied again, would bring the removed block back here for good. */
+Test(routerd, a_resync_does_not_apply_again_what_came_before_an_event_it_missed)
+{
+    worker_1_stores_100_to_103_and_a_peer_serves();
+    /* 2, the removal of 103, is lost on the way here; the peer applied it */
+    kv_stored(1, 3, 300, 1);
+    struct entries peer;
+    index_now(&peer, 103);
+    cr_assert(eq(u32, peer.n, 4));
+    uint64_t t = kvr_now_ns();
+    answer_entries(tick_until_asked(&t), peer.e, peer.n, false);
+    cr_assert(eq(u64, rd.fleet->kv_replayed, 1), "3 only");
+    cr_assert(not(index_has(103)), "the block the peer knows removed is not stored again");
+    cr_assert(eq(u32, index_entries(), 4));
+}
+
+/* The events connection was cut and came back: what came before the cut is not applied again
+ * over the snapshot (the events lost in the cut may have undone it). */
+Test(routerd, a_resync_after_a_cut_applies_nothing_from_before_it)
+{
+    worker_1_stores_100_to_103_and_a_peer_serves();
+    uint64_t t = kvr_now_ns();
+    kvr_timer_tick(&rd, t + 100 * KVR_NS_PER_MS, false, false); /* cut */
+    t += 200 * KVR_NS_PER_MS;
+    kvr_timer_tick(&rd, t, true, false); /* back: a resync is due */
+    peer_hello();
+    struct entries peer;
+    index_now(&peer, 103); /* the peer saw 103 removed meanwhile */
+    answer_entries(tick_until_asked(&t), peer.e, peer.n, false);
+    cr_assert(eq(u64, rd.fleet->kv_replayed, 0));
+    cr_assert(not(index_has(103)));
 }
