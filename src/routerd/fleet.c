@@ -630,6 +630,7 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"resyncs", g->resyncs},
         {"resyncs_kept_index", g->resyncs_kept_index},
         {"kv_events_replayed", g->kv_replayed},
+        {"kv_log_dropped", rd->kvlog.dropped},
         {"orphans_answered", g->orphans_answered},
         {"placed_anew", g->placed_anew},
         {"gossip_dropped_by_test_knob", g->dropped_by_knob},

@@ -218,6 +218,11 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      "second before the ask after any it knows it missed, which the peer may not "
                      "have applied yet.",
                      g->kv_replayed);
+    kvr_prom_counter(p, "kvrouter_replication_kv_log_dropped_total",
+                     "KV events let go from the last second's log before their second passed (its "
+                     "8,192 messages or 8 MiB were full, or a message was larger): a resync then "
+                     "applies less of that second again.",
+                     rd->kvlog.dropped);
     kvr_prom_counter(p, "kvrouter_replication_snapshots_served_partial_total",
                      "Snapshots served while this router's own index had holes (marked so).",
                      g->snapshots_served_partial);

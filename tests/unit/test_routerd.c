@@ -164,6 +164,18 @@ static void generate(const char *reply, const char *id, uint32_t base, uint32_t 
     free(t);
 }
 
+/* The state's /metrics text, NUL-terminated; free it. */
+static char *metrics_text(void)
+{
+    struct kvr_buf b = {0};
+    struct kvr_prom p;
+    kvr_prom_begin(&p, &b);
+    cr_assert(eq(int, kvr_rd_metrics(&rd, &p), KVR_OK));
+    char *text = strndup((const char *)b.data, b.len);
+    kvr_buf_free(&b);
+    return text;
+}
+
 /* --- tests ----------------------------------------------------------------------------------- */
 
 Test(routerd, a_request_is_forwarded_booked_and_gossiped)
@@ -226,12 +238,7 @@ Test(routerd, completions_teach_what_a_max_tokens_will_generate)
     cr_assert(eq(u64, s.completions, 16));
     cr_assert(eq(u64, s.completion_tokens, 32));
     cr_assert(eq(u64, s.completion_limit, 128));
-    struct kvr_buf b = {0};
-    struct kvr_prom p;
-    kvr_prom_begin(&p, &b);
-    cr_assert(eq(int, kvr_rd_metrics(&rd, &p), KVR_OK));
-    char *text = strndup((const char *)b.data, b.len);
-    kvr_buf_free(&b);
+    char *text = metrics_text();
     cr_assert(strstr(text, "\nkvrouter_completion_tokens_total 32\n") != NULL);
     cr_assert(strstr(text, "\nkvrouter_completion_limit_tokens_total 128\n") != NULL);
     free(text);
@@ -1878,6 +1885,10 @@ Test(routerd, a_resync_applies_again_what_its_peer_had_not_applied_yet)
     cr_assert(eq(u32, index_entries(), 7), "100-102, 150, 200-201 and 300");
     cr_assert(not(index_has(103)), "the removed block stayed removed");
     cr_assert(index_has(150) && index_has(201) && index_has(300));
+    char *text = metrics_text();
+    cr_assert(strstr(text, "\nkvrouter_replication_kv_events_replayed_total 3\n") != NULL);
+    cr_assert(strstr(text, "\nkvrouter_replication_kv_log_dropped_total 0\n") != NULL);
+    free(text);
     /* a resync answered from an index with holes keeps this one's: nothing to apply again */
     ticks(t + 100 * KVR_NS_PER_MS, t + 11 * KVR_NS_PER_S); /* the 10 s between catch-ups */
     t += 11 * KVR_NS_PER_S;
