@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "codec.h"
 #include "harness.h"
+#include "util.h"
 
 #define GEN H_GEN
 
@@ -319,6 +321,55 @@ Test(fleet, a_server_lost_while_a_router_starts_is_survived)
     cr_assert(h_log_has(r1, "subscribed_while_reconnecting"));
     struct h_result r = h_ask(nc, GEN, "after-the-cut", 12, 0, 256, 5, 5000);
     cr_assert(r.final && r.error_code == 0);
+    h_end();
+}
+
+static void *kill_the_server_later(void *arg)
+{
+    (void)arg;
+    h_sleep_ms(500);
+    h_signal(srv.pid, SIGKILL);
+    return NULL;
+}
+
+/* kvr_flush_subscribed, which every start-up calls after subscribing (the router's listen and
+ * serve, the worker's two connections): a flush that the server's loss cuts is a success while
+ * the connection reconnects, and the subscription is made again on the reconnect; on a closed
+ * connection it is a failure. */
+Test(fleet, a_subscription_flushed_across_a_cut_is_made_again)
+{
+    struct kvr_nats_config c;
+    kvr_nats_config_default(&c, KVR_LOG_WARN);
+    snprintf(c.urls, sizeof c.urls, "%s", srv.url);
+    natsConnection *mine = NULL;
+    cr_assert(eq(int, kvr_connect(&c, "flushed", &mine), KVR_OK));
+    int port = srv.port;
+    natsConnection_Destroy(nc); /* the test's own client: back after the restart */
+    nc = NULL;
+    h_signal(srv.pid, SIGSTOP);
+    natsSubscription *sub = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&sub, mine, "kv.default.flushed"), NATS_OK));
+    pthread_t killer;
+    cr_assert(eq(int, pthread_create(&killer, NULL, kill_the_server_later, NULL), 0));
+    natsStatus s = kvr_flush_subscribed(mine); /* waits on the frozen server, then its loss */
+    pthread_join(killer, NULL);
+    cr_assert(eq(int, s, NATS_OK), "%s", natsStatus_GetText(s));
+    cr_assert(h_nats_start(&srv, port), "nats-server restarted on port %d", port);
+    nc = h_connect(srv.url);
+    cr_assert(nc != NULL);
+    natsMsg *m = NULL;
+    for (int i = 0; i < 100 && !m; i++) { /* until it has reconnected and subscribed again */
+        natsConnection_PublishString(nc, "kv.default.flushed", "again");
+        natsConnection_Flush(nc);
+        if (natsSubscription_NextMsg(&m, sub, 100) != NATS_OK)
+            m = NULL;
+    }
+    cr_assert(not(eq(ptr, m, NULL)), "the subscription was not made again on the reconnect");
+    natsMsg_Destroy(m);
+    natsSubscription_Destroy(sub);
+    natsConnection_Close(mine);
+    cr_assert(not(eq(int, kvr_flush_subscribed(mine), NATS_OK)), "closed: a failure");
+    kvr_conn_destroy(mine);
     h_end();
 }
 
