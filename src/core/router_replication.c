@@ -94,8 +94,8 @@ kvr_status kvr_router_import(struct kvr_router *r, const struct kvr_request_reco
     bool noted = !rec->prefill_done &&
                  kvr__router_note_prefill(r, slot, rec->prompt_tokens, rec->overlap_blocks, now);
     /* its max_tokens: its completion teaches learn_output here too */
-    kvr_active_set_booked(&r->act, rec->request_id,
-                          rec->max_tokens ? kvr__router_max_tokens(r, rec->max_tokens) : 0, noted);
+    kvr_active_set_booked(&r->act, rec->request_id, kvr__router_max_tokens(r, rec->max_tokens),
+                          noted);
     if (rec->prefill_done || (had_early && early.prefill_done))
         kvr_active_prefill_done(&r->act, rec->request_id, now);
     /* the record and the early events may both count the same blocks (a snapshot taken after

@@ -38,7 +38,8 @@ static kvr_status apply_kv(struct kvr_rd *rd, uint64_t wid, const void *data, si
     if (st != KVR_ERR_INVALID && st != KVR_ERR_UNKNOWN_WORKER && !again) {
         if (kvr_kvseq_note(&rd->kvseq, wid, e.event_seq))
             rd->kv_gap = true;
-        kvr_kvlog_add(&rd->kvlog, wid, e.event_seq, kvr_now_ns(), data, len);
+        if (rd->cfg->gossip && rd->cfg->kv_replay_ns) /* else no resync ever replays it */
+            kvr_kvlog_add(&rd->kvlog, wid, e.event_seq, kvr_now_ns(), data, len);
     }
     kvr_wire_kv_free(&e);
     return st;
