@@ -65,21 +65,46 @@ uint64_t kvr_hash_seq(uint64_t parent_seq, uint64_t local)
     return XXH3_64bits_withSeed(buf, sizeof buf, KVR_HASH_SEED);
 }
 
-size_t kvr_hash_prompt(const uint32_t *tokens, size_t ntokens, size_t block_size,
-                       uint64_t *local_out, uint64_t *seq_out)
+/*
+ * A block of more than XXH3_MIDSIZE_MAX bytes (61 tokens and up: the routers' default of 64 among
+ * them) takes XXH3's long path, where XXH3_64bits_withSeed derives a secret from the seed on every
+ * call. kvr_hash_prompt derives it once per prompt instead: XXH3_64bits_withSecretandSeed with
+ * that secret gives exactly what XXH3_64bits_withSeed does (xxhash.h, "_withSecretandSeed").
+ * hash_chain is inlined twice, with and without a secret, so neither path tests for the other.
+ */
+static inline __attribute__((always_inline)) void hash_chain(const uint32_t *tokens, size_t nblocks,
+                                                             size_t block_size,
+                                                             const unsigned char *secret,
+                                                             uint64_t *local_out, uint64_t *seq_out)
 {
-    if (block_size == 0)
-        return 0;
-    size_t nblocks = ntokens / block_size;
     uint64_t prev = 0;
     for (size_t i = 0; i < nblocks; i++) {
-        uint64_t local = kvr_hash_block(tokens + i * block_size, block_size);
+        const uint32_t *t = tokens + i * block_size;
+        uint64_t local =
+            secret ? XXH3_64bits_withSecretandSeed(t, block_size * sizeof(uint32_t), secret,
+                                                   XXH3_SECRET_DEFAULT_SIZE, KVR_HASH_SEED)
+                   : kvr_hash_block(t, block_size);
         uint64_t seq = i == 0 ? local : kvr_hash_seq(prev, local);
         if (local_out)
             local_out[i] = local;
         if (seq_out)
             seq_out[i] = seq;
         prev = seq;
+    }
+}
+
+size_t kvr_hash_prompt(const uint32_t *tokens, size_t ntokens, size_t block_size,
+                       uint64_t *local_out, uint64_t *seq_out)
+{
+    if (block_size == 0)
+        return 0;
+    size_t nblocks = ntokens / block_size;
+    if (KVR_LITTLE_ENDIAN && block_size * sizeof(uint32_t) > XXH3_MIDSIZE_MAX) {
+        unsigned char secret[XXH3_SECRET_DEFAULT_SIZE];
+        XXH3_generateSecret_fromSeed(secret, KVR_HASH_SEED);
+        hash_chain(tokens, nblocks, block_size, secret, local_out, seq_out);
+    } else {
+        hash_chain(tokens, nblocks, block_size, NULL, local_out, seq_out);
     }
     return nblocks;
 }

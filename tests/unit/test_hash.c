@@ -1,6 +1,7 @@
-/* Block hashing: the reference's known value, the chaining rule, partial blocks. */
+/* Block hashing: the reference's known value, chaining, partial blocks, every block size. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvr/hash.h"
@@ -69,4 +70,28 @@ Test(hash, shared_prefix_shares_sequence_hashes)
     cr_assert(eq(u64, sa[0], sb[0]));
     cr_assert(eq(u64, sa[1], sb[1]));
     cr_assert(ne(u64, sa[2], sb[2]));
+}
+
+/* kvr_hash_prompt takes XXH3's long path with a secret made once per prompt (61 tokens a block
+ * and up): every block size, on either side of that bound, hashes as kvr_hash_block and as the
+ * bytes' XXH3 with the seed. */
+Test(hash, prompt_hashes_every_block_size_as_its_blocks)
+{
+    static const size_t sizes[] = {1, 16, 59, 60, 61, 62, 64, 128, 1000};
+    enum { BLOCKS = 3 };
+    uint32_t *t = malloc(1000 * BLOCKS * sizeof *t);
+    cr_assert(t != NULL);
+    for (size_t i = 0; i < 1000 * BLOCKS; i++)
+        t[i] = (uint32_t)(i * 2654435761u);
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t B = sizes[s];
+        uint64_t local[BLOCKS], seq[BLOCKS];
+        cr_assert(eq(sz, kvr_hash_prompt(t, B * BLOCKS, B, local, seq), BLOCKS));
+        for (size_t i = 0; i < BLOCKS; i++) {
+            cr_assert(eq(u64, local[i], kvr_hash_block(t + i * B, B)), "block size %zu", B);
+            cr_assert(eq(u64, local[i], kvr_hash_bytes(t + i * B, B * sizeof *t)), "block %zu", B);
+            cr_assert(eq(u64, seq[i], i ? kvr_hash_seq(seq[i - 1], local[i]) : local[i]));
+        }
+    }
+    free(t);
 }
