@@ -15,7 +15,8 @@
  * with the thread's CPU clock instead of CLOCK_MONOTONIC (same output; on a shared, loaded
  * machine it leaves out the time a decision spent preempted). Every request has max_tokens 256,
  * priced with the library's decode_weight (0.5), or W with KVR_BENCH_DECODE_WEIGHT=W (0: not
- * priced).
+ * priced). First prints how often the machine took this core away in one second of spinning
+ * (stalls_per_s, and their mean and longest length), which sets the p99 on a shared machine.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -183,6 +184,29 @@ static void report(const struct bench *b, struct result *res)
     fflush(stdout);
 }
 
+/*
+ * How often something else takes this core (the kernel's ticks, a hypervisor, a neighbour), and
+ * for how long: spin on the clock for `ms` and count the gaps of more than 5 us between two
+ * readings. A decision that meets such a gap takes it whole, so once stalls_per_s times a
+ * decision's time passes 1 %, the p99 is the median plus a stall (docs/benchmarks.md).
+ */
+static void report_stalls(uint32_t ms)
+{
+    uint64_t start = now_ns(), prev = start, n = 0, total = 0, longest = 0;
+    while (prev - start < (uint64_t)ms * 1000000u) {
+        uint64_t t = now_ns(), gap = t - prev;
+        if (gap > 5000) {
+            n++;
+            total += gap;
+            longest = gap > longest ? gap : longest;
+        }
+        prev = t;
+    }
+    printf("stalls_per_s=%.0f stall_us_mean=%.1f stall_us_max=%.1f\n", n * 1000.0 / ms,
+           n ? total / 1000.0 / (double)n : 0.0, longest / 1000.0);
+    fflush(stdout);
+}
+
 #define BATCH 500 /* decisions in a row on one router before moving to the next */
 
 /*
@@ -248,6 +272,7 @@ int main(int argc, char **argv)
     static const uint32_t blocks[] = {16, 64};
     static const uint32_t workers[] = {8, 64, 1024};
     uint64_t med[3];
+    report_stalls(1000);
     if ((argc == 5 || argc == 6) && !strcmp(argv[1], "--case")) { /* one case, for profiling */
         uint32_t t = (uint32_t)atoi(argv[2]), bs = (uint32_t)atoi(argv[3]);
         uint32_t w = (uint32_t)atoi(argv[4]);
