@@ -81,8 +81,10 @@ static kvr_status apply_tokens(struct kvr_rd *rd, uint64_t wid, const struct kvr
                                uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, t->key);
-    if (p && p->worker_id && p->worker_id != wid) {
-        rd->n.stale_events++; /* a worker stopped because another one serves the request */
+    if (p && p->worker_id != wid) {
+        /* a worker stopped because another one serves the request, or one it left (it may be
+         * waiting to be placed again, on no worker): its bytes must not go as if it started */
+        rd->n.stale_events++;
         return KVR_OK;
     }
     if (t->kind != KVR_WIRE_PREFILL_DONE)
@@ -113,8 +115,11 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
                               uint32_t output, uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
-    if (p && p->worker_id && p->worker_id != wid) {
-        rd->n.stale_events++; /* the done of a copy stopped in favour of another worker's */
+    if (p && p->worker_id != wid) {
+        /* the done of a copy stopped in favour of another worker's, or of one that a worker this
+         * request left found in its queue late (the request may be waiting to be placed again,
+         * on no worker: ended here, it would be lost while the core still holds it) */
+        rd->n.stale_events++;
         return KVR_OK;
     }
     if (p) {
