@@ -38,20 +38,6 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     kvr_pending_drop(&rd->pend, p);
 }
 
-/*
- * Origin p leaves the worker it was placed on before (avoid_worker) for new_worker (0: none, it
- * failed). That worker was judged by its heartbeats, which list only what it has taken: behind on
- * its messages, it may still find the request in its queue. Told, it drops it then without a word
- * (it remembers a cancel for a forward still to come), so the client hears only the worker that
- * serves it now, or only its error. Placed on the same worker again, it is not told: the first
- * forward to come is served there and the other absorbed as a duplicate.
- */
-static void leave_worker(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t new_worker)
-{
-    if (p->avoid_worker && p->avoid_worker != new_worker)
-        kvr_send_cancel(rd, p->key, p->avoid_worker, KVR_ERR_CANCELLED, true);
-}
-
 /* Place p again (it never reached its worker). */
 static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
 {
@@ -79,7 +65,6 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
          * earlier decision with this one (fleet.c, placed_anew) instead of keeping the earlier
          * as a conflict would; a queued one carries it when PLACED forwards it */
         p->worker_id = d.worker_id;
-        leave_worker(rd, p, d.worker_id);
         kvr_send_forward(rd, p, p->raw, p->rawlen, d.worker_id, d.overlap_blocks);
         kvr_fleet_decided(rd, p);
     }
@@ -88,7 +73,6 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
             kvr_log_safe(id, sizeof id, p->request_id), st == KVR_OK ? d.worker_id : 0,
             st == KVR_OK && d.queued ? "queued" : kvr_status_str(st));
     if (st != KVR_OK) {
-        leave_worker(rd, p, 0);
         kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
         kvr_pending_drop(&rd->pend, p);
     }
@@ -101,7 +85,6 @@ static void placed(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd
     if (!p || !p->raw || p->worker_id)
         return;
     p->worker_id = ev->worker_id;
-    leave_worker(rd, p, ev->worker_id);
     kvr_send_forward(rd, p, p->raw, p->rawlen, ev->worker_id, ev->overlap_blocks);
     kvr_fleet_decided(rd, p);
 }
@@ -114,12 +97,7 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
     bool never_started = ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED;
     if (!p->origin && p->raw && p->attempts < KVR_PLACE_MAX_AGAIN && never_started &&
         kvr_pending_place_later(&rd->pend, p) == KVR_OK)
-        return; /* it never started: another worker can take it (the one it leaves is told then) */
-    if (!p->origin && never_started) { /* its client hears the error, and only that */
-        if (ev->worker_id)
-            kvr_send_cancel(rd, p->key, ev->worker_id, KVR_ERR_CANCELLED, true);
-        leave_worker(rd, p, ev->worker_id);
-    }
+        return; /* it never started: another worker can take it */
     char id[128];
     kvr_log(KVR_LOG_WARN, "request_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
             kvr_log_safe(id, sizeof id, p->request_id), ev->worker_id, kvr_status_str(ev->status));

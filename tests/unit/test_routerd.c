@@ -412,12 +412,6 @@ Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
               "placed again on the live worker");
     cr_assert(eq(int, rec_count("_INBOX.c1", 0, NULL), 0), "the client hears no error");
     cr_assert(eq(u64, rd.placed_again, 1));
-    const struct rec_sent *m = NULL;
-    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, &m), 1),
-              "the worker it left is told to drop it silently, should it come back");
-    struct kvr_wire_worker_cancel c;
-    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
-    cr_assert(c.silent);
     cr_assert(eq(int, decisions_since(mark), 1), "the new decision");
     struct last_decision again = last_decision(mark);
     cr_assert(eq(u32, again.placement, 1), "its second placement: peers replace the first one");
@@ -967,14 +961,12 @@ Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
 
 /*
  * A worker behind on its messages may take a request its heartbeats never listed, after its
- * origin judged that it never reached it. So the origin, placing it on another worker, tells the
- * one it left to drop it silently; and that worker's events are stale, also while the request
- * waits in the queue on no worker. Before, such a copy's prefill_done let the request's bytes go
- * (it could not be placed again), its done (the silent stop's ERR_SUPERSEDED) dropped the request
- * while the core still held it (the client's resend was then refused as a duplicate), and the
- * copy streamed to the client beside the new one.
+ * origin judged that it never reached it and placed it again: that worker's events are then stale,
+ * also while the request waits in the queue on no worker. Before, such a copy's prefill_done let
+ * the request's bytes go (it could no longer be placed again), and its done dropped the request
+ * while the core still held it queued: the client's resend was then refused as a duplicate.
  */
-Test(routerd, a_request_that_leaves_a_worker_tells_it_and_ignores_its_events)
+Test(routerd, events_of_the_worker_a_request_left_are_stale)
 {
     busy_above_half();
     heartbeat(1, 8, NULL, 0, 10); /* 8 blocks: one 320-token request makes it busy */
@@ -990,11 +982,9 @@ Test(routerd, a_request_that_leaves_a_worker_tells_it_and_ignores_its_events)
     struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
     cr_assert(not(eq(ptr, p, NULL)));
     cr_assert(eq(u64, p->worker_id, 0), "waiting in the queue, on no worker");
-    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 0),
-              "not told yet: it may be placed there again");
     uint64_t stale = rd.n.stale_events;
     prefill_done(1, key); /* worker 1 found the first forward in its queue after all */
-    worker_ended(1, key, KVR_ERR_SUPERSEDED);
+    worker_done(1, key);
     cr_assert(eq(u64, rd.n.stale_events, stale + 2));
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), p), "still the fleet's to place");
     cr_assert(not(eq(ptr, p->raw, NULL)), "its bytes kept: it has not started anywhere");
@@ -1002,40 +992,14 @@ Test(routerd, a_request_that_leaves_a_worker_tells_it_and_ignores_its_events)
     heartbeat(2, 4096, NULL, 0, 1000); /* a worker with room: placed there */
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     cr_assert(eq(int, rec_count("kv.default.worker.2.generate", mark, NULL), 1));
-    const struct rec_sent *m = NULL;
-    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, &m), 1), "worker 1 is told");
-    struct kvr_wire_worker_cancel c;
-    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
-    cr_assert(eq(u64, c.key, key));
-    cr_assert(c.silent, "its client hears only worker 2");
-    worker_ended(1, key, KVR_ERR_SUPERSEDED); /* late again */
+    cr_assert(eq(u64, p->worker_id, 2));
+    worker_done(1, key); /* late again */
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), p));
     mark = rec_nsent;
     generate("_INBOX.k", "late", 1, 320); /* its client's resend */
     cr_assert(eq(int, rec_count("_INBOX.k", mark, NULL), 0), "absorbed, not refused");
     worker_done(2, key);
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL), "ended where it was served");
-}
-
-/* Placed again on the worker it never reached (no other can take it): that worker is not told to
- * drop it, as it would then drop the new forward too (absorbed behind the first one's end). */
-Test(routerd, a_request_placed_again_on_the_same_worker_is_not_cancelled_there)
-{
-    heartbeat(1, 4096, NULL, 0, 10);
-    generate("_INBOX.s", "same", 1, 128);
-    uint64_t key = kvr_pending_key("_INBOX.s", "same"), other = key ^ 1;
-    kvr_sleep_ns(25 * KVR_NS_PER_MS);
-    heartbeat(1, 4096, &other, 1, 10);
-    kvr_sleep_ns(15 * KVR_NS_PER_MS);
-    heartbeat(1, 4096, &other, 1, 10);
-    cr_assert(eq(u64, rd.placed_again, 1));
-    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "the only worker");
-    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 0));
-    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
-    cr_assert(not(eq(ptr, p, NULL)));
-    cr_assert(eq(u64, p->worker_id, 1));
-    worker_done(1, key); /* whichever forward it took first */
-    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
 }
 
 /* A heartbeat's held keys (sorted before the mutex) and the live select bookings are merged into
