@@ -267,6 +267,8 @@ struct kvr_wire_heartbeat {
     uint64_t *ended;         /* owned: keys it ended in the last two intervals */
     uint32_t nended;         /* at most KVR_WIRE_ENDED_MAX */
     uint64_t last_event_seq; /* its last KV event's number, sent or queued (0: none) */
+    uint32_t forwards_waiting; /* forwards received, not taken yet: it may hold any it does not
+                                  list (0: none, or a worker that does not say) */
 };
 /* A zero worker id or block size: KVR_ERR_INVALID; more than KVR_WIRE_INFLIGHT_MAX keys in flight
  * or KVR_WIRE_ENDED_MAX ended: KVR_ERR_TOO_LARGE. A kv_usage outside [0, 1] reads as 0. */

@@ -402,6 +402,7 @@ kvr_status kvr_wire_decode_heartbeat(const void *buf, size_t len, struct kvr_wir
     out->started_ns = m->started_ns;
     out->info.approximate = m->no_kv_events;
     out->last_event_seq = m->last_event_seq;
+    out->forwards_waiting = m->forwards_waiting;
     kvrouter__v1__heartbeat__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_heartbeat_free(out);
@@ -718,5 +719,6 @@ kvr_status kvr_wire_encode_heartbeat(struct kvr_buf *b, const struct kvr_wire_he
     m.n_ended = h->nended;
     m.no_kv_events = h->info.approximate;
     m.last_event_seq = h->last_event_seq;
+    m.forwards_waiting = h->forwards_waiting;
     return kvr_codec_pack(b, &m.base);
 }

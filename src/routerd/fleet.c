@@ -486,11 +486,19 @@ static void merge_sorted(uint64_t *out, uint32_t na, const uint64_t *b, uint32_t
 }
 
 void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *keys, uint32_t n,
-                         uint32_t interval_ms, uint64_t now)
+                         uint32_t interval_ms, uint32_t waiting, uint64_t now)
 {
     if (!rd->fleet->synced)
         return; /* without the snapshot it would drop nothing but ask for everything */
     uint64_t grace = 2ull * (interval_ms ? interval_ms : 1000) * KVR_NS_PER_MS;
+    if (waiting) {
+        /* a worker behind on its messages: any request it does not list may wait in its queue,
+         * so none is judged missing (a grace as long as the clock's reading: every booking is
+         * within it, and first strikes are cleared); it is judged again once its queue is
+         * empty. Taken for lost and placed elsewhere, a request would be served twice */
+        grace = now;
+        rd->fleet->reconcile_waits++;
+    }
     uint64_t unknown[LOOKUP_MAX];
     uint32_t nunknown = 0, nbooked = 0;
     uint64_t *held = NULL;
@@ -621,6 +629,7 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"repaired", g->repaired},
         {"lookups", g->lookups},
         {"reconciled", s.reconciled},
+        {"reconcile_waits", g->reconcile_waits},
         {"pages_sent", g->pages_sent},
         {"pages_received", g->pages_received},
         {"snapshots_served", g->snapshots_served},

@@ -74,10 +74,11 @@ struct kvr_fleet {
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
     uint64_t snapshots_served_partial, resyncs_kept_index; /* indexes with holes (sync.c) */
-    uint64_t kv_replayed;   /* KV events applied again after a resync replaced the index */
-    uint64_t placed_anew;   /* a peer's own decision replaced by its placing again elsewhere */
-    uint64_t peers_evicted; /* silent ones, the table full */
-    uint64_t import_failed; /* decisions not booked here: no memory, max_inflight */
+    uint64_t kv_replayed;     /* KV events applied again after a resync replaced the index */
+    uint64_t placed_anew;     /* a peer's own decision replaced by its placing again elsewhere */
+    uint64_t reconcile_waits; /* heartbeats whose worker had forwards waiting: nothing judged */
+    uint64_t peers_evicted;   /* silent ones, the table full */
+    uint64_t import_failed;   /* decisions not booked here: no memory, max_inflight */
     uint64_t import_failed_logged; /* import_failed at the last decision_not_imported line */
     uint64_t import_failed_log_ns; /* when that line was written (at most one per 10 s) */
 };
@@ -109,9 +110,10 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
  */
 void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st);
 
-/* A worker heartbeat listing the requests it holds (anti-entropy). */
+/* A worker heartbeat listing the requests it holds (anti-entropy), with `waiting` forwards it
+ * received and has not taken yet (any request it does not list may be among them). */
 void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *keys, uint32_t n,
-                         uint32_t interval_ms, uint64_t now);
+                         uint32_t interval_ms, uint32_t waiting, uint64_t now);
 
 /* Periodic work: hellos, orphans whose grace is over. */
 void kvr_fleet_tick(struct kvr_rd *rd, uint64_t now);

@@ -218,6 +218,10 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      "second before the ask after any it knows it missed, which the peer may not "
                      "have applied yet.",
                      g->kv_replayed);
+    kvr_prom_counter(p, "kvrouter_replication_reconcile_waits_total",
+                     "Worker heartbeats that said forwards wait in the worker's queue: no request "
+                     "it did not list was judged never to have reached it.",
+                     g->reconcile_waits);
     kvr_prom_counter(p, "kvrouter_replication_kv_log_dropped_total",
                      "KV events let go from the last second's log before their second passed (its "
                      "8,192 messages or 8 MiB were full, or a message was larger): a resync then "

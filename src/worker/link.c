@@ -293,6 +293,17 @@ static kvr_status ask_hello(struct kvr_wk_link *l)
     return KVR_ERR_WORKER_ID_CLASH;
 }
 
+/* The forwards waiting in the library's queue of the generate subscription: received, not
+ * delivered yet (w->queued, read under w->mu for each heartbeat). */
+static uint32_t queued_forwards(void *ctx)
+{
+    const struct kvr_wk_link *l = ctx;
+    int msgs = 0;
+    if (natsSubscription_GetPending(l->sub_gen, &msgs, NULL) != NATS_OK || msgs < 0)
+        return 0;
+    return (uint32_t)msgs;
+}
+
 /* Subscribe cb to subject on nc (with no pending limits when unlimited), its completion
  * tracked for the teardown (kvr_settle). */
 static natsStatus sub_async(struct kvr_wk_link *l, natsSubscription **sub, natsConnection *nc,
@@ -364,6 +375,8 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
         return st;
     pthread_mutex_lock(&w->mu);
     w->serving = true;
+    w->queued = queued_forwards;
+    w->queued_ctx = l;
     pthread_mutex_unlock(&w->mu);
     atomic_store_explicit(&l->live, true, memory_order_release);
     if (pthread_create(&l->engine, NULL, engine_thread, l))
@@ -409,6 +422,9 @@ bool kvr_wk_link_close(struct kvr_wk_link *l)
     if (!kvr_settle_close(l->settle, subs, n))
         return false;
     if (l->w) {
+        pthread_mutex_lock(&l->w->mu);
+        l->w->queued = NULL; /* its subscriptions go */
+        pthread_mutex_unlock(&l->w->mu);
         kvr_worker_close_engine(l->w);
         kvr_worker_flush(l->w);
     }

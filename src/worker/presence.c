@@ -41,6 +41,9 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
                                    .instance = w->instance,
                                    .started_ns = w->started_ns,
                                    .last_event_seq = w->event_seq};
+    /* forwards not taken yet: routers judge no request it does not list never reached it while
+     * some wait (a worker behind on its messages would hold them soon) */
+    h.forwards_waiting = atomic_load(&w->taking) + (w->queued ? w->queued(w->queued_ctx) : 0);
     w->be->load(w, &h.info);
     h.draining = h.draining || h.info.draining; /* an adapter whose engine is down */
     h.inflight = malloc(((size_t)w->nreqs + 1) * sizeof *h.inflight);

@@ -511,6 +511,7 @@ static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint6
 
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)
 {
+    atomic_fetch_add(&w->taking, 1); /* in hand, not listed yet: heartbeats count it waiting */
     uint64_t t0 = kvr_now_ns();
     struct kvr_wire_limits lim = {w->cfg->max_prompt_tokens, w->cfg->max_output_tokens};
     struct kvr_wire_request q;
@@ -534,6 +535,7 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
             refuse(w, &q, key, reply, st);
         kvr_reply_count(&w->generate, kvr_now_ns() - t0);
     }
+    atomic_fetch_sub(&w->taking, 1); /* held (listed) or answered: the beat at unlock says so */
     kvr__worker_unlock(w);
     free(prep.data);
     kvr_wire_request_free(&q);

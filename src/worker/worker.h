@@ -250,6 +250,10 @@ struct kvr_worker {
     bool serving;                      /* the link took its subscriptions, under mu */
     _Atomic uint64_t engine_ns;        /* the engine loop's last turn (monotonic ns), 0: none;
                                           read without mu (readiness: a stuck engine) */
+    _Atomic uint32_t taking;           /* forwards in kvr_worker_on_generate, not yet let go */
+    uint32_t (*queued)(void *ctx);     /* forwards waiting in the link's queue (NULL: none), under
+                                          mu; heartbeats say both (forwards_waiting) */
+    void *queued_ctx;                  /* */
     char subj_kv[256], subj_tokens[256], subj_done[256], subj_hb[256], subj_gen[256];
     char subj_cancel[256], subj_hello[256], subj_ask[256], subj_rebind[256], subj_batch[256];
     char subj_announce[256]; /* "<prefix>.<ns>.worker.announce": every worker's */

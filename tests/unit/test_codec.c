@@ -419,7 +419,8 @@ Test(codec, events_round_trip)
              12345,
              (uint64_t[]){77, 78},
              2,
-             UINT64_MAX - 1},
+             UINT64_MAX - 1,
+             5},
         g;
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_heartbeat(b.data, b.len, &g), KVR_OK));
@@ -432,6 +433,7 @@ Test(codec, events_round_trip)
     cr_assert(eq(u64, g.ended[1], 78));
     cr_assert(eq(u64, g.instance, 0xfeed));
     cr_assert(eq(u64, g.last_event_seq, UINT64_MAX - 1));
+    cr_assert(eq(u32, g.forwards_waiting, 5));
     cr_assert(not(g.info.approximate));
     kvr_wire_heartbeat_free(&g);
     h.info.approximate = true; /* an engine without KV events */

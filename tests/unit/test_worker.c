@@ -648,6 +648,36 @@ Test(worker, a_heartbeat_lists_the_requests_that_just_ended)
     kvr_wire_heartbeat_free(&h);
 }
 
+static uint32_t three_queued(void *ctx)
+{
+    (void)ctx;
+    return 3;
+}
+
+/* Its heartbeat counts the forwards not taken yet: those in the link's queue (w.queued) and any in
+ * hand; a forward taken (listed) or answered counts no more. */
+Test(worker, a_heartbeat_counts_the_forwards_waiting)
+{
+    forward(811, "a", 3, 0);
+    size_t mark = rec_nsent;
+    kvr_worker_heartbeat(&w);
+    struct kvr_wire_heartbeat h;
+    cr_assert(
+        eq(int, kvr_wire_decode_heartbeat(rec_sent[mark].data, rec_sent[mark].len, &h), KVR_OK));
+    cr_assert(eq(u32, h.ninflight, 1));
+    cr_assert(eq(u32, h.forwards_waiting, 0), "taken: listed, not waiting");
+    kvr_wire_heartbeat_free(&h);
+    pthread_mutex_lock(&w.mu);
+    w.queued = three_queued;
+    pthread_mutex_unlock(&w.mu);
+    mark = rec_nsent;
+    kvr_worker_heartbeat(&w);
+    cr_assert(
+        eq(int, kvr_wire_decode_heartbeat(rec_sent[mark].data, rec_sent[mark].len, &h), KVR_OK));
+    cr_assert(eq(u32, h.forwards_waiting, 3));
+    kvr_wire_heartbeat_free(&h);
+}
+
 Test(worker, a_request_its_pool_cannot_hold_is_refused_with_the_figures)
 {
     cfg.max_output_tokens = 8192;
