@@ -121,7 +121,7 @@ static void events(void)
     check(kvr_wire_encode_worker_cancel(&b, &wc, "r1"), "worker_cancel");
     put("worker_cancel", 1, &b);
     struct kvr_wire_heartbeat h = {
-        {7, 16, 4096, 2, 0.25, 0, false, false}, ids, 3, 1000, false, 9, 1, ids, 2, 42};
+        {7, 16, 4096, 2, 0.25, 0, false, false}, ids, 3, 1000, false, 9, 1, ids, 2, 42, 3};
     check(kvr_wire_encode_heartbeat(&b, &h), "heartbeat");
     put("heartbeat", 0, &b);
     h.ninflight = 0;
