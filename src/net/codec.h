@@ -262,11 +262,11 @@ struct kvr_wire_heartbeat {
     uint32_t ninflight;
     uint32_t interval_ms;
     bool draining;
-    uint64_t instance;       /* random per worker process */
-    uint64_t started_ns;     /* its start, Unix ns */
-    uint64_t *ended;         /* owned: keys it ended in the last two intervals */
-    uint32_t nended;         /* at most KVR_WIRE_ENDED_MAX */
-    uint64_t last_event_seq; /* its last KV event's number, sent or queued (0: none) */
+    uint64_t instance;         /* random per worker process */
+    uint64_t started_ns;       /* its start, Unix ns */
+    uint64_t *ended;           /* owned: keys it ended in the last two intervals */
+    uint32_t nended;           /* at most KVR_WIRE_ENDED_MAX */
+    uint64_t last_event_seq;   /* its last KV event's number, sent or queued (0: none) */
     uint32_t forwards_waiting; /* forwards received, not taken yet: it may hold any it does not
                                   list (0: none, or a worker that does not say) */
 };
