@@ -473,9 +473,11 @@ kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_
  * (keys[0..n)). A request booked on it more than grace ago that it does not hold is marked; one
  * still missing at a heartbeat at least grace/2 later is dropped (EXPIRED events with status
  * KVR_ERR_NOT_DELIVERED: the worker never got it or lost it). Two strikes, so a burst of stale
- * heartbeats (buffered during a disconnection) drops nothing. Keys the router does not know are
- * written to unknown (at most max) so the caller can ask its peers. Returns how many were dropped.
- * keys may come in any order; sorted ascending, they are not copied and sorted here.
+ * heartbeats (buffered during a disconnection) drops nothing. A request within its grace loses
+ * its mark, so a grace of now or more judges none and clears every mark: how a caller suspends
+ * judgement while the worker may still hold requests it has not listed. Keys the router does not
+ * know are written to unknown (at most max) so the caller can ask its peers. Returns how many were
+ * dropped. keys may come in any order; sorted ascending, they are not copied and sorted here.
  */
 uint32_t kvr_router_reconcile(struct kvr_router *r, uint64_t worker_id, const uint64_t *keys,
                               uint32_t n, uint64_t now, uint64_t grace, uint64_t *unknown,

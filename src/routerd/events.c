@@ -76,17 +76,27 @@ static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wir
                 rd->cfg->core.block_size);
 }
 
+/*
+ * Under mu: whether an event of worker wid about pending request p is stale (counted): p is
+ * placed on another worker now, or on none while it waits to be placed again. It comes from a
+ * copy stopped in favour of another worker's, or from a worker the request left that found the
+ * forward in its queue late.
+ */
+static bool stale(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t wid)
+{
+    if (!p || p->worker_id == wid)
+        return false;
+    rd->n.stale_events++;
+    return true;
+}
+
 /* Under mu: a tokens event t of worker wid (decoded, its worker id checked). */
 static kvr_status apply_tokens(struct kvr_rd *rd, uint64_t wid, const struct kvr_wire_tokens *t,
                                uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, t->key);
-    if (p && p->worker_id != wid) {
-        /* a worker stopped because another one serves the request, or one it left (it may be
-         * waiting to be placed again, on no worker): its bytes must not go as if it started */
-        rd->n.stale_events++;
+    if (stale(rd, p, wid)) /* its bytes must not go as if it started */
         return KVR_OK;
-    }
     if (t->kind != KVR_WIRE_PREFILL_DONE)
         return kvr_router_output_block(rd->core, t->key, now);
     if (p) { /* it started: it will not be placed again, nor expire as a booking */
@@ -115,13 +125,8 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
                               uint32_t output, uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
-    if (p && p->worker_id != wid) {
-        /* the done of a copy stopped in favour of another worker's, or of one that a worker this
-         * request left found in its queue late (the request may be waiting to be placed again,
-         * on no worker: ended here, it would be lost while the core still holds it) */
-        rd->n.stale_events++;
+    if (stale(rd, p, wid)) /* ended here, it would be lost while the core still holds it */
         return KVR_OK;
-    }
     if (p) {
         kvr_rebind_keep(rd, p, now); /* its final may be repeated after a cut */
         kvr_pending_drop(&rd->pend, p);

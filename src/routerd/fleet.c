@@ -493,9 +493,9 @@ void kvr_fleet_reconcile(struct kvr_rd *rd, uint64_t worker_id, const uint64_t *
     uint64_t grace = 2ull * (interval_ms ? interval_ms : 1000) * KVR_NS_PER_MS;
     if (waiting) {
         /* a worker behind on its messages: any request it does not list may wait in its queue,
-         * so none is judged missing (a grace as long as the clock's reading: every booking is
-         * within it, and first strikes are cleared); it is judged again once its queue is
-         * empty. Taken for lost and placed elsewhere, a request would be served twice */
+         * so none is judged missing (a grace of now suspends judgement and clears first
+         * strikes); it is judged again once its queue is empty. Taken for lost and placed
+         * elsewhere, a request would be served twice */
         grace = now;
         rd->fleet->reconcile_waits++;
     }

@@ -71,13 +71,14 @@ uint32_t rec_error_in(const struct rec_sent *m)
 }
 
 struct rec_event rec_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
-                               uint32_t interval_ms)
+                               uint32_t interval_ms, uint32_t forwards_waiting)
 {
     struct kvr_wire_heartbeat h = {
         .info = {.id = wid, .block_size = 64, .capacity_blocks = capacity},
         .inflight = (uint64_t *)keys,
         .ninflight = n,
-        .interval_ms = interval_ms};
+        .interval_ms = interval_ms,
+        .forwards_waiting = forwards_waiting};
     struct rec_event e = {.b = {0}};
     snprintf(e.subject, sizeof e.subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&e.b, &h), KVR_OK));

@@ -49,8 +49,8 @@ struct rec_event {
 };
 
 /* Worker wid's heartbeat (block size 64) on its subject kv.<ns>.ev.<wid>.hb of namespace
- * "default", with the n keys it holds and its interval. */
+ * "default", with the n keys it holds, its interval and the forwards waiting in its queue. */
 struct rec_event rec_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
-                               uint32_t interval_ms);
+                               uint32_t interval_ms, uint32_t forwards_waiting);
 
 #endif

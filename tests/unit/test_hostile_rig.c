@@ -134,7 +134,7 @@ uint64_t hr_stat(const char *path)
 void hr_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                   uint32_t interval_ms)
 {
-    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms);
+    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms, 0);
     kvr_events_on_message(&hr_rd, e.subject, e.b.data, e.b.len);
     kvr_buf_free(&e.b);
 }

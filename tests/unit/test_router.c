@@ -1292,6 +1292,26 @@ Test(router, heartbeats_reconcile_what_no_worker_holds)
     cr_assert(eq(u64, unsorted[0], 7), "the caller's keys left as they were");
 }
 
+/* A grace of now or more judges nothing and clears a first strike (how kvrouter waits while a
+ * worker says forwards are still in its queue). */
+Test(router, a_grace_of_now_suspends_judgement_and_clears_strikes)
+{
+    kvr_status st;
+    r = kvr_router_create(&cfg, &st);
+    struct kvr_worker_info info = {.id = 1, .block_size = B};
+    kvr_router_worker_seen(r, &info, 0);
+    uint64_t seq[1] = {9}, unknown[4];
+    uint32_t nunknown = 0;
+    cr_assert(eq(int, kvr_router_book(r, 1, 1, seq, 1, B, 0, 10), KVR_OK));
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, NULL, 0, 50, 30, unknown, &nunknown, 4), 0),
+              "a first strike");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, NULL, 0, 70, 70, unknown, &nunknown, 4), 0),
+              "judgement suspended");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, NULL, 0, 90, 30, unknown, &nunknown, 4), 0),
+              "the strike before was cleared: a first one again");
+    cr_assert(eq(u32, kvr_router_reconcile(r, 1, NULL, 0, 110, 30, unknown, &nunknown, 4), 1));
+}
+
 /*
  * A routed kv decision under the time model prices only the workers that could win; a select
  * prices them all. On a random fleet (capacities known and not, cached family prefixes, requests

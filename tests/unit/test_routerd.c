@@ -122,12 +122,19 @@ static void busy_above_half(void)
     rd.serving = true;
 }
 
+/* Worker wid's heartbeat listing keys[0..n), with `waiting` forwards it has not taken yet. */
+static void heartbeat_waiting(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
+                              uint32_t interval_ms, uint32_t waiting)
+{
+    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms, waiting);
+    kvr_events_on_message(&rd, e.subject, e.b.data, e.b.len);
+    kvr_buf_free(&e.b);
+}
+
 static void heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                       uint32_t interval_ms)
 {
-    struct rec_event e = rec_heartbeat(wid, capacity, keys, n, interval_ms);
-    kvr_events_on_message(&rd, e.subject, e.b.data, e.b.len);
-    kvr_buf_free(&e.b);
+    heartbeat_waiting(wid, capacity, keys, n, interval_ms, 0);
 }
 
 /* An event encoded in b (freed here) on worker wid's events subject of this kind ("hb", "kv"...),
@@ -1012,19 +1019,6 @@ Test(routerd, events_of_the_worker_a_request_left_are_stale)
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL), "ended where it was served");
 }
 
-/* Worker wid's heartbeat listing keys[0..n), with `waiting` forwards it has not taken yet. */
-static void heartbeat_waiting(uint64_t wid, const uint64_t *keys, uint32_t n, uint32_t waiting)
-{
-    struct kvr_wire_heartbeat h = {.info = {.id = wid, .block_size = 64, .capacity_blocks = 4096},
-                                   .inflight = (uint64_t *)keys,
-                                   .ninflight = n,
-                                   .interval_ms = 10,
-                                   .forwards_waiting = waiting};
-    struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
-    event_in(wid, "hb", &b);
-}
-
 /*
  * A worker that says forwards wait in its queue may hold any request it does not list yet: none
  * is judged never to have reached it, however long that lasts, and a first strike is cleared;
@@ -1036,11 +1030,11 @@ Test(routerd, a_worker_with_forwards_waiting_is_not_judged_to_miss_any)
     heartbeat(1, 4096, NULL, 0, 10);
     generate("_INBOX.w", "waits", 1, 128);
     uint64_t key = kvr_pending_key("_INBOX.w", "waits"), other = key ^ 1;
-    kvr_sleep_ns(25 * KVR_NS_PER_MS);   /* past the grace of two 10 ms intervals */
-    heartbeat_waiting(1, &other, 1, 0); /* a first strike */
-    for (int i = 0; i < 4; i++) {       /* then seconds of backlog, at 10 ms */
+    kvr_sleep_ns(25 * KVR_NS_PER_MS);             /* past the grace of two 10 ms intervals */
+    heartbeat_waiting(1, 4096, &other, 1, 10, 0); /* a first strike */
+    for (int i = 0; i < 4; i++) {                 /* then seconds of backlog, at 10 ms */
         kvr_sleep_ns(15 * KVR_NS_PER_MS);
-        heartbeat_waiting(1, &other, 1, 3);
+        heartbeat_waiting(1, 4096, &other, 1, 10, 3);
     }
     struct kvr_router_stats st;
     kvr_router_stats(rd.core, &st);
@@ -1048,11 +1042,12 @@ Test(routerd, a_worker_with_forwards_waiting_is_not_judged_to_miss_any)
     cr_assert(eq(u64, rd.placed_again, 0));
     cr_assert(eq(u64, rd.fleet->reconcile_waits, 4));
     kvr_sleep_ns(15 * KVR_NS_PER_MS);
-    heartbeat_waiting(1, &other, 1, 0); /* the queue is empty: a first strike again, not a second */
+    /* the queue is empty: a first strike again, not a second */
+    heartbeat_waiting(1, 4096, &other, 1, 10, 0);
     kvr_router_stats(rd.core, &st);
     cr_assert(eq(u64, st.reconciled, 0), "the strike before the backlog was cleared");
     kvr_sleep_ns(15 * KVR_NS_PER_MS);
-    heartbeat_waiting(1, &other, 1, 0);
+    heartbeat_waiting(1, 4096, &other, 1, 10, 0);
     kvr_router_stats(rd.core, &st);
     cr_assert(eq(u64, st.reconciled, 1), "never reached it after all");
     cr_assert(eq(u64, rd.placed_again, 1));
