@@ -366,7 +366,20 @@ struct kvr_wire_decision {
 };
 void kvr_wire_decision_free(struct kvr_wire_decision *d);
 
-enum kvr_wire_gossip_kind { KVR_WIRE_GOSSIP_DECISION = 1, KVR_WIRE_GOSSIP_HELLO = 2 };
+/* A request queued at its origin (a Queued notice). */
+struct kvr_wire_queued {
+    char *reply;         /* the client's reply subject (owned; never empty) */
+    char *request_id;    /* the client's id (owned) */
+    uint64_t decided_ns; /* when the origin took it, Unix ns */
+    uint32_t wait_ms;    /* the longest it may stay queued there */
+    bool released;       /* it left the origin's queue unplaced */
+};
+
+enum kvr_wire_gossip_kind {
+    KVR_WIRE_GOSSIP_DECISION = 1,
+    KVR_WIRE_GOSSIP_HELLO = 2,
+    KVR_WIRE_GOSSIP_QUEUED = 3
+};
 
 struct kvr_wire_gossip {
     char *router_id; /* owned */
@@ -375,6 +388,7 @@ struct kvr_wire_gossip {
     enum kvr_wire_gossip_kind kind;
     struct kvr_wire_decision d; /* decisions */
     bool serving;               /* hellos */
+    struct kvr_wire_queued q;   /* queued notices */
 };
 void kvr_wire_gossip_free(struct kvr_wire_gossip *g);
 
@@ -385,11 +399,15 @@ kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router
                                            uint32_t placement);
 kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
                                         uint64_t seq, bool serving);
+kvr_status kvr_wire_encode_gossip_queued(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                         uint64_t seq, const struct kvr_wire_queued *q);
 /*
  * A router id that is empty (KVR_ERR_INVALID) or over KVR_ROUTER_ID_MAX (KVR_ERR_TOO_LARGE); a
  * decision naming no request or worker, or a cached prefix longer than its blocks
  * (KVR_ERR_INVALID), over KVR_WIRE_DECISION_BLOCKS_MAX hashes or with a reply, request id or
- * origin over its cap (KVR_ERR_TOO_LARGE); no body: KVR_ERR_MALFORMED.
+ * origin over its cap (KVR_ERR_TOO_LARGE); a queued notice without a reply subject
+ * (KVR_ERR_INVALID) or with a reply or request id over its cap (KVR_ERR_TOO_LARGE); no body:
+ * KVR_ERR_MALFORMED.
  */
 kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_gossip *out);
 

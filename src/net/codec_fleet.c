@@ -1,11 +1,11 @@
 /*
- * kvr_wire over protobuf-c for router replicas: Gossip (one decision, or a hello), SyncRequest (a
- * snapshot, a repair or a lookup) and SyncPage (decisions and index entries, built with kvr_page
- * in pages of ~256 KB). A decision is checked in one place (check_decision) whether it comes in a
- * Gossip or in a page, and a page is checked whole (its counts on the wire before protobuf-c
- * allocates, then every record) before its callbacks see any of it; they see views into the
- * unpacked message, so nothing can fail half-way through a page. Decoders follow codec.h's error
- * discipline, with the helpers of codec_internal.h. Pure and thread-safe.
+ * kvr_wire over protobuf-c for router replicas: Gossip (one decision, a hello or a queued notice),
+ * SyncRequest (a snapshot, a repair or a lookup) and SyncPage (decisions and index entries, built
+ * with kvr_page in pages of ~256 KB). A decision is checked in one place (check_decision) whether
+ * it comes in a Gossip or in a page, and a page is checked whole (its counts on the wire before
+ * protobuf-c allocates, then every record) before its callbacks see any of it; they see views into
+ * the unpacked message, so nothing can fail half-way through a page. Decoders follow codec.h's
+ * error discipline, with the helpers of codec_internal.h. Pure and thread-safe.
  */
 #include "codec.h"
 
@@ -116,7 +116,19 @@ void kvr_wire_gossip_free(struct kvr_wire_gossip *g)
 {
     free(g->router_id);
     kvr_wire_decision_free(&g->d);
+    free(g->q.reply);
+    free(g->q.request_id);
     memset(g, 0, sizeof *g);
+}
+
+/* g, its body set, from router_id (epoch, seq) into b. */
+static kvr_status pack_gossip(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                              uint64_t seq, Kvrouter__V1__Gossip *g)
+{
+    g->router_id = (char *)router_id;
+    g->epoch = epoch;
+    g->seq = seq;
+    return kvr_codec_pack(b, &g->base);
 }
 
 kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router_id, uint64_t epoch,
@@ -128,12 +140,9 @@ kvr_status kvr_wire_encode_gossip_decision(struct kvr_buf *b, const char *router
     Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
     Kvrouter__V1__Decision d = KVROUTER__V1__DECISION__INIT;
     fill_decision_msg(&d, rec, reply, request_id, origin, decided_ns, placement);
-    g.router_id = (char *)router_id;
-    g.epoch = epoch;
-    g.seq = seq;
     g.body_case = KVROUTER__V1__GOSSIP__BODY_DECISION;
     g.decision = &d;
-    return kvr_codec_pack(b, &g.base);
+    return pack_gossip(b, router_id, epoch, seq, &g);
 }
 
 kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id, uint64_t epoch,
@@ -142,12 +151,38 @@ kvr_status kvr_wire_encode_gossip_hello(struct kvr_buf *b, const char *router_id
     Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
     Kvrouter__V1__Hello h = KVROUTER__V1__HELLO__INIT;
     h.serving = serving;
-    g.router_id = (char *)router_id;
-    g.epoch = epoch;
-    g.seq = seq;
     g.body_case = KVROUTER__V1__GOSSIP__BODY_HELLO;
     g.hello = &h;
-    return kvr_codec_pack(b, &g.base);
+    return pack_gossip(b, router_id, epoch, seq, &g);
+}
+
+kvr_status kvr_wire_encode_gossip_queued(struct kvr_buf *b, const char *router_id, uint64_t epoch,
+                                         uint64_t seq, const struct kvr_wire_queued *q)
+{
+    Kvrouter__V1__Gossip g = KVROUTER__V1__GOSSIP__INIT;
+    Kvrouter__V1__Queued m = KVROUTER__V1__QUEUED__INIT;
+    m.reply = (char *)(q->reply ? q->reply : "");
+    m.request_id = (char *)(q->request_id ? q->request_id : "");
+    m.decided_ns = q->decided_ns;
+    m.wait_ms = q->wait_ms;
+    m.released = q->released;
+    g.body_case = KVROUTER__V1__GOSSIP__BODY_QUEUED;
+    g.queued = &m;
+    return pack_gossip(b, router_id, epoch, seq, &g);
+}
+
+/* Check an unpacked Queued notice and copy it into q (owned). */
+static kvr_status take_queued(const Kvrouter__V1__Queued *m, struct kvr_wire_queued *q)
+{
+    if (!kvr_codec_str(m->reply)[0])
+        return KVR_ERR_INVALID; /* nobody to absorb a resend for */
+    kvr_status st = kvr_codec_dup(m->reply, KVR_REPLY_MAX, &q->reply);
+    if (st == KVR_OK)
+        st = kvr_codec_dup(m->request_id, KVR_REQUEST_ID_MAX, &q->request_id);
+    q->decided_ns = m->decided_ns;
+    q->wait_ms = m->wait_ms;
+    q->released = m->released;
+    return st;
 }
 
 kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_gossip *out)
@@ -166,6 +201,8 @@ kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_g
         out->kind = KVR_WIRE_GOSSIP_DECISION;
     else if (m->body_case == KVROUTER__V1__GOSSIP__BODY_HELLO && m->hello)
         out->kind = KVR_WIRE_GOSSIP_HELLO;
+    else if (m->body_case == KVROUTER__V1__GOSSIP__BODY_QUEUED && m->queued)
+        out->kind = KVR_WIRE_GOSSIP_QUEUED;
     else
         st = KVR_ERR_MALFORMED;
     if (st == KVR_OK)
@@ -174,6 +211,8 @@ kvr_status kvr_wire_decode_gossip(const void *buf, size_t len, struct kvr_wire_g
         st = take_decision(m->decision, &out->d);
     if (st == KVR_OK && out->kind == KVR_WIRE_GOSSIP_HELLO)
         out->serving = m->hello->serving;
+    if (st == KVR_OK && out->kind == KVR_WIRE_GOSSIP_QUEUED)
+        st = take_queued(m->queued, &out->q);
     if (st == KVR_OK && !out->router_id[0])
         st = KVR_ERR_INVALID;
     out->epoch = m->epoch;

@@ -84,8 +84,8 @@ static void log_join(const struct kvr_rd *rd, uint64_t wid, const struct kvr_wir
  */
 static bool stale(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t wid)
 {
-    if (!p || p->worker_id == wid)
-        return false;
+    if (!p || p->worker_id == wid || (p->origin && p->queued_notice))
+        return false; /* (a peer's queued request: its worker's events may beat its decision) */
     rd->n.stale_events++;
     return true;
 }

@@ -270,8 +270,14 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
         p->attempts = d->placement;
         if (p->worker_id == d->rec.worker_id)
             return false; /* sent again to the same worker: booked there already */
-        rd->fleet->placed_anew++;
-        kvr_router_cancel(rd->core, p->key); /* its booking on the worker that never had it */
+        if (p->queued_notice) {
+            /* queued at its origin until now (queued.c): nothing booked here */
+            p->queued_notice = false;
+            p->orphan_at = 0; /* placed: no longer forgotten when its wait is over */
+        } else {
+            rd->fleet->placed_anew++;
+            kvr_router_cancel(rd->core, p->key); /* its booking on the worker that never had it */
+        }
         p->worker_id = d->rec.worker_id;
         return true;
     }
@@ -396,6 +402,8 @@ static void apply_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m, siz
     }
     g->received++;
     g->received_bytes += len;
+    /* a hello and a queued notice carry the seq of its last decision, a decision its own */
+    bool hello = m->kind == KVR_WIRE_GOSSIP_HELLO, queued = m->kind == KVR_WIRE_GOSSIP_QUEUED;
     if (m->epoch < p->epoch && kvr_fleet_peer_alive(rd, p, now)) {
         g->stale++; /* from an earlier incarnation, overtaken by its restart */
         return;
@@ -406,24 +414,26 @@ static void apply_gossip(struct kvr_rd *rd, const struct kvr_wire_gossip *m, siz
         kvr_log(KVR_LOG_WARN, "peer_epoch_back", "peer=%s", p->id);
         g->epochs_back++;
         p->epoch = m->epoch;
-        p->next_seq = m->kind == KVR_WIRE_GOSSIP_HELLO ? m->seq + 1 : m->seq;
+        p->next_seq = hello || queued ? m->seq + 1 : m->seq;
     }
-    bool hello = m->kind == KVR_WIRE_GOSSIP_HELLO;
     if (m->epoch > p->epoch) {
         /* new, or restarted: what it decided before is in snapshots and heartbeats */
         kvr_log(KVR_LOG_INFO, p->epoch ? "peer_restarted" : "peer_joined", "peer=%s", p->id);
         p->epoch = m->epoch;
-        p->next_seq = hello ? m->seq + 1 : m->seq;
+        p->next_seq = hello || queued ? m->seq + 1 : m->seq;
     } else if (!kvr_fleet_peer_alive(rd, p, now)) {
         kvr_log(KVR_LOG_INFO, "peer_back", "peer=%s", p->id);
     }
     p->heard_ns = now;
-    if (hello) {
-        p->serving = m->serving;
+    if (hello || queued) {
+        if (hello)
+            p->serving = m->serving;
         if (m->seq >= p->next_seq) { /* the tail of its decisions never came */
             ask_repair(rd, p, p->next_seq, m->seq);
             p->next_seq = m->seq + 1;
         }
+        if (queued)
+            kvr_fleet_on_queued(rd, p, &m->q, now);
         return;
     }
     if (m->seq > p->next_seq)
@@ -545,6 +555,7 @@ void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
     uint64_t now = kvr_now_ns();
     if (!p->origin) {
         tell(rd, p, st);
+        kvr_fleet_unqueued(rd, p);
     } else if (!kvr_fleet_peer_alive(rd, p->origin, now) && !p->orphan_at) {
         /* its origin is silent: maybe gone, maybe cut off for a moment (then it places the
          * request again itself). Wait, then answer if it is still silent. */
@@ -630,6 +641,9 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"lookups", g->lookups},
         {"reconciled", s.reconciled},
         {"reconcile_waits", g->reconcile_waits},
+        {"queued_sent", g->queued_sent},
+        {"queued_heard", g->queued_heard},
+        {"queued_released", g->queued_released},
         {"pages_sent", g->pages_sent},
         {"pages_received", g->pages_received},
         {"snapshots_served", g->snapshots_served},

@@ -77,6 +77,9 @@ struct kvr_fleet {
     uint64_t kv_replayed;     /* KV events applied again after a resync replaced the index */
     uint64_t placed_anew;     /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t reconcile_waits; /* heartbeats whose worker had forwards waiting: nothing judged */
+    uint64_t queued_sent;     /* Queued notices sent (queued here, released unplaced) */
+    uint64_t queued_heard;    /* peers' queued requests held here (their resends absorbed) */
+    uint64_t queued_released; /* ... forgotten as their origin released them unplaced */
     uint64_t peers_evicted;   /* silent ones, the table full */
     uint64_t import_failed;   /* decisions not booked here: no memory, max_inflight */
     uint64_t import_failed_logged; /* import_failed at the last decision_not_imported line */
@@ -98,6 +101,19 @@ void kvr_fleet_ask_peer(struct kvr_rd *rd, const struct kvr_peer *p, struct kvr_
 
 /* This router booked p: gossip it. */
 void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p);
+
+/*
+ * This router queued p (no worker has room): tell the peers, so that one that receives its
+ * client's resend absorbs it instead of placing a second copy (which served the request while
+ * this router's copy timed out as overloaded: an error and a stream for one request).
+ */
+void kvr_fleet_queued(struct kvr_rd *rd, struct kvr_pending *p);
+/* p leaves this router's queue unplaced (its client answered): if the peers were told it was
+ * queued, they forget it (a resend is then a new attempt). */
+void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p);
+/* Under mu: peer's Queued notice q, heard at now (queued.c). */
+void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
+                         const struct kvr_wire_queued *q, uint64_t now);
 
 /* A peer's decision d (gossip, snapshot, repair): book it and keep who answers for it. */
 void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint64_t now,

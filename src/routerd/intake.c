@@ -112,6 +112,8 @@ static kvr_status route(struct kvr_rd *rd, const struct kvr_wire_request *q, con
         p->worker_id = d.worker_id;
         kvr_send_forward(rd, p, data, len, d.worker_id, d.overlap_blocks);
         kvr_fleet_decided(rd, p);
+    } else {
+        kvr_fleet_queued(rd, p); /* the peers absorb its resends meanwhile */
     }
     return KVR_OK;
 }
@@ -251,6 +253,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
     kvr_router_cancel(rd->core, key);
     kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, KVR_ERR_CANCELLED);
     kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+    kvr_fleet_unqueued(rd, p);
     kvr_pending_drop(&rd->pend, p);
     rd->n.cancelled_queued++;
 }

@@ -222,6 +222,13 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
                      "Worker heartbeats that said forwards wait in the worker's queue: no request "
                      "it did not list was judged never to have reached it.",
                      g->reconcile_waits);
+    kvr_prom_family(p, "kvrouter_replication_queued_total", KVR_PROM_COUNTER,
+                    "Requests queued at their origin, as Queued notices: sent (queued here, and "
+                    "released unplaced), heard (a peer's held here, its resends absorbed), "
+                    "released (a peer's forgotten as its origin answered it).");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"notice", "sent"}, 1, g->queued_sent);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"notice", "heard"}, 1, g->queued_heard);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"notice", "released"}, 1, g->queued_released);
     kvr_prom_counter(p, "kvrouter_replication_kv_log_dropped_total",
                      "KV events let go from the last second's log before their second passed (its "
                      "8,192 messages or 8 MiB were full, or a message was larger): a resync then "

@@ -522,6 +522,41 @@ Test(codec, gossip_round_trip)
     kvr_buf_free(&b);
 }
 
+Test(codec, a_queued_notice_round_trip_and_its_checks)
+{
+    struct kvr_buf b = {0};
+    struct kvr_wire_queued q = {"_INBOX.q", "req-8", 1234, 5000, false};
+    cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
+    struct kvr_wire_gossip g;
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
+    cr_assert(eq(int, g.kind, KVR_WIRE_GOSSIP_QUEUED));
+    cr_assert(eq(str, g.router_id, "r4"));
+    cr_assert(eq(u64, g.seq, 17), "the seq of its last decision");
+    cr_assert(eq(str, g.q.reply, "_INBOX.q"));
+    cr_assert(eq(str, g.q.request_id, "req-8"));
+    cr_assert(eq(u64, g.q.decided_ns, 1234));
+    cr_assert(eq(u32, g.q.wait_ms, 5000));
+    cr_assert(not(g.q.released));
+    kvr_wire_gossip_free(&g);
+    q.released = true;
+    cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
+    cr_assert(g.q.released);
+    kvr_wire_gossip_free(&g);
+    q.reply = ""; /* nobody to absorb a resend for */
+    cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_INVALID));
+    cr_assert(eq(ptr, g.q.reply, NULL), "freed and zeroed on an error");
+    char longer[KVR_REQUEST_ID_MAX + 2];
+    memset(longer, 'i', sizeof longer - 1);
+    longer[sizeof longer - 1] = 0;
+    q.reply = "_INBOX.q";
+    q.request_id = longer;
+    cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
+    cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_ERR_TOO_LARGE));
+    kvr_buf_free(&b);
+}
+
 Test(codec, sync_request_round_trip)
 {
     struct kvr_buf b = {0};

@@ -44,7 +44,8 @@ struct last_decision {
     uint32_t placement;
     uint32_t max_tokens;
 };
-static int gossiped(size_t from, struct last_decision *last)
+/* How many of the gossip messages sent from rec_sent[from] on fn counts (it may take from g). */
+static int each_gossip(size_t from, bool (*fn)(void *ctx, struct kvr_wire_gossip *g), void *ctx)
 {
     int n = 0;
     for (size_t i = from; i < rec_nsent; i++) {
@@ -52,14 +53,25 @@ static int gossiped(size_t from, struct last_decision *last)
         if (strncmp(rec_sent[i].subject, "kv.default.router.gossip.", 25) ||
             kvr_wire_decode_gossip(rec_sent[i].data, rec_sent[i].len, &g) != KVR_OK)
             continue;
-        if (g.kind == KVR_WIRE_GOSSIP_DECISION) {
-            n++;
-            if (last)
-                *last = (struct last_decision){g.d.decided_ns, g.d.placement, g.d.rec.max_tokens};
-        }
+        n += fn(ctx, &g);
         kvr_wire_gossip_free(&g);
     }
     return n;
+}
+
+static bool a_decision(void *ctx, struct kvr_wire_gossip *g)
+{
+    struct last_decision *last = ctx;
+    if (g->kind != KVR_WIRE_GOSSIP_DECISION)
+        return false;
+    if (last)
+        *last = (struct last_decision){g->d.decided_ns, g->d.placement, g->d.rec.max_tokens};
+    return true;
+}
+
+static int gossiped(size_t from, struct last_decision *last)
+{
+    return each_gossip(from, a_decision, last);
 }
 
 static int decisions_since(size_t from)
@@ -2023,4 +2035,167 @@ Test(routerd, a_resync_after_a_cut_applies_nothing_from_before_it)
     answer_entries(tick_until_asked(&t), peer.e, peer.n, false);
     cr_assert(eq(u64, rd.fleet->kv_replayed, 0));
     cr_assert(not(index_has(103)));
+}
+
+/* --- requests queued at a peer (Queued notices) --------------------------------------------- */
+
+/* Of the Queued notices, the releases (or not); the last one kept in last (when not NULL). */
+struct notices {
+    bool released;
+    struct kvr_wire_queued *last;
+};
+
+static bool a_notice(void *ctx, struct kvr_wire_gossip *g)
+{
+    struct notices *x = ctx;
+    if (g->kind != KVR_WIRE_GOSSIP_QUEUED || g->q.released != x->released)
+        return false;
+    if (x->last) {
+        free(x->last->reply);
+        free(x->last->request_id);
+        *x->last = g->q;
+        g->q = (struct kvr_wire_queued){0};
+    }
+    return true;
+}
+
+/* Queued notices gossiped from rec_sent[from] on that were releases (or not); *last (when given):
+ * the last one. */
+static int queued_notices(size_t from, bool released, struct kvr_wire_queued *last)
+{
+    struct notices x = {released, last};
+    return each_gossip(from, a_notice, &x);
+}
+
+/* Router `origin` says it holds (or released) the client's request id from reply, queued. */
+static void queued_in(const char *origin, const char *reply, const char *id, uint32_t wait_ms,
+                      bool released)
+{
+    struct kvr_wire_queued q = {(char *)reply, (char *)id, 1000, wait_ms, released};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, origin, 5, 0, &q), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/*
+ * A request that waits in this router's queue is told to the peers (so one that gets its
+ * client's resend absorbs it), and released when it leaves the queue unplaced; once placed, its
+ * decision replaces the notice.
+ */
+Test(routerd, a_request_queued_here_is_told_to_the_peers_until_it_is_answered)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks: one 320-token request makes it busy */
+    generate("_INBOX.a", "first", 1, 320);
+    cr_assert(eq(int, queued_notices(0, false, NULL), 0), "placed at once: a decision only");
+    generate("_INBOX.b", "waits", 2, 320);
+    struct kvr_wire_queued q = {0};
+    cr_assert(eq(int, queued_notices(0, false, &q), 1), "told while it waits");
+    cr_assert(eq(str, q.reply, "_INBOX.b"));
+    cr_assert(eq(str, q.request_id, "waits"));
+    cr_assert(eq(u32, q.wait_ms, 5000), "the queue timeout");
+    cr_assert(gt(u64, q.decided_ns, 0));
+    generate("_INBOX.c", "cancelled", 3, 320);
+    cancel_request("_INBOX.c", "cancelled");
+    cr_assert(eq(int, queued_notices(0, true, &q), 1), "released once answered");
+    cr_assert(eq(str, q.request_id, "cancelled"));
+    free(q.reply);
+    free(q.request_id);
+    worker_done(1, kvr_pending_key("_INBOX.a", "first")); /* "waits" is placed */
+    cr_assert(eq(int, decisions_since(0), 2));
+    cr_assert(eq(int, queued_notices(0, true, NULL), 1), "a placed one is not released");
+    cr_assert(eq(u64, rd.fleet->queued_sent, 3));
+}
+
+/* A queued request that the queue timeout ends is released too (its client may try again). */
+Test(routerd, a_request_the_queue_gives_up_on_is_released)
+{
+    cfg.core.queue_timeout_ns = 1 * KVR_NS_PER_MS;
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000);
+    generate("_INBOX.a", "first", 1, 320);
+    generate("_INBOX.b", "waits", 2, 320);
+    cr_assert(eq(int, queued_notices(0, false, NULL), 1));
+    kvr_sleep_ns(5 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_OVERLOADED));
+    cr_assert(eq(int, queued_notices(0, true, NULL), 1));
+}
+
+/*
+ * A resend of a request queued at a peer is absorbed here, not placed a second time (it was:
+ * served here while the peer's copy timed out as overloaded, an error and a stream for one
+ * request); the peer's decision, when it places it, books it here as any decision.
+ */
+Test(routerd, a_resend_of_a_request_queued_at_a_peer_is_absorbed_until_it_is_placed)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    queued_in("peer", "_INBOX.q", "q", 5000, false);
+    cr_assert(eq(u64, rd.fleet->queued_heard, 1));
+    generate("_INBOX.q", "q", 1, 128); /* its client's resend, through this router */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 0), "absorbed");
+    cr_assert(eq(int, rec_count("_INBOX.q", 0, NULL), 0), "no error either");
+    cr_assert(eq(int, decisions_since(0), 0));
+    cr_assert(eq(u64, rd.fleet->resends, 1));
+    uint64_t key = kvr_pending_key("_INBOX.q", "q");
+    prefill_done(1, key); /* its worker's events may come before the peer's decision */
+    cr_assert(eq(u64, rd.n.stale_events, 0));
+    peer_decision_at("peer", 1, key, 1, "_INBOX.q", "q", 1000, 0);
+    struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u64, p->worker_id, 1));
+    struct kvr_request_record rec;
+    cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK), "booked here");
+    cr_assert(eq(u64, rd.fleet->placed_anew, 0), "not a placement again");
+    worker_done(1, key);
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
+}
+
+/* A peer that releases its queued request lets the next resend through; only its origin can. */
+Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    queued_in("peer", "_INBOX.r", "r", 5000, false);
+    queued_in("other", "_INBOX.r", "r", 0, true); /* not its origin */
+    cr_assert(eq(u32, rd.pend.n, 1));
+    queued_in("peer", "_INBOX.r", "r", 0, true);
+    cr_assert(eq(u64, rd.fleet->queued_released, 1));
+    cr_assert(eq(u32, rd.pend.n, 0));
+    generate("_INBOX.r", "r", 1, 128); /* a new attempt */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "placed here");
+    queued_in("peer", "_INBOX.r", "r", 5000, false); /* late: this router placed it */
+    cr_assert(eq(u64, rd.fleet->queued_heard, 1), "its own decision settles it");
+}
+
+/*
+ * A peer's notice is believed for its wait and four hellos: then it is forgotten while its origin
+ * lives (the origin answered), and answered "not delivered" by the stand-in when the origin fell
+ * silent (nobody else has the request's bytes). Bad reply subjects are refused.
+ */
+Test(routerd, a_peers_queued_request_is_forgotten_after_its_wait)
+{
+    strcpy(cfg.id, "a-first"); /* the smallest id: this router stands in */
+    queued_in("z-dead", "_INBOX.o", "o", 1, false);
+    queued_in("y-live", "_INBOX.l", "l", 1, false);
+    queued_in("y-live", "_INBOX.m", "m", 60000, false);
+    cr_assert(eq(u32, rd.pend.n, 3));
+    kvr_sleep_ns(15 * KVR_NS_PER_MS); /* 1 ms and four 2 ms hellos */
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "y-live", 5, 0, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.o", 0, &m), 1), "its origin is silent");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_NOT_DELIVERED));
+    cr_assert(eq(int, rec_count("_INBOX.l", 0, NULL), 0), "its origin lives and answers");
+    cr_assert(eq(u32, rd.pend.n, 1), "only the one still within its wait");
+    uint64_t bad = rd.fleet->bad;
+    queued_in("y-live", "_INBOX.x y", "x", 1000, false);
+    queued_in("y-live", "kv.default.worker.1.generate", "x", 1000, false); /* a fleet subject */
+    cr_assert(eq(u64, rd.fleet->bad, bad + 2), "reply subjects checked before they are kept");
+    cr_assert(eq(u32, rd.pend.n, 1));
 }
