@@ -59,14 +59,19 @@ static bool serve(struct kvr_loop *lp)
         natsConnection *nc = atomic_load_explicit(&c->nc, memory_order_acquire);
         if (!nc)
             continue;
-        if (atomic_exchange_explicit(&c->writable, false, memory_order_relaxed))
+        bool writable = atomic_exchange_explicit(&c->writable, false, memory_order_relaxed);
+        bool readable = atomic_exchange_explicit(&c->readable, false, memory_order_relaxed);
+        int fd = atomic_load_explicit(&c->fd, memory_order_relaxed);
+        if (fd < 0)
+            continue; /* not polled: nats.c reconnects on its own thread (poll_read) */
+        if (writable)
             natsConnection_ProcessWriteEvent(nc);
         unsigned r = 0;
-        if (atomic_exchange_explicit(&c->readable, false, memory_order_relaxed)) {
+        if (readable) {
             natsConnection_ProcessReadEvent(nc); /* also what an empty socket says: closed */
             r++;
         }
-        for (; waiting(atomic_load_explicit(&c->fd, memory_order_relaxed)); r++) {
+        for (; waiting(fd); r++) {
             if (r >= KVR_LOOP_READS_MAX) {
                 empty = false; /* behind: heard_ns stays where it was */
                 break;
@@ -190,11 +195,25 @@ static natsStatus attach(void **adapter, void *loop, natsConnection *nc, natsSoc
     return s;
 }
 
-/* nats.c's wish to poll its socket for reading, or not. */
+/*
+ * nats.c's wish to poll its socket for reading, or not. It asks "not" as the connection breaks,
+ * just before it closes the socket and reconnects on its own thread; its next attach brings the
+ * new socket once the handshake is done. Until then the loop must not read: nats.c 3.4.1 reads
+ * outside the connection's lock (fixed in 3.10, nats.c #815), so a read of the socket number,
+ * which the new socket usually takes, raced the reconnect's handshake on it and its close when
+ * the server refused (TSan saw the close; the bytes of the INFO could have been stolen too).
+ */
 static natsStatus poll_read(void *adapter, bool add)
 {
     struct kvr_loop_conn *c = adapter;
-    return (add ? event_add(c->read, NULL) : event_del_noblock(c->read)) == 0 ? NATS_OK : NATS_ERR;
+    if (!add) {
+        atomic_store_explicit(&c->fd, -1, memory_order_relaxed); /* serve() reads it no more */
+        atomic_store_explicit(&c->readable, false, memory_order_relaxed);
+    }
+    int rc = add ? event_add(c->read, NULL) : event_del_noblock(c->read);
+    if (add && rc == 0)
+        atomic_store_explicit(&c->fd, (int)event_get_fd(c->read), memory_order_relaxed);
+    return rc == 0 ? NATS_OK : NATS_ERR;
 }
 
 /* nats.c's wish to poll its socket for writing (it has buffered what it could not send). */

@@ -53,7 +53,7 @@ struct kvr_loop {
     struct kvr_loop_conn {
         struct kvr_loop *lp;             /* */
         _Atomic(natsConnection *) nc;    /* attached to the loop (NULL: a free slot) */
-        _Atomic int fd;                  /* its socket; -1: none */
+        _Atomic int fd;                  /* its socket while nats.c polls it; -1: none */
         struct event *read, *write;      /* on fd (replaced on a reconnect) */
         _Atomic bool readable, writable; /* what libevent saw this round */
     } conn[KVR_LOOP_CONNS];
