@@ -29,6 +29,8 @@
 enum kvr_recent_kind {
     KVR_RECENT_ENDED = 1,     /* it ended here with `outcome`: a forward for it is a duplicate */
     KVR_RECENT_CANCELLED = 2, /* a cancel came first: end its forward with `outcome` at once */
+    KVR_RECENT_FAILED = 3,    /* the fleet answered it with the error `outcome` (a router: a
+                                 resend soon after crossed that answer on its way) */
 };
 
 struct kvr_recent_item {
@@ -60,6 +62,14 @@ kvr_status kvr_recent_put(struct kvr_recent *t, uint64_t key, enum kvr_recent_ki
 
 /* The entry for key if it is remembered at now, else NULL (borrowed until the next put). */
 const struct kvr_recent_item *kvr_recent_find(struct kvr_recent *t, uint64_t key, uint64_t now);
+
+/* How long ago item (of t) was put, at now. */
+static inline uint64_t kvr_recent_age(const struct kvr_recent *t, const struct kvr_recent_item *it,
+                                      uint64_t now)
+{
+    uint64_t put = it->expires - t->ttl_ns;
+    return now > put ? now - put : 0;
+}
 
 /* Forget what is past its time at now. */
 void kvr_recent_expire(struct kvr_recent *t, uint64_t now);

@@ -373,6 +373,7 @@ struct kvr_wire_queued {
     uint64_t decided_ns; /* when the origin took it, Unix ns */
     uint32_t wait_ms;    /* the longest it may stay queued there */
     bool released;       /* it left the origin's queue unplaced */
+    uint32_t error_code; /* released: its client's answer (a kvr_status) */
 };
 
 enum kvr_wire_gossip_kind {

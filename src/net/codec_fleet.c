@@ -166,6 +166,7 @@ kvr_status kvr_wire_encode_gossip_queued(struct kvr_buf *b, const char *router_i
     m.decided_ns = q->decided_ns;
     m.wait_ms = q->wait_ms;
     m.released = q->released;
+    m.error_code = (Kvrouter__V1__ErrorCode)q->error_code;
     g.body_case = KVROUTER__V1__GOSSIP__BODY_QUEUED;
     g.queued = &m;
     return pack_gossip(b, router_id, epoch, seq, &g);
@@ -182,6 +183,7 @@ static kvr_status take_queued(const Kvrouter__V1__Queued *m, struct kvr_wire_que
     q->decided_ns = m->decided_ns;
     q->wait_ms = m->wait_ms;
     q->released = m->released;
+    q->error_code = (uint32_t)m->error_code;
     return st;
 }
 

@@ -77,6 +77,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"outbox_dropped", rd->out.dropped},
         {"core_events_lost", rd->deferred_lost},
         {"resends_after_end", rd->n.resends_after_end},
+        {"resends_after_error", rd->n.resends_after_error},
         {"repeats_asked", rd->n.repeats_asked},
         {"cancels", rd->n.cancels},
         {"cancels_sent", rd->n.cancels_sent},

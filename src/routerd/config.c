@@ -51,6 +51,7 @@ void kvr_rd_config_default(struct kvr_rd_config *c)
     c->kv_replay_ns = 1 * KVR_NS_PER_S; /* longer than a peer should take to apply what we have */
     c->drain_timeout_ns = c->core.queue_timeout_ns + KVR_NS_PER_S;
     c->booking_ttl_ns = 10 * KVR_NS_PER_S;
+    c->crossing_ns = 3 * KVR_NS_PER_S;
     /* an interval from the wire neither keeps a phantom worker for good nor drops a live one at
      * once (a worker is lost after 3.2 intervals; a known one's timeout never shrinks) */
     c->heartbeat_min_ns = 50 * KVR_NS_PER_MS;

@@ -550,12 +550,19 @@ static void tell(struct kvr_rd *rd, const struct kvr_pending *p, kvr_status st)
     kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, st, &why);
 }
 
+void kvr_fleet_answered(struct kvr_rd *rd, uint64_t key, kvr_status st, uint64_t now)
+{
+    bool ended = st == KVR_ERR_CANCELLED || st == KVR_ERR_DEADLINE;
+    kvr_recent_put(&rd->recent, key, ended ? KVR_RECENT_ENDED : KVR_RECENT_FAILED,
+                   ended ? KVR_OK : st, false, now);
+}
+
 void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
 {
     uint64_t now = kvr_now_ns();
     if (!p->origin) {
         tell(rd, p, st);
-        kvr_fleet_unqueued(rd, p);
+        kvr_fleet_unqueued(rd, p, st);
     } else if (!kvr_fleet_peer_alive(rd, p->origin, now) && !p->orphan_at) {
         /* its origin is silent: maybe gone, maybe cut off for a moment (then it places the
          * request again itself). Wait, then answer if it is still silent. */
@@ -564,6 +571,8 @@ void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
         if (stands_in(rd, now))
             tell(rd, p, st);
     }
+    if (p->reply) /* (its origin answers it the same, a live one at once) */
+        kvr_fleet_answered(rd, p->key, st, now);
     kvr_pending_drop(&rd->pend, p);
 }
 
@@ -575,10 +584,13 @@ static void settle_orphan(void *ctx, struct kvr_pending *p)
     struct kvr_request_record rec;
     if (kvr_router_export(rd->core, p->key, &rec) == KVR_OK)
         return; /* placed again meanwhile: in flight */
-    if (!kvr_fleet_peer_alive(rd, p->origin, c->now) && stands_in(rd, c->now)) {
+    bool silent = !kvr_fleet_peer_alive(rd, p->origin, c->now);
+    if (silent && stands_in(rd, c->now)) {
         tell(rd, p, p->orphan_status);
         rd->fleet->orphans_answered++;
     }
+    if (silent || !p->queued_notice) /* a live origin's queued one: it answers as it likes */
+        kvr_fleet_answered(rd, p->key, p->orphan_status, c->now);
     kvr_pending_drop(&rd->pend, p);
 }
 

@@ -108,9 +108,17 @@ void kvr_fleet_decided(struct kvr_rd *rd, const struct kvr_pending *p);
  * this router's copy timed out as overloaded: an error and a stream for one request).
  */
 void kvr_fleet_queued(struct kvr_rd *rd, struct kvr_pending *p);
-/* p leaves this router's queue unplaced (its client answered): if the peers were told it was
- * queued, they forget it (a resend is then a new attempt). */
-void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p);
+/* p leaves this router's queue unplaced, its client answered with st: if the peers were told it
+ * was queued, they forget it and remember that answer (kvr_fleet_answered). */
+void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st);
+/*
+ * Under mu: the fleet answered request key with the error st (this router or its origin): a
+ * resend within cfg->crossing_ns of now crossed that answer on its way and is ignored; later it
+ * is a new attempt (docs/protocol.md). After ERR_CANCELLED and ERR_DEADLINE a resend is ignored
+ * for as long as an ended request's.
+ */
+void kvr_fleet_answered(struct kvr_rd *rd, uint64_t key, kvr_status st, uint64_t now);
+
 /* Under mu: peer's Queued notice q, heard at now (queued.c). */
 void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
                          const struct kvr_wire_queued *q, uint64_t now);

@@ -41,6 +41,16 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
     }
     if (!r)
         return false;
+    if (r->kind == KVR_RECENT_FAILED) {
+        /* the fleet answered it with an error: soon after, a resend crossed that answer on its
+         * way (its client will have it, or resend again); later, a new attempt */
+        if (kvr_recent_age(&rd->recent, r, now) >= rd->cfg->crossing_ns)
+            return false;
+        rd->n.resends_after_error++;
+        kvr_log(KVR_LOG_DEBUG, "resend_after_error", "key=%016" PRIx64 " error=\"%s\"", key,
+                kvr_status_str(r->outcome));
+        return true;
+    }
     kvr_reply_error(&rd->generate, &rd->out, reply, id, r->outcome); /* the cancel came first */
     rd->n.cancelled_early++;
     kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
@@ -253,7 +263,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
     kvr_router_cancel(rd->core, key);
     kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, KVR_ERR_CANCELLED);
     kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
-    kvr_fleet_unqueued(rd, p);
+    kvr_fleet_unqueued(rd, p, KVR_ERR_CANCELLED);
     kvr_pending_drop(&rd->pend, p);
     rd->n.cancelled_queued++;
 }

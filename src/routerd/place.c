@@ -33,8 +33,9 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     if (again && kvr_pending_place_next_tick(&rd->pend, p) == KVR_OK)
         return;
     struct kvr_reply_why why = {.worker_id = p->worker_id};
-    kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id,
-                   st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE : KVR_ERR_IO, &why);
+    kvr_status answer = st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE : KVR_ERR_IO;
+    kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, answer, &why);
+    kvr_fleet_answered(rd, key, answer, kvr_now_ns());
     kvr_pending_drop(&rd->pend, p);
 }
 
@@ -45,6 +46,7 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
     kvr_status st = kvr_wire_decode_generate(p->raw, p->rawlen, &rd->lim, &q);
     if (st != KVR_OK) { /* it decoded once: only memory can fail now */
         kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+        kvr_fleet_answered(rd, p->key, st, kvr_now_ns());
         kvr_pending_drop(&rd->pend, p);
         kvr_wire_request_free(&q);
         return;
@@ -74,6 +76,7 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
             st == KVR_OK && d.queued ? "queued" : kvr_status_str(st));
     if (st != KVR_OK) {
         kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+        kvr_fleet_answered(rd, p->key, st, kvr_now_ns());
         kvr_pending_drop(&rd->pend, p);
     }
     kvr_wire_request_free(&q);

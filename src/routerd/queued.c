@@ -24,7 +24,7 @@
 
 #define QUEUED_WAIT_MAX_MS 60000u /* a peer's notice is believed this long at most */
 
-static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released)
+static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released, kvr_status st)
 {
     struct kvr_fleet *g = rd->fleet;
     uint64_t now = kvr_now_ns(), wait = rd->cfg->core.queue_timeout_ns;
@@ -35,7 +35,8 @@ static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released)
                                 .request_id = p->request_id,
                                 .decided_ns = p->decided_ns,
                                 .wait_ms = wait_ms < UINT32_MAX ? (uint32_t)wait_ms : UINT32_MAX,
-                                .released = released};
+                                .released = released,
+                                .error_code = (uint32_t)st};
     if (kvr_wire_encode_gossip_queued(&rd->buf, rd->cfg->id, g->epoch, g->seq, &q) != KVR_OK)
         return;
     kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
@@ -46,13 +47,13 @@ static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released)
 void kvr_fleet_queued(struct kvr_rd *rd, struct kvr_pending *p)
 {
     if (rd->cfg->gossip && p->reply && !p->origin)
-        notice(rd, p, false);
+        notice(rd, p, false, KVR_OK);
 }
 
-void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p)
+void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
 {
     if (rd->cfg->gossip && p->queued_notice && !p->origin && !p->worker_id)
-        notice(rd, p, true);
+        notice(rd, p, true, st);
 }
 
 void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
@@ -69,6 +70,7 @@ void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (q->released) {
         if (p && p->origin == peer && p->queued_notice) {
+            kvr_fleet_answered(rd, key, (kvr_status)q->error_code, now); /* so was its client */
             kvr_pending_drop(&rd->pend, p);
             g->queued_released++;
         }

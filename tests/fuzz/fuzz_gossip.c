@@ -44,7 +44,7 @@ static void round_trip(const struct kvr_wire_gossip *g)
         FUZZ_CHECK(fuzz_streq(g->q.reply, again.q.reply) &&
                    fuzz_streq(g->q.request_id, again.q.request_id) &&
                    g->q.decided_ns == again.q.decided_ns && g->q.wait_ms == again.q.wait_ms &&
-                   g->q.released == again.q.released);
+                   g->q.released == again.q.released && g->q.error_code == again.q.error_code);
     else
         FUZZ_CHECK(g->serving == again.serving);
     kvr_wire_gossip_free(&again);
@@ -61,7 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(!g.router_id && g.epoch == 0 && g.seq == 0 && g.kind == 0 && !g.serving);
         FUZZ_CHECK(!g.d.reply && !g.d.request_id && !g.d.origin && !g.d.rec.block_hashes);
         FUZZ_CHECK(g.d.rec.request_id == 0 && g.d.rec.worker_id == 0 && g.d.rec.nblocks == 0);
-        FUZZ_CHECK(!g.q.reply && !g.q.request_id && g.q.decided_ns == 0 && !g.q.released);
+        FUZZ_CHECK(!g.q.reply && !g.q.request_id && g.q.decided_ns == 0 && !g.q.released &&
+                   g.q.error_code == 0);
     }
     kvr_wire_gossip_free(&g);
     fuzz_fail_alloc(data, size, st, decode_and_free);

@@ -168,7 +168,7 @@ static void replicas(void)
     put("gossip", 0, &b);
     check(kvr_wire_encode_gossip_hello(&b, "r2", 6, 9, true), "gossip");
     put("gossip", 1, &b);
-    struct kvr_wire_queued q = {"_INBOX.q", "req-2", 123, 5000, false};
+    struct kvr_wire_queued q = {"_INBOX.q", "req-2", 123, 5000, true, KVR_ERR_OVERLOADED};
     check(kvr_wire_encode_gossip_queued(&b, "r2", 6, 9, &q), "gossip");
     put("gossip", 2, &b);
     struct kvr_wire_sync s = {"r1", true, NULL, 0, 0, 0, 5, 77};

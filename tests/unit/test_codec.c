@@ -525,7 +525,7 @@ Test(codec, gossip_round_trip)
 Test(codec, a_queued_notice_round_trip_and_its_checks)
 {
     struct kvr_buf b = {0};
-    struct kvr_wire_queued q = {"_INBOX.q", "req-8", 1234, 5000, false};
+    struct kvr_wire_queued q = {"_INBOX.q", "req-8", 1234, 5000, false, KVR_OK};
     cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
     struct kvr_wire_gossip g;
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
@@ -539,9 +539,11 @@ Test(codec, a_queued_notice_round_trip_and_its_checks)
     cr_assert(not(g.q.released));
     kvr_wire_gossip_free(&g);
     q.released = true;
+    q.error_code = KVR_ERR_OVERLOADED;
     cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));
     cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK));
     cr_assert(g.q.released);
+    cr_assert(eq(u32, g.q.error_code, KVR_ERR_OVERLOADED), "the answer its client got");
     kvr_wire_gossip_free(&g);
     q.reply = ""; /* nobody to absorb a resend for */
     cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "r4", 3, 17, &q), KVR_OK));

@@ -2071,7 +2071,8 @@ static int queued_notices(size_t from, bool released, struct kvr_wire_queued *la
 static void queued_in(const char *origin, const char *reply, const char *id, uint32_t wait_ms,
                       bool released)
 {
-    struct kvr_wire_queued q = {(char *)reply, (char *)id, 1000, wait_ms, released};
+    struct kvr_wire_queued q = {(char *)reply, (char *)id, 1000,
+                                wait_ms,       released,   released ? KVR_ERR_OVERLOADED : KVR_OK};
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, origin, 5, 0, &q), KVR_OK));
     gossip_in(&rd, b.data, b.len);
@@ -2108,10 +2109,16 @@ Test(routerd, a_request_queued_here_is_told_to_the_peers_until_it_is_answered)
     cr_assert(eq(u64, rd.fleet->queued_sent, 3));
 }
 
-/* A queued request that the queue timeout ends is released too (its client may try again). */
-Test(routerd, a_request_the_queue_gives_up_on_is_released)
+/*
+ * A queued request that the queue timeout ends is released too, with its answer; a resend right
+ * after that answer crossed it on its way (its client sent it before the answer came: under
+ * overload its third resend, at ~6 s, meets a 5 s queue timeout) and is ignored, where it was
+ * placed as a new attempt: an error, then a stream. Later, it is a new attempt.
+ */
+Test(routerd, a_request_the_queue_gives_up_on_is_released_and_a_crossing_resend_ignored)
 {
     cfg.core.queue_timeout_ns = 1 * KVR_NS_PER_MS;
+    cfg.crossing_ns = 30 * KVR_NS_PER_MS;
     busy_above_half();
     heartbeat(1, 8, NULL, 0, 1000);
     generate("_INBOX.a", "first", 1, 320);
@@ -2122,7 +2129,35 @@ Test(routerd, a_request_the_queue_gives_up_on_is_released)
     const struct rec_sent *m = NULL;
     cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1));
     cr_assert(eq(u32, rec_error_in(m), KVR_ERR_OVERLOADED));
-    cr_assert(eq(int, queued_notices(0, true, NULL), 1));
+    struct kvr_wire_queued q = {0};
+    cr_assert(eq(int, queued_notices(0, true, &q), 1));
+    cr_assert(eq(u32, q.error_code, KVR_ERR_OVERLOADED), "the peers learn the answer");
+    free(q.reply);
+    free(q.request_id);
+    generate("_INBOX.b", "waits", 2, 320); /* its resend, sent before the answer came */
+    cr_assert(eq(u64, rd.n.resends_after_error, 1));
+    cr_assert(eq(int, queued_notices(0, false, NULL), 1), "not queued again");
+    kvr_sleep_ns(35 * KVR_NS_PER_MS);
+    generate("_INBOX.b", "waits", 2, 320); /* a new attempt */
+    cr_assert(eq(int, queued_notices(0, false, NULL), 2), "taken, and waits again");
+}
+
+/* A worker that dies fails its requests on every router; each remembers the answer, so a resend
+ * that crossed it, through any router, is not placed as a new attempt. */
+Test(routerd, a_resend_crossing_a_worker_lost_answer_is_ignored_by_every_router)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS; /* the peer stays alive however slow the run */
+    heartbeat(1, 4096, NULL, 0, 1);
+    heartbeat(2, 4096, NULL, 0, 1000);
+    uint64_t key = kvr_pending_key("_INBOX.w", "lost");
+    peer_decision_at("a-peer", 1, key, 1, "_INBOX.w", "lost", 1000, 0);
+    kvr_sleep_ns(10 * KVR_NS_PER_MS); /* worker 1 is silent for 3.2 of its intervals */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL), "its origin answers");
+    generate("_INBOX.w", "lost", 1, 128); /* the client's resend, through this router */
+    cr_assert(eq(int, rec_count("kv.default.worker.2.generate", 0, NULL), 0), "crossed it");
+    cr_assert(eq(int, rec_count("_INBOX.w", 0, NULL), 0));
+    cr_assert(eq(u64, rd.n.resends_after_error, 1));
 }
 
 /*
@@ -2154,9 +2189,14 @@ Test(routerd, a_resend_of_a_request_queued_at_a_peer_is_absorbed_until_it_is_pla
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
 }
 
-/* A peer that releases its queued request lets the next resend through; only its origin can. */
+/*
+ * A peer that releases its queued request (its client answered with an error) lets it go here:
+ * a resend right after crossed the answer and is ignored, a later one is a new attempt. Only its
+ * origin can release it.
+ */
 Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
 {
+    cfg.crossing_ns = 20 * KVR_NS_PER_MS;
     heartbeat(1, 4096, NULL, 0, 1000);
     queued_in("peer", "_INBOX.r", "r", 5000, false);
     queued_in("other", "_INBOX.r", "r", 0, true); /* not its origin */
@@ -2164,6 +2204,11 @@ Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
     queued_in("peer", "_INBOX.r", "r", 0, true);
     cr_assert(eq(u64, rd.fleet->queued_released, 1));
     cr_assert(eq(u32, rd.pend.n, 0));
+    generate("_INBOX.r", "r", 1, 128); /* sent before its client had the answer */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 0), "crossed it");
+    cr_assert(eq(int, rec_count("_INBOX.r", 0, NULL), 0));
+    cr_assert(eq(u64, rd.n.resends_after_error, 1));
+    kvr_sleep_ns(25 * KVR_NS_PER_MS);
     generate("_INBOX.r", "r", 1, 128); /* a new attempt */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "placed here");
     queued_in("peer", "_INBOX.r", "r", 5000, false); /* late: this router placed it */
