@@ -16,10 +16,15 @@ const WAVE = 20;
 const TT = { timeout: 60000 + TRIALS * 3000 }; // per test
 const QUIET_MS = 500; // after the final chunk: anything more is a violation
 
+const OVER = "rover"; // busy workers and a short queue timeout: waiting ends "overloaded"
+const OVER_ROUTER_ARGS = [...BUSY_ROUTER_ARGS.slice(0, -2), "--queue-timeout-ms", "400"];
+
 const h = useFleet("resend", [
   { ns: NS, routers: ["rsnd-r1", "rsnd-r2"], workers: [401, 402] },
   { ns: BUSY, routers: ["rbusy-r1", "rbusy-r2"], workers: [411, 412],
     routerArgs: BUSY_ROUTER_ARGS, workerArgs: BUSY_WORKER_ARGS },
+  { ns: OVER, routers: ["rover-r1", "rover-r2"], workers: [421],
+    routerArgs: OVER_ROUTER_ARGS, workerArgs: BUSY_WORKER_ARGS },
 ]);
 
 // A resend while the stream is in flight may bring the tokens so far again (docs/protocol.md,
@@ -225,4 +230,56 @@ test(`resend after the final chunk: the stream again, once, ${TRIALS} trials`, T
     if (p.length) throw new Error(p.join("; "));
     return { s, req, pre: true };
   });
+});
+
+// A resend that crossed a final error on its way (sent before the error arrived) is taken for
+// one and ignored, through either router; the same request sent 3 s or more after the error is
+// a new attempt (docs/protocol.md "Resending"). Every worker busy, a 400 ms queue timeout: the
+// request waits, then ends ERR_OVERLOADED (7).
+test("a resend crossing an error answer is ignored; 3 s later it is a new attempt", TT, async () => {
+  const n = 6;
+  const { fillers, confirmed } = await fillWorkers(h.nc, OVER, 1, 300);
+  try {
+    const trials = [];
+    for (let i = 0; i < n; i++) {
+      const req = { request_id: rid("rcx"), token_ids: prompt(32, freshSeed()), max_tokens: 8 };
+      trials.push({ req, s: generate(h.nc, OVER, req) });
+    }
+    await Promise.all(trials.map((t) => t.s.waitFinal(10000, "the final ERR_OVERLOADED")));
+    const p = [];
+    for (const t of trials) {
+      if (t.s.final.error_code !== 7) {
+        p.push(`${t.req.request_id}: the first answer must be ERR_OVERLOADED (7) (selects saw ` +
+          `every worker busy: ${confirmed}), got ${t.s.final.error_code}`);
+      }
+      t.answered = Date.now();
+      t.seen = t.s.msgs.length;
+      publishGenerate(h.nc, OVER, t.s); // crossed the answer: ignored
+      publishGenerate(h.nc, OVER, t.s);
+    }
+    await sleep(1500);
+    for (const t of trials) {
+      if (t.s.msgs.length !== t.seen) {
+        p.push(`${t.req.request_id}: resends within 3 s of the error must be ignored, got ` +
+          `${t.s.msgs.length - t.seen} message(s): ${t.s.summary()}`);
+      }
+    }
+    await sleep(2000); // 3.5 s after the answers
+    for (const t of trials) {
+      t.seen = t.s.msgs.length;
+      publishGenerate(h.nc, OVER, t.s); // a new attempt: it waits, then is answered again
+    }
+    await Promise.all(trials.map((t) => t.s.waitFor((x) => x.msgs.length > t.seen, 10000,
+      "an answer to the new attempt").catch(() => {})));
+    for (const t of trials) {
+      const more = t.s.chunks.slice(t.seen);
+      if (!more.some((c) => c.final)) {
+        p.push(`${t.req.request_id}: a request sent 3 s after its error is a new attempt and ` +
+          `must be answered, got: ${t.s.summary()}`);
+      }
+    }
+    assert.ok(p.length === 0, p.slice(0, 4).join("\n"));
+  } finally {
+    await releaseFillers(h.nc, OVER, fillers);
+  }
 });
