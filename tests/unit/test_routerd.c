@@ -2118,7 +2118,7 @@ Test(routerd, a_request_queued_here_is_told_to_the_peers_until_it_is_answered)
 Test(routerd, a_request_the_queue_gives_up_on_is_released_and_a_crossing_resend_ignored)
 {
     cfg.core.queue_timeout_ns = 1 * KVR_NS_PER_MS;
-    cfg.crossing_ns = 30 * KVR_NS_PER_MS;
+    cfg.crossing_ns = 300 * KVR_NS_PER_MS; /* the resend below comes well within it */
     busy_above_half();
     heartbeat(1, 8, NULL, 0, 1000);
     generate("_INBOX.a", "first", 1, 320);
@@ -2137,7 +2137,7 @@ Test(routerd, a_request_the_queue_gives_up_on_is_released_and_a_crossing_resend_
     generate("_INBOX.b", "waits", 2, 320); /* its resend, sent before the answer came */
     cr_assert(eq(u64, rd.n.resends_after_error, 1));
     cr_assert(eq(int, queued_notices(0, false, NULL), 1), "not queued again");
-    kvr_sleep_ns(35 * KVR_NS_PER_MS);
+    kvr_sleep_ns(310 * KVR_NS_PER_MS);
     generate("_INBOX.b", "waits", 2, 320); /* a new attempt */
     cr_assert(eq(int, queued_notices(0, false, NULL), 2), "taken, and waits again");
 }
@@ -2196,7 +2196,7 @@ Test(routerd, a_resend_of_a_request_queued_at_a_peer_is_absorbed_until_it_is_pla
  */
 Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
 {
-    cfg.crossing_ns = 20 * KVR_NS_PER_MS;
+    cfg.crossing_ns = 300 * KVR_NS_PER_MS; /* the resend below comes well within it */
     heartbeat(1, 4096, NULL, 0, 1000);
     queued_in("peer", "_INBOX.r", "r", 5000, false);
     queued_in("other", "_INBOX.r", "r", 0, true); /* not its origin */
@@ -2208,7 +2208,7 @@ Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 0), "crossed it");
     cr_assert(eq(int, rec_count("_INBOX.r", 0, NULL), 0));
     cr_assert(eq(u64, rd.n.resends_after_error, 1));
-    kvr_sleep_ns(25 * KVR_NS_PER_MS);
+    kvr_sleep_ns(310 * KVR_NS_PER_MS);
     generate("_INBOX.r", "r", 1, 128); /* a new attempt */
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "placed here");
     queued_in("peer", "_INBOX.r", "r", 5000, false); /* late: this router placed it */
@@ -2222,12 +2222,13 @@ Test(routerd, a_peer_that_releases_its_queued_request_lets_a_resend_through)
  */
 Test(routerd, a_peers_queued_request_is_forgotten_after_its_wait)
 {
-    strcpy(cfg.id, "a-first"); /* the smallest id: this router stands in */
+    strcpy(cfg.id, "a-first");         /* the smallest id: this router stands in */
+    cfg.hello_ns = 40 * KVR_NS_PER_MS; /* y-live stays alive from its hello to the tick below */
     queued_in("z-dead", "_INBOX.o", "o", 1, false);
     queued_in("y-live", "_INBOX.l", "l", 1, false);
     queued_in("y-live", "_INBOX.m", "m", 60000, false);
     cr_assert(eq(u32, rd.pend.n, 3));
-    kvr_sleep_ns(15 * KVR_NS_PER_MS); /* 1 ms and four 2 ms hellos */
+    kvr_sleep_ns(200 * KVR_NS_PER_MS); /* 1 ms and four 40 ms hellos */
     struct kvr_buf b = {0};
     cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "y-live", 5, 0, true), KVR_OK));
     gossip_in(&rd, b.data, b.len);
