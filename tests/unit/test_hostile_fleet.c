@@ -16,6 +16,7 @@
 #include "natscfg.h"
 #include "sync.h"
 #include "test_hostile_rig.h"
+#include "timer.h"
 
 TestSuite(hostile_fleet, .init = hr_setup, .fini = hr_teardown, .timeout = 60);
 
@@ -358,4 +359,42 @@ Test(hostile_fleet, names_from_the_command_line_are_one_token_each)
                   "--id \"%s\"", bad_ids[i]);
         cr_assert(not(eq(ptr, strstr(why, "--id"), NULL)), "%s", why);
     }
+}
+
+/*
+ * A flood of Queued notices (a forger on the gossip subjects: one per made-up client id) takes
+ * pending entries up to the table's bound and no further (the rest counted, not kept), and each
+ * is forgotten once its wait and four hellos are over: then this router takes requests again.
+ */
+Test(hostile_fleet, a_flood_of_queued_notices_is_bounded_and_forgotten_after_its_wait)
+{
+    hr_cfg.hello_ns = 10 * KVR_NS_PER_MS;
+    kvr_fleet_destroy(&hr_rd);
+    kvr_rd_free(&hr_rd);
+    hr_start();
+    hr_heartbeat(1, 4096, NULL, 0, 60000);
+    uint32_t max = hr_rd.pend.max, n = max + 100;
+    struct kvr_buf b = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "flood-%u", i);
+        struct kvr_wire_queued q = {"_INBOX.flood", id, 1, 1, false, KVR_OK};
+        cr_assert(eq(int, kvr_wire_encode_gossip_queued(&b, "forger", 5, 0, &q), KVR_OK));
+        hr_on_gossip("forger", b.data, b.len);
+    }
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, hr_rd.pend.n, max), "the table's bound");
+    cr_assert(eq(u64, hr_stat("data.replication.queued_heard"), max));
+    cr_assert(eq(u64, hr_stat("data.replication.imported_unanswerable"), 100), "the rest counted");
+    hr_generate("_INBOX.a", "real", 1, 128, 8);
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count("_INBOX.a", 0, &m), 1), "refused while the table is full");
+    cr_assert(eq(u32, hr_error_in(m), KVR_ERR_OVERLOADED));
+    kvr_sleep_ns(60 * KVR_NS_PER_MS); /* 1 ms and four 10 ms hellos */
+    hr_hello("forger", 5, 0);         /* alive: its notices are dropped, not answered */
+    kvr_timer_tick(&hr_rd, hr_now(), true, false);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "forgotten after their wait");
+    cr_assert(eq(int, hr_count("_INBOX.flood", 0, NULL), 0), "nobody answered for the forger");
+    hr_generate("_INBOX.b", "real", 2, 128, 8);
+    cr_assert(eq(int, hr_count("kv.default.worker.1.generate", 0, NULL), 1), "routed again");
 }
