@@ -272,7 +272,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
             return false; /* sent again to the same worker: booked there already */
         if (p->queued_notice) {
             /* queued at its origin until now (queued.c): nothing booked here */
-            p->queued_notice = false;
+            kvr_pending_notice(&rd->pend, p, false);
             p->orphan_at = 0; /* placed: no longer forgotten when its wait is over */
         } else {
             rd->fleet->placed_anew++;
@@ -302,6 +302,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     rd->n.superseded += mine;
     kvr_router_withdraw(rd->core, p->key); /* queued here, or booked on the worker that lost */
     kvr_pending_started(p);                /* its origin now places it, if anyone does */
+    kvr_pending_notice(&rd->pend, p, false);
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
     p->attempts = d->placement;

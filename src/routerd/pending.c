@@ -82,9 +82,19 @@ kvr_status kvr_pending_add(struct kvr_pending_table *t, uint64_t key, const char
 void kvr_pending_drop(struct kvr_pending_table *t, struct kvr_pending *p)
 {
     assert(t->n > 0 && kvr_pending_find(t, p->key) == p);
+    kvr_pending_notice(t, p, false);
     HASH_DEL(t->head, p);
     t->n--;
     free_item(p);
+}
+
+void kvr_pending_notice(struct kvr_pending_table *t, struct kvr_pending *p, bool on)
+{
+    if (p->origin && p->queued_notice != on) {
+        assert(on || t->nnotices > 0);
+        t->nnotices += on ? 1u : (uint32_t)-1;
+    }
+    p->queued_notice = on;
 }
 
 void kvr_pending_started(struct kvr_pending *p)

@@ -58,6 +58,7 @@ struct kvr_pending_table {
     uint32_t norphans, caporphans;   /* */
     uint64_t *bookings;              /* keys of booked selects not started yet */
     uint32_t nbookings, capbookings; /* */
+    uint32_t nnotices;               /* peers' requests held on their Queued notices */
 };
 
 void kvr_pending_init(struct kvr_pending_table *t, uint32_t max);
@@ -75,6 +76,10 @@ kvr_status kvr_pending_add(struct kvr_pending_table *t, uint64_t key, const char
                            struct kvr_pending **out);
 
 void kvr_pending_drop(struct kvr_pending_table *t, struct kvr_pending *p);
+
+/* p is held on its origin's Queued notice (on: p->origin set, no decision yet), or no longer;
+ * counted in nnotices while it is. */
+void kvr_pending_notice(struct kvr_pending_table *t, struct kvr_pending *p, bool on);
 
 /* The request started: its bytes are no longer needed (it will not be placed again). */
 void kvr_pending_started(struct kvr_pending *p);

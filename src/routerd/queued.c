@@ -7,10 +7,10 @@
  *
  * A peer's notice becomes a pending entry on no worker and outside the core (queued_notice), kept
  * until the origin's decision replaces it (fleet.c, resolve), the origin releases it, or the
- * longest it may wait there (at most QUEUED_WAIT_MAX_MS) and four hellos have passed. Then, as an
- * orphan: dropped while its origin lives (the origin answered), answered "not delivered" by the
- * stand-in when the origin fell silent (nobody else has the request's bytes; the client may send
- * it again at once).
+ * longest it may wait there (at most QUEUED_WAIT_MAX_MS) and four hellos have passed; at most
+ * QUEUED_HELD_MAX of them at once. Past its wait, as an orphan: dropped while its origin lives
+ * (the origin answered), answered "not delivered" by the stand-in when the origin fell silent
+ * (nobody else has the request's bytes; the client may send it again, a new attempt 3 s later).
  */
 #define _DEFAULT_SOURCE
 #include "fleet.h"
@@ -23,6 +23,10 @@
 #include "subject.h"
 
 #define QUEUED_WAIT_MAX_MS 60000u /* a peer's notice is believed this long at most */
+#define QUEUED_HELD_MAX                                                                            \
+    65536u /* peers' requests held on notices at once: 64 routers' full                            \
+              queues of the default 1,024; forged ones never fill the                              \
+              pending table, which real requests need */
 
 static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released, kvr_status st)
 {
@@ -41,7 +45,7 @@ static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released, kvr_
         return;
     kvr_outbox_add(&rd->out, g->subj_gossip, rd->buf.data, rd->buf.len, KVR_OK);
     g->queued_sent++;
-    p->queued_notice = !released;
+    kvr_pending_notice(&rd->pend, p, !released);
 }
 
 void kvr_fleet_queued(struct kvr_rd *rd, struct kvr_pending *p)
@@ -78,13 +82,14 @@ void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
     }
     if (p || kvr_recent_find(&rd->recent, key, now))
         return; /* known here: decisions settle who serves it (the earlier, a placed one first) */
-    if (kvr_pending_add(&rd->pend, key, q->reply, q->request_id, NULL, 0, &p) != KVR_OK) {
+    if (rd->pend.nnotices >= QUEUED_HELD_MAX ||
+        kvr_pending_add(&rd->pend, key, q->reply, q->request_id, NULL, 0, &p) != KVR_OK) {
         g->lost++; /* a resend through this router may be placed a second time */
         return;
     }
     p->origin = peer;
     p->decided_ns = q->decided_ns;
-    p->queued_notice = true;
+    kvr_pending_notice(&rd->pend, p, true);
     uint32_t wait_ms = q->wait_ms < QUEUED_WAIT_MAX_MS ? q->wait_ms : QUEUED_WAIT_MAX_MS;
     uint64_t until = now + wait_ms * KVR_NS_PER_MS + 4 * rd->cfg->hello_ns;
     if (kvr_pending_orphan(&rd->pend, p, until, KVR_ERR_NOT_DELIVERED) != KVR_OK) {

@@ -2182,11 +2182,23 @@ Test(routerd, a_resend_of_a_request_queued_at_a_peer_is_absorbed_until_it_is_pla
     struct kvr_pending *p = kvr_pending_find(&rd.pend, key);
     cr_assert(not(eq(ptr, p, NULL)));
     cr_assert(eq(u64, p->worker_id, 1));
+    cr_assert(eq(u32, rd.pend.nnotices, 0), "no longer held on a notice");
     struct kvr_request_record rec;
     cr_assert(eq(int, kvr_router_export(rd.core, key, &rec), KVR_OK), "booked here");
     cr_assert(eq(u64, rd.fleet->placed_anew, 0), "not a placement again");
     worker_done(1, key);
     cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
+    /* another router placed the resend it got before hearing the notice: that decision stands */
+    queued_in("peer", "_INBOX.q2", "q2", 5000, false);
+    cr_assert(eq(u32, rd.pend.nnotices, 1));
+    uint64_t key2 = kvr_pending_key("_INBOX.q2", "q2");
+    peer_decision_at("other", 1, key2, 1, "_INBOX.q2", "q2", 2000, 0);
+    p = kvr_pending_find(&rd.pend, key2);
+    cr_assert(not(eq(ptr, p, NULL)));
+    cr_assert(eq(u64, p->worker_id, 1));
+    cr_assert(eq(u32, rd.pend.nnotices, 0), "placed: no longer held on the notice");
+    worker_done(1, key2);
+    cr_assert(eq(u32, rd.pend.n, 0));
 }
 
 /*
