@@ -23,17 +23,18 @@
 #include "subject.h"
 
 #define QUEUED_WAIT_MAX_MS 60000u /* a peer's notice is believed this long at most */
-#define QUEUED_HELD_MAX                                                                            \
-    65536u /* peers' requests held on notices at once: 64 routers' full                            \
-              queues of the default 1,024; forged ones never fill the                              \
-              pending table, which real requests need */
+/* Peers' requests held on notices at once: 64 routers' full queues of the default 1,024, so
+ * forged notices never fill the pending table, which real requests need. */
+#define QUEUED_HELD_MAX 65536u
 
 static void notice(struct kvr_rd *rd, struct kvr_pending *p, bool released, kvr_status st)
 {
     struct kvr_fleet *g = rd->fleet;
     uint64_t now = kvr_now_ns(), wait = rd->cfg->core.queue_timeout_ns;
-    if (p->deadline_ns && p->deadline_ns - now < wait)
-        wait = p->deadline_ns > now ? p->deadline_ns - now : 0; /* its client's deadline first */
+    if (p->deadline_ns) { /* its client's deadline, when it comes first */
+        uint64_t left = p->deadline_ns > now ? p->deadline_ns - now : 0;
+        wait = left < wait ? left : wait;
+    }
     uint64_t wait_ms = (wait + KVR_NS_PER_MS - 1) / KVR_NS_PER_MS;
     struct kvr_wire_queued q = {.reply = p->reply,
                                 .request_id = p->request_id,

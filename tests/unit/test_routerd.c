@@ -86,6 +86,8 @@ static struct last_decision last_decision(size_t from)
     return at;
 }
 
+static int queued_notices(size_t from, bool released, struct kvr_wire_queued *last);
+
 /* --- the daemon state under test ----------------------------------------------------------- */
 
 static struct kvr_rd_config cfg;
@@ -923,11 +925,19 @@ Test(routerd, a_deadline_ends_a_queued_request)
     kvr_intake_generate(&rd, "_INBOX.h", b.data, b.len + sizeof deadline);
     kvr_buf_free(&b);
     cr_assert(eq(int, rec_count("_INBOX.h", 0, NULL), 0), "it waits");
+    struct kvr_wire_queued q = {0};
+    cr_assert(eq(int, queued_notices(0, false, &q), 1));
+    cr_assert(le(u32, q.wait_ms, 5), "its peers hold it no longer than its deadline");
+    free(q.reply);
+    free(q.request_id);
     kvr_sleep_ns(10 * KVR_NS_PER_MS);
     kvr_timer_tick(&rd, kvr_now_ns(), true, false);
     const struct rec_sent *m = NULL;
     cr_assert(eq(int, rec_count("_INBOX.h", 0, &m), 1));
     cr_assert(eq(u32, rec_error_in(m), KVR_ERR_DEADLINE));
+    generate("_INBOX.h", "hurry", 1, 64); /* a resend now: it ended, as after a cancel */
+    cr_assert(eq(int, rec_count("_INBOX.h", 0, NULL), 1), "ignored");
+    cr_assert(eq(u64, rd.n.resends_after_end, 1));
 }
 
 Test(routerd, the_deadline_a_worker_gets_never_ends_a_request_early)
