@@ -133,10 +133,13 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
     }
     /* its worker sent the client its final chunk: a resend from now on is ignored. Not so when it
      * was stopped in favour of another worker's copy (ERR_SUPERSEDED), whose decision this router
-     * has not heard yet: that one is still on (its decision arrives as new); nor after a worker's
-     * refusal (shutting down, out of memory): its client was told and may try again. */
+     * has not heard yet: that one is still on (its decision arrives as new); after a worker's
+     * refusal (shutting down, out of memory, its engine's error) its client was told and may try
+     * again, 3 s later: one sooner crossed the error (kvr_fleet_answered) */
     if (status == KVR_OK || status == KVR_ERR_CANCELLED || status == KVR_ERR_DEADLINE)
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+    else if (status != KVR_ERR_SUPERSEDED)
+        kvr_fleet_answered(rd, key, status, now);
     kvr_log(KVR_LOG_DEBUG, "request_ended",
             "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,
             p ? "true" : "false");

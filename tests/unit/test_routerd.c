@@ -2152,6 +2152,26 @@ Test(routerd, a_request_the_queue_gives_up_on_is_released_and_a_crossing_resend_
     cr_assert(eq(int, queued_notices(0, false, NULL), 2), "taken, and waits again");
 }
 
+/* A worker's refusal reaches the client from the worker; a resend right after it crossed it and
+ * is ignored, a later one is a new attempt (placed again). (A copy stopped for another worker's,
+ * ERR_SUPERSEDED, answered nobody: a_copy_stopped_for_another_worker_has_not_ended.) */
+Test(routerd, a_resend_crossing_a_workers_refusal_is_ignored)
+{
+    cfg.crossing_ns = 300 * KVR_NS_PER_MS;
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.f", "full", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.f", "full");
+    worker_ended(1, key, KVR_ERR_FULL); /* the worker told the client */
+    generate("_INBOX.f", "full", 1, 128);
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "crossed it");
+    cr_assert(eq(u64, rd.n.resends_after_error, 1));
+    kvr_sleep_ns(310 * KVR_NS_PER_MS);
+    generate("_INBOX.f", "full", 1, 128); /* a new attempt */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2));
+    generate("_INBOX.f", "full", 1, 128); /* and its own resend: absorbed */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2));
+}
+
 /* A worker that dies fails its requests on every router; each remembers the answer, so a resend
  * that crossed it, through any router, is not placed as a new attempt. */
 Test(routerd, a_resend_crossing_a_worker_lost_answer_is_ignored_by_every_router)
