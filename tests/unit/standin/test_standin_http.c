@@ -480,7 +480,9 @@ Test(http, client_closing_mid_stream_cancels_the_engine_request)
     struct rig_stream s;
     rig_stream(port, b, 3, &s);
     cr_assert(eq(int, s.resp.curl, CURLE_WRITE_ERROR)); /* the client cut it */
-    cr_assert(eq(sz, s.n, 3));
+    /* after 3 events at least: one read may bring several (7 in a CI run on a loaded machine) */
+    cr_assert(ge(sz, s.n, 3));
+    cr_assert(lt(sz, s.n, 1500), "cut long before the end");
     cr_assert(eq(dbl, rig_wait_metric(port, "kvengine_requests_aborted_total", 1, 5000), 1));
     cr_assert(eq(dbl, rig_metric(port, "kvengine_engine_cancels_total"), 1));
     cr_assert(eq(dbl, rig_metric(port, "kvengine_requests_finished_total"), 0));
