@@ -136,9 +136,9 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
      * has not heard yet: that one is still on (its decision arrives as new); after a worker's
      * refusal (shutting down, out of memory, its engine's error) its client was told and may try
      * again, 3 s later: one sooner crossed the error (kvr_fleet_answered) */
-    if (status == KVR_OK || status == KVR_ERR_CANCELLED || status == KVR_ERR_DEADLINE)
+    if (status == KVR_OK)
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
-    else if (status != KVR_ERR_SUPERSEDED)
+    else if (status != KVR_ERR_SUPERSEDED) /* cancelled and deadline remembered as ended */
         kvr_fleet_answered(rd, key, status, now);
     kvr_log(KVR_LOG_DEBUG, "request_ended",
             "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,

@@ -262,7 +262,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
         return; /* queued at its origin, which heard the cancel too */
     kvr_router_cancel(rd->core, key);
     kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, KVR_ERR_CANCELLED);
-    kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+    kvr_fleet_answered(rd, key, KVR_ERR_CANCELLED, now);
     kvr_fleet_unqueued(rd, p, KVR_ERR_CANCELLED);
     kvr_pending_drop(&rd->pend, p);
     rd->n.cancelled_queued++;

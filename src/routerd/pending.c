@@ -92,7 +92,10 @@ void kvr_pending_notice(struct kvr_pending_table *t, struct kvr_pending *p, bool
 {
     if (p->origin && p->queued_notice != on) {
         assert(on || t->nnotices > 0);
-        t->nnotices += on ? 1u : (uint32_t)-1;
+        if (on)
+            t->nnotices++;
+        else
+            t->nnotices--;
     }
     p->queued_notice = on;
 }

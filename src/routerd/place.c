@@ -39,15 +39,21 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     kvr_pending_drop(&rd->pend, p);
 }
 
+/* Answer p's client with the error st and forget p (remembering the answer). */
+static void refuse(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
+{
+    kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
+    kvr_fleet_answered(rd, p->key, st, kvr_now_ns());
+    kvr_pending_drop(&rd->pend, p);
+}
+
 /* Place p again (it never reached its worker). */
 static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
 {
     struct kvr_wire_request q;
     kvr_status st = kvr_wire_decode_generate(p->raw, p->rawlen, &rd->lim, &q);
     if (st != KVR_OK) { /* it decoded once: only memory can fail now */
-        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
-        kvr_fleet_answered(rd, p->key, st, kvr_now_ns());
-        kvr_pending_drop(&rd->pend, p);
+        refuse(rd, p, st);
         kvr_wire_request_free(&q);
         return;
     }
@@ -74,11 +80,8 @@ static void place_again(struct kvr_rd *rd, struct kvr_pending *p)
     kvr_log(KVR_LOG_INFO, "request_placed_again", "request=\"%s\" worker=%" PRIu64 " status=\"%s\"",
             kvr_log_safe(id, sizeof id, p->request_id), st == KVR_OK ? d.worker_id : 0,
             st == KVR_OK && d.queued ? "queued" : kvr_status_str(st));
-    if (st != KVR_OK) {
-        kvr_reply_error(&rd->generate, &rd->out, p->reply, p->request_id, st);
-        kvr_fleet_answered(rd, p->key, st, kvr_now_ns());
-        kvr_pending_drop(&rd->pend, p);
-    }
+    if (st != KVR_OK)
+        refuse(rd, p, st);
     kvr_wire_request_free(&q);
 }
 
