@@ -90,6 +90,7 @@ static void placed(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd
 {
     if (!p || !p->raw || p->worker_id)
         return;
+    kvr_pending_notice(&rd->pend, p, false); /* its decision replaces its Queued notice */
     p->worker_id = ev->worker_id;
     kvr_send_forward(rd, p, p->raw, p->rawlen, ev->worker_id, ev->overlap_blocks);
     kvr_fleet_decided(rd, p);

@@ -2115,6 +2115,8 @@ Test(routerd, a_request_queued_here_is_told_to_the_peers_until_it_is_answered)
     free(q.request_id);
     worker_done(1, kvr_pending_key("_INBOX.a", "first")); /* "waits" is placed */
     cr_assert(eq(int, decisions_since(0), 2));
+    cr_assert(not(kvr_pending_find(&rd.pend, kvr_pending_key("_INBOX.b", "waits"))->queued_notice),
+              "its decision replaced the notice: a later failure releases nothing");
     cr_assert(eq(int, queued_notices(0, true, NULL), 1), "a placed one is not released");
     cr_assert(eq(u64, rd.fleet->queued_sent, 3));
 }
