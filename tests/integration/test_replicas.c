@@ -52,13 +52,13 @@ static void three_routers(pid_t pid[3], const char *flag, const char *value)
     }
 }
 
-/* Workers 1..n, worker w on node w % NODES; pids into pid (when not NULL). */
-static void workers(int n, int speedup, pid_t *pid)
+/* Workers 1..n, worker w on node w % NODES, a beat every beat_ms; pids into pid (or NULL). */
+static void workers(int n, int speedup, int beat_ms, pid_t *pid)
 {
     for (int w = 1; w <= n; w++) {
         char id[12];
         snprintf(id, sizeof id, "%d", w);
-        pid_t p = h_worker(urls(w % NODES), id, speedup, 500, NULL);
+        pid_t p = h_worker(urls(w % NODES), id, speedup, beat_ms, NULL);
         if (pid)
             pid[w - 1] = p;
     }
@@ -103,7 +103,7 @@ static void collect_all(struct load *l, int resend_ms)
 Test(replicas, three_routers_under_load_end_with_equal_digests)
 {
     three_routers(NULL, NULL, NULL);
-    workers(4, 20, NULL);
+    workers(4, 20, 500, NULL);
     h_until_served(nc, GEN, 3, 15000);
     struct load l = {calloc(120, sizeof(struct h_req)), 120, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 120, "agree");
@@ -139,7 +139,7 @@ Test(replicas, a_router_killed_under_load_loses_no_request)
 {
     pid_t r[3];
     three_routers(r, NULL, NULL);
-    workers(4, 10, NULL);
+    workers(4, 10, 500, NULL);
     h_until_served(nc, GEN, 3, 15000);
     struct load l = {calloc(150, sizeof(struct h_req)), 150, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 50, "kill");
@@ -161,7 +161,7 @@ Test(replicas, a_router_killed_under_load_loses_no_request)
 Test(replicas, a_router_started_under_load_converges)
 {
     three_routers(NULL, NULL, NULL);
-    workers(4, 10, NULL);
+    workers(4, 10, 500, NULL);
     h_until_served(nc, GEN, 3, 15000);
     const char *bench[] = {"--nats",      urls(0),      "--workload", "seed",          "--requests",
                            "400",         "--policies", "kv",         "--concurrency", "4",
@@ -189,7 +189,7 @@ Test(replicas, a_router_started_under_load_converges)
 Test(replicas, dropped_gossip_is_repaired)
 {
     three_routers(NULL, "--test-drop-gossip", "4"); /* every 4th decision of r1 is never sent */
-    workers(3, 20, NULL);
+    workers(3, 20, 500, NULL);
     h_until_served(nc, GEN, 3, 15000);
     struct load l = {calloc(90, sizeof(struct h_req)), 90, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 90, "drop");
@@ -220,7 +220,7 @@ Test(replicas, a_killed_worker_is_dropped_by_every_replica)
 {
     three_routers(NULL, NULL, NULL);
     pid_t w[3];
-    workers(3, 1, w);
+    workers(3, 1, 500, w);
     h_until_served(nc, GEN, 3, 15000);
     struct h_req q[9];
     uint64_t wid[9];
@@ -257,7 +257,10 @@ Test(replicas, a_killed_worker_is_dropped_by_every_replica)
 Test(replicas, a_server_node_restart_is_survived)
 {
     three_routers(NULL, NULL, NULL); /* r2 is on the node that restarts: it moves to another */
-    workers(3, 20, NULL);
+    /* beats at the default period (1 s): the routers lose a worker silent for 3.2 periods, and
+     * the worker on the stopping node writes its beats into a socket the node no longer serves
+     * until the node closes it, which took 1.6 s (3.2 periods of 500 ms) on a loaded CI run */
+    workers(3, 20, 1000, NULL);
     h_until_served(nc, GEN, 3, 15000);
     struct load l = {calloc(120, sizeof(struct h_req)), 120, 0, 0, 0, 0, 0};
     send_batch(&l, 0, 40, "restart");
