@@ -8,6 +8,7 @@ import {
   generate, publishGenerate, prompt, freshSeed, rid, streamProblems, sleep,
 } from "./lib/client.js";
 import { BUSY_ROUTER_ARGS, BUSY_WORKER_ARGS, fillWorkers, releaseFillers } from "./lib/busy.js";
+import { encode } from "./lib/proto.js";
 
 const NS = "rsnd";
 const BUSY = "rbusy";
@@ -234,9 +235,10 @@ test(`resend after the final chunk: the stream again, once, ${TRIALS} trials`, T
 
 // A resend that crossed a final error on its way (sent before the error arrived) is taken for
 // one and ignored, through either router; the same request sent 3 s or more after the error is
-// a new attempt (docs/protocol.md "Resending"). Every worker busy, a 400 ms queue timeout: the
-// request waits, then ends ERR_OVERLOADED (7).
-test("a resend crossing an error answer is ignored; 3 s later it is a new attempt", TT, async () => {
+// a new attempt, and so is, at once, a retry under a new request_id on the same inbox
+// (docs/protocol.md "Resending"). Every worker busy, a 400 ms queue timeout: the request waits,
+// then ends ERR_OVERLOADED (7).
+test("a resend crossing an error answer is ignored; 3 s later, or under a new id at once, it is a new attempt", TT, async () => {
   const n = 6;
   const { fillers, confirmed } = await fillWorkers(h.nc, OVER, 1, 300);
   try {
@@ -256,13 +258,27 @@ test("a resend crossing an error answer is ignored; 3 s later it is a new attemp
       t.seen = t.s.msgs.length;
       publishGenerate(h.nc, OVER, t.s); // crossed the answer: ignored
       publishGenerate(h.nc, OVER, t.s);
+      // a retry at once under a new request_id, same inbox and prompt: a new request
+      t.retryId = `${t.req.request_id}-2`;
+      publishGenerate(h.nc, OVER, { inbox: t.s.inbox,
+        bytes: encode("GenerateRequest", { ...t.req, request_id: t.retryId }) });
     }
     await sleep(1500);
+    const ofRetry = (t, m) => m.chunk && m.chunk.request_id === t.retryId;
     for (const t of trials) {
-      if (t.s.msgs.length !== t.seen) {
+      const more = t.s.msgs.slice(t.seen);
+      const crossing = more.filter((m) => !ofRetry(t, m));
+      if (crossing.length) {
         p.push(`${t.req.request_id}: resends within 3 s of the error must be ignored, got ` +
-          `${t.s.msgs.length - t.seen} message(s): ${t.s.summary()}`);
+          `${crossing.length} message(s): ${t.s.summary()}`);
       }
+      // the retry waits in the queue (the worker is still busy), then is answered: 400 ms
+      const finals = more.filter((m) => ofRetry(t, m) && m.chunk.final);
+      if (finals.length !== 1) {
+        p.push(`${t.retryId}: a retry under a new request_id is a new request and must be ` +
+          `answered once within 1.5 s, got ${finals.length} final(s): ${t.s.summary()}`);
+      }
+      t.seen = t.s.msgs.length;
     }
     await sleep(2000); // 3.5 s after the answers
     for (const t of trials) {
