@@ -7,7 +7,8 @@
 # Prints figures, asserts nothing. usage: bench/router_cpu.sh [BUILD_DIR] (default build)
 # Environment: RUNS (1), HOP_SECONDS (5), WINDOW (256), REQUESTS (latency rounds, 2000),
 #   ROUTERS (router binaries to alternate, one run of each per round; default BUILD_DIR's),
-#   PERF (a perf record -g of the router's max-rate phase into this file; off by default),
+#   PERF (a perf record -g of the router's max-rate phase into this file; off by default;
+#   PERF_CALLGRAPH=dwarf for stacks through libraries built without frame pointers),
 #   WORKER_ARGS (more kvworker options, e.g. "--event-batch-ms 1": its events in EventBatches).
 # A binary named relay_floor in ROUTERS (BUILD_DIR/bench/relay_floor) takes the router's place:
 # the same messages in and out with no routing in between, the floor under the router's figure
@@ -50,7 +51,8 @@ for round in $(seq "$RUNS"); do
     fi
     perf=
     if [ -n "${PERF:-}" ]; then # the max-rate phase starts after the latency rounds (~2 s)
-      (sleep 3 && perf record -g -o "$PERF" -p "$rpid" -- sleep "$((HOP_SECONDS - 1))" \
+      (sleep 3 && perf record --call-graph "${PERF_CALLGRAPH:-fp}" -o "$PERF" -p "$rpid" -- \
+        sleep "$((HOP_SECONDS - 1))" \
         >/dev/null 2>&1) &
       perf=$!
     fi
