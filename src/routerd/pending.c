@@ -20,9 +20,8 @@ void kvr_pending_init(struct kvr_pending_table *t, uint32_t max)
 static void free_item(struct kvr_pending *p)
 {
     free(p->reply);
-    free(p->request_id);
     free(p->raw);
-    free(p);
+    free(p); /* with its request_id */
 }
 
 void kvr_pending_clear(struct kvr_pending_table *t)
@@ -58,14 +57,15 @@ kvr_status kvr_pending_add(struct kvr_pending_table *t, uint64_t key, const char
         t->full++;
         return KVR_ERR_FULL;
     }
-    struct kvr_pending *p = calloc(1, sizeof *p);
+    size_t idlen = request_id ? strlen(request_id) : 0;
+    struct kvr_pending *p = calloc(1, sizeof *p + idlen + 1); /* its request_id after it */
     if (!p)
         return KVR_ERR_NOMEM;
     p->key = key;
+    p->request_id = memcpy((char *)(p + 1), request_id ? request_id : "", idlen);
     p->reply = reply ? strdup(reply) : NULL;
-    p->request_id = strdup(request_id ? request_id : "");
     p->raw = raw ? malloc(rawlen ? rawlen : 1) : NULL;
-    if (!p->request_id || (reply && !p->reply) || (raw && !p->raw)) {
+    if ((reply && !p->reply) || (raw && !p->raw)) {
         free_item(p);
         return KVR_ERR_NOMEM;
     }

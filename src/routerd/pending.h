@@ -26,7 +26,7 @@ struct kvr_peer; /* fleet.h: another router, kept while a pending request points
 struct kvr_pending {
     uint64_t key;                  /* the fleet-wide id */
     char *reply;                   /* the client's reply subject (owned); NULL for booked selects */
-    char *request_id;              /* the client's id (owned) */
+    char *request_id;              /* the client's id (in the item's allocation, after it) */
     uint8_t *raw;                  /* the client's GenerateRequest until its first token (owned;
                                       origin only), to place it again if it never starts */
     size_t rawlen;                 /* */
