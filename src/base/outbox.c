@@ -114,3 +114,32 @@ void kvr_outbox_free(struct kvr_outbox *o)
     free(o->v);
     memset(o, 0, sizeof *o);
 }
+
+void kvr_turns_init(struct kvr_turns *t)
+{
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    t->next = t->now = 0;
+}
+
+void kvr_turns_destroy(struct kvr_turns *t)
+{
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+}
+
+uint32_t kvr_turns_flush(struct kvr_turns *t, uint64_t turn, struct kvr_outbox *o,
+                         const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
+                         uint32_t max, uint32_t *nfailures)
+{
+    pthread_mutex_lock(&t->mu);
+    while (t->now != turn)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    uint32_t failed = kvr_outbox_flush(o, sink, failures, max, nfailures);
+    pthread_mutex_lock(&t->mu);
+    t->now++;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return failed;
+}

@@ -77,4 +77,34 @@ void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);
 
 void kvr_outbox_free(struct kvr_outbox *o);
 
+/*
+ * Publishing turns: batches taken from one state machine's outbox under its mutex go out in the
+ * order they were taken, though each thread publishes its own after the mutex (no lock is held
+ * across I/O; a thread waits only for the batches taken before its own). Without them two
+ * threads that unlock one after the other can publish in either order: a worker's repeat for a
+ * resend after its later chunks, a router's forward after its cancel, or its gossip decisions out
+ * of sequence.
+ */
+struct kvr_turns {
+    pthread_mutex_t mu; /* */
+    pthread_cond_t cv;  /* */
+    uint64_t next;      /* the next batch's turn (under the state machine's mutex) */
+    uint64_t now;       /* the turn publishing now (under mu) */
+};
+
+void kvr_turns_init(struct kvr_turns *t);
+void kvr_turns_destroy(struct kvr_turns *t);
+
+/* Under the state machine's mutex, for a batch just taken from its outbox: the batch's turn.
+ * Every turn taken must be published (kvr_turns_flush), or the later ones wait for good. */
+static inline uint64_t kvr_turns_take(struct kvr_turns *t)
+{
+    return t->next++;
+}
+
+/* After the state machine's mutex: wait for turn, kvr_outbox_flush o, pass the turn on. */
+uint32_t kvr_turns_flush(struct kvr_turns *t, uint64_t turn, struct kvr_outbox *o,
+                         const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
+                         uint32_t max, uint32_t *nfailures);
+
 #endif

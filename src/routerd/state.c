@@ -36,6 +36,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     rd->cfg = cfg;
     rd->sink = sink;
     pthread_mutex_init(&rd->mu, NULL);
+    kvr_turns_init(&rd->turns);
     struct kvr_router_config c = cfg->core;
     c.seed = c.seed ? c.seed : kvr_realtime_ns();
     uint64_t salt = 0;
@@ -82,12 +83,15 @@ void kvr_rd_free(struct kvr_rd *rd)
         free(rd->held[i].data);
     free(rd->held);
     free(rd->deferred);
+    kvr_turns_destroy(&rd->turns);
     pthread_mutex_destroy(&rd->mu);
     memset(rd, 0, sizeof *rd);
 }
 
 /* Under mu, which it releases: the outbox's messages taken (its counters stay), published after
- * the lock; the tagged ones that failed into failed (at most 64), their number returned. */
+ * the lock in their turn (the loop, the timer and the delivery threads publish in the order
+ * they left mu: a forward before its cancel, gossip decisions in sequence); the tagged ones that
+ * failed into failed (at most 64), their number returned. */
 static uint32_t take_and_send(struct kvr_rd *rd, struct kvr_outbox_failure *failed)
 {
     struct kvr_outbox local = {rd->out.v, rd->out.n, rd->out.cap, 0};
@@ -97,9 +101,10 @@ static uint32_t take_and_send(struct kvr_rd *rd, struct kvr_outbox_failure *fail
     }
     rd->out.v = NULL;
     rd->out.n = rd->out.cap = 0;
+    uint64_t turn = kvr_turns_take(&rd->turns);
     pthread_mutex_unlock(&rd->mu);
     uint32_t k = 0;
-    kvr_outbox_flush(&local, &rd->sink, failed, 64, &k);
+    kvr_turns_flush(&rd->turns, turn, &local, &rd->sink, failed, 64, &k);
     kvr_outbox_free(&local);
     return k;
 }

@@ -89,6 +89,7 @@ struct kvr_rd {
     uint64_t max_request_bytes;       /* a request its forward cannot carry is refused (0: no
                                          check); from the connection's max_payload */
     struct kvr_outbox out;            /* under mu */
+    struct kvr_turns turns;           /* its batches go out in the order they left mu */
     struct kvr_buf buf;               /* encoding scratch, under mu */
     struct kvr_reply generate;        /* the generate endpoint's answers and counters, under mu */
     struct kvr_reply select;          /* the select endpoint's, under mu */

@@ -298,8 +298,7 @@ kvr_status kvr_worker_init(struct kvr_worker *w, const struct kvr_wk_config *cfg
     identity(w);
     pthread_mutex_init(&w->mu, NULL);
     kvr_cond_init_monotonic(&w->cv); /* deadlines are monotonic */
-    pthread_mutex_init(&w->pub_mu, NULL);
-    pthread_cond_init(&w->pub_cv, NULL);
+    kvr_turns_init(&w->turns);
     kvr_reply_init(&w->generate, "generate", cfg->id);
     kvr_recent_init(&w->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     if (!subjects(w))
@@ -329,8 +328,7 @@ void kvr_worker_free(struct kvr_worker *w)
     kvr_reply_free(&w->generate);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->pub_cv);
-    pthread_mutex_destroy(&w->pub_mu);
+    kvr_turns_destroy(&w->turns);
 }
 
 void kvr_worker_close_engine(struct kvr_worker *w)
@@ -344,26 +342,6 @@ void kvr_worker_close_engine(struct kvr_worker *w)
         be->free(w); /* its threads joined: nothing calls in any more */
 }
 
-/*
- * Publish a batch taken from the outbox under mu, in its turn: threads that unlock one after the
- * other publish in that order. Without the turns, a repeat for a resend (positions 0..66, made on
- * a delivery thread) could go out after the engine thread's later chunks (67, 68, ...): a client
- * that keeps positions in order then had a gap no repeat filled (seen once in CI, under ASan:
- * `contract::a_stream_that_lost_its_first_chunks_is_filled_by_a_resend`, 67 of 300 tokens).
- */
-static void publish_in_turn(struct kvr_worker *w, struct kvr_outbox *batch, uint64_t turn)
-{
-    pthread_mutex_lock(&w->pub_mu);
-    while (w->pub_turn != turn)
-        pthread_cond_wait(&w->pub_cv, &w->pub_mu);
-    pthread_mutex_unlock(&w->pub_mu);
-    kvr_outbox_flush(batch, &w->sink, NULL, 0, NULL);
-    pthread_mutex_lock(&w->pub_mu);
-    w->pub_turn++;
-    pthread_cond_broadcast(&w->pub_cv);
-    pthread_mutex_unlock(&w->pub_mu);
-}
-
 void kvr__worker_unlock(struct kvr_worker *w)
 {
     kvr__worker_beat_if_wanted(w);
@@ -373,11 +351,15 @@ void kvr__worker_unlock(struct kvr_worker *w)
         kvr_outbox_free(&w->out); /* the older instance serves everything: say nothing */
     } else if (w->out.n) {
         kvr_outbox_swap(&local, &w->out);
-        turn = w->pub_next++;
+        turn = kvr_turns_take(&w->turns);
     }
     pthread_mutex_unlock(&w->mu);
+    /* in turn: without it, a repeat for a resend (positions 0..66, made on a delivery thread)
+     * could go out after the engine thread's later chunks (67, 68, ...), and a client that keeps
+     * positions in order had a gap no repeat filled (seen once in CI, under ASan:
+     * `contract::a_stream_that_lost_its_first_chunks_is_filled_by_a_resend`, 67 of 300 tokens) */
     if (local.n)
-        publish_in_turn(w, &local, turn);
+        kvr_turns_flush(&w->turns, turn, &local, &w->sink, NULL, 0, NULL);
     kvr_outbox_free(&local);
 }
 

@@ -215,10 +215,7 @@ struct kvr_worker {
     uint64_t started_ns;             /* Unix ns at init */
     pthread_mutex_t mu;
     pthread_cond_t cv;                 /* work for the engine thread, or stop (monotonic clock) */
-    pthread_mutex_t pub_mu;            /* the publishing turn (kvr__worker_unlock): */
-    pthread_cond_t pub_cv;             /* batches go out in the order they left mu */
-    uint64_t pub_next;                 /* the next batch's turn (under mu) */
-    uint64_t pub_turn;                 /* the turn publishing now (under pub_mu) */
+    struct kvr_turns turns;            /* batches go out in the order they left mu */
     const struct kvr_wk_backend *be;   /* the engine behind it */
     struct kvr_engine *eng;            /* the simulated engine (sim.c), under mu; NULL else */
     struct kvr_adapter *ad;            /* the adapter (adapter.c); NULL else */

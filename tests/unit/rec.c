@@ -6,6 +6,7 @@
 
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,4 +84,55 @@ struct rec_event rec_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *
     snprintf(e.subject, sizeof e.subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
     cr_assert(eq(int, kvr_wire_encode_heartbeat(&e.b, &h), KVR_OK));
     return e;
+}
+
+static pthread_mutex_t order_mu = PTHREAD_MUTEX_INITIALIZER;
+uint64_t rec_order_next, rec_order_wrong;
+
+kvr_status rec_order_sink(void *ctx, const struct kvr_outmsg *m)
+{
+    (void)ctx;
+    uint64_t v;
+    if (strcmp(m->subject, "order.test") || m->len != sizeof v)
+        return KVR_OK;
+    memcpy(&v, m->data, sizeof v);
+    sched_yield(); /* a publish takes a while: a thread that unlocked later may overtake */
+    pthread_mutex_lock(&order_mu);
+    rec_order_wrong += v != rec_order_next;
+    rec_order_next = v + 1;
+    pthread_mutex_unlock(&order_mu);
+    return KVR_OK;
+}
+
+struct order_run {
+    int each;
+    pthread_mutex_t *mu;
+    struct kvr_outbox *out;
+    void (*unlock)(void *ctx);
+    void *ctx;
+    uint64_t seq; /* under mu */
+};
+
+static void *order_thread(void *arg)
+{
+    struct order_run *r = arg;
+    for (int i = 0; i < r->each; i++) {
+        pthread_mutex_lock(r->mu);
+        uint64_t v = r->seq++;
+        kvr_outbox_add(r->out, "order.test", &v, sizeof v, KVR_OK);
+        r->unlock(r->ctx);
+    }
+    return NULL;
+}
+
+void rec_order_run(int nthreads, int each, pthread_mutex_t *mu, struct kvr_outbox *out,
+                   void (*unlock)(void *ctx), void *ctx)
+{
+    struct order_run r = {each, mu, out, unlock, ctx, 0};
+    pthread_t t[16];
+    cr_assert(nthreads > 0 && nthreads <= 16);
+    for (int i = 0; i < nthreads; i++)
+        cr_assert(eq(int, pthread_create(&t[i], NULL, order_thread, &r), 0));
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
 }

@@ -8,6 +8,7 @@
 #ifndef KVR_TEST_REC_H
 #define KVR_TEST_REC_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,5 +53,19 @@ struct rec_event {
  * "default", with the n keys it holds, its interval and the forwards waiting in its queue. */
 struct rec_event rec_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_t n,
                                uint32_t interval_ms, uint32_t forwards_waiting);
+
+/*
+ * A sink that checks order across threads: every message to "order.test" carries a uint64_t,
+ * each one more than the last (what a test's threads made under the state machine's mutex);
+ * rec_order_next is the value expected next, rec_order_wrong counts those out of order.
+ */
+extern uint64_t rec_order_next, rec_order_wrong;
+kvr_status rec_order_sink(void *ctx, const struct kvr_outmsg *m);
+
+/* nthreads threads each make `each` of those messages one at a time: mu locked, the next value
+ * added to out, then unlock(ctx), which releases mu and publishes what out holds. Returns when
+ * all are done (every thread started, asserted). */
+void rec_order_run(int nthreads, int each, pthread_mutex_t *mu, struct kvr_outbox *out,
+                   void (*unlock)(void *ctx), void *ctx);
 
 #endif

@@ -2289,3 +2289,25 @@ Test(routerd, a_peers_queued_request_is_forgotten_after_its_wait)
     cr_assert(eq(u64, rd.fleet->bad, bad + 2), "reply subjects checked before they are kept");
     cr_assert(eq(u32, rd.pend.n, 1));
 }
+
+static void rd_unlock(void *ctx)
+{
+    kvr_rd_unlock_flush(ctx);
+}
+
+/*
+ * What the router's threads (the loop, the timer, the delivery threads) say under its mutex goes
+ * out in that order, whichever thread publishes it: a forward before its cancel, gossip decisions
+ * in sequence (before, a decision overtaken by the next one cost its peers a repair).
+ */
+Test(routerd, messages_go_out_in_the_order_they_were_made_across_threads)
+{
+    kvr_fleet_destroy(&rd);
+    kvr_rd_free(&rd);
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_order_sink, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
+    rec_order_run(4, 3000, &rd.mu, &rd.out, rd_unlock, &rd);
+    cr_assert(eq(u64, rec_order_next, 12000), "every message published");
+    cr_assert(eq(u64, rec_order_wrong, 0), "%llu published out of the order they were made",
+              (unsigned long long)rec_order_wrong);
+}

@@ -1096,35 +1096,9 @@ Test(worker, a_cancel_after_the_engine_closed_ends_the_request_without_it)
 
 /* --- publishing order ------------------------------------------------------------------------- */
 
-static pthread_mutex_t order_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t order_next, order_wrong; /* the next value expected on "order.test"; inversions */
-
-static kvr_status order_sink(void *ctx, const struct kvr_outmsg *m)
+static void worker_unlock(void *ctx)
 {
-    (void)ctx;
-    uint64_t v;
-    if (strcmp(m->subject, "order.test") || m->len != sizeof v)
-        return KVR_OK;
-    memcpy(&v, m->data, sizeof v);
-    pthread_mutex_lock(&order_mu);
-    order_wrong += v != order_next;
-    order_next = v + 1;
-    pthread_mutex_unlock(&order_mu);
-    return KVR_OK;
-}
-
-static uint64_t order_seq; /* under w.mu */
-
-static void *order_thread(void *arg)
-{
-    (void)arg;
-    for (int i = 0; i < 3000; i++) {
-        pthread_mutex_lock(&w.mu);
-        uint64_t v = order_seq++;
-        kvr_outbox_add(&w.out, "order.test", &v, sizeof v, KVR_OK);
-        kvr__worker_unlock(&w);
-    }
-    return NULL;
+    kvr__worker_unlock(ctx);
 }
 
 /*
@@ -1135,13 +1109,9 @@ static void *order_thread(void *arg)
 Test(worker, messages_go_out_in_the_order_they_were_made_across_threads)
 {
     kvr_worker_free(&w);
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){order_sink, NULL}), KVR_OK));
-    pthread_t t[4];
-    for (int i = 0; i < 4; i++)
-        cr_assert(eq(int, pthread_create(&t[i], NULL, order_thread, NULL), 0));
-    for (int i = 0; i < 4; i++)
-        pthread_join(t[i], NULL);
-    cr_assert(eq(u64, order_next, 12000), "every message published");
-    cr_assert(eq(u64, order_wrong, 0), "%llu published out of the order they were made",
-              (unsigned long long)order_wrong);
+    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_order_sink, NULL}), KVR_OK));
+    rec_order_run(4, 3000, &w.mu, &w.out, worker_unlock, &w);
+    cr_assert(eq(u64, rec_order_next, 12000), "every message published");
+    cr_assert(eq(u64, rec_order_wrong, 0), "%llu published out of the order they were made",
+              (unsigned long long)rec_order_wrong);
 }
