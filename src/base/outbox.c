@@ -9,10 +9,9 @@
 
 #include "grow.h"
 
+/* A message's data, subject and reply subject share one allocation, data first (its alignment). */
 static void free_msg(struct kvr_outmsg *m)
 {
-    free(m->subject);
-    free(m->reply);
     free(m->data);
 }
 
@@ -21,21 +20,19 @@ static void add(struct kvr_outbox *o, const char *subject, const char *reply, co
 {
     if (!subject || !*subject)
         return;
-    if (o->n == UINT32_MAX || !KVR_GROW(o->v, o->cap, o->n + 1, 64)) {
+    size_t ns = strlen(subject) + 1, nr = reply ? strlen(reply) + 1 : 0;
+    uint8_t *block = NULL;
+    if (o->n == UINT32_MAX || len > SIZE_MAX - ns - nr || !KVR_GROW(o->v, o->cap, o->n + 1, 64) ||
+        !(block = malloc(len + ns + nr))) {
         o->dropped++;
         return;
     }
     struct kvr_outmsg *m = &o->v[o->n];
-    m->subject = strdup(subject);
-    m->reply = reply ? strdup(reply) : NULL;
-    m->data = malloc(len ? len : 1);
-    if (!m->subject || !m->data || (reply && !m->reply)) {
-        free_msg(m);
-        o->dropped++;
-        return;
-    }
     if (len)
-        memcpy(m->data, data, len);
+        memcpy(block, data, len);
+    m->data = block;
+    m->subject = memcpy(block + len, subject, ns);
+    m->reply = reply ? memcpy(block + len + ns, reply, nr) : NULL;
     m->len = len;
     m->err = err;
     m->tag = tag;

@@ -15,9 +15,9 @@
 #include "kvr/status.h"
 
 struct kvr_outmsg {
-    char *subject;  /* owned */
-    char *reply;    /* owned; NULL when none */
-    uint8_t *data;  /* owned */
+    char *subject;  /* in data's allocation */
+    char *reply;    /* in data's allocation; NULL when none */
+    uint8_t *data;  /* owned: one allocation holds the data, then subject and reply */
     size_t len;     /* */
     kvr_status err; /* published with the service error headers when not KVR_OK */
     uint64_t tag;   /* the sender's name for it (0: none): a failed publish is reported by it */
