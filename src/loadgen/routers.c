@@ -74,6 +74,8 @@ static void read_answer(const json_t *root, struct kvr_router_fig *r)
         r->decisions += u64_of(rep ? rep : data, rep ? "decided" : "decisions");
         r->cpu_seconds += json_number_value(json_object_get(data, "cpu_seconds"));
         r->gossip_bytes += u64_of(rep, "gossip_bytes");
+        r->gaps += u64_of(rep, "gaps");
+        r->repaired += u64_of(rep, "repaired");
     }
 }
 
@@ -104,7 +106,7 @@ void kvr_routers_poll(struct kvr_client *c, const char *prefix, const char *ns,
 static bool follows(const struct kvr_router_fig *a, const struct kvr_router_fig *b)
 {
     if (a->decisions < b->decisions || a->gossip_bytes < b->gossip_bytes ||
-        a->cpu_seconds < b->cpu_seconds)
+        a->cpu_seconds < b->cpu_seconds || a->gaps < b->gaps || a->repaired < b->repaired)
         return false;
     for (int c = 0; c < KVR_REPLY_CODES; c++)
         if (a->errors[c] < b->errors[c])
@@ -139,6 +141,8 @@ void kvr_routers_diff(const struct kvr_routers_poll *before, const struct kvr_ro
         }
         out->decisions += a->decisions - b->decisions;
         out->gossip_bytes += a->gossip_bytes - b->gossip_bytes;
+        out->gaps += a->gaps - b->gaps;
+        out->repaired += a->repaired - b->repaired;
         out->cpu_seconds += a->cpu_seconds - b->cpu_seconds;
         for (int c = 0; c < KVR_REPLY_CODES; c++)
             out->errors[c] += a->errors[c] - b->errors[c];
@@ -189,9 +193,12 @@ const char *kvr_routers_format(const struct kvr_routers_run *r, char *buf, size_
     if (r->fresh || r->before != r->answered)
         snprintf(notes, sizeof notes, " (%u before the run, %u counted from start)", r->before,
                  r->fresh);
-    snprintf(buf, len, "%u answered%s  decisions=%" PRIu64 " errors=%s cpu_s=%.2f gossip_bytes=%s",
+    snprintf(buf, len,
+             "%u answered%s  decisions=%" PRIu64 " errors=%s cpu_s=%.2f gossip_bytes=%s"
+             " gossip_gaps=%" PRIu64 " repaired=%" PRIu64,
              r->answered, notes, r->decisions, kvr_routers_errors(r, errs, sizeof errs),
-             r->cpu_seconds, kvr_routers_bytes(r->gossip_bytes, bytes, sizeof bytes));
+             r->cpu_seconds, kvr_routers_bytes(r->gossip_bytes, bytes, sizeof bytes), r->gaps,
+             r->repaired);
     return buf;
 }
 
@@ -200,8 +207,9 @@ void kvr_routers_json(FILE *f, const struct kvr_routers_run *r)
     fprintf(f,
             "\"routers_answered\": %u, \"routers_before\": %u, \"routers_from_start\": %u, "
             "\"decisions\": %" PRIu64 ", \"cpu_seconds\": %.6f, \"gossip_bytes\": %" PRIu64
-            ", \"errors\": {",
-            r->answered, r->before, r->fresh, r->decisions, r->cpu_seconds, r->gossip_bytes);
+            ", \"gossip_gaps\": %" PRIu64 ", \"gossip_repaired\": %" PRIu64 ", \"errors\": {",
+            r->answered, r->before, r->fresh, r->decisions, r->cpu_seconds, r->gossip_bytes,
+            r->gaps, r->repaired);
     for (int c = 1, any = 0; c <= KVR_REPLY_CODES; c++) {
         int k = c % KVR_REPLY_CODES;
         if (r->errors[k])

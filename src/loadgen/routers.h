@@ -25,6 +25,7 @@ struct kvr_router_fig {
     uint64_t errors[KVR_REPLY_CODES]; /* by kvr_status, over its endpoints; [0]: unknown codes */
     double cpu_seconds;               /* its process's CPU, user + system (0: not reported) */
     uint64_t gossip_bytes;            /* gossip it sent */
+    uint64_t gaps, repaired;          /* decisions of its peers it missed, and got again */
 };
 
 /* Every router's answer to one ask. */
@@ -43,6 +44,7 @@ struct kvr_routers_run {
     uint64_t errors[KVR_REPLY_CODES]; /* by kvr_status; [0]: codes this kvbench does not know */
     double cpu_seconds;               /* */
     uint64_t gossip_bytes;            /* sent */
+    uint64_t gaps, repaired;          /* peers' decisions missed (a gap in their seqs), repaired */
 };
 
 /* Ask the routers of cfg's namespace (through c's connections) and collect their answers for
@@ -54,7 +56,8 @@ void kvr_routers_poll(struct kvr_client *c, const char *prefix, const char *ns,
 void kvr_routers_diff(const struct kvr_routers_poll *before, const struct kvr_routers_poll *after,
                       struct kvr_routers_run *out);
 
-/* "2 answered  decisions=1200 errors=none cpu_s=0.84 gossip_bytes=1.2 MB" into buf; returns buf. */
+/* "2 answered  decisions=1200 errors=none cpu_s=0.84 gossip_bytes=1.2 MB gossip_gaps=0
+ * repaired=0" into buf; returns buf. */
 const char *kvr_routers_format(const struct kvr_routers_run *r, char *buf, size_t len);
 /* The errors as "none" or "ERR_NO_WORKERS:3,ERR_OVERLOADED:1" into buf; returns buf. */
 const char *kvr_routers_errors(const struct kvr_routers_run *r, char *buf, size_t len);
