@@ -43,8 +43,12 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
         return false;
     if (r->kind == KVR_RECENT_FAILED) {
         /* the fleet answered it with an error: soon after, a resend crossed that answer on its
-         * way (its client will have it, or resend again); later, a new attempt */
-        if (kvr_recent_age(&rd->recent, r, now) >= rd->cfg->crossing_ns)
+         * way (its client will have it, or resend again); later, a new attempt. Soon is the
+         * window plus how far behind this router reads (the loop that reads the generates reads
+         * the worker events too): a resend read 3 s after the answer may have waited for longer
+         * than that in the socket, sent before its client had the answer (an overloaded run on
+         * two cores: loops 20-27 s behind, 115-135 requests answered and then streamed) */
+        if (kvr_recent_age(&rd->recent, r, now) >= rd->cfg->crossing_ns + rd->events_behind_ns)
             return false;
         rd->n.resends_after_error++;
         kvr_log(KVR_LOG_DEBUG, "resend_after_error", "key=%016" PRIx64 " error=\"%s\"", key,

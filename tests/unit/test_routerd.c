@@ -2174,6 +2174,25 @@ Test(routerd, a_resend_crossing_a_workers_refusal_is_ignored)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2));
 }
 
+/* A router that reads its sockets late stretches the window by as much: a resend it reads 3 s
+ * after the answer may have been sent before it (an overloaded run: loops 20-27 s behind, 115-135
+ * requests answered, then streamed). */
+Test(routerd, a_router_behind_its_sockets_takes_a_later_resend_for_a_crossing_one)
+{
+    cfg.crossing_ns = 300 * KVR_NS_PER_MS;
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.b", "behind", 1, 128);
+    worker_ended(1, kvr_pending_key("_INBOX.b", "behind"), KVR_ERR_FULL);
+    rd.events_behind_ns = 400 * KVR_NS_PER_MS; /* as the last tick measured it */
+    kvr_sleep_ns(400 * KVR_NS_PER_MS);         /* past the window, within window + lag */
+    generate("_INBOX.b", "behind", 1, 128);
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1), "crossed it");
+    cr_assert(eq(u64, rd.n.resends_after_error, 1));
+    kvr_sleep_ns(310 * KVR_NS_PER_MS); /* past both */
+    generate("_INBOX.b", "behind", 1, 128);
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 2), "a new attempt");
+}
+
 /* A worker that dies fails its requests on every router; each remembers the answer, so a resend
  * that crossed it, through any router, is not placed as a new attempt. */
 Test(routerd, a_resend_crossing_a_worker_lost_answer_is_ignored_by_every_router)
