@@ -118,6 +118,7 @@ struct kvr_rd {
     _Atomic uint64_t alive_ns;        /* the last tick that got the mutex (monotonic ns; read
                                          without it by the readiness probe) */
     uint64_t resync_at;               /* catch up from a peer then (0: no; timer thread only) */
+    uint32_t catch_up_tries;          /* catch-ups that found no peer to ask, in a row */
     uint32_t announces_left;          /* asks to announce still to send, under mu */
     uint64_t announce_at;             /* the next one's time, under mu */
     uint64_t announces;               /* asks sent, under mu */

@@ -100,6 +100,19 @@ static void catch_up(struct kvr_rd *rd, uint64_t now)
         return;
     }
     bool asked = kvr_sync_resync(rd, rd->resync_kv ? "kv events missed" : "connection back");
+    if (!asked && HASH_COUNT(rd->fleet->peers) && rd->catch_up_tries < KVR_TIMER_CATCH_UP_TRIES) {
+        /* peers, but none to ask now: after a server node's restart each may be catching up
+         * itself (not serving) or not heard again yet; given up at once, a router whose node
+         * restarted kept 1 index entry for good where its peers had 129 (a clean-clone CI run) */
+        rd->catch_up_tries++;
+        rd->resync_at = now + KVR_TIMER_CATCH_UP_NS;
+        return;
+    }
+    rd->catch_up_tries = 0;
+    if (!asked && !rd->resync_kv && HASH_COUNT(rd->fleet->peers))
+        kvr_log(KVR_LOG_WARN, "catch_up_skipped",
+                "why=\"no peer served a snapshot for 10 s after the connection came back: the "
+                "index fills in from KV events\"");
     if (rd->resync_kv)
         kvr_log(KVR_LOG_WARN, "kv_events_missed",
                 "missed=%" PRIu64 " open=%" PRIu64 " gaps=%" PRIu64 " action=\"%s\"",

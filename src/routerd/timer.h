@@ -14,7 +14,8 @@
 
 #include "state.h"
 
-#define KVR_TIMER_CATCH_UP_NS 250000000ull /* interest propagation across a cluster, a margin */
+#define KVR_TIMER_CATCH_UP_NS    250000000ull /* interest propagation across a cluster, a margin */
+#define KVR_TIMER_CATCH_UP_TRIES 40u          /* with no peer to ask, tried again for 10 s */
 #define KVR_TIMER_KV_RESYNC_NS                                                                     \
     10000000000ull /* catch-ups for missed KV events: at most one per 10 s */
 /* A tick this late after the one before: the router itself was stopped (SIGSTOP, a frozen VM,

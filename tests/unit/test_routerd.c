@@ -2047,6 +2047,30 @@ Test(routerd, a_resync_after_a_cut_applies_nothing_from_before_it)
     cr_assert(not(index_has(103)));
 }
 
+/* A catch-up that finds no peer to ask (after a server node's restart each may be catching up
+ * itself, not serving, or not heard again yet) is tried again rather than given up: a router
+ * whose node restarted kept 1 index entry for good where its peers had 129 (clean-clone CI). */
+Test(routerd, a_catch_up_with_no_peer_serving_yet_is_tried_again)
+{
+    worker_1_stores_100_to_103_and_a_peer_serves();
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 6, 0, false), KVR_OK));
+    gossip_in(&rd, b.data, b.len); /* the peer catches up itself: not serving */
+    kvr_buf_free(&b);
+    uint64_t t = kvr_now_ns();
+    kvr_timer_tick(&rd, t + 100 * KVR_NS_PER_MS, false, false); /* cut */
+    t += 200 * KVR_NS_PER_MS;
+    kvr_timer_tick(&rd, t, true, false); /* back: a catch-up is due in 250 ms */
+    size_t mark = rec_nsent;
+    ticks(t + 100 * KVR_NS_PER_MS, t + 700 * KVR_NS_PER_MS);
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", mark, NULL), 0), "nobody to ask");
+    t += 700 * KVR_NS_PER_MS;
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&b, "peer", 6, 0, true), KVR_OK));
+    gossip_in(&rd, b.data, b.len); /* serving again */
+    kvr_buf_free(&b);
+    tick_until_asked(&t);
+}
+
 /* --- requests queued at a peer (Queued notices) --------------------------------------------- */
 
 /* Of the Queued notices, the releases (or not); the last one kept in last (when not NULL). */
