@@ -99,6 +99,10 @@ static kvr_status line_end(struct kvr_sse *p, kvr_sse_event_fn fn, void *ctx)
     p->head_len = 0;
     if (k == LINE_DATA0 || k == LINE_DATA || bare_data) {
         p->have_data = true;
+        /* the event handed over is data less its last "\n": an empty data line, which adds a
+         * "\n" and nothing else, counts against the bound as any other byte */
+        if (p->data.len > p->max_event)
+            return KVR_ERR_TOO_LARGE;
         /* data_append reserved room for this byte (and the NUL) */
         if (kvr_buf_reserve(&p->data, p->data.len + 2) != KVR_OK)
             return KVR_ERR_NOMEM;

@@ -146,6 +146,27 @@ Test(sse, bound)
     cr_assert(eq(int, st, KVR_ERR_TOO_LARGE));
     cr_assert(le(sz, p.data.cap, 2048));
     kvr_sse_free(&p);
+    /* empty data lines that never end the event count against the bound too: nine of them
+     * make an event of 8 bytes (eight "\n", the last one dropped), a tenth is past it */
+    kvr_sse_init(&p, 8);
+    memset(&e, 0, sizeof e);
+    const char *nine = "data:\ndata\ndata:\ndata: \ndata\ndata\ndata\ndata\ndata:\n";
+    cr_assert(eq(int, kvr_sse_feed(&p, nine, strlen(nine), on_event, &e), KVR_OK));
+    cr_assert(eq(int, kvr_sse_feed(&p, "data:\n", 6, on_event, &e), KVR_ERR_TOO_LARGE));
+    cr_assert(le(sz, p.data.cap, 256));
+    kvr_sse_free(&p);
+    kvr_sse_init(&p, 8);
+    cr_assert(eq(int, kvr_sse_feed(&p, nine, strlen(nine), on_event, &e), KVR_OK));
+    cr_assert(eq(int, kvr_sse_feed(&p, "\n", 1, on_event, &e), KVR_OK));
+    cr_assert(eq(str, e.text, "\n\n\n\n\n\n\n\n|"));
+    kvr_sse_free(&p);
+    kvr_sse_init(&p, 1000);
+    st = KVR_OK;
+    for (int i = 0; i < 100000 && st == KVR_OK; i++)
+        st = kvr_sse_feed(&p, "data\n", 5, on_event, &e);
+    cr_assert(eq(int, st, KVR_ERR_TOO_LARGE));
+    cr_assert(le(sz, p.data.cap, 2048));
+    kvr_sse_free(&p);
     /* comment lines and other fields of any length are never stored */
     kvr_sse_init(&p, 16);
     memset(&e, 0, sizeof e);
