@@ -48,6 +48,8 @@ struct kvr_se_req {
     uint8_t refs;           /* the engine side until it ends, the HTTP side until release */
     uint64_t *seq;          /* its full prompt blocks' sequence hashes, in the block table */
     uint32_t nseq;          /* */
+    uint32_t *prompt;       /* with token_ids, its prompt until its first chunk echoes it as
+                               prompt_token_ids, as vLLM does (owned; NULL: none, or echoed) */
     UT_hash_handle hh;      /* in st->reqs while the engine holds it */
 };
 
@@ -73,6 +75,7 @@ static void free_req(struct kvr_se_req *r)
         close(r->evfd);
     kvr_buf_free(&r->out);
     free(r->seq);
+    free(r->prompt);
     free(r);
 }
 
@@ -135,7 +138,10 @@ static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
     c.finished = r->produced == r->max_tokens;
     c.usage = r->continuous;
     c.completion_tokens = r->produced;
+    c.prompt_ids = r->prompt; /* on the first chunk only */
     count_oom(st, kvr_se_wire_sse_chunk(&r->out, &c));
+    free(r->prompt);
+    r->prompt = NULL;
     wake(r);
 }
 
@@ -412,7 +418,9 @@ static struct kvr_se_req *new_req(const struct kvr_se_state *st, const struct kv
         return NULL;
     r->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     r->seq = malloc((2 * (size_t)nb + 1) * sizeof *r->seq);
-    if (r->evfd < 0 || !r->seq) {
+    if (c->return_token_ids && c->stream && (r->prompt = malloc((size_t)c->nprompt * 4)))
+        memcpy(r->prompt, c->prompt, (size_t)c->nprompt * 4);
+    if (r->evfd < 0 || !r->seq || (c->return_token_ids && c->stream && !r->prompt)) {
         free_req(r);
         return NULL;
     }

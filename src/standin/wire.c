@@ -358,7 +358,20 @@ static json_t *usage_of(const struct kvr_se_chunk *c)
     return u;
 }
 
-/* The choice of tokens from..from+n: text, finish_reason, token_ids when asked. */
+/* prompt_token_ids into the choice ch; false when memory ran out. */
+static bool echo_prompt(json_t *ch, const struct kvr_se_chunk *c)
+{
+    json_t *p = json_array();
+    for (uint32_t i = 0; p && i < c->prompt_tokens; i++)
+        if (json_array_append_new(p, json_integer(c->prompt_ids[i]))) {
+            json_decref(p);
+            return false;
+        }
+    return p && json_object_set_new(ch, "prompt_token_ids", p) == 0;
+}
+
+/* The choice of tokens from..from+n: text, finish_reason, token_ids when asked (and the prompt's
+ * with prompt_ids). */
 static json_t *choice_of(const struct kvr_se_chunk *c)
 {
     char *text = malloc((size_t)c->n * 8 + 1); /* " t31999" is 7 bytes */
@@ -379,7 +392,7 @@ static json_t *choice_of(const struct kvr_se_chunk *c)
     if (ch && ids) {
         int rc = json_object_set_new(ch, "token_ids", ids); /* taken even on failure */
         ids = NULL;
-        if (rc) {
+        if (rc || (c->prompt_ids && !echo_prompt(ch, c))) {
             json_decref(ch);
             ch = NULL;
         }

@@ -30,9 +30,9 @@
  * The output: token i of a request is kvr_se_token(seed, i), seed = kvr_se_prompt_seed of its
  * prompt (the same prompt always gives the same tokens, as greedy decoding would); its text is
  * " t<id>". A stream is one SSE event per token ("data: {json}\n\n"), then with include_usage
- * a usage-only chunk ("choices": []), then "data: [DONE]\n\n". Prompt token ids are never
- * echoed (vLLM adds prompt_token_ids to the first chunk with return_token_ids; an adapter has
- * the prompt already).
+ * a usage-only chunk ("choices": []), then "data: [DONE]\n\n". With return_token_ids, a
+ * stream's first chunk echoes the prompt as prompt_token_ids, as vLLM's does (its JSON about 7
+ * bytes a token: the event an adapter must take grows with the prompt).
  */
 #ifndef KVR_SE_WIRE_H
 #define KVR_SE_WIRE_H
@@ -115,6 +115,8 @@ struct kvr_se_chunk {
     uint32_t prompt_tokens;     /* usage figures */
     uint32_t completion_tokens; /* */
     uint32_t cached_tokens;     /* */
+    const uint32_t *prompt_ids; /* prompt_tokens ids the choice echoes as prompt_token_ids (vLLM,
+                                   on a stream's first chunk with return_token_ids); NULL: none */
 };
 
 /* Append one stream event "data: {chunk}\n\n" to out. KVR_OK, KVR_ERR_NOMEM. */

@@ -103,7 +103,7 @@ static void clean_text(struct kvr_adapter *ad, struct kvr_wreq *r, const char *t
 static void output_blocks(struct kvr_worker *w, struct kvr_wreq *r)
 {
     uint32_t bs = w->cfg->engine.block_size;
-    uint64_t need = ((uint64_t)r->prompt_tokens + r->produced + bs - 1) / bs;
+    uint64_t need = ((uint64_t)r->prompt_tokens + r->generated + bs - 1) / bs;
     while (r->blocks < need) {
         kvr__worker_output_block(w, r->key);
         r->blocks++;
@@ -145,17 +145,23 @@ static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
                 (r->prompt_tokens + w->cfg->engine.block_size - 1) / w->cfg->engine.block_size;
         }
         clean_text(ad, r, ch->text, ch->text_len);
+        uint32_t n = ch->n_token_ids ? ch->n_token_ids : ch->n_tokens;
         if (ch->n_token_ids > KVR_WIRE_RESPONSE_TOKENS_MAX || ad->text.len > KVR_WIRE_TEXT_MAX) {
             /* more than a client's decoder takes in one chunk: the stream cannot go on */
             kvr_oai_cancel(ad->oai, key);
             fail(ad, r, KVR_ERR_MALFORMED, "an engine chunk over the wire's limits");
-        } else if (ch->n_tokens || ad->text.len) {
+        } else if (n > r->max_tokens - r->generated) {
+            /* the engine was asked for max_tokens (a count in its usage is as untrusted as any
+             * other field: it bounds the blocks announced for the request) */
+            kvr_oai_cancel(ad->oai, key);
+            fail(ad, r, KVR_ERR_MALFORMED, "the engine generated more than max_tokens");
+        } else if (n || ad->text.len) {
             const char *t = ad->text.len ? (const char *)ad->text.data : NULL;
             if (ch->n_token_ids) {
                 kvr__worker_tokens(w, r, ch->token_ids, ch->n_token_ids, t, (uint32_t)ad->text.len);
-            } else { /* an engine without token ids: text only, positions by its count */
+            } else { /* an engine without token ids: text only, at an unmoved position */
                 kvr__worker_tokens(w, r, NULL, 0, t, (uint32_t)ad->text.len);
-                r->produced += ch->n_tokens;
+                r->generated += n;
                 ad->s.chunks_without_ids++;
             }
             output_blocks(w, r);
@@ -492,6 +498,19 @@ static kvr_status check_engine(struct kvr_worker *w, const struct kvr_engine_met
     return KVR_OK;
 }
 
+/*
+ * The largest SSE event a stream may bring: vLLM echoes the whole prompt in a stream's first
+ * chunk (prompt_token_ids, with return_token_ids), up to 11 bytes a token in its JSON
+ * ("4294967295,") and 12 with a space after the comma, on top of a chunk's own bound. So a prompt
+ * the worker takes is never failed for its echo; the parser's buffer grows only as far as each
+ * event needs.
+ */
+static uint32_t event_bytes(const struct kvr_wk_config *cfg)
+{
+    uint64_t n = KVR_OAI_EVENT_BYTES + (uint64_t)cfg->max_prompt_tokens * 12;
+    return n < UINT32_MAX ? (uint32_t)n : UINT32_MAX;
+}
+
 kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
 {
     const struct kvr_wk_config *cfg = w->cfg;
@@ -524,6 +543,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
                                 .model = a->model,
                                 .idle_timeout_ms = (long)(a->idle_timeout_ns / KVR_NS_PER_MS),
                                 .max_streams = a->max_streams,
+                                .max_event_bytes = event_bytes(cfg),
                                 .return_token_ids = a->token_ids,
                                 .continuous_usage = true};
     struct kvr_oai_hooks oh = {on_chunk, on_end, ad};

@@ -137,6 +137,7 @@ void kvr__worker_tokens(struct kvr_worker *w, struct kvr_wreq *r, const uint32_t
     keep(r, toks, n, text, ntext); /* else ntoks stays behind produced: no repeat */
     chunk(w, r, toks, n, text, ntext, r->produced, NULL);
     r->produced += n;
+    r->generated += n;
 }
 
 static void free_req(struct kvr_wreq *r)
@@ -181,7 +182,7 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
 {
     remember(w, r->key, outcome, silent, now);
     kvr_log(KVR_LOG_DEBUG, "request_ended", "key=%016" PRIx64 " status=%d tokens=%u silent=%s",
-            r->key, (int)outcome, r->produced, silent ? "true" : "false");
+            r->key, (int)outcome, r->generated, silent ? "true" : "false");
     HASH_DEL(w->reqs, r);
     w->nreqs--;
     if (silent || w->clashed) {
@@ -216,7 +217,7 @@ void kvr__worker_finished(struct kvr_worker *w, uint64_t key, const char *finish
         if (finish)
             snprintf(r->finish, sizeof r->finish, "%s", finish);
         chunk(w, r, NULL, 0, NULL, 0, r->produced, r->finish);
-        tokens = r->produced;
+        tokens = r->generated;
         forget(w, r, KVR_OK, false, kvr_now_ns());
     }
     kvr__worker_done(w, key, KVR_OK, tokens);
@@ -230,7 +231,7 @@ void kvr__worker_failed(struct kvr_worker *w, struct kvr_wreq *r, kvr_status st,
                        &(struct kvr_reply_why){.position = r->produced,
                                                .cached_tokens = r->cached_tokens,
                                                .detail = detail && *detail ? detail : NULL});
-    kvr__worker_done(w, r->key, st, r->produced);
+    kvr__worker_done(w, r->key, st, r->generated);
     w->c.engine_errors++;
     forget(w, r, st, false, kvr_now_ns());
 }
@@ -247,7 +248,7 @@ static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, 
             &w->generate, &w->out, r->reply, r->request_id, why,
             &(struct kvr_reply_why){.position = r->produced, .cached_tokens = r->cached_tokens});
     /* a silent stop: the request is another worker's, and has not ended */
-    kvr__worker_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->produced);
+    kvr__worker_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->generated);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
     else
@@ -613,8 +614,9 @@ static void expire(struct kvr_worker *w, uint64_t now)
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at)
 {
     uint64_t from = cut_at > KVR_WK_KEPT_NS ? cut_at - KVR_WK_KEPT_NS : 0;
-    if (r->ntoks != r->produced || r->superseded)
-        return false; /* short of its tokens (memory ran out), or a newer stream of its key */
+    if (r->ntoks != r->produced || r->generated != r->produced || r->superseded)
+        return false; /* short of its tokens (memory ran out, or an engine that gave no ids), or
+                         a newer stream of its key */
     return r->ended_at ? r->ended_at >= from : r->ntoks > 0;
 }
 

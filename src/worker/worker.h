@@ -91,7 +91,10 @@ struct kvr_wreq {
     uint64_t key;            /* the router's key for the request: the engine's request id */
     char *reply;             /* the client's reply subject (owned) */
     char *request_id;        /* the client's id (owned) */
-    uint32_t produced;       /* tokens generated: the next chunk's position */
+    uint32_t produced;       /* tokens its chunks carried: the next chunk's position */
+    uint32_t generated;      /* tokens the engine generated, by its count: == produced but for an
+                                engine that streams text without token ids, whose chunks carry
+                                none (docs/protocol.md); what the routers are told */
     uint32_t max_tokens;     /* tokens it may generate (bounds toks) */
     uint32_t cached_tokens;  /* prompt tokens the engine had cached, known at its prefill */
     uint32_t *toks;          /* the tokens generated, for a repeat after a cut (owned) */

@@ -19,6 +19,7 @@
 
 #include "codec.h"
 #include "harness.h"
+#include "tsrv.h"
 
 #define GEN       H_GEN
 #define ENGINE_BS "16" /* block size of engines, adapters and router */
@@ -79,10 +80,10 @@ static void engine_start(struct engine *e, bool events, const char *speedup)
     engine_start_with(e, events, speedup, NULL);
 }
 
-/* The adapter for e as worker id. */
-static void adapter_start(struct engine *e, const char *id)
+/* The adapter for e as worker id, with more arguments (NULL-terminated, or NULL). */
+static void adapter_start_with(struct engine *e, const char *id, const char *const *more)
 {
-    const char *extra[] = {"--engine",
+    const char *extra[24] = {"--engine",
                            "openai",
                            "--engine-url",
                            e->url,
@@ -97,8 +98,17 @@ static void adapter_start(struct engine *e, const char *id)
                            "--engine-metrics-ms",
                            "100",
                            NULL};
+    for (int i = 0, n = 14; more && more[i]; i++) {
+        cr_assert(lt(int, n, 23));
+        extra[n++] = more[i];
+    }
     e->adapter = h_worker(srv.url, id, 1, 100, extra);
     e->metrics = h_http_port(e->adapter, 10000);
+}
+
+static void adapter_start(struct engine *e, const char *id)
+{
+    adapter_start_with(e, id, NULL);
 }
 
 static pid_t router(void)
@@ -246,6 +256,82 @@ Test(engines, tokens_and_text_stream_through_the_adapter)
     cr_expect(g.final && g.error_code == 0);
     cr_expect(ge(u32, g.cached, 96), "cached_tokens %u for a repeated 100-token prompt", g.cached);
     h_end();
+}
+
+Test(engines, an_engine_without_token_ids_streams_its_text_at_position_0)
+{
+    /* an older vLLM: text and a usage count, no token ids; the stream's positions stay 0, so a
+     * client that follows docs/protocol.md has it whole (and no position missing) */
+    struct engine e;
+    engine_start(&e, true, "20");
+    adapter_start_with(&e, "1", (const char *const[]){"--engine-token-ids=false", NULL});
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct got g = ask("t1", 1000, 0, 100, 24);
+    cr_assert(g.final, "no final chunk");
+    cr_expect(eq(u32, g.error_code, 0));
+    cr_expect(eq(u32, g.tokens, 0), "tokens: %u", g.tokens);
+    cr_expect(g.positions_ok, "a chunk's position was not 0");
+    cr_expect(gt(u32, g.chunks, 2), "%u chunks", g.chunks);
+    cr_expect(gt(sz, g.ntext, 0), "no text streamed");
+    cr_expect(eq(str, g.finish, "length"), "finish_reason %s", g.finish);
+    cr_expect(gt(dbl, metric(e.metrics, "kvworker_adapter_chunks_without_token_ids_total"), 0));
+    h_end();
+}
+
+Test(engines, a_prompt_of_200k_tokens_streams_though_its_first_chunk_echoes_it)
+{
+    /* vLLM (and kvengine) echo the prompt's ids in a stream's first chunk with return_token_ids:
+     * 1.3 MB of JSON here, over the 1 MiB a chunk is otherwise allowed */
+    struct engine e;
+    engine_start_with(&e, true, "20", (const char *const[]){"--max-model-len", "262144", NULL});
+    adapter_start(&e, "1");
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct got g = ask("big", 0, 200000, 200000, 4);
+    cr_assert(g.final, "no final chunk");
+    cr_expect(eq(u32, g.error_code, 0), "error %u", g.error_code);
+    cr_expect(eq(u32, g.tokens, 4), "tokens: %u", g.tokens);
+    cr_expect(g.positions_ok);
+    h_end();
+}
+
+Test(engines, an_engine_counting_more_tokens_than_max_tokens_fails_the_stream)
+{
+    /* an engine (or whatever answers in its place) whose usage jumps to 20 million tokens for a
+     * request of max_tokens 8: the stream fails, the worker announces no 20 million tokens'
+     * blocks, and keeps serving */
+    struct tsrv *t = tsrv_start();
+    tsrv_set_get(t, "/health", 200, "text/plain", "");
+    tsrv_set_get(t, "/metrics", 200, "text/plain", "");
+    tsrv_set_get(t, "/v1/models", 200, "application/json", "{\"data\":[{\"id\":\"m\"}]}");
+    static const char lie[] =
+        "data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":null}],"
+        "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\"b\",\"finish_reason\":null}],"
+        "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":20000000}}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"text\":\"c\",\"finish_reason\":\"length\"}],"
+        "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":20000001}}\n\n"
+        "data: [DONE]\n\n";
+    tsrv_set_raw(t, lie, sizeof lie - 1);
+    const char *extra[] = {"--engine", "openai", "--engine-url", tsrv_url(t), "--block-size",
+                           ENGINE_BS, "--metrics-addr", "127.0.0.1:0", NULL};
+    pid_t w = h_worker(srv.url, "1", 1, 100, extra);
+    router();
+    h_until_router(nc, 15000);
+    /* the prompt names tsrv's scenario: shared tokens are 7, 8, 9, 10: TS_RAW (7), 8 bytes a
+     * write, an event stream */
+    _Static_assert(TS_RAW == 7, "the prompt below");
+    struct got g = ask("lie", 0, 4, 4, 8);
+    cr_assert(g.final, "no final chunk");
+    cr_assert(eq(u32, g.error_code, (uint32_t)KVR_ERR_MALFORMED), "error %u", g.error_code);
+    cr_expect(eq(u32, g.tokens, 0), "tokens: %u", g.tokens);
+    cr_expect(not(h_exited(w)), "the worker died");
+    /* it still serves: the same again is failed the same way, at once */
+    g = ask("lie2", 0, 4, 4, 8);
+    cr_expect(g.final && g.error_code == (uint32_t)KVR_ERR_MALFORMED);
+    h_end();
+    tsrv_stop(t);
 }
 
 Test(engines, a_prefix_routes_to_the_engine_that_caches_it)
