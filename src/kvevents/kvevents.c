@@ -138,32 +138,35 @@ static bool header(const uint8_t *p, size_t len, size_t *i, uint64_t *skip, uint
  * Walk the msgpack bytes without building anything: exactly one complete object, no trailing
  * bytes, nesting at most PRESCAN_DEPTH, and at every container the elements still owed (over the
  * whole stack) no more than the bytes left, since each needs one byte at least. So msgpack-c
- * never allocates for more elements than the input has bytes.
+ * never allocates for more elements than the input has bytes, nor for more than max_objects.
  */
-bool kvr_kvev_prescan(const uint8_t *p, size_t len)
+kvr_status kvr_kvev_prescan(const uint8_t *p, size_t len, uint64_t max_objects)
 {
     uint64_t left[PRESCAN_DEPTH + 1]; /* elements still owed at each open level */
     int depth = 0;
     uint64_t owed = 1; /* elements owed over the whole stack, the top-level object included */
+    uint64_t objects = 0;
     size_t i = 0;
     left[0] = 1;
     while (owed > 0) {
         uint64_t skip, count;
         if (i >= len || !header(p, len, &i, &skip, &count) || skip > len - i)
-            return false;
+            return KVR_ERR_MALFORMED;
+        if (++objects > max_objects)
+            return KVR_ERR_TOO_LARGE;
         i += (size_t)skip;
         left[depth]--; /* this object is done: it was owed by the level it is in */
         owed--;
         if (count > 0) {
             if (depth == PRESCAN_DEPTH || owed + count > len - i)
-                return false;
+                return KVR_ERR_MALFORMED;
             left[++depth] = count;
             owed += count;
         }
         while (depth > 0 && left[depth] == 0)
             depth--;
     }
-    return i == len;
+    return i == len ? KVR_OK : KVR_ERR_MALFORMED;
 }
 
 /* ---- the walk ------------------------------------------------------------------------------- */
@@ -519,8 +522,17 @@ kvr_status kvr_kvev_decode(const void *data, size_t len, const struct kvr_kvev_l
     limits_or_defaults(lim, &l);
     if (len > l.max_bytes)
         return KVR_ERR_TOO_LARGE;
-    if (len == 0 || !kvr_kvev_prescan(data, len))
+    if (len == 0)
         return KVR_ERR_MALFORMED;
+    /* msgpack-c builds 24 bytes an object before the walk can count events, hashes and tokens:
+     * bound the objects by what a batch within those limits holds (an event's fields and their
+     * small lists, a hash as one object or two, a token one), so a batch of tiny objects cannot
+     * cost 24 times its bytes */
+    uint64_t max_objects =
+        (uint64_t)l.max_events * 32 + (uint64_t)l.max_hashes * 2 + (uint64_t)l.max_tokens + 64;
+    kvr_status pre = kvr_kvev_prescan(data, len, max_objects);
+    if (pre != KVR_OK)
+        return pre;
 
     msgpack_zone zone;
     if (!msgpack_zone_init(&zone, 4096))

@@ -38,7 +38,8 @@
  *   - block_size 0 is allowed only with no hashes and no tokens;
  *   - a byte-string hash of 0 or more than 64 bytes, a float hash, a nested array: malformed;
  *   - the msgpack itself: complete, no trailing bytes, nesting at most 16 deep, every declared
- *     array/map length no larger than the bytes left (checked before msgpack-c allocates).
+ *     array/map length no larger than the bytes left, and no more objects than a batch within
+ *     the limits below holds (checked before msgpack-c allocates: KVR_ERR_TOO_LARGE).
  * Limits (caller-given, struct kvr_kvev_limits; a zero field takes its default): more events,
  * hashes (summed over the batch's events, parents not counted) or tokens (summed) than the limit
  * is KVR_ERR_TOO_LARGE; so is an input longer than max_bytes.
@@ -55,10 +56,12 @@
 #include "buf.h"
 #include "kvr/status.h"
 
+/* A batch at the limits on events, hashes and tokens takes about 10 MB (a million 5-byte token
+ * ids, 65,536 hashes of 66 bytes): the default bound on bytes leaves it room, no more. */
 #define KVR_KVEV_MAX_EVENTS 4096u       /* default events per batch */
 #define KVR_KVEV_MAX_HASHES 65536u      /* default block hashes per batch (all events) */
 #define KVR_KVEV_MAX_TOKENS 1048576u    /* default token ids per batch (all events) */
-#define KVR_KVEV_MAX_BYTES  (64u << 20) /* default largest payload, bytes */
+#define KVR_KVEV_MAX_BYTES  (16u << 20) /* default largest payload, bytes */
 #define KVR_KVEV_MEDIUM_CAP 32u         /* medium text kept, with its NUL */
 #define KVR_KVEV_DIGEST_LEN 32u         /* bytes of the encoder's byte-string hashes */
 

@@ -9,9 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* true when p[0..len) is exactly one complete msgpack object, nested at most 16 deep, whose
- * declared lengths all fit in the bytes that follow them (kvevents.c). p is borrowed. */
-bool kvr_kvev_prescan(const uint8_t *p, size_t len);
+/* KVR_OK when p[0..len) is exactly one complete msgpack object, nested at most 16 deep, whose
+ * declared lengths all fit in the bytes that follow them, KVR_ERR_MALFORMED when not; and
+ * KVR_ERR_TOO_LARGE when it holds more than max_objects objects, containers and what they hold
+ * counted alike (kvevents.c). p is borrowed. */
+kvr_status kvr_kvev_prescan(const uint8_t *p, size_t len, uint64_t max_objects);
 
 /*
  * Testing: make the decoder's n-th allocation of its own (the batch's arrays; not msgpack-c's

@@ -28,12 +28,13 @@
  *   - seq == last + 1: delivered at once (zmq_poll, no sleeping);
  *   - seq > last + 1 (a gap): the replay socket is asked from last + 1; replies are delivered in
  *     order (those <= last dropped as duplicates) while live batches arriving meanwhile are held
- *     (at most hold_max) and delivered after, duplicates dropped. When the replay cannot cover
- *     the gap (its first reply is past last + 1: evicted from the ring; no replay endpoint; no
- *     end marker within replay_timeout_ms; more than hold_max held) hooks->reset(ctx, why) is
- *     called and the subscriber goes on from the next batch it has (replayed or held) as a first
- *     batch. A timed-out replay's DEALER is closed and a fresh one connected, so late replies
- *     never mix with the next request's;
+ *     (at most hold_max, of hold_bytes_max bytes in all) and delivered after, duplicates
+ *     dropped. When the replay cannot cover the gap (its first reply is past last + 1: evicted
+ *     from the ring; no replay endpoint; no end marker within replay_timeout_ms; more than
+ *     hold_max or hold_bytes_max held) hooks->reset(ctx, why) is called and the subscriber goes
+ *     on from the next batch it has (replayed or held) as a first batch. A timed-out replay's
+ *     DEALER is closed and a fresh one connected, so late replies never mix with the next
+ *     request's;
  *   - seq <= last on the live socket (the engine restarted: its seq began again at 0):
  *     hooks->reset(ctx, "engine restarted"), then a replay from 0 (what the new engine published
  *     before we noticed, lost to ZeroMQ's slow joiner), then on as above. An engine restarted and
@@ -62,7 +63,8 @@
 #define KVR_KVZMQ_HWM_DEFAULT       100000 /* PUB send / SUB receive high-water marks, messages */
 #define KVR_KVSUB_REPLAY_TIMEOUT_MS 500u   /* default wait for a replay's end marker */
 #define KVR_KVSUB_HOLD_DEFAULT      10000u /* default live batches held during a replay */
-#define KVR_KVZMQ_ENDPOINT_MAX      256u   /* longest endpoint text, with its NUL */
+#define KVR_KVSUB_HOLD_BYTES        (256u << 20) /* and their bytes, at most */
+#define KVR_KVZMQ_ENDPOINT_MAX      256u         /* longest endpoint text, with its NUL */
 
 /* ---- publisher (engine side) ---------------------------------------------------------------- */
 
@@ -137,6 +139,7 @@ struct kvr_kvsub_config {
                                       ZeroMQ drop the connection, which then reconnects) */
     uint32_t replay_timeout_ms;    /* wait for a replay's end marker; 0: 500 */
     uint32_t hold_max;             /* live batches held during a replay; 0: 10,000 */
+    size_t hold_bytes_max;         /* and their bytes; 0: 256 MiB */
     int rcvhwm;                    /* SUB receive high-water mark; 0: 100,000 */
 };
 

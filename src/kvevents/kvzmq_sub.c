@@ -54,6 +54,7 @@ struct kvr_kvsub {
     uint64_t gap_seen_ns;
     struct held *held; /* FIFO [hold_head, hold_len) */
     uint32_t hold_head, hold_len, hold_cap;
+    size_t held_bytes; /* their payloads' bytes */
 
     pthread_mutex_t mu;
     struct kvr_kvsub_stats st;
@@ -224,7 +225,8 @@ static bool start_replay(struct kvr_kvsub *s, uint64_t from, bool restart)
 static bool hold(struct kvr_kvsub *s, uint64_t seq, zmq_msg_t *payload)
 {
     uint32_t n = s->hold_len - s->hold_head;
-    if (n >= s->cfg.hold_max)
+    size_t len = zmq_msg_size(payload);
+    if (n >= s->cfg.hold_max || len > s->cfg.hold_bytes_max - s->held_bytes)
         return false;
     if (s->hold_head > 0 && s->hold_len == s->hold_cap) {
         memmove(s->held, s->held + s->hold_head, n * sizeof *s->held);
@@ -243,6 +245,7 @@ static bool hold(struct kvr_kvsub *s, uint64_t seq, zmq_msg_t *payload)
     h->seq = seq;
     zmq_msg_init(&h->payload);
     zmq_msg_move(&h->payload, payload);
+    s->held_bytes += len;
     pthread_mutex_lock(&s->mu);
     if (n + 1 > s->st.held_max)
         s->st.held_max = n + 1;
@@ -252,6 +255,7 @@ static bool hold(struct kvr_kvsub *s, uint64_t seq, zmq_msg_t *payload)
 
 static void pop_held(struct kvr_kvsub *s)
 {
+    s->held_bytes -= zmq_msg_size(&s->held[s->hold_head].payload);
     zmq_msg_close(&s->held[s->hold_head].payload);
     if (++s->hold_head == s->hold_len)
         s->hold_head = s->hold_len = 0;
@@ -508,6 +512,8 @@ static void defaults(struct kvr_kvsub_config *c)
         c->replay_timeout_ms = KVR_KVSUB_REPLAY_TIMEOUT_MS;
     if (!c->hold_max)
         c->hold_max = KVR_KVSUB_HOLD_DEFAULT;
+    if (!c->hold_bytes_max)
+        c->hold_bytes_max = KVR_KVSUB_HOLD_BYTES;
     if (c->rcvhwm <= 0)
         c->rcvhwm = KVR_KVZMQ_HWM_DEFAULT;
 }

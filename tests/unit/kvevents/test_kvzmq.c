@@ -408,15 +408,15 @@ Test(kvzmq, replay_timeout_resets)
     mute_close(&m);
 }
 
-Test(kvzmq, too_many_held_resets)
+/* A gap held open by a replay that never answers: more than c allows held resets at once. */
+static void held_over(struct kvr_kvsub_config *c)
 {
     struct mute m;
     mute_open(&m);
     struct rig g;
     memset(&g, 0, sizeof g);
     rig_pub(&g, 0);
-    struct kvr_kvsub_config c = {.replay_timeout_ms = 60000, .hold_max = 4};
-    rig_sub(&g, m.ep, &c);
+    rig_sub(&g, m.ep, c);
     cr_assert(kvr_kvpub_wait_subscribers(g.pub, 1, WAIT_MS));
     publish(g.pub, 0, 1);
     cr_assert(wait_n(g.rec, 1, WAIT_MS));
@@ -431,6 +431,21 @@ Test(kvzmq, too_many_held_resets)
     cr_assert(eq(str, (char *)g.rec->why[0], "too many batches held during a replay"));
     rig_close(&g);
     mute_close(&m);
+}
+
+Test(kvzmq, too_many_held_resets)
+{
+    held_over(&(struct kvr_kvsub_config){.replay_timeout_ms = 60000, .hold_max = 4});
+}
+
+Test(kvzmq, too_many_held_bytes_reset)
+{
+    /* room for four of these batches' bytes, not five (they are all of one size) */
+    struct kvr_buf b = {0};
+    payload(&b, 100, 1);
+    size_t room = b.len * 4 + b.len / 2;
+    kvr_buf_free(&b);
+    held_over(&(struct kvr_kvsub_config){.replay_timeout_ms = 60000, .hold_bytes_max = room});
 }
 
 Test(kvzmq, engine_restart_resets_then_replays_from_zero)
