@@ -82,6 +82,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"cancels", rd->n.cancels},
         {"cancels_sent", rd->n.cancels_sent},
         {"cancels_bad", rd->n.cancels_bad},
+        {"answers_refused", rd->n.answers_refused},
         {"cancelled_queued", rd->n.cancelled_queued},
         {"cancelled_early", rd->n.cancelled_early},
         {"forwards_failed", rd->n.forwards_failed},
@@ -107,9 +108,15 @@ static json_t *core_data(struct kvr_rd *rd)
     return o;
 }
 
+/* text to reply (freed): never into the fleet's own subjects nor a system one, whoever asks (a
+ * reply subject is the asker's to choose; docs/security.md). */
 static void publish_text(struct kvr_rd *rd, const char *reply, char *text)
 {
-    if (text && reply && *reply) {
+    if (reply && *reply && !kvr_reply_usable(reply, rd->cfg->net.prefix)) {
+        pthread_mutex_lock(&rd->mu);
+        rd->n.answers_refused++;
+        pthread_mutex_unlock(&rd->mu);
+    } else if (text && reply && *reply) {
         struct kvr_outmsg m = {
             .subject = (char *)reply, .data = (uint8_t *)text, .len = strlen(text)};
         rd->sink.publish(rd->sink.ctx, &m);

@@ -54,6 +54,8 @@ struct kvr_rd_counts {
     uint64_t bookings_expired;     /* booked selects never started */
     uint64_t rebinds_sent;         /* WorkerRebinds sent for a worker's RebindAsk */
     uint64_t rebinds_unknown;      /* keys it listed not booked on it here: skipped */
+    uint64_t answers_refused;      /* $SRV and digest requests whose reply subject is the fleet's
+                                      own or a system one (kvr_reply_usable): not answered */
 };
 
 /* A core event recorded by the callback, handled after the core call (kvr_place_settle). */

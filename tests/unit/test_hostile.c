@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "clock.h"
 #include "events.h"
 #include "fleet.h"
@@ -314,6 +315,29 @@ Test(hostile, a_snapshot_goes_to_a_routers_own_pages_subject_only)
     cr_assert(eq(int, hr_count("kv.default.router.pages.r9", mark, &m), 1), "a router's: served");
     cr_assert(not(eq(ptr, memmem(m->data, m->len, "_INBOX.victim.7", 15), NULL)));
     kvr_buf_free(&b);
+}
+
+Test(hostile, an_answer_never_goes_into_the_fleets_own_subjects)
+{
+    /* a client may publish $SRV requests (deploy/least-privilege.conf) and anyone on the digest
+     * subject: their reply subject is theirs to choose, so the fleet's own are refused there as
+     * for a generate */
+    struct kvr_service svc;
+    kvr_api_init(&svc, &hr_rd);
+    static const char *const bad[] = {"kv.default.worker.1.generate", "kv.default.router.gossip.r1",
+                                      "kv.default.worker.announce", "$SYS.REQ.SERVER.PING"};
+    size_t mark = hr_nsent;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvr_api_on_srv(&hr_rd, &svc, "$SRV.PING", bad[i]);
+        kvr_api_on_srv(&hr_rd, &svc, "$SRV.STATS.kvrouter", bad[i]);
+        kvr_api_on_digest(&hr_rd, bad[i]);
+    }
+    cr_assert(eq(sz, hr_nsent, mark), "%zu answers into the fleet's subjects", hr_nsent - mark);
+    cr_assert(eq(u64, hr_stat("data.answers_refused"), 12));
+    kvr_api_on_srv(&hr_rd, &svc, "$SRV.PING", "_INBOX.ops.1");
+    kvr_api_on_digest(&hr_rd, "_INBOX.ops.2");
+    cr_assert(eq(int, hr_count("_INBOX.ops.1", mark, NULL), 1), "an inbox is answered");
+    cr_assert(eq(int, hr_count("_INBOX.ops.2", mark, NULL), 1));
 }
 
 Test(hostile, lying_heartbeats_are_taken_within_bounds)
