@@ -254,9 +254,10 @@ static bool refused_whole(struct kvr_rd *rd, const struct kvr_wire_decision *d, 
  * no router could book (more blocks than its worker has: forged, or broken) replaces nothing,
  * checked before p's booking is cancelled; one on a worker this router has not heard of yet is
  * taken (the fleet agrees on it) and booked later, when a heartbeat of that worker lists it.
+ * origin: d's origin as a peer (NULL: this router).
  */
 static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_wire_decision *d,
-                    kvr_status *st)
+                    struct kvr_peer *origin, kvr_status *st)
 {
     *st = KVR_ERR_DUPLICATE; /* already known */
     if (p->worker_id == d->rec.worker_id && p->decided_ns == d->decided_ns &&
@@ -290,12 +291,12 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     bool mine = !p->origin; /* this router decided p: it stops whichever worker lost */
     if (loser && loser != kept && (mine || peer))
         kvr_send_cancel(rd, p->key, loser, KVR_ERR_CANCELLED, true);
-    char id[128], origin[96];
+    char id[128], who[96];
     kvr_log(KVR_LOG_INFO, "decision_conflict",
             "request=\"%s\" key=%016" PRIx64 " kept_worker=%" PRIu64 " other_worker=%" PRIu64
             " kept_origin=\"%s\"",
             kvr_log_safe(id, sizeof id, p->request_id), p->key, kept, loser,
-            kvr_log_safe(origin, sizeof origin,
+            kvr_log_safe(who, sizeof who,
                          peer ? d->origin : (p->origin ? p->origin->id : rd->cfg->id)));
     if (!peer)
         return false;
@@ -306,7 +307,7 @@ static bool resolve(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_w
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
     p->attempts = d->placement;
-    p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
+    p->origin = origin;
     return true;
 }
 
@@ -349,9 +350,16 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         g->bad++;
         return;
     }
+    struct kvr_peer *origin = NULL;
+    if (strcmp(d->origin, rd->cfg->id) && !(origin = peer_get(rd, d->origin))) {
+        /* no room for its origin (every slot a live peer's, or no memory): taken as this
+         * router's own, its client would be answered by two routers */
+        refused(g, d, KVR_ERR_FULL, now);
+        return;
+    }
     struct kvr_pending *known = kvr_pending_find(&rd->pend, d->rec.request_id);
     kvr_status st;
-    if (known && !resolve(rd, known, d, &st)) {
+    if (known && !resolve(rd, known, d, origin, &st)) {
         refused(g, d, st, now);
         return;
     }
@@ -385,8 +393,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     p->worker_id = d->rec.worker_id;
     p->decided_ns = d->decided_ns;
     p->attempts = d->placement;
-    /* a decision of this router's earlier incarnation is answered by this one */
-    p->origin = strcmp(d->origin, rd->cfg->id) ? peer_get(rd, d->origin) : NULL;
+    p->origin = origin; /* NULL: this router's earlier incarnation's, answered by this one */
     if (!d->reply[0] && !d->rec.prefill_done) /* a booked select: it expires here too */
         kvr_pending_booked(&rd->pend, p, now + rd->cfg->booking_ttl_ns);
 }

@@ -330,6 +330,36 @@ Test(hostile_fleet, made_up_router_ids_hold_the_peer_table_only_while_they_talk)
     cr_assert(not(eq(ptr, p, NULL)), "and the real router is heard");
 }
 
+Test(hostile_fleet, a_decision_whose_origin_finds_no_room_is_not_taken_as_this_routers)
+{
+    /* every peer slot a live router's: a page bringing a decision of one more router could not
+     * name its origin, and took it as this router's own (answering its client twice over) */
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    for (uint32_t i = 0; i < KVR_FLEET_MAX_PEERS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "p%u", i);
+        hr_hello(id, 5, 0);
+    }
+    Kvrouter__V1__Gossip g;
+    Kvrouter__V1__Decision d, *ds = &d;
+    decision(&g, &d);
+    d.origin = "rx"; /* heard of nowhere else: no slot */
+    struct kvr_buf b = {0};
+    page(&b, &ds, 1, NULL, 0, 0);
+    uint64_t failed = hr_stat("data.replication.import_failed");
+    kvr_sync_on_page(&hr_rd, b.data, b.len);
+    cr_assert(eq(ptr, kvr_pending_find(&hr_rd.pend, 4242), NULL), "taken as this router's");
+    cr_assert(eq(u64, hr_stat("data.replication.import_failed"), failed + 1), "counted");
+    /* its origin with room (one of the peers known): taken, as that peer's */
+    d.origin = "p7";
+    page(&b, &ds, 1, NULL, 0, 0);
+    kvr_sync_on_page(&hr_rd, b.data, b.len);
+    struct kvr_pending *q = kvr_pending_find(&hr_rd.pend, 4242);
+    cr_assert(not(eq(ptr, q, NULL)));
+    cr_assert(q->origin && !strcmp(q->origin->id, "p7"), "the peer's");
+    kvr_buf_free(&b);
+}
+
 Test(hostile_fleet, names_from_the_command_line_are_one_token_each)
 {
     static const char *const bad_ns[] = {"*", ">", "a.b", "a b", "", "a\r\nb", "\x01"};
