@@ -139,9 +139,13 @@ void kvr_rd_unlock_flush(struct kvr_rd *rd)
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)
 {
-    if (!rd->holding)
+    /* one over the wire's bound is refused when applied, so is not copied (nor one past the
+     * hold's bounds: anyone may publish on a worker's subject while a snapshot is applied) */
+    if (!rd->holding || len > KVR_WIRE_KV_MAX)
         return false;
-    uint8_t *copy = rd->nheld < KVR_RD_HELD_MAX ? malloc(len ? len : 1) : NULL;
+    uint8_t *copy = rd->nheld < KVR_RD_HELD_MAX && len <= KVR_RD_HELD_BYTES_MAX - rd->held_bytes
+                        ? malloc(len ? len : 1)
+                        : NULL;
     if (!copy || !KVR_GROW(rd->held, rd->capheld, rd->nheld + 1, 1024)) {
         free(copy);
         rd->held_dropped++; /* applied now instead: at worst a stale entry until evicted */
@@ -150,5 +154,6 @@ bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t
     if (len)
         memcpy(copy, data, len);
     rd->held[rd->nheld++] = (struct kvr_rd_held){worker_id, copy, len};
+    rd->held_bytes += len;
     return true;
 }

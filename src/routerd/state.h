@@ -74,9 +74,9 @@ struct kvr_rd_held {
     size_t len;
 };
 
-#define KVR_RD_HELD_MAX                                                                            \
-    (1u << 20) /* KV events held during a snapshot; past it, applied at once                       \
-                */
+/* KV events held during a snapshot, at most, and their bytes; past either, applied at once */
+#define KVR_RD_HELD_MAX       (1u << 20)
+#define KVR_RD_HELD_BYTES_MAX (256u << 20)
 
 struct kvr_rd {
     const struct kvr_rd_config *cfg; /* must outlive the state */
@@ -103,6 +103,7 @@ struct kvr_rd {
     uint64_t deferred_lost;           /* core events lost to memory shortage (logged) */
     struct kvr_rd_held *held;         /* KV events held during a snapshot, under mu */
     uint32_t nheld, capheld;          /* */
+    size_t held_bytes;                /* their bytes */
     bool holding;                     /* a snapshot is being applied: hold KV events */
     uint64_t held_dropped;            /* KV events applied at once: the hold was full */
     struct kvr_kvlog kvlog;           /* the last moment's KV events applied, under mu: a resync

@@ -194,6 +194,7 @@ static void finish(struct kvr_rd *rd, bool complete)
         free(rd->held[i].data);
     }
     rd->nheld = 0;
+    rd->held_bytes = 0;
     g->syncing = false;
     g->resync = false;
     if (complete)

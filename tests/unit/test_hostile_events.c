@@ -146,6 +146,25 @@ Test(hostile_events, payloads_that_do_not_decode_or_are_over_a_cap_are_counted)
     kvr_buf_free(&b);
 }
 
+Test(hostile_events, kv_events_held_during_a_snapshot_are_bounded_before_they_are_copied)
+{
+    /* while a snapshot is applied, KV events are held to be applied after it: one over the
+     * wire's bound is refused at once (it was copied whatever its size, for any worker id) */
+    hr_rd.holding = true;
+    size_t big = 4u << 20;
+    uint8_t *junk = malloc(big);
+    cr_assert(ne(ptr, junk, NULL));
+    memset(junk, 0xff, big);
+    bad("4 MiB on a worker's kv subject", "kv.default.ev.999.kv", junk, big);
+    cr_assert(eq(u32, hr_rd.nheld, 0), "not held");
+    cr_assert(eq(sz, hr_rd.held_bytes, 0));
+    /* within the bound: held, its bytes counted, and judged when applied after the snapshot */
+    hr_event("kv.default.ev.999.kv", junk, 64);
+    cr_assert(eq(u32, hr_rd.nheld, 1));
+    cr_assert(eq(sz, hr_rd.held_bytes, 64));
+    free(junk);
+}
+
 Test(hostile_events, repeated_fields_over_their_caps_are_counted)
 {
     uint32_t n = KVR_WIRE_INFLIGHT_MAX + 1;
