@@ -410,6 +410,11 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now);
  * queue (a heartbeat stuck there behind a burst of KV events says nothing of its worker).
  */
 void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard);
+/*
+ * The queue's part of kvr_router_tick alone: place or reject queued requests at now, judging
+ * nothing else (for a caller that hears no worker for a while: their silence is its own).
+ */
+void kvr_router_tick_queue(struct kvr_router *r, uint64_t now);
 
 void kvr_router_stats(const struct kvr_router *r, struct kvr_router_stats *out);
 

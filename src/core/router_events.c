@@ -297,6 +297,12 @@ void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard)
     kvr__router_drain(r, now);
 }
 
+void kvr_router_tick_queue(struct kvr_router *r, uint64_t now)
+{
+    r->last_now = now;
+    kvr__router_drain(r, now);
+}
+
 void kvr_router_excuse_silence(struct kvr_router *r, uint64_t now)
 {
     for (uint32_t i = 0; i < r->reg.nlive; i++) {

@@ -111,6 +111,18 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
     kvr_fleet_failed(rd, p, ev->status);
 }
 
+void kvr_place_refuse_unplaced(struct kvr_rd *rd, kvr_status st)
+{
+    struct kvr_pending *next;
+    for (struct kvr_pending *p = rd->pend.head; p; p = next) {
+        next = p->hh.next;
+        if (p->origin || p->worker_id)
+            continue; /* a peer's, or on its worker */
+        kvr_router_withdraw(rd->core, p->key);
+        refuse(rd, p, st);
+    }
+}
+
 static void handle(struct kvr_rd *rd, const struct kvr_rd_deferred *ev)
 {
     struct kvr_pending *p = ev->request_id ? kvr_pending_find(&rd->pend, ev->request_id) : NULL;

@@ -25,4 +25,11 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st);
  */
 void kvr_place_settle(struct kvr_rd *rd);
 
+/*
+ * Under mu, when the router stops with requests still unplaced (queued for a worker, or waiting
+ * to be placed again) after its drain timeout: answer each of its own with st and forget it,
+ * so no client waits for an answer that would never come. Settle afterwards.
+ */
+void kvr_place_refuse_unplaced(struct kvr_rd *rd, kvr_status st);
+
 #endif

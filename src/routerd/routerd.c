@@ -129,7 +129,10 @@ void kvr_routerd_drain(struct kvr_routerd *d)
             break;
         kvr_sleep_ns(20 * KVR_NS_PER_MS);
     }
-    kvr_rd_flush(rd);
+    pthread_mutex_lock(&rd->mu);
+    kvr_place_refuse_unplaced(rd, KVR_ERR_SHUTDOWN); /* what the drain could not place */
+    kvr_place_settle(rd);
+    kvr_rd_unlock_flush(rd);
 }
 
 bool kvr_routerd_destroy(struct kvr_routerd *d)

@@ -148,6 +148,10 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     }
     if (!events_up) {
         rd->blind = true; /* no worker can be heard: judge none of them meanwhile */
+        /* but the queue's timeouts and deadlines run on its own clock: a request waits no longer
+         * for a worker because this router cannot hear them (it was answered only once the
+         * events came back) */
+        kvr_router_tick_queue(rd->core, now);
     } else {
         if (rd->blind || events_cut) {
             rd->blind = false;

@@ -2178,6 +2178,52 @@ Test(routerd, a_request_the_queue_gives_up_on_is_released_and_a_crossing_resend_
     cr_assert(eq(int, queued_notices(0, false, NULL), 2), "taken, and waits again");
 }
 
+/* The queue's timeout runs while the router hears no worker (its events connection down): the
+ * request waiting was answered only once the events came back, or never. */
+Test(routerd, a_blind_router_still_times_out_its_queue)
+{
+    cfg.core.queue_timeout_ns = 1 * KVR_NS_PER_MS;
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000);
+    generate("_INBOX.a", "first", 1, 320);
+    generate("_INBOX.b", "waits", 2, 320);
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 1));
+    uint64_t t = kvr_now_ns();
+    for (int i = 1; i <= 5; i++) /* a second, the events connection down */
+        kvr_timer_tick(&rd, t + (uint64_t)i * 200 * KVR_NS_PER_MS, false, false);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1), "answered while blind");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_OVERLOADED));
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 0));
+    /* and no worker was judged by the silence */
+    cr_assert(eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_OK));
+    cr_assert(eq(int, rec_count("_INBOX.a", 0, NULL), 0), "the placed one is still in flight");
+}
+
+/* A router that stops with requests still waiting for a worker after its drain answers them
+ * ERR_SHUTDOWN: nobody else would (a single router), or only a peer ~9 s later. */
+Test(routerd, requests_still_queued_at_the_stop_are_answered)
+{
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000);
+    generate("_INBOX.a", "first", 1, 320);
+    generate("_INBOX.b", "waits", 2, 320);
+    generate("_INBOX.c", "waits too", 3, 320);
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 2));
+    pthread_mutex_lock(&rd.mu);
+    kvr_place_refuse_unplaced(&rd, KVR_ERR_SHUTDOWN);
+    kvr_place_settle(&rd);
+    kvr_rd_unlock_flush(&rd);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.b", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_SHUTDOWN));
+    cr_assert(eq(int, rec_count("_INBOX.c", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_SHUTDOWN));
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 0));
+    cr_assert(eq(int, rec_count("_INBOX.a", 0, NULL), 0), "the one on its worker goes on");
+    cr_assert(not(eq(ptr, kvr_pending_find(&rd.pend, kvr_pending_key("_INBOX.a", "first")), NULL)));
+}
+
 /* A worker's refusal reaches the client from the worker; a resend right after it crossed it and
  * is ignored, a later one is a new attempt (placed again). (A copy stopped for another worker's,
  * ERR_SUPERSEDED, answered nobody: a_copy_stopped_for_another_worker_has_not_ended.) */
