@@ -89,6 +89,8 @@ static json_t *core_data(struct kvr_rd *rd)
         {"bookings_expired", rd->n.bookings_expired},
         {"recent", rd->recent.n},
         {"recent_evicted", rd->recent.evicted},
+        {"early_cancels", rd->early_cancels.n},
+        {"early_cancels_evicted", rd->early_cancels.evicted},
         {"stalls", rd->stalls},
         {"ends_from_heartbeats", rd->n.ends_from_heartbeats},
         {"event_batches", rd->n.event_batches},

@@ -26,6 +26,8 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
 {
     const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     const struct kvr_recent_item *r = p ? NULL : kvr_recent_find(&rd->recent, key, now);
+    if (!p && !r)
+        r = kvr_recent_find(&rd->early_cancels, key, now);
     if (p || (r && r->kind == KVR_RECENT_ENDED)) {
         /* the same client and id: a resend of a request the fleet has in flight (its answer goes
          * to the same inbox), or of one that ended (its client lacks the stream, or has it and
@@ -254,7 +256,8 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (!p) {
         if (!kvr_recent_find(&rd->recent, key, now)) /* not ended: it may be on its way here */
-            kvr_recent_put(&rd->recent, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, false, now);
+            kvr_recent_put(&rd->early_cancels, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, false,
+                           now);
         return;
     }
     if (p->worker_id) { /* its worker answers, and its done frees every router's booking */

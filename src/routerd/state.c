@@ -56,6 +56,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     /* every request the core holds, in flight or queued, plus orphans within their grace */
     kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
     kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
+    kvr_recent_init(&rd->early_cancels, KVR_RD_EARLY_CANCELS, KVR_RECENT_TTL_NS);
     kvr_kvlog_init(&rd->kvlog, cfg->kv_replay_ns, 0, 0);
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
@@ -73,6 +74,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     kvr_pending_clear(&rd->pend);
     kvr_kept_free(&rd->kept);
     kvr_recent_free(&rd->recent);
+    kvr_recent_free(&rd->early_cancels);
     kvr_kvseq_free(&rd->kvseq);
     kvr_kvlog_free(&rd->kvlog);
     kvr_outbox_free(&rd->out);

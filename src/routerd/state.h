@@ -78,6 +78,8 @@ struct kvr_rd_held {
 #define KVR_RD_HELD_MAX       (1u << 20)
 #define KVR_RD_HELD_BYTES_MAX (256u << 20)
 
+#define KVR_RD_EARLY_CANCELS 16384u /* cancels before their request remembered, at most */
+
 struct kvr_rd {
     const struct kvr_rd_config *cfg; /* must outlive the state */
     pthread_mutex_t mu;              /* */
@@ -86,7 +88,10 @@ struct kvr_rd {
     void (*forward_failed)(struct kvr_rd *rd, uint64_t key, kvr_status st);
     struct kvr_router *core;          /* under mu */
     struct kvr_pending_table pend;    /* under mu */
-    struct kvr_recent recent;         /* ended requests, early cancels; under mu */
+    struct kvr_recent recent;         /* requests that ended or failed; under mu */
+    struct kvr_recent early_cancels;  /* cancels before their request, under mu: apart, so a
+                                         flood of cancels (anyone's to send, each router hears
+                                         all) evicts only its like, never what ended */
     struct kvr_rd_counts n;           /* under mu */
     uint64_t max_request_bytes;       /* a request its forward cannot carry is refused (0: no
                                          check); from the connection's max_payload */

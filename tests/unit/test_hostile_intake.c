@@ -271,3 +271,38 @@ Test(hostile_intake, cancel_bad_inputs_are_counted_and_change_nothing)
     cr_assert(eq(int, hr_count("_INBOX.c", mark, &m), 1), "answered at once");
     cr_assert(eq(u32, hr_error_in(m), KVR_ERR_CANCELLED));
 }
+
+/* Cancels are anyone's to send and every router hears them: a flood of cancels for made-up ids
+ * (one before its request is remembered, for 60 s) evicted what the router remembered of ended
+ * requests, so a resend of one that had ended was placed again (a second stream and final). */
+Test(hostile_intake, a_flood_of_cancels_does_not_make_a_router_forget_what_ended)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_generate("_INBOX.e", "ended", 1, 128, 8);
+    uint64_t key = kvr_pending_key("_INBOX.e", "ended");
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_done(&b, 1, key, KVR_OK, 8), KVR_OK));
+    hr_event("kv.default.ev.1.done", b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "it ended");
+    for (uint32_t i = 0; i < KVR_RECENT_MAX + 1000; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "flood-%u", i);
+        cancel_raw(id, "_INBOX.x");
+    }
+    cr_assert(eq(u64, hr_stat("data.early_cancels"), KVR_RD_EARLY_CANCELS), "bounded");
+    cr_assert(gt(u64, hr_stat("data.early_cancels_evicted"), 0));
+    cr_assert(eq(u64, hr_stat("data.recent_evicted"), 0), "nothing that ended forgotten");
+    size_t mark = hr_nsent;
+    hr_generate("_INBOX.e", "ended", 1, 128, 8); /* its resend */
+    cr_assert(eq(int, hr_count("kv.default.worker.1.generate", mark, NULL), 0), "not placed again");
+    cr_assert(eq(u64, hr_stat("data.resends_after_end"), 1));
+    /* the last cancels of the flood still end their requests on arrival */
+    char last[32];
+    snprintf(last, sizeof last, "flood-%u", KVR_RECENT_MAX + 999);
+    mark = hr_nsent;
+    hr_generate("_INBOX.x", last, 2, 64, 8);
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count("_INBOX.x", mark, &m), 1));
+    cr_assert(eq(u32, hr_error_in(m), KVR_ERR_CANCELLED));
+}
