@@ -50,6 +50,7 @@ struct kvr_se_req {
     uint32_t nseq;          /* */
     uint32_t *prompt;       /* with token_ids, its prompt until its first chunk echoes it as
                                prompt_token_ids, as vLLM does (owned; NULL: none, or echoed) */
+    size_t echo_bytes;      /* that first chunk's bytes: unread, they are not "behind" */
     UT_hash_handle hh;      /* in st->reqs while the engine holds it */
 };
 
@@ -125,7 +126,7 @@ static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
     st->c.generation_tokens++;
     if (!r->stream)
         return;
-    if (r->out.len - r->out_at > st->cfg->stream_buffer_bytes) {
+    if (r->out.len - r->out_at > st->cfg->stream_buffer_bytes + r->echo_bytes) {
         if (r->end == KVR_SE_RUNNING && KVR_GROW(st->cancels, st->capcancels, st->ncancels + 1, 16))
             st->cancels[st->ncancels++] = r->id;
         r->end = KVR_SE_OVERFLOW; /* still held: retired after the step */
@@ -139,7 +140,10 @@ static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
     c.usage = r->continuous;
     c.completion_tokens = r->produced;
     c.prompt_ids = r->prompt; /* on the first chunk only */
+    size_t before = r->out.len;
     count_oom(st, kvr_se_wire_sse_chunk(&r->out, &c));
+    if (r->prompt)
+        r->echo_bytes = r->out.len - before;
     free(r->prompt);
     r->prompt = NULL;
     wake(r);

@@ -21,9 +21,9 @@
  * engine in the middle of a step, and a stall does not block the HTTP side).
  *
  * Bounds: at most max_inflight requests; each stream's unread bytes at most
- * stream_buffer_bytes (beyond that the request is aborted: a client that does not read cannot
- * grow the server); the block table as kvr_se_blocks says; a step's KV events as
- * kvr_se_batcher says.
+ * stream_buffer_bytes, plus its first chunk's when that echoes the prompt (beyond that the
+ * request is aborted: a client that does not read cannot grow the server); the block table as
+ * kvr_se_blocks says; a step's KV events as kvr_se_batcher says.
  */
 #ifndef KVR_SE_STATE_H
 #define KVR_SE_STATE_H
