@@ -164,11 +164,13 @@ static inline __attribute__((always_inline)) void prefetch_act(const struct kvr_
  * Sharing along a path. A request holds a prefix of its prompt's path, so a block's requests are
  * among its parent's, and its act set counts, member by member, at most what its parent's does.
  * Two consecutive blocks of a path whose sets have the same members and the same sum of counts
- * therefore hold the very same pairs; after the same change (a reference of one worker added or
- * dropped) they still do, so the child takes a reference to the set its parent's change made
- * (kvr_hset_share) instead of changing its own. Booking or freeing a request over a shared
- * prefix's dense sets then costs one copy and a reference per block, not a change of each block's
- * table, and the blocks of the prefix end up sharing one table.
+ * therefore hold the very same pairs. A record imported from a peer may list any blocks, so that
+ * is not taken on trust: the shape also fingerprints the values (kvr_hset_shape's wsum), and sets
+ * of one shape hold the same pairs whoever listed their blocks; after the same change (a reference
+ * of one worker added or dropped) they still do, so the child takes a reference to the set its
+ * parent's change made (kvr_hset_share) instead of changing its own. Booking or freeing a request
+ * over a shared prefix's dense sets then costs one copy and a reference per block, not a change of
+ * each block's table, and the blocks of the prefix end up sharing one table.
  */
 struct path_run {
     bool live;                    /* the previous block's change may be taken over */

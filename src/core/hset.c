@@ -95,6 +95,7 @@ static void dense_put(struct kvr_hdense *d, uint32_t slot, uint32_t val)
     t[i].slot = slot;
     t[i].val = val;
     d->total += val;
+    d->wsum += kvr_mix64(slot) * val;
     d->bits[slot >> 6] |= 1ull << (slot & 63);
 }
 
@@ -119,6 +120,8 @@ static struct kvr_hdense *dense_build(const struct kvr_hpair *pairs, uint32_t n,
     d->tcap = tcap;
     d->refs = 1;
     d->total = 0;
+    d->pad = 0;
+    d->wsum = 0;
     memset(d->bits, 0, (size_t)words * 8);
     struct kvr_hpair *t = dense_table(d);
     for (uint32_t i = 0; i < tcap; i++)
@@ -417,6 +420,7 @@ static void dense_del_at(struct kvr_hset *s, uint32_t slot, uint32_t hole, bool 
     uint32_t mask = d->tcap - 1;
     assert(t[hole].slot == slot && d->refs == 1);
     d->total -= t[hole].val;
+    d->wsum -= kvr_mix64(slot) * t[hole].val;
     for (uint32_t j = (hole + 1) & mask; t[j].slot != EMPTY_SLOT; j = (j + 1) & mask) {
         uint32_t home = dense_home(d, t[j].slot);
         if (((j - home) & mask) >= ((j - hole) & mask)) {
@@ -474,6 +478,7 @@ kvr_status kvr__hset_ref(struct kvr_hset *s, uint32_t slot, bool *added, size_t 
             return own;
         val = &dense_table(s->u.dense)[dense_pos(s->u.dense, slot)].val;
         s->u.dense->total++;
+        s->u.dense->wsum += kvr_mix64(slot);
     }
     *added = val == NULL;
     if (val) {
@@ -506,6 +511,7 @@ bool kvr__hset_unref(struct kvr_hset *s, uint32_t slot, size_t *bytes)
                              set is copied or freed */
         struct kvr_hdense *d = s->u.dense;
         d->total--;
+        d->wsum -= kvr_mix64(slot);
         uint32_t pos = dense_pos(d, slot);
         assert(dense_table(d)[pos].val > 0);
         if (--dense_table(d)[pos].val)

@@ -51,6 +51,8 @@ struct kvr_hdense {
     uint32_t tcap;   /* table capacity, a power of two, at most 3/4 full */
     uint32_t refs;   /* sets sharing it (kvr_hset_share); a change to a shared one copies it */
     uint32_t total;  /* the sum of the members' values (mod 2^32) */
+    uint32_t pad;    /* */
+    uint64_t wsum;   /* the sum of kvr_mix64(slot) x value over the members (mod 2^64) */
     uint64_t bits[]; /* words bitmap words, then tcap struct kvr_hpair (slot UINT32_MAX: empty) */
 };
 
@@ -165,6 +167,7 @@ static inline bool kvr_hset_unref(struct kvr_hset *s, uint32_t slot, size_t *byt
  */
 struct kvr_hset_shape {
     uint64_t fp;    /* the members' fingerprint */
+    uint64_t wsum;  /* and their values' */
     uint32_t n;     /* members */
     uint32_t total; /* the sum of their values */
 };
@@ -172,13 +175,13 @@ static inline bool kvr_hset_shape(const struct kvr_hset *s, struct kvr_hset_shap
 {
     if (s->cap != KVR_HSET_DENSE)
         return false;
-    *out = (struct kvr_hset_shape){s->fp, s->n, s->u.dense->total};
+    *out = (struct kvr_hset_shape){s->fp, s->u.dense->wsum, s->n, s->u.dense->total};
     return true;
 }
 
 static inline bool kvr_hset_shape_eq(const struct kvr_hset_shape *a, const struct kvr_hset_shape *b)
 {
-    return a->fp == b->fp && a->n == b->n && a->total == b->total;
+    return a->fp == b->fp && a->wsum == b->wsum && a->n == b->n && a->total == b->total;
 }
 
 /* dst (its own storage released) becomes a reference to src's dense set. */

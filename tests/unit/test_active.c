@@ -331,3 +331,38 @@ KVR_TEST_END(active, dense_sets_shared_along_a_path_match_a_reference, end)
         if (live[i])
             cr_assert(eq(int, kvr_active_remove(&act, i + 1), KVR_OK));
 }
+
+/*
+ * Sharing along a path assumes a request holding a block holds its parent, as every prompt's path
+ * does; a record imported from a peer may list any blocks. Two consecutive blocks can then hold
+ * the same members with the same sum but other pairs (A: worker 1 twice, B: worker 2 twice), and
+ * a booking over [A, B] gave B A's set: a reference left on a worker no request holds, its blocks
+ * counted for good. Each set must keep exactly the counts of its own requests.
+ */
+KVR_TEST_END(active, sets_of_one_shape_but_other_pairs_are_not_shared, end)
+{
+    enum { W = 10, L = 4 };
+    cr_assert(eq(int, kvr_active_reserve(&act, W), KVR_OK));
+    uint32_t path[1 + L];
+    nodes_for(5000, 1 + L, path); /* A, then B1..BL */
+    for (uint32_t w = 0; w < W; w++)
+        cr_assert(eq(int, kvr_active_add(&act, 1 + w, w, path, 1 + L, (1 + L) * B, 0, 0), KVR_OK));
+    cr_assert(eq(int, kvr_active_add(&act, 100, 1, path, 1, B, 0, 0), KVR_OK));         /* [A] */
+    cr_assert(eq(int, kvr_active_add(&act, 101, 2, path + 1, L, L * B, 0, 0), KVR_OK)); /* [B] */
+    cr_assert(eq(int, kvr_active_add(&act, 102, 3, path, 1 + L, (1 + L) * B, 0, 0), KVR_OK));
+    for (uint32_t d = 1; d <= L; d++) {
+        const struct kvr_hset *s = &kvr_blocktab_node(&tab, path[d])->act;
+        cr_assert(eq(u32, s->cap, KVR_HSET_DENSE), "the case needs dense sets");
+        struct kvr_hset_iter it;
+        uint32_t w, v;
+        kvr_hset_iter_init(&it, s);
+        while (kvr_hset_next(&it, &w, &v))
+            cr_assert(eq(u32, v, w == 2 || w == 3 ? 2u : 1u), "block %u worker %u", d, w);
+    }
+    for (uint64_t id = 1; id <= W; id++)
+        cr_assert(eq(int, kvr_active_remove(&act, id), KVR_OK));
+    for (uint64_t id = 100; id <= 102; id++)
+        cr_assert(eq(int, kvr_active_remove(&act, id), KVR_OK));
+    for (uint32_t w = 0; w < W; w++)
+        cr_assert(eq(u64, act.w[w].blocks, 0), "worker %u", w);
+}
