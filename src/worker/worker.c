@@ -466,19 +466,12 @@ static void absorb(struct kvr_worker *w, uint64_t key, const char *why)
     kvr_log(KVR_LOG_DEBUG, "duplicate_absorbed", "key=%016" PRIx64 " was=%s", key, why);
 }
 
+/* A forward for key, neither held nor ended here (copy_of_known). */
 static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
                        const char *reply, struct kvr_wk_prep *prep, uint64_t now)
 {
-    if (kvr__worker_find(w, key)) {
-        absorb(w, key, "held");
-        return KVR_OK;
-    }
     const struct kvr_recent_item *it = kvr_recent_find(&w->recent, key, now);
-    if (it && it->kind == KVR_RECENT_ENDED) {
-        absorb(w, key, it->outcome == KVR_OK ? "finished" : kvr_status_str(it->outcome));
-        return KVR_OK;
-    }
-    if (it) {
+    if (it) { /* a cancel came first */
         end_unborn(w, q, key, reply, it, now);
         return KVR_OK;
     }
@@ -510,13 +503,35 @@ static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_reques
 }
 
 /* Under mu: a forward refused with st: its client is told (with the figures of a limit passed),
- * and the routers by a done event (when it names a request), so its booking goes at once. */
+ * and the routers by a done event (when it names a request), so its booking goes at once; the
+ * key is remembered as ended (a copy of the forward is absorbed, heartbeats list it as ended). */
 static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint64_t key,
-                   const char *reply, kvr_status st)
+                   const char *reply, kvr_status st, uint64_t now)
 {
     kvr_reply_refuse(&w->generate, &w->out, reply, q, st);
-    if (key)
+    if (key) {
         kvr__worker_done(w, key, st, 0);
+        remember(w, key, st, false, now);
+    }
+}
+
+/* Under mu: whether key is held or ended here, so a forward naming it is a copy to absorb,
+ * whatever else it says (a copy without a reply, or one a changed capacity would refuse, must not
+ * end the stream it copies). */
+static bool copy_of_known(struct kvr_worker *w, uint64_t key, uint64_t now)
+{
+    if (!key)
+        return false;
+    if (kvr__worker_find(w, key)) {
+        absorb(w, key, "held");
+        return true;
+    }
+    const struct kvr_recent_item *it = kvr_recent_find(&w->recent, key, now);
+    if (it && it->kind == KVR_RECENT_ENDED) {
+        absorb(w, key, it->outcome == KVR_OK ? "finished" : kvr_status_str(it->outcome));
+        return true;
+    }
+    return false;
 }
 
 void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void *data, size_t len)
@@ -535,14 +550,16 @@ void kvr_worker_on_generate(struct kvr_worker *w, const char *reply, const void 
         w->be->prepare(w, &q, &prep); /* outside mu: heartbeats and streams go on meanwhile */
     pthread_mutex_lock(&w->mu);
     if (!w->clashed) { /* a yielding instance takes nothing: the older one has it */
-        if (st == KVR_OK && !reply)
-            st = KVR_ERR_NO_REPLY;
-        if (st == KVR_OK)
-            st = fits_engine(w, &q);
-        if (st == KVR_OK)
-            st = take(w, &q, key, reply, &prep, t0);
-        if (st != KVR_OK)
-            refuse(w, &q, key, reply, st);
+        if (!copy_of_known(w, key, t0)) {
+            if (st == KVR_OK && !reply)
+                st = KVR_ERR_NO_REPLY;
+            if (st == KVR_OK)
+                st = fits_engine(w, &q);
+            if (st == KVR_OK)
+                st = take(w, &q, key, reply, &prep, t0);
+            if (st != KVR_OK)
+                refuse(w, &q, key, reply, st, t0);
+        }
         kvr_reply_count(&w->generate, kvr_now_ns() - t0);
     }
     atomic_fetch_sub(&w->taking, 1); /* held (listed) or answered: the beat at unlock says so */

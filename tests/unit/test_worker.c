@@ -122,6 +122,20 @@ static void forward(uint64_t key, const char *id, uint32_t max_tokens, uint32_t 
     kvr_buf_free(&b);
 }
 
+/* The same forward with the client's reply subject reply (NULL: none). */
+static void forward_to(uint64_t key, const char *reply, uint32_t max_tokens)
+{
+    uint32_t toks[64];
+    for (uint32_t i = 0; i < 64; i++)
+        toks[i] = 7 + i;
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, "copy", toks, 64, max_tokens, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, key, 0, "r1", 0), KVR_OK));
+    kvr_worker_on_generate(&w, reply, b.data, b.len);
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
+
 static void cancel(uint64_t key, kvr_status reason, bool silent)
 {
     struct kvr_buf b = {0};
@@ -349,6 +363,38 @@ Test(worker, duplicates_are_absorbed_without_a_chunk)
 }
 
 /* --- the id clash ---------------------------------------------------------------------------- */
+
+/* A copy of a forward held or ended here is absorbed whatever it says: one without a reply, or
+ * one this worker would refuse, answered the client and told the routers the request was done
+ * while its stream went on. A refused forward is remembered: its copy is absorbed too. */
+Test(worker, a_copy_of_a_held_request_is_absorbed_even_when_it_would_be_refused)
+{
+    forward(301, "held", 10, 0);
+    step();
+    size_t mark = rec_nsent;
+    forward_to(301, NULL, 10);         /* no reply */
+    forward_to(301, "_INBOX.x", 1000); /* over max_output_tokens */
+    struct kvr_wire_response c[16];
+    struct kvr_wire_done d[2];
+    cr_assert(eq(int, chunks(mark, c, 16), 0));
+    cr_assert(eq(int, dones(mark, d, 2), 0), "no done while it streams");
+    cr_assert(eq(u32, w.nreqs, 1));
+    cr_assert(eq(u64, w.c.duplicates, 2));
+    run();
+    int n = chunks(mark, c, 16);
+    cr_assert(gt(int, n, 0));
+    cr_assert(c[n - 1].final && c[n - 1].error_code == 0, "it finished");
+    free_chunks(c, n);
+    cr_assert(eq(int, dones(mark, d, 2), 1));
+    /* a refused forward, then its copy: one final, one done */
+    mark = rec_nsent;
+    forward_to(302, REPLY, 1000);
+    forward_to(302, REPLY, 1000);
+    cr_assert(eq(int, chunks(mark, c, 16), 1));
+    cr_assert(eq(u32, c[0].error_code, (uint32_t)KVR_ERR_MAX_TOKENS_TOO_LARGE));
+    free_chunks(c, 1);
+    cr_assert(eq(int, dones(mark, d, 2), 1));
+}
 
 Test(worker, the_younger_instance_yields)
 {
