@@ -514,7 +514,8 @@ kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
         st = take_request(m->request, lim, out);
     if (st == KVR_OK && m->request_key == 0)
         st = KVR_ERR_INVALID;
-    if (st == KVR_OK)
+    if (st == KVR_OK && m->deadline_ms) /* what a router left of it; a client's direct forward
+                                            (after a select) carries its own in its request */
         out->deadline_ms = m->deadline_ms;
     kvrouter__v1__worker_generate__free_unpacked(m, &a.pc);
     return request_done(st, out);

@@ -247,6 +247,37 @@ Test(codec, generate_round_trip_with_overrides)
     kvr_buf_free(&b);
 }
 
+/* A forward's deadline is what its router left of the client's; a client's direct forward (after
+ * a select, WorkerGenerate's own field 0) keeps the request's own: it was lost, and the request
+ * never ended with ERR_DEADLINE. */
+Test(codec, a_direct_forward_keeps_the_requests_deadline)
+{
+    uint32_t t[4] = {1, 2, 3, 4};
+    Kvrouter__V1__GenerateRequest g = KVROUTER__V1__GENERATE_REQUEST__INIT;
+    g.request_id = "d";
+    g.token_ids = t;
+    g.n_token_ids = 4;
+    g.max_tokens = 8;
+    g.deadline_ms = 500;
+    uint8_t req[64];
+    size_t n = kvrouter__v1__generate_request__pack(&g, req);
+    struct kvr_buf fwd = {0};
+    struct kvr_wire_request r;
+    uint64_t key;
+    uint32_t overlap;
+    static const uint32_t outer[] = {0, 300}, want[] = {500, 300};
+    for (int i = 0; i < 2; i++) {
+        cr_assert(
+            eq(int, kvr_wire_encode_worker_generate(&fwd, req, n, 9, 0, "r1", outer[i]), KVR_OK));
+        cr_assert(eq(int,
+                     kvr_wire_decode_worker_generate(fwd.data, fwd.len, &lim, &r, &key, &overlap),
+                     KVR_OK));
+        cr_assert(eq(u32, r.deadline_ms, want[i]), "outer %u", outer[i]);
+        kvr_wire_request_free(&r);
+    }
+    kvr_buf_free(&fwd);
+}
+
 Test(codec, forwarding_wraps_the_client_bytes_unchanged)
 {
     struct kvr_buf req = {0}, fwd = {0};
