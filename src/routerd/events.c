@@ -258,8 +258,10 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, struct kvr_wire_hea
         if (h.interval_ms && ms > rd->hb_interval_ms)
             rd->hb_interval_ms = (uint32_t)ms;
         ended_listed(rd, wid, h.ended, h.nended, now);
-        kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms, h.forwards_waiting,
-                            now);
+        /* judged by the interval within bounds, as for its silence (a 1 ms interval, real or
+         * forged, gave a forward still on its way 2 ms before it was placed again) */
+        kvr_fleet_reconcile(rd, wid, h.inflight, h.ninflight, h.interval_ms ? (uint32_t)ms : 0,
+                            h.forwards_waiting, now);
         /* its last KV events lost show only here (nothing numbered comes after them); KV events
          * held for a snapshot are noted when replayed, so none is announced meanwhile */
         if (!rd->holding && kvr_kvseq_announce(&rd->kvseq, wid, h.last_event_seq))

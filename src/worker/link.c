@@ -14,6 +14,7 @@
 #include "metrics.h"
 #include "procstat.h"
 #include "settle.h"
+#include "subject.h"
 #include "util.h"
 
 /* --- deliveries ------------------------------------------------------------------------------ */
@@ -107,7 +108,7 @@ static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
     pthread_mutex_lock(&l->w->mu);
     char *text = kvr_service_answer(&l->svc, subject, stats ? stats_data(l->w) : NULL);
     pthread_mutex_unlock(&l->w->mu);
-    if (text && reply && *reply)
+    if (text && kvr_reply_usable(reply, l->w->cfg->net.prefix)) /* never a fleet's own subject */
         natsConnection_PublishString(nc, reply, text);
     free(text);
     natsMsg_Destroy(msg);

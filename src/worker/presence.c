@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "codec.h"
 #include "log.h"
+#include "subject.h"
 #include "worker.h"
 
 /* Keys of the requests that ended here (for the fleet: not stopped for another worker's copy) at
@@ -100,7 +101,8 @@ void kvr_worker_beat(struct kvr_worker *w)
 void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)
 {
     pthread_mutex_lock(&w->mu);
-    if (!w->clashed && w->be && reply && *reply) /* no engine: closing, nothing to answer for */
+    /* no engine: closing, nothing to answer for; never into a fleet's own subject */
+    if (!w->clashed && w->be && kvr_reply_usable(reply, w->cfg->net.prefix))
         kvr__worker_emit(w, reply, encode_heartbeat(w));
     kvr__worker_unlock(w);
 }
@@ -241,8 +243,7 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
 static void repeat_for_resend(struct kvr_worker *w, struct kvr_wreq *r, uint64_t now)
 {
     if (!r || w->clashed || r->ntoks != r->produced || r->generated != r->produced ||
-        (!r->ended_at && !r->ntoks) ||
-        r->resends >= KVR_WK_RESEND_MAX ||
+        (!r->ended_at && !r->ntoks) || r->resends >= KVR_WK_RESEND_MAX ||
         (r->resent_at && now - r->resent_at < KVR_WK_RESEND_GAP_NS)) {
         w->c.resend_refused++;
         return;

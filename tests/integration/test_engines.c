@@ -84,20 +84,20 @@ static void engine_start(struct engine *e, bool events, const char *speedup)
 static void adapter_start_with(struct engine *e, const char *id, const char *const *more)
 {
     const char *extra[24] = {"--engine",
-                           "openai",
-                           "--engine-url",
-                           e->url,
-                           "--kv-events",
-                           e->pub,
-                           "--kv-replay",
-                           e->replay,
-                           "--block-size",
-                           ENGINE_BS,
-                           "--metrics-addr",
-                           "127.0.0.1:0",
-                           "--engine-metrics-ms",
-                           "100",
-                           NULL};
+                             "openai",
+                             "--engine-url",
+                             e->url,
+                             "--kv-events",
+                             e->pub,
+                             "--kv-replay",
+                             e->replay,
+                             "--block-size",
+                             ENGINE_BS,
+                             "--metrics-addr",
+                             "127.0.0.1:0",
+                             "--engine-metrics-ms",
+                             "100",
+                             NULL};
     for (int i = 0, n = 14; more && more[i]; i++) {
         cr_assert(lt(int, n, 23));
         extra[n++] = more[i];
@@ -314,8 +314,9 @@ Test(engines, an_engine_counting_more_tokens_than_max_tokens_fails_the_stream)
         "\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":20000001}}\n\n"
         "data: [DONE]\n\n";
     tsrv_set_raw(t, lie, sizeof lie - 1);
-    const char *extra[] = {"--engine", "openai", "--engine-url", tsrv_url(t), "--block-size",
-                           ENGINE_BS, "--metrics-addr", "127.0.0.1:0", NULL};
+    const char *extra[] = {"--engine",       "openai",       "--engine-url",
+                           tsrv_url(t),      "--block-size", ENGINE_BS,
+                           "--metrics-addr", "127.0.0.1:0",  NULL};
     pid_t w = h_worker(srv.url, "1", 1, 100, extra);
     router();
     h_until_router(nc, 15000);

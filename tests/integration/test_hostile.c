@@ -202,6 +202,35 @@ Test(hostile, a_worker_cannot_speak_for_another_through_a_longer_subject)
     h_end();
 }
 
+/* A $SRV request whose reply is one of the fleet's own subjects is not answered there by a
+ * worker (a client may publish $SRV requests): it answered on its own events subject, which every
+ * router then decoded and counted as bad. */
+Test(hostile, a_workers_srv_answer_never_goes_into_the_fleets_subjects)
+{
+    h_worker(srv.url, "1", 10, 200, NULL);
+    natsSubscription *sub = NULL;
+    cr_assert(eq(int, natsConnection_SubscribeSync(&sub, nc, "kv.default.ev.1.kv"), NATS_OK));
+    natsMsg *m = NULL;
+    /* an inbox is answered (so the worker serves $SRV by now) */
+    natsStatus s = NATS_TIMEOUT;
+    for (int i = 0; i < 100 && s != NATS_OK; i++) /* no responders, at once, until it starts */
+        if ((s = natsConnection_RequestString(&m, nc, "$SRV.PING.kvworker", "", 200)) != NATS_OK)
+            h_sleep_ms(100);
+    cr_assert(eq(int, s, NATS_OK), "the worker answers $SRV.PING: %s", natsStatus_GetText(s));
+    natsMsg_Destroy(m);
+    cr_assert(
+        eq(int,
+           natsConnection_PublishRequestString(nc, "$SRV.PING.kvworker", "kv.default.ev.1.kv", ""),
+           NATS_OK));
+    natsConnection_Flush(nc);
+    m = NULL;
+    cr_assert(eq(int, natsSubscription_NextMsg(&m, sub, 500), NATS_TIMEOUT),
+              "no answer on the worker's events subject");
+    natsMsg_Destroy(m);
+    h_sub_close(nc, sub);
+    h_end();
+}
+
 /* The router's key of a client request: the hash of "<reply>\0<id>" (docs/protocol.md). */
 static uint64_t key_of(const char *reply, const char *id)
 {

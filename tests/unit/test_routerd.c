@@ -1078,6 +1078,37 @@ Test(routerd, a_worker_with_forwards_waiting_is_not_judged_to_miss_any)
     free(text);
 }
 
+/* A heartbeat's interval judges a forward missing within the router's bounds, as it judges the
+ * worker's silence: one of 1 ms (real, or forged) judged a forward still on its way missing 2 ms
+ * after it was sent, and had it placed again (served twice). */
+Test(routerd, a_forward_is_judged_missing_by_an_interval_within_bounds)
+{
+    cfg.heartbeat_min_ns = 200 * KVR_NS_PER_MS; /* room for a slow run (valgrind) */
+    kvr_fleet_destroy(&rd);
+    kvr_rd_free(&rd);
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
+    rd.fleet->synced = true;
+    rd.serving = true;
+    heartbeat(1, 4096, NULL, 0, 1);
+    generate("_INBOX.t", "on its way", 1, 128);
+    uint64_t other = kvr_pending_key("_INBOX.t", "on its way") ^ 1;
+    for (int i = 0; i < 3; i++) { /* 15 ms of heartbeats that do not list it yet */
+        kvr_sleep_ns(5 * KVR_NS_PER_MS);
+        heartbeat(1, 4096, &other, 1, 1);
+    }
+    struct kvr_router_stats st;
+    kvr_router_stats(rd.core, &st);
+    cr_assert(eq(u64, st.reconciled, 0), "within two bounded intervals (400 ms): not missing");
+    cr_assert(eq(u64, rd.placed_again, 0));
+    kvr_sleep_ns(410 * KVR_NS_PER_MS);
+    heartbeat(1, 4096, &other, 1, 1); /* a first strike */
+    kvr_sleep_ns(205 * KVR_NS_PER_MS);
+    heartbeat(1, 4096, &other, 1, 1); /* the second, half the grace later */
+    kvr_router_stats(rd.core, &st);
+    cr_assert(eq(u64, st.reconciled, 1), "past them, two strikes drop it as before");
+}
+
 /* A heartbeat's held keys (sorted before the mutex) and the live select bookings are merged into
  * one sorted list for the reconcile: a booking the worker cannot hold yet is kept, a held request
  * too, and only the forwarded request the worker does not hold is dropped, at the second strike. */
