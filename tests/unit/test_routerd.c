@@ -124,16 +124,22 @@ static void teardown(void)
 
 TestSuite(routerd, .init = setup, .fini = teardown, .timeout = 30);
 
-/* Start again with workers busy above half their capacity (so requests queue). */
-static void busy_above_half(void)
+/* Start again with cfg as it stands. */
+static void restart(void)
 {
-    cfg.core.busy_threshold = 0.5;
     kvr_fleet_destroy(&rd);
     kvr_rd_free(&rd);
     cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true;
     rd.serving = true;
+}
+
+/* Start again with workers busy above half their capacity (so requests queue). */
+static void busy_above_half(void)
+{
+    cfg.core.busy_threshold = 0.5;
+    restart();
 }
 
 /* Worker wid's heartbeat listing keys[0..n), with `waiting` forwards it has not taken yet. */
@@ -1084,12 +1090,7 @@ Test(routerd, a_worker_with_forwards_waiting_is_not_judged_to_miss_any)
 Test(routerd, a_forward_is_judged_missing_by_an_interval_within_bounds)
 {
     cfg.heartbeat_min_ns = 200 * KVR_NS_PER_MS; /* room for a slow run (valgrind) */
-    kvr_fleet_destroy(&rd);
-    kvr_rd_free(&rd);
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
-    cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
-    rd.fleet->synced = true;
-    rd.serving = true;
+    restart();
     heartbeat(1, 4096, NULL, 0, 1);
     generate("_INBOX.t", "on its way", 1, 128);
     uint64_t other = kvr_pending_key("_INBOX.t", "on its way") ^ 1;
