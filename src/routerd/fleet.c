@@ -365,11 +365,15 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
     }
     const struct kvr_recent_item *ended =
         known ? NULL : kvr_recent_find(&rd->recent, d->rec.request_id, now);
-    if (ended && ended->kind == KVR_RECENT_ENDED && d->reply[0] && !d->rec.prefill_done) {
-        /* a decision for a request that ended here already: a paused router placed a copy it
-         * found in its socket. Its client has its answer; stop the copy before it streams. */
-        rd->n.conflicts++;
-        kvr_send_cancel(rd, d->rec.request_id, d->rec.worker_id, KVR_ERR_CANCELLED, true);
+    if (ended && ended->kind == KVR_RECENT_ENDED) {
+        /* a decision for a request that ended here already. Not started: a paused router placed
+         * a copy it found in its socket; its client has its answer, so the copy is stopped
+         * before it streams. Started: a peer's record from before it heard the end (a snapshot,
+         * a lookup's answer); booked again, it would stay until a reconcile dropped it */
+        if (d->reply[0] && !d->rec.prefill_done) {
+            rd->n.conflicts++;
+            kvr_send_cancel(rd, d->rec.request_id, d->rec.worker_id, KVR_ERR_CANCELLED, true);
+        }
         g->late++;
         return;
     }

@@ -433,6 +433,33 @@ static void peer_decision_at(const char *origin, uint64_t seq, uint64_t key, uin
     kvr_buf_free(&b);
 }
 
+/* A peer's record of a request that ended here (in a snapshot or a lookup's answer built before
+ * that peer heard the end) is not booked again: it stayed booked until a reconcile dropped it,
+ * and, this router's own, was then answered a second time. */
+Test(routerd, a_stale_record_of_a_request_that_ended_here_is_not_booked_again)
+{
+    heartbeat(1, 4096, NULL, 0, 1000);
+    generate("_INBOX.s", "stale", 1, 128);
+    uint64_t key = kvr_pending_key("_INBOX.s", "stale");
+    worker_done(1, key);
+    struct kvr_request_record out;
+    cr_assert(not(eq(int, kvr_router_export(rd.core, key, &out), KVR_OK)), "it ended");
+    uint64_t hashes[2] = {11, 12};
+    struct kvr_request_record rec = {key, 1, hashes, 2, 128, 0, true, 0, 0}; /* started */
+    struct kvr_buf b = {0};
+    cr_assert(eq(int,
+                 kvr_wire_encode_gossip_decision(&b, "peer", 5, 1, &rec, "_INBOX.s", "stale", "r1",
+                                                 kvr_realtime_ns(), 0),
+                 KVR_OK));
+    size_t mark = rec_nsent;
+    gossip_in(&rd, b.data, b.len);
+    kvr_buf_free(&b);
+    cr_assert(not(eq(int, kvr_router_export(rd.core, key, &out), KVR_OK)), "not booked again");
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
+    cr_assert(eq(int, rec_count("_INBOX.s", mark, NULL), 0));
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", mark, NULL), 0), "nothing to stop");
+}
+
 Test(routerd, a_request_that_never_started_is_placed_again_elsewhere)
 {
     heartbeat(1, 4096, NULL, 0, 1); /* a 1 ms interval: removed after 3.2 ms of silence */
