@@ -46,6 +46,13 @@ static inline struct kvr_node *kvr_blocktab_node(const struct kvr_blocktab *t, u
 /* The node of seq, created empty when absent. *h receives its handle. */
 kvr_status kvr_blocktab_get(struct kvr_blocktab *t, uint64_t seq, uint32_t *h);
 
+/* Whether handle h names a live node (one a failure path may have freed already, when a path
+ * named it twice, is not). */
+static inline bool kvr_blocktab_live(const struct kvr_blocktab *t, uint32_t h)
+{
+    return kvr_map_get(&t->map, kvr_blocktab_node(t, h)->seq) == h;
+}
+
 /* Free node h if both of its sets are empty; returns whether it was freed. */
 bool kvr_blocktab_release(struct kvr_blocktab *t, uint32_t h);
 

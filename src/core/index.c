@@ -177,7 +177,8 @@ bool kvr_index_prune_report(struct kvr_index *ix, uint64_t now, uint64_t interva
 #define ST_AHEAD 8u  /* stored blocks looked ahead */
 #define ST_RING  16u /* > ST_AHEAD, a power of 2 */
 
-/* Bind engine_id to a new or existing entry of slot on node nh, as an event entry. */
+/* Bind engine_id to a new or existing entry of slot on node nh, as an event entry. On failure,
+ * nh is released (freed when nothing else holds it): the caller does not release it again. */
 static kvr_status store_one(struct kvr_index *ix, uint32_t slot, uint32_t nh, uint64_t engine_id)
 {
     struct kvr_index_worker *w = &ix->w[slot];
@@ -207,13 +208,15 @@ static kvr_status store_one(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
         lru_append(ix, h);
     } else {
         kvr_status st = entry_add(ix, slot, nh, EVENT_ENTRY, &h);
-        if (st != KVR_OK)
+        if (st != KVR_OK) {
+            kvr_blocktab_release(ix->tab, nh); /* freed if made for it alone */
             return st;
+        }
     }
     ent(ix, h)->engine_id = engine_id;
     kvr_status st = kvr_map_put(&w->engines, engine_id, h);
     if (st != KVR_OK)
-        entry_remove(ix, h);
+        entry_remove(ix, h); /* and its node, when nothing else holds it */
     return st;
 }
 
@@ -260,11 +263,8 @@ kvr_status kvr_index_stored(struct kvr_index *ix, uint32_t slot, const uint64_t 
         uint64_t seq = ring[i % ST_RING];
         uint32_t nh;
         kvr_status st = kvr_blocktab_get(ix->tab, seq, &nh);
-        if (st == KVR_OK) {
-            st = store_one(ix, slot, nh, blocks[i].engine_id);
-            if (st != KVR_OK)
-                kvr_blocktab_release(ix->tab, nh);
-        }
+        if (st == KVR_OK)
+            st = store_one(ix, slot, nh, blocks[i].engine_id); /* on failure, releases nh */
         if (st != KVR_OK) {
             prune(ix);
             return st;
@@ -410,13 +410,13 @@ kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, b
             kvr_blocktab_release(ix->tab, nh);
             return st;
         }
-        st = store_one(ix, slot, nh, engine_id);
+        st = store_one(ix, slot, nh, engine_id); /* on failure, releases nh */
     } else if (!kvr_hset_find(&kvr_blocktab_node(ix->tab, nh)->idx, slot)) {
         uint32_t h;
         st = entry_add(ix, slot, nh, expires == EVENT_ENTRY ? expires - 1 : expires, &h);
+        if (st != KVR_OK)
+            kvr_blocktab_release(ix->tab, nh);
     }
-    if (st != KVR_OK)
-        kvr_blocktab_release(ix->tab, nh);
     prune(ix);
     return st;
 }

@@ -378,7 +378,8 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
         st = kvr_active_add(&r->act, id, slot, nodes, n, ntokens, overlap, now);
     if (st != KVR_OK) {
         for (uint32_t k = from; k < d; k++) /* nodes this call resolved; frees only empty ones */
-            kvr_blocktab_release(&r->tab, nodes[k]);
+            if (kvr_blocktab_live(&r->tab, nodes[k])) /* a record may name a block twice */
+                kvr_blocktab_release(&r->tab, nodes[k]);
         return st;
     }
     if (r->cfg.approximate || r->reg.by_slot[slot].approximate)
