@@ -19,6 +19,11 @@
 #define RETRY_NS (250 * KVR_NS_PER_MS) /* between two failed first connects */
 #define CLOSE_MS 2000 /* kvr_conn_destroy waits this long for the closed callback */
 
+natsStatus kvr_pending_bound(natsSubscription *sub)
+{
+    return natsSubscription_SetPendingLimits(sub, -1, KVR_PENDING_BYTES);
+}
+
 kvr_status kvr_nats_status(natsStatus s)
 {
     switch (s) {

@@ -183,7 +183,7 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     return st;
 }
 
-/* Subscribe (queue group when queue is not NULL) with no pending limits, its completion tracked
+/* Subscribe (queue group when queue is not NULL) with kvr_pending_bound, its completion tracked
  * for the close (kvr_settle). */
 static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const char *subject,
                             const char *queue, natsMsgHandler cb, struct kvr_link *l)
@@ -192,16 +192,16 @@ static natsStatus subscribe(natsSubscription **sub, natsConnection *nc, const ch
         return NATS_NO_MEMORY;
     natsStatus s = kvr_settle_subscribe(l->settle, sub, nc, subject, queue, cb, l);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+        s = kvr_pending_bound(*sub);
     return s;
 }
 
-/* The synchronous sub, just made, with no pending limits, for the loop thread to take from
+/* The synchronous sub, just made, with kvr_pending_bound, for the loop thread to take from
  * (through *slot): what came since waits in its queue, and the loop takes it now. */
 static natsStatus loop_takes(struct kvr_link *l, natsSubscription *sub,
                              _Atomic(natsSubscription *) *slot)
 {
-    natsStatus s = natsSubscription_SetPendingLimits(sub, -1, -1);
+    natsStatus s = kvr_pending_bound(sub);
     if (s == NATS_OK) {
         atomic_store_explicit(slot, sub, memory_order_release);
         kvr_loop_wake(&l->loop);

@@ -305,14 +305,14 @@ static uint32_t queued_forwards(void *ctx)
     return (uint32_t)msgs;
 }
 
-/* Subscribe cb to subject on nc (with no pending limits when unlimited), its completion
- * tracked for the teardown (kvr_settle). */
+/* Subscribe cb to subject on nc (with kvr_pending_bound when unlimited, else nats.c's limits),
+ * its completion tracked for the teardown (kvr_settle). */
 static natsStatus sub_async(struct kvr_wk_link *l, natsSubscription **sub, natsConnection *nc,
                             const char *subject, natsMsgHandler cb, bool unlimited)
 {
     natsStatus s = kvr_settle_subscribe(l->settle, sub, nc, subject, NULL, cb, l);
     if (s == NATS_OK && unlimited)
-        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+        s = kvr_pending_bound(*sub);
     return s;
 }
 

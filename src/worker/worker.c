@@ -104,6 +104,8 @@ static bool keep(struct kvr_wreq *r, const uint32_t *toks, uint32_t n, const cha
 {
     if (r->ntoks != r->produced || n > r->max_tokens - r->ntoks)
         return false;
+    if (!n) /* text with no token (an engine without ids): no repeat could place it */
+        return true;
     uint32_t cap = r->captoks;
     if (!KVR_GROW(r->toks, r->captoks, r->ntoks + n, 64))
         return false;
@@ -515,9 +517,8 @@ static void refuse(struct kvr_worker *w, const struct kvr_wire_request *q, uint6
     }
 }
 
-/* Under mu: whether key is held or ended here, so a forward naming it is a copy to absorb,
- * whatever else it says (a copy without a reply, or one a changed capacity would refuse, must not
- * end the stream it copies). */
+/* Under mu: whether key is held or ended here: a forward naming it is a copy to absorb, whatever
+ * it says (one without a reply, or refused, must not end the stream it copies). */
 static bool copy_of_known(struct kvr_worker *w, uint64_t key, uint64_t now)
 {
     if (!key)
