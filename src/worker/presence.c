@@ -204,10 +204,13 @@ static void ask(struct kvr_worker *w, uint64_t *keys, uint32_t n)
     w->c.rebind_asks++;
 }
 
-/* r's key into keys (a full batch asked for first) if the repeat after the cut covers r. */
-static void add_key(struct kvr_worker *w, const struct kvr_wreq *r, uint64_t *keys, uint32_t *n)
+/* r's key into keys (a full batch asked for first) if r's client is still to hear from this
+ * connection: a held stream (its next chunks, a first token that came after the asks included:
+ * under allow_responses each needs the permission the rebind gives), or one the repeat covers. */
+static void add_key(struct kvr_worker *w, const struct kvr_wreq *r, bool held, uint64_t *keys,
+                    uint32_t *n)
 {
-    if (!kvr__worker_repeats(r, w->cut_at))
+    if (!held && !kvr__worker_repeats(r, w->cut_at))
         return;
     keys[(*n)++] = r->key;
     if (*n == KVR_WIRE_REBIND_MAX) {
@@ -226,9 +229,9 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
         return;
     }
     for (struct kvr_wreq *r = w->kept; r; r = r->next)
-        add_key(w, r, keys, &n);
+        add_key(w, r, false, keys, &n);
     for (struct kvr_wreq *r = w->reqs; r; r = r->hh.next)
-        add_key(w, r, keys, &n);
+        add_key(w, r, true, keys, &n);
     ask(w, keys, n);
     free(keys);
 }

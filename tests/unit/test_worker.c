@@ -481,6 +481,32 @@ static uint64_t cut_and_back(void)
     return due;
 }
 
+/* Every held stream is in the rebind asks after a cut, its first token still to come or not:
+ * under allow_responses its chunks need the permission a rebind gives on the new connection
+ * (one with no token yet was left out, and its whole stream refused by the server). */
+Test(worker, after_a_cut_a_stream_with_no_token_yet_is_asked_a_rebind_too)
+{
+    forward(811, "queued", 10, 0); /* held, not one step yet */
+    size_t mark = rec_nsent;
+    kvr_worker_on_disconnected(&w);
+    kvr_worker_on_reconnected(&w);
+    uint64_t keys[4];
+    uint32_t nkeys;
+    cr_assert(eq(int, rebind_asks(mark, keys, 4, &nkeys), 1));
+    cr_assert(eq(u32, nkeys, 1));
+    cr_assert(eq(u64, keys[0], 811));
+    mark = rec_nsent;
+    uint64_t due = kvr_worker_tick(&w, kvr_now_ns());
+    while (due)
+        due = kvr_worker_tick(&w, due);
+    struct kvr_wire_response c[16];
+    cr_assert(eq(int, chunks(mark, c, 16), 0), "no token: nothing to repeat");
+    run();
+    int n = chunks(mark, c, 16);
+    cr_assert(eq(int, n, 11), "its stream, whole");
+    free_chunks(c, n);
+}
+
 Test(worker, after_a_cut_each_open_stream_is_repeated_from_position_0)
 {
     forward(801, "a", 10, 0);
