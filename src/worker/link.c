@@ -393,7 +393,15 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
 
 void kvr_wk_link_drain(struct kvr_wk_link *l)
 {
-    kvr_worker_set_draining(l->w);
+    /* routers first hear it is leaving, while what they send meanwhile is still served: the
+     * subscription drained at once left the forwards of that moment to no one (each placed again
+     * only by a reconcile, ~1.5 s later) */
+    kvr_worker_set_draining(l->w, false);
+    if (connected(l)) {
+        kvr_worker_heartbeat(l->w);
+        kvr_sleep_ns(KVR_WK_LEAVE_NS);
+    }
+    kvr_worker_set_draining(l->w, true);
     natsSubscription_Drain(l->sub_gen);
     natsSubscription_WaitForDrainCompletion(l->sub_gen, 5000);
     if (connected(l))

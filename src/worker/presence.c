@@ -38,7 +38,7 @@ static kvr_status encode_heartbeat(struct kvr_worker *w)
                                             .block_size = w->cfg->engine.block_size,
                                             .capacity_blocks = w->capacity},
                                    .interval_ms = (uint32_t)(w->cfg->heartbeat_ns / KVR_NS_PER_MS),
-                                   .draining = w->draining,
+                                   .draining = w->draining || w->leaving,
                                    .instance = w->instance,
                                    .started_ns = w->started_ns,
                                    .last_event_seq = w->event_seq};
@@ -96,6 +96,14 @@ void kvr_worker_beat(struct kvr_worker *w)
         }
         kvr_sleep_ns(KVR_NS_PER_MS); /* meanwhile whoever holds mu sends it as it lets go */
     }
+}
+
+void kvr_worker_set_draining(struct kvr_worker *w, bool refuse)
+{
+    pthread_mutex_lock(&w->mu);
+    w->leaving = true;
+    w->draining = w->draining || refuse;
+    pthread_mutex_unlock(&w->mu);
 }
 
 void kvr_worker_on_hello(struct kvr_worker *w, const char *reply)

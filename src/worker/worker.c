@@ -771,13 +771,6 @@ void kvr_worker_run_engine(struct kvr_worker *w)
 
 /* --- the rest -------------------------------------------------------------------------------- */
 
-void kvr_worker_set_draining(struct kvr_worker *w)
-{
-    pthread_mutex_lock(&w->mu);
-    w->draining = true;
-    pthread_mutex_unlock(&w->mu);
-}
-
 uint32_t kvr_worker_held(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);

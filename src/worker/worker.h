@@ -87,6 +87,8 @@
 #define KVR_WK_ENGINE_WAKE_NS                                                                      \
     (200ull * 1000000ull) /* the engine thread's longest sleep: engine_ns stays this fresh */
 
+#define KVR_WK_LEAVE_NS (200ull * 1000000ull) /* the stop: routers told, forwards still taken */
+
 struct kvr_wreq {
     uint64_t key;            /* the router's key for the request: the engine's request id */
     char *reply;             /* the client's reply subject (owned) */
@@ -240,6 +242,7 @@ struct kvr_worker {
     uint64_t clash_logged;             /* the last other instance logged (older side), under mu */
     _Atomic bool stopping;             /* threads exit; set under mu, read without it */
     bool draining;                     /* no new requests, under mu */
+    bool leaving;                      /* heartbeats say draining (before it is), under mu */
     struct kvr_wreq *kept, *kept_tail; /* ended streams, oldest first, under mu */
     struct kvr_wreq *kept_by;          /* the same, by key (hk) */
     uint32_t nkept;                    /* */
@@ -317,7 +320,9 @@ void kvr_worker_on_disconnected(struct kvr_worker *w);
 void kvr_worker_on_reconnected(struct kvr_worker *w);
 
 /* Take no new requests (the heartbeat says so). */
-void kvr_worker_set_draining(struct kvr_worker *w);
+/* The stop: heartbeats say draining from now on; with refuse, new forwards are refused too (first
+ * without: routers stop sending once they hear it, and what they sent meanwhile is served). */
+void kvr_worker_set_draining(struct kvr_worker *w, bool refuse);
 /* Requests still held. */
 uint32_t kvr_worker_held(struct kvr_worker *w);
 /* Make the engine thread (and the heartbeat thread's waits) return. */

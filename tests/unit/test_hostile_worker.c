@@ -257,7 +257,7 @@ Test(hostile_worker, forwards_that_are_odd_are_absorbed_or_served)
     run();
     cr_assert(eq(u64, w.c.served, 2));
     cr_assert(eq(u64, w.c.deadlines, 0), "not taken for passed");
-    kvr_worker_set_draining(&w);
+    kvr_worker_set_draining(&w, true);
     forward_bytes(&b, 33, 64, 4);
     refused_with("while draining", REPLY, b.data, b.len, KVR_ERR_SHUTDOWN);
     kvr_buf_free(&b);

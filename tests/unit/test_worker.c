@@ -1120,6 +1120,32 @@ Test(worker, kv_events_do_not_cut_a_batch_short_and_rebind_asks_wait_for_it)
     cr_assert(eq(u32, w.nbatch, 0));
 }
 
+/* The stop announces draining first while forwards are still served (those routers sent before
+ * they heard it were dropped with the subscription, placed again only by a reconcile), then
+ * refuses them. */
+Test(worker, a_stopping_worker_says_so_before_it_refuses_forwards)
+{
+    kvr_worker_set_draining(&w, false);
+    size_t mark = rec_nsent;
+    kvr_worker_heartbeat(&w);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count(HB, mark, &m), 1));
+    struct kvr_wire_heartbeat h;
+    cr_assert(eq(int, kvr_wire_decode_heartbeat(m->data, m->len, &h), KVR_OK));
+    cr_assert(h.draining, "routers hear it is leaving");
+    kvr_wire_heartbeat_free(&h);
+    forward(901, "still served", 4, 0);
+    cr_assert(eq(u32, w.nreqs, 1), "taken");
+    kvr_worker_set_draining(&w, true);
+    mark = rec_nsent;
+    forward(902, "refused", 4, 0);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1));
+    cr_assert(eq(u32, c[0].error_code, (uint32_t)KVR_ERR_SHUTDOWN));
+    free_chunks(c, 1);
+    run();
+}
+
 Test(worker, a_stopping_worker_holds_nothing)
 {
     cfg.event_batch_ns = 5 * KVR_NS_PER_MS;

@@ -318,7 +318,7 @@ Test(worker_metrics, ready_follows_the_state_and_stays_ready_when_idle)
     cr_assert(kvr_wk_ready(&w, why, sizeof why), "%s", why);
     kvr_sleep_ns(KVR_WK_ENGINE_STALL_NS + 300 * KVR_NS_PER_MS); /* idle, longer than the limit */
     cr_assert(kvr_wk_ready(&w, why, sizeof why), "an idle engine is alive: %s", why);
-    kvr_worker_set_draining(&w);
+    kvr_worker_set_draining(&w, true);
     cr_assert(not(kvr_wk_ready(&w, why, sizeof why)));
     cr_assert(ne(ptr, strstr(why, "draining"), NULL), "%s", why);
     stop_engine();
