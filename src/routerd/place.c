@@ -119,6 +119,7 @@ void kvr_place_refuse_unplaced(struct kvr_rd *rd, kvr_status st)
         if (p->origin || p->worker_id)
             continue; /* a peer's, or on its worker */
         kvr_router_withdraw(rd->core, p->key);
+        kvr_fleet_unqueued(rd, p, st); /* its peers stop standing in for it (a second final) */
         refuse(rd, p, st);
     }
 }

@@ -2269,6 +2269,7 @@ Test(routerd, requests_still_queued_at_the_stop_are_answered)
     generate("_INBOX.b", "waits", 2, 320);
     generate("_INBOX.c", "waits too", 3, 320);
     cr_assert(eq(u32, kvr_router_queue_len(rd.core), 2));
+    cr_assert(eq(int, queued_notices(0, false, NULL), 2), "the peers know they wait here");
     pthread_mutex_lock(&rd.mu);
     kvr_place_refuse_unplaced(&rd, KVR_ERR_SHUTDOWN);
     kvr_place_settle(&rd);
@@ -2279,6 +2280,12 @@ Test(routerd, requests_still_queued_at_the_stop_are_answered)
     cr_assert(eq(int, rec_count("_INBOX.c", 0, &m), 1));
     cr_assert(eq(u32, rec_error_in(m), KVR_ERR_SHUTDOWN));
     cr_assert(eq(u32, kvr_router_queue_len(rd.core), 0));
+    struct kvr_wire_queued q = {0};
+    cr_assert(eq(int, queued_notices(0, true, &q), 2), "and learn they were answered: a peer "
+                                                       "standing in would answer them again");
+    cr_assert(eq(u32, q.error_code, KVR_ERR_SHUTDOWN));
+    free(q.reply);
+    free(q.request_id);
     cr_assert(eq(int, rec_count("_INBOX.a", 0, NULL), 0), "the one on its worker goes on");
     cr_assert(not(eq(ptr, kvr_pending_find(&rd.pend, kvr_pending_key("_INBOX.a", "first")), NULL)));
 }
