@@ -108,6 +108,11 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
     char id[128];
     kvr_log(KVR_LOG_WARN, "request_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
             kvr_log_safe(id, sizeof id, p->request_id), ev->worker_id, kvr_status_str(ev->status));
+    if (!p->origin && ev->worker_id)
+        /* its worker was written off (silent too long) or the request went stale: the client is
+         * answered now, so a worker that is alive after all (paused, cut off) is told to stop,
+         * silently, rather than stream on after that final and finish work nobody counts */
+        kvr_send_cancel(rd, p->key, ev->worker_id, KVR_ERR_CANCELLED, true);
     kvr_fleet_failed(rd, p, ev->status);
 }
 

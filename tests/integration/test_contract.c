@@ -393,6 +393,58 @@ Test(contract, a_dead_worker_is_named_within_two_seconds_and_a_clash_refused)
     h_end();
 }
 
+/* A worker paused past its window (SIGSTOP) is written off and its client answered worker lost;
+ * once it runs again it stops that stream silently (the router tells it to) instead of streaming
+ * on to a second final (seen: tokens again at once, a final OK at the end). */
+Test(contract, a_paused_worker_written_off_does_not_stream_on_to_a_second_final)
+{
+    h_router(srv.url, "ra", NULL);
+    pid_t w = h_worker(srv.url, "1", 1, 200, NULL); /* beats at 200 ms: written off after 640 */
+    h_until_served(nc, GEN, 1, 15000);
+    struct stream s;
+    start(&s, "paused", 1, 128, 20000, NULL, 0);
+    send_again(&s);
+    uint64_t end = h_now_ms() + 20000;
+    while (s.have < 5 && read_one(&s, (int64_t)end - (int64_t)h_now_ms()))
+        ;
+    h_signal(w, SIGSTOP);
+    natsMsg *m = NULL;
+    struct kvr_wire_response r = {0};
+    int finals = 0;
+    while (!finals && natsSubscription_NextMsg(&m, s.sub, 10000) == NATS_OK) {
+        cr_assert(eq(
+            int, kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r),
+            KVR_OK));
+        natsMsg_Destroy(m);
+        if (r.final) {
+            finals++;
+            cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
+        }
+        kvr_wire_response_free(&r);
+    }
+    cr_assert(eq(int, finals, 1), "the client was answered while the worker was stopped");
+    h_signal(w, SIGCONT);
+    /* 4 s: at the simulated engine's pace some 600 more tokens, were it to stream on */
+    uint64_t until = h_now_ms() + 4000;
+    int after = 0;
+    while (h_now_ms() < until) {
+        if (natsSubscription_NextMsg(&m, s.sub, 200) != NATS_OK)
+            continue;
+        cr_assert(eq(
+            int, kvr_wire_decode_response(natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &r),
+            KVR_OK));
+        natsMsg_Destroy(m);
+        finals += r.final;
+        after += (int)r.ntokens;
+        kvr_wire_response_free(&r);
+    }
+    fprintf(stderr, "  a paused worker: %d tokens after its resume\n", after);
+    cr_assert(eq(int, finals, 1), "no second final: the worker stopped it");
+    cr_assert(lt(int, after, 100), "it stopped at once (%d tokens after its resume)", after);
+    h_sub_close(nc, s.sub);
+    h_end();
+}
+
 Test(contract, nobody_serving_is_a_503_and_a_router_announces_its_limits)
 {
     natsMsg *m = NULL;

@@ -940,6 +940,13 @@ Test(routerd, a_queued_request_fails_at_once_when_the_last_worker_leaves)
     cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
     cr_assert(eq(u64, r.worker_id, 1), "worker lost names the worker");
     kvr_wire_response_free(&r);
+    /* and the worker, if alive after all (paused), is told to stop it without a word: its stream
+     * went on past the client's final, a second final at its end */
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, &m), 1));
+    struct kvr_wire_worker_cancel c;
+    cr_assert(eq(int, kvr_wire_decode_worker_cancel(m->data, m->len, &c), KVR_OK));
+    cr_assert(eq(u64, c.key, kvr_pending_key("_INBOX.a", "fills")));
+    cr_assert(c.silent);
 }
 
 Test(routerd, a_deadline_ends_a_queued_request)
