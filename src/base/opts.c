@@ -4,6 +4,7 @@
 #define _DEFAULT_SOURCE
 #include "opts.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,7 +21,7 @@ static bool parse_u64(const char *v, uint64_t *out)
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
-    if (!*v || *end || errno || *v == '-' || *v == '+' || *v == ' ')
+    if (!*v || *end || errno || !isdigit((unsigned char)*v)) /* strtoull takes " -1" too */
         return false;
     *out = x;
     return true;
@@ -125,7 +126,10 @@ void kvr_url_redact(const char *urls, char *out, size_t len)
         size_t n = strcspn(u, ","), host = 0;
         const char *scheme = strstr(u, "://");
         size_t from = scheme && (size_t)(scheme - u) < n ? (size_t)(scheme - u) + 3 : 0;
-        const char *atsign = memchr(u + from, '@', n - from);
+        const char *atsign = NULL; /* the last '@': nats.c takes a password with '@' in it */
+        for (size_t i = from; i < n; i++)
+            if (u[i] == '@')
+                atsign = u + i;
         if (atsign) { /* user:password@ or token@: keep the user, never the secret */
             size_t info = (size_t)(atsign - u) - from;
             const char *colon = memchr(u + from, ':', info);
@@ -311,8 +315,16 @@ static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, co
     enum kvr_opts_result rc = KVR_OPTS_GO;
     while (rc == KVR_OPTS_GO && fgets(line, sizeof line, f)) {
         lineno++;
+        size_t got = strlen(line);
+        if (got == sizeof line - 1 && line[got - 1] != '\n' && !feof(f)) {
+            /* its tail would be read as a line of its own (a comment's tail as a setting) */
+            fprintf(stderr, "%s:%d: a line over %zu bytes\n", path, lineno, sizeof line - 2);
+            rc = KVR_OPTS_BAD;
+            break;
+        }
         char *p = line + strspn(line, " \t");
-        p[strcspn(p, "#\r\n")] = 0;
+        /* a '#' starts a comment at the start of a line only: a value may hold one (a password) */
+        p[*p == '#' ? 0 : strcspn(p, "\r\n")] = 0;
         char why[400];
         if (*p && !config_line(opts, n, p, why, sizeof why)) {
             fprintf(stderr, "%s:%d: %s\n", path, lineno, why);

@@ -563,10 +563,11 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
                 "decisions (approximate mode for it)\"",
                 a->url);
     }
+    char model[256]; /* the engine's to name: a quote in it would forge log fields */
     kvr_log(KVR_LOG_INFO, "engine_ready",
             "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u", a->url,
-            kvr_oai_model(ad->oai), a->kv_events[0] ? a->kv_events : "none", w->capacity,
-            cfg->engine.block_size);
+            kvr_log_safe(model, sizeof model, kvr_oai_model(ad->oai)),
+            a->kv_events[0] ? a->kv_events : "none", w->capacity, cfg->engine.block_size);
     if (pthread_create(&ad->poller, NULL, poll_main, ad)) /* it writes w->capacity under mu */
         return KVR_ERR_IO;
     ad->poller_started = true;
