@@ -76,9 +76,10 @@
 #define KVR_WK_KEPT_NS         (2000ull * 1000000ull) /* a cut repeats what ended this long before */
 #define KVR_WK_RESEND_KEPT_NS                                                                      \
     (10000ull * 1000000ull) /* an ended stream is kept this long, for a repeat on a resend */
-#define KVR_WK_RESEND_GAP_NS                                                                       \
-    (1000ull * 1000000ull)   /* a resend repeats a stream this often, at most */
-#define KVR_WK_RESEND_MAX 3u /* and this many times in all */
+/* a resend repeats a stream this often, at most: under the 1 s a client waits between resends
+ * (at 1 s, jitter refused about half of the second ones, each counted against the 3) */
+#define KVR_WK_RESEND_GAP_NS (500ull * 1000000ull)
+#define KVR_WK_RESEND_MAX    3u /* and this many times in all */
 #define KVR_WK_LIST_AFTER_CUT_NS                                                                   \
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
