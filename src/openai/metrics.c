@@ -18,6 +18,10 @@
 #define COUNT_MAX 9007199254740992.0 /* 2^53: counts beyond are not counts */
 
 /* Sums over label sets while the text is read. */
+#define SEEN_MAX                                                                                   \
+    256 /* series of the metrics read, told apart; past it, none is refused as twice               \
+         */
+
 struct acc {
     struct kvr_engine_metrics *m;
     double running, waiting, hits, queries;
@@ -26,6 +30,8 @@ struct acc {
     double hit_rate_sum;
     uint32_t hit_rate_n;
     bool have_hits, have_queries;
+    uint64_t seen[SEEN_MAX]; /* the series taken so far (series_id), to refuse one twice */
+    uint32_t nseen;          /* */
 };
 
 enum metric {
@@ -174,6 +180,36 @@ static bool take_sample(struct acc *a, enum metric what, const struct kvr_promte
     return false;
 }
 
+/* FNV-1a of n bytes, from h. */
+static uint64_t fnv(uint64_t h, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A series' identity: its name and its labels in any order. */
+static uint64_t series_id(const struct kvr_promtext_sample *s)
+{
+    uint64_t id = fnv(0xcbf29ce484222325ull, s->name, s->name_len);
+    for (uint32_t i = 0; i < s->n_labels; i++) {
+        uint64_t h = fnv(0xcbf29ce484222325ull, s->labels[i].name, s->labels[i].name_len);
+        h = fnv(h ^ 0xff, s->labels[i].value, s->labels[i].value_len);
+        id += h * 0x9e3779b97f4a7c15ull; /* a sum: the labels' order does not matter */
+    }
+    return id;
+}
+
+/* Whether series id was taken already (an exposition names a series once: a second line of it
+ * would be counted twice, the capacity of a duplicated cache_config_info doubled). */
+static bool taken(const struct acc *a, uint64_t id)
+{
+    for (uint32_t i = 0; i < a->nseen; i++)
+        if (a->seen[i] == id)
+            return true;
+    return false;
+}
+
 static void on_sample(void *ctx, const struct kvr_promtext_sample *s)
 {
     struct acc *a = ctx;
@@ -183,8 +219,11 @@ static void on_sample(void *ctx, const struct kvr_promtext_sample *s)
                                                : KVR_ENGINE_UNKNOWN;
     for (size_t i = 0; i < sizeof metric_names / sizeof metric_names[0]; i++) {
         if (name_is(s, metric_names[i].name)) {
-            if (!take_sample(a, metric_names[i].what, s))
+            uint64_t id = series_id(s);
+            if (taken(a, id) || !take_sample(a, metric_names[i].what, s))
                 a->m->bad_lines++;
+            else if (a->nseen < SEEN_MAX)
+                a->seen[a->nseen++] = id;
             return;
         }
     }
@@ -222,7 +261,9 @@ kvr_status kvr_oai_metrics_parse(const char *text, size_t len, struct kvr_engine
     }
     if (out->have_num_blocks && out->have_block_size) {
         out->have_capacity_tokens = true;
-        out->capacity_tokens = out->num_blocks * out->block_size;
+        out->capacity_tokens = out->block_size && out->num_blocks > UINT64_MAX / out->block_size
+                                   ? UINT64_MAX
+                                   : out->num_blocks * out->block_size;
     }
     return out->samples ? KVR_OK : KVR_ERR_MALFORMED;
 }

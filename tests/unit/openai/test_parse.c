@@ -561,6 +561,24 @@ Test(metrics, vllm_v1)
     cr_assert(eq(u32, m.samples, 18));
 }
 
+/* A series named twice (an exposition may not) is taken once: a duplicated cache_config_info
+ * line doubled the engine's capacity, and the worker's admission and heartbeat with it. The
+ * labels' order does not make another series. */
+Test(metrics, a_series_named_twice_is_taken_once)
+{
+    static const char twice[] =
+        "vllm:cache_config_info{block_size=\"64\",num_gpu_blocks=\"1000\"} 1\n"
+        "vllm:cache_config_info{num_gpu_blocks=\"1000\",block_size=\"64\"} 1\n"
+        "vllm:num_requests_running{engine=\"0\"} 3\n"
+        "vllm:num_requests_running{engine=\"0\"} 3\n"
+        "vllm:num_requests_running{engine=\"1\"} 2\n";
+    struct kvr_engine_metrics m;
+    metrics(twice, &m, KVR_OK);
+    cr_assert(eq(u64, m.num_blocks, 1000));
+    cr_assert(eq(u64, m.running, 5), "engines 0 and 1, each once");
+    cr_assert(eq(u32, m.bad_lines, 2));
+}
+
 Test(metrics, vllm_v0)
 {
     struct kvr_engine_metrics m;
