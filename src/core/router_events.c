@@ -283,6 +283,12 @@ void kvr_router_tick(struct kvr_router *r, uint64_t now)
     kvr_router_tick_heard(r, now, now);
 }
 
+void kvr_router_tick_queue(struct kvr_router *r, uint64_t now)
+{
+    r->last_now = now;
+    kvr__router_drain(r, now);
+}
+
 void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard)
 {
     r->last_now = now;
@@ -294,13 +300,7 @@ void kvr_router_tick_heard(struct kvr_router *r, uint64_t now, uint64_t heard)
         kvr_active_expire(&r->act, now - r->cfg.request_ttl_ns, kvr__router_on_drop, &f);
     }
     remove_silent(r, heard < now ? heard : now);
-    kvr__router_drain(r, now);
-}
-
-void kvr_router_tick_queue(struct kvr_router *r, uint64_t now)
-{
-    r->last_now = now;
-    kvr__router_drain(r, now);
+    kvr_router_tick_queue(r, now);
 }
 
 void kvr_router_excuse_silence(struct kvr_router *r, uint64_t now)

@@ -30,7 +30,7 @@ kvr_status kvr_nats_status(natsStatus s);
  * The daemons' subscriptions hold any number of messages but at most this many bytes waiting for
  * their handler (nats.c drops past it, as a slow consumer, counted): their traffic is anyone's to
  * publish, and an unbounded queue let a flood of large forwards or requests grow a process until
- * it ran out of memory. An overloaded router 27 s behind its sockets held ~10 MB.
+ * it ran out of memory.
  */
 #define KVR_PENDING_BYTES (512 << 20)
 

@@ -12,16 +12,15 @@
 
 #include "chunk.h"
 #include "http.h"
+#include "kvr/hash.h"
+#include "kvr/rng.h"
 #include "openai.h"
 #include "promtext.h"
 
 #define COUNT_MAX 9007199254740992.0 /* 2^53: counts beyond are not counts */
+#define SEEN_MAX  256 /* series told apart; past them, none is refused as named twice */
 
 /* Sums over label sets while the text is read. */
-#define SEEN_MAX                                                                                   \
-    256 /* series of the metrics read, told apart; past it, none is refused as twice               \
-         */
-
 struct acc {
     struct kvr_engine_metrics *m;
     double running, waiting, hits, queries;
@@ -180,22 +179,14 @@ static bool take_sample(struct acc *a, enum metric what, const struct kvr_promte
     return false;
 }
 
-/* FNV-1a of n bytes, from h. */
-static uint64_t fnv(uint64_t h, const char *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* A series' identity: its name and its labels in any order. */
+/* A series' identity: its name and its labels, in any order (a sum over them). */
 static uint64_t series_id(const struct kvr_promtext_sample *s)
 {
-    uint64_t id = fnv(0xcbf29ce484222325ull, s->name, s->name_len);
+    uint64_t id = kvr_hash_bytes(s->name, s->name_len);
     for (uint32_t i = 0; i < s->n_labels; i++) {
-        uint64_t h = fnv(0xcbf29ce484222325ull, s->labels[i].name, s->labels[i].name_len);
-        h = fnv(h ^ 0xff, s->labels[i].value, s->labels[i].value_len);
-        id += h * 0x9e3779b97f4a7c15ull; /* a sum: the labels' order does not matter */
+        const struct kvr_promtext_label *l = &s->labels[i];
+        id += kvr_mix64(kvr_hash_bytes(l->name, l->name_len) ^
+                        kvr_mix64(kvr_hash_bytes(l->value, l->value_len)));
     }
     return id;
 }

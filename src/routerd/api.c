@@ -114,11 +114,12 @@ static json_t *core_data(struct kvr_rd *rd)
  * reply subject is the asker's to choose; docs/security.md). */
 static void publish_text(struct kvr_rd *rd, const char *reply, char *text)
 {
-    if (reply && *reply && !kvr_reply_usable(reply, rd->cfg->net.prefix)) {
+    bool asked = reply && *reply;
+    if (asked && !kvr_reply_usable(reply, rd->cfg->net.prefix)) {
         pthread_mutex_lock(&rd->mu);
         rd->n.answers_refused++;
         pthread_mutex_unlock(&rd->mu);
-    } else if (text && reply && *reply) {
+    } else if (asked && text) {
         struct kvr_outmsg m = {
             .subject = (char *)reply, .data = (uint8_t *)text, .len = strlen(text)};
         rd->sink.publish(rd->sink.ctx, &m);

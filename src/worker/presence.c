@@ -253,8 +253,8 @@ void kvr__worker_ask_rebind(struct kvr_worker *w)
  */
 static void repeat_for_resend(struct kvr_worker *w, struct kvr_wreq *r, uint64_t now)
 {
-    if (!r || w->clashed || r->ntoks != r->produced || r->generated != r->produced ||
-        (!r->ended_at && !r->ntoks) || r->resends >= KVR_WK_RESEND_MAX ||
+    if (!r || w->clashed || !kvr__worker_whole(r) || (!r->ended_at && !r->ntoks) ||
+        r->resends >= KVR_WK_RESEND_MAX ||
         (r->resent_at && now - r->resent_at < KVR_WK_RESEND_GAP_NS)) {
         w->c.resend_refused++;
         return;

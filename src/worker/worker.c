@@ -632,7 +632,7 @@ static void expire(struct kvr_worker *w, uint64_t now)
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at)
 {
     uint64_t from = cut_at > KVR_WK_KEPT_NS ? cut_at - KVR_WK_KEPT_NS : 0;
-    if (r->ntoks != r->produced || r->generated != r->produced || r->superseded)
+    if (!kvr__worker_whole(r) || r->superseded)
         return false; /* short of its tokens (memory ran out, or an engine that gave no ids), or
                          a newer stream of its key */
     return r->ended_at ? r->ended_at >= from : r->ntoks > 0;

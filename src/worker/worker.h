@@ -358,6 +358,12 @@ void kvr__worker_done(struct kvr_worker *w, uint64_t key, kvr_status outcome, ui
 void kvr__worker_seal(struct kvr_worker *w);
 /* Queue r's stream again, from position 0 (final again when it ended). */
 void kvr__worker_repeat(struct kvr_worker *w, const struct kvr_wreq *r);
+/* Whether r's kept tokens are every one its chunks carried and its engine made, so a repeat gives
+ * the stream whole (not so when memory ran short, or for an engine that gave no token ids). */
+static inline bool kvr__worker_whole(const struct kvr_wreq *r)
+{
+    return r->ntoks == r->produced && r->generated == r->produced;
+}
 /* Whether r is repeated after the cut that started at cut_at. */
 bool kvr__worker_repeats(const struct kvr_wreq *r, uint64_t cut_at);
 /* Queue the RebindAsks for the streams the repeat will cover. */
