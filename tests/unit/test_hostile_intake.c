@@ -279,11 +279,7 @@ Test(hostile_intake, a_flood_of_cancels_does_not_make_a_router_forget_what_ended
 {
     hr_heartbeat(1, 4096, NULL, 0, 1000);
     hr_generate("_INBOX.e", "ended", 1, 128, 8);
-    uint64_t key = kvr_pending_key("_INBOX.e", "ended");
-    struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_done(&b, 1, key, KVR_OK, 8), KVR_OK));
-    hr_event("kv.default.ev.1.done", b.data, b.len);
-    kvr_buf_free(&b);
+    hr_done(1, kvr_pending_key("_INBOX.e", "ended"), 8);
     cr_assert(eq(u32, hr_rd.pend.n, 0), "it ended");
     for (uint32_t i = 0; i < KVR_RECENT_MAX + 1000; i++) {
         char id[32];

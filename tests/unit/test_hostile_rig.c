@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +143,16 @@ void hr_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_
 void hr_event(const char *subject, const void *data, size_t len)
 {
     kvr_events_on_message(&hr_rd, subject, data, len);
+}
+
+void hr_done(uint64_t wid, uint64_t key, uint32_t output)
+{
+    struct kvr_buf b = {0};
+    char subject[64];
+    snprintf(subject, sizeof subject, "kv.default.ev.%" PRIu64 ".done", wid);
+    cr_assert(eq(int, kvr_wire_encode_done(&b, wid, key, KVR_OK, output), KVR_OK));
+    hr_event(subject, b.data, b.len);
+    kvr_buf_free(&b);
 }
 
 void hr_generate(const char *reply, const char *id, uint32_t base, uint32_t n, uint32_t max_tokens)

@@ -50,6 +50,8 @@ void hr_heartbeat(uint64_t wid, uint64_t capacity, const uint64_t *keys, uint32_
                   uint32_t interval_ms);
 /* Raw bytes on an event subject. */
 void hr_event(const char *subject, const void *data, size_t len);
+/* Worker wid's done event for key (status OK, output tokens) on its own subject. */
+void hr_done(uint64_t wid, uint64_t key, uint32_t output);
 /* A GenerateRequest of n tokens from base*1000, max_tokens out, on generate with reply. */
 void hr_generate(const char *reply, const char *id, uint32_t base, uint32_t n, uint32_t max_tokens);
 /* A peer's decision rec as gossip from peer (epoch, seq), its reply, client id "c" and origin. */
