@@ -102,11 +102,12 @@ static uint32_t take(struct kvr_client_req *q, const struct kvr_wire_response *r
     return held(q, UINT32_MAX) - before;
 }
 
-/* Under mu: what the answer keeps of a chunk adding fresh tokens at now, until it is decided. */
+/* Under mu: what the answer keeps of a chunk adding fresh tokens (or, text alone, text: a
+ * stream without token ids) at now, until it is decided. */
 static void keep(struct kvr_client *c, struct kvr_client_req *q, const struct kvr_wire_response *r,
-                 uint32_t fresh, uint64_t now)
+                 uint32_t fresh, bool text, uint64_t now)
 {
-    if (fresh) {
+    if (fresh || text) {
         if (!q->t_first)
             q->t_first = now;
         else
@@ -131,6 +132,8 @@ static void final_seen(struct kvr_client_req *q, const struct kvr_wire_response 
         q->final_worker = r->worker_id;
         q->final_end = own ? end : 0;
         q->final_code = r->error_code;
+        q->stopped = own && r->error_code == KVR_OK && r->finish_reason[0] &&
+                     strcmp(r->finish_reason, "length") != 0;
     } else if (own && r->worker_id == q->final_worker && r->position == 0 && end == q->final_end &&
                r->error_code == q->final_code) {
         q->repeat_finals++; /* a repeat after a cut connection: one chunk from 0, final again */
@@ -152,7 +155,8 @@ static int64_t decide(struct kvr_client *c, struct kvr_client_req *q, uint32_t s
         q->missing += got - held(q, got); /* what the holes left out */
         st = KVR_ERR_INTERRUPTED;
     }
-    if (st == KVR_OK && own && q->expect && got < q->expect) {
+    bool whole = q->stopped || (got == 0 && q->text_only); /* its total need not be max_tokens */
+    if (st == KVR_OK && own && q->expect && got < q->expect && !whole) {
         q->missing += q->expect - got; /* "length", short of max_tokens */
         st = KVR_ERR_INTERRUPTED;
     }
@@ -202,8 +206,11 @@ static int64_t record(struct kvr_client *c, struct kvr_client_req *q,
         q->worker = w;
     bool own = !w || w == q->worker;
     uint32_t fresh = 0;
+    bool text = false; /* text alone at position 0: progress of a stream without token ids */
     if (own) {
         fresh = take(q, r, now);
+        text = r->ntext && !r->ntokens && !r->position && !q->have;
+        q->text_only |= text;
     } else { /* a second stream: its tokens are never part of the answer */
         q->worker2 = w;
         q->tokens2 += r->ntokens;
@@ -214,7 +221,7 @@ static int64_t record(struct kvr_client *c, struct kvr_client_req *q,
         final_seen(q, r, own, now);
     if (q->done)
         return -1;
-    keep(c, q, r, fresh, now);
+    keep(c, q, r, fresh, text, now);
     if (r->final && !own) /* a second worker's final decides, as for a client trusting it */
         return decide(c, q, r->error_code, false, now);
     bool complete = q->t_end && q->have >= q->final_end;

@@ -50,6 +50,8 @@ struct stream {
     uint64_t key;                      /* the submission awaited; 0: none */
     uint64_t t_first, t_end;           /* its first chunk with a token, its end hook */
     uint32_t ntok;                     /* tokens so far */
+    bool stopped;                      /* a finish_reason other than "length" came ("stop": an
+                                          end of sequence before max_tokens) */
     bool done;                         /* the end hook ran */
     kvr_status st;                     /* ... with this status */
     char message[KVR_OAI_MESSAGE_MAX]; /* ... and message */
@@ -88,6 +90,8 @@ static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
             s->t_first = now;
         s->ntok += ch->n_tokens;
     }
+    if (key == s->key && !s->done && ch->finish_reason)
+        s->stopped = strcmp(ch->finish_reason, "length") != 0;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -123,6 +127,7 @@ static void direct_one(struct direct *d, uint64_t deadline, struct sample *out)
     s->key = key;
     s->t_first = s->t_end = 0;
     s->ntok = 0;
+    s->stopped = false;
     s->done = false;
     s->message[0] = '\0';
     pthread_mutex_unlock(&s->mu);
@@ -151,7 +156,7 @@ static void direct_one(struct direct *d, uint64_t deadline, struct sample *out)
     } else if (got.st != KVR_OK) {
         snprintf(out->why, sizeof out->why, "%s: %s", kvr_status_str(got.st),
                  got.message[0] ? got.message : "(no message)");
-    } else if (got.ntok < d->max_tokens || !got.t_first) {
+    } else if ((got.ntok < d->max_tokens && !got.stopped) || !got.t_first) {
         out->st = KVR_ERR_INTERRUPTED; /* as the fleet's client judges a short stream */
         snprintf(out->why, sizeof out->why, "ended after %u of %u tokens", got.ntok, d->max_tokens);
     } else {

@@ -55,6 +55,9 @@ size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
         STR("model", "KVR_ENGINE_MODEL", c->model, "the model name served"),
         NUM("max-model-len", KVR_OPT_U32, &c->max_model_len, 2, 1 << 24,
             "prompt plus max_tokens, at most (tokens)"),
+        NUM("stop-after", KVR_OPT_U32, &c->stop_after, 0, 1 << 24,
+            "end a completion asking for more after this many tokens with finish_reason \"stop\", "
+            "as a model reaching its end of sequence (0: never: every one runs to max_tokens)"),
         STR("kv-events", "KVR_ENGINE_KV_EVENTS", c->kv_events,
             "bind the KV-event PUB socket here (e.g. tcp://127.0.0.1:5557; empty: no KV events)"),
         STR("kv-replay", "KVR_ENGINE_KV_REPLAY", c->kv_replay,

@@ -30,6 +30,8 @@ struct kvr_se_config {
     char model[KVR_OPT_STR_MAX];     /* the served model name (printable, < KVR_SE_MODEL_MAX) */
     struct kvr_engine_config engine; /* the simulated engine */
     uint32_t max_model_len;          /* prompt + max_tokens, at most, tokens */
+    uint32_t stop_after;             /* a completion asking for more ends after this many tokens
+                                        with finish_reason "stop" (an end of sequence); 0: never */
     char kv_events[KVR_OPT_STR_MAX]; /* ZeroMQ PUB endpoint to bind; "": no KV events */
     char kv_replay[KVR_OPT_STR_MAX]; /* ZeroMQ ROUTER endpoint for replays; "": none */
     char kv_topic[KVR_OPT_STR_MAX];  /* the topic frame */

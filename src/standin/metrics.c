@@ -56,9 +56,12 @@ static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
              s->c.prompt_tokens);
     counter1(p, "vllm:generation_tokens_total", "Number of generation tokens processed.", l, 2,
              s->c.generation_tokens);
-    const struct kvr_prom_label fin[] = {l[0], l[1], {"finished_reason", "length"}};
-    counter1(p, "vllm:request_success_total", "Count of successfully processed requests.", fin, 3,
-             s->c.finished);
+    const struct kvr_prom_label len[] = {l[0], l[1], {"finished_reason", "length"}};
+    const struct kvr_prom_label stop[] = {l[0], l[1], {"finished_reason", "stop"}};
+    kvr_prom_family(p, "vllm:request_success_total", KVR_PROM_COUNTER,
+                    "Count of successfully processed requests.");
+    kvr_prom_u64(p, len, 3, s->c.finished - s->c.stopped);
+    kvr_prom_u64(p, stop, 3, s->c.stopped);
 }
 
 static void sglang(struct kvr_prom *p, const struct kvr_se_snapshot *s)

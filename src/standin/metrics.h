@@ -31,6 +31,7 @@ extern const unsigned kvr_se_refusal_codes[KVR_SE_REFUSAL_CODES]; /* 400, ..., 5
 struct kvr_se_counters {
     uint64_t requests;          /* completions accepted */
     uint64_t finished;          /* ended with all their tokens */
+    uint64_t stopped;           /* ... of them, at --stop-after (finish_reason "stop") */
     uint64_t aborted;           /* cancelled in the engine: the client closed its connection */
     uint64_t shutdown;          /* aborted by the drain */
     uint64_t overflows;         /* aborted: the client did not read its stream */

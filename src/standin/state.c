@@ -34,6 +34,7 @@ struct kvr_se_req {
     uint64_t seed;            /* its output tokens (kvr_se_token) */
     uint64_t submitted;       /* monotonic ns */
     uint32_t isl, max_tokens; /* */
+    uint32_t limit;           /* tokens it generates: max_tokens, or --stop-after below it */
     bool stream;              /* the flags of the request, fixed at submission */
     bool include_usage;       /* */
     bool continuous;          /* */
@@ -118,6 +119,12 @@ static struct kvr_se_chunk chunk_of(const struct kvr_se_state *st, const struct 
                                  .cached_tokens = r->cached_tokens};
 }
 
+/* Why r ends once it produced its limit: "stop" when that is below what it asked for. */
+static const char *finish_of(const struct kvr_se_req *r)
+{
+    return r->limit < r->max_tokens ? "stop" : "length";
+}
+
 /* r's next token: its stream event, unless its client fell too far behind (then it is cancelled
  * after the step: not from inside the engine's callback). */
 static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
@@ -136,7 +143,7 @@ static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
     c.from = i;
     c.n = 1;
     c.choices = true;
-    c.finished = r->produced == r->max_tokens;
+    c.finish = r->produced == r->limit ? finish_of(r) : NULL;
     c.usage = r->continuous;
     c.completion_tokens = r->produced;
     c.prompt_ids = r->prompt; /* on the first chunk only */
@@ -231,6 +238,7 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
     if (r->stream)
         count_oom(st, kvr_se_wire_sse_done(&r->out));
     st->c.finished++;
+    st->c.stopped += r->limit < r->max_tokens;
     retire(st, r, KVR_SE_FINISHED);
 }
 
@@ -434,6 +442,8 @@ static struct kvr_se_req *new_req(const struct kvr_se_state *st, const struct kv
     r->seed = kvr_se_prompt_seed(c->prompt, c->nprompt);
     r->isl = c->nprompt;
     r->max_tokens = c->max_tokens;
+    uint32_t stop = st->cfg->stop_after;
+    r->limit = stop && stop < c->max_tokens ? stop : c->max_tokens;
     r->stream = c->stream;
     r->include_usage = c->include_usage;
     r->continuous = c->continuous_usage;
@@ -452,8 +462,7 @@ static kvr_status enter(struct kvr_se_state *st, struct kvr_se_req *r,
     if (st->pub && kvr_se_blocks_ref(&st->blocks, r->seq, c->prompt, r->nseq) != KVR_OK)
         return KVR_ERR_NOMEM;
     r->submitted = kvr_now_ns();
-    struct kvr_engine_request er = {r->id,   r->seq, r->seq + r->nseq,
-                                    r->nseq, r->isl, r->max_tokens};
+    struct kvr_engine_request er = {r->id, r->seq, r->seq + r->nseq, r->nseq, r->isl, r->limit};
     kvr_status err = kvr_engine_submit(st->eng, &er, r->submitted);
     if (err != KVR_OK) {
         if (st->pub)
@@ -546,8 +555,9 @@ enum kvr_se_end kvr_se_outcome(struct kvr_se_state *st, struct kvr_se_req *r, st
     struct kvr_se_chunk c = chunk_of(st, r);
     pthread_mutex_unlock(&st->mu);
     if (end == KVR_SE_FINISHED) {
-        c.choices = c.finished = c.cached = true;
-        c.n = c.completion_tokens = r->max_tokens; /* produced, now fixed */
+        c.choices = c.cached = true;
+        c.finish = finish_of(r);
+        c.n = c.completion_tokens = r->limit; /* produced, now fixed */
         *status = kvr_se_wire_completion(out, &c) == KVR_OK ? 200 : 500;
     } else if (end != KVR_SE_RUNNING) {
         struct kvr_se_refusal why;

@@ -388,7 +388,7 @@ static json_t *choice_of(const struct kvr_se_chunk *c)
             goto out;
     }
     ch = json_pack("{s:i, s:s, s:n, s:s?, s:n}", "index", 0, "text", text, "logprobs",
-                   "finish_reason", c->finished ? "length" : NULL, "stop_reason");
+                   "finish_reason", c->finish, "stop_reason");
     if (ch && ids) {
         int rc = json_object_set_new(ch, "token_ids", ids); /* taken even on failure */
         ids = NULL;

@@ -108,7 +108,7 @@ struct kvr_se_chunk {
     uint64_t seed;              /* the output's tokens */
     uint32_t from, n;           /* output tokens from..from+n; n 0 with choices false */
     bool choices;               /* false: the usage-only chunk ("choices": []) */
-    bool finished;              /* finish_reason "length" (else null) */
+    const char *finish;         /* finish_reason ("length", "stop"); NULL: null */
     bool token_ids;             /* the choice carries token_ids */
     bool usage;                 /* carries usage */
     bool cached;                /* usage has prompt_tokens_details.cached_tokens */

@@ -216,7 +216,7 @@ void kvr__worker_finished(struct kvr_worker *w, uint64_t key, const char *finish
     struct kvr_wreq *r = kvr__worker_find(w, key);
     uint32_t tokens = 0;
     if (r) {
-        if (finish)
+        if (finish && finish != r->finish) /* the adapter's is r's own: no copy onto itself */
             snprintf(r->finish, sizeof r->finish, "%s", finish);
         chunk(w, r, NULL, 0, NULL, 0, r->produced, r->finish);
         tokens = r->generated;

@@ -234,6 +234,32 @@ static struct got ask(const char *id, uint32_t base, uint32_t shared, uint32_t n
     return g;
 }
 
+/* kvbench against the fleet with args (NULL-terminated, after --nats and --block-size); its
+ * exit status, its pid in *pid for its log. */
+static int kvbench(const char *const *args, pid_t *pid)
+{
+    const char *all[32] = {"--nats", srv.url, "--block-size", ENGINE_BS, "--log-level", "error"};
+    for (int i = 0, n = 6; args[i]; i++) {
+        cr_assert(lt(int, n, 31));
+        all[n++] = args[i];
+    }
+    *pid = h_spawn("kvbench", all);
+    return h_wait(*pid, 60000);
+}
+
+/* kvbench --mode load over the seed workload: every request finished, none broke the contract. */
+static void kvbench_finishes_every_request(void)
+{
+    pid_t b;
+    int st = kvbench((const char *const[]){"--mode", "load", "--workload", "seed", "--requests",
+                                           "20", "--max-tokens", "16", "--policies", "kv", NULL},
+                     &b);
+    cr_expect(eq(int, st, 0), "kvbench --mode load exited %d", st);
+    cr_expect(h_log_has(b, "finished=20 failed=0"),
+              "kvbench did not take every stream as finished");
+    cr_expect(h_log_has(b, " missing_tokens=0 "));
+}
+
 /* --- the tests ------------------------------------------------------------------------------ */
 
 Test(engines, tokens_and_text_stream_through_the_adapter)
@@ -276,6 +302,35 @@ Test(engines, an_engine_without_token_ids_streams_its_text_at_position_0)
     cr_expect(gt(sz, g.ntext, 0), "no text streamed");
     cr_expect(eq(str, g.finish, "length"), "finish_reason %s", g.finish);
     cr_expect(gt(dbl, metric(e.metrics, "kvworker_adapter_chunks_without_token_ids_total"), 0));
+    kvbench_finishes_every_request(); /* a client following the protocol takes them whole */
+    h_end();
+}
+
+Test(engines, a_stream_the_model_ends_early_says_stop_and_counts_as_finished)
+{
+    /* a model reaching its end of sequence before max_tokens: finish_reason "stop" reaches the
+     * client, and kvbench (load and direct) takes such a stream as finished, not short */
+    struct engine e;
+    engine_start_with(&e, true, "20", (const char *const[]){"--stop-after", "5", NULL});
+    adapter_start(&e, "1");
+    router();
+    h_until_served(nc, GEN, 1, 15000);
+    struct got g = ask("t1", 1000, 0, 100, 16);
+    cr_assert(g.final, "no final chunk");
+    cr_expect(eq(u32, g.error_code, 0));
+    cr_expect(eq(u32, g.tokens, 5), "tokens: %u", g.tokens);
+    cr_expect(eq(str, g.finish, "stop"), "finish_reason %s", g.finish);
+    g = ask("t2", 2000, 0, 100, 4); /* asked for fewer: "length" */
+    cr_expect(eq(u32, g.tokens, 4), "tokens: %u", g.tokens);
+    cr_expect(eq(str, g.finish, "length"), "finish_reason %s", g.finish);
+    kvbench_finishes_every_request();
+    pid_t b;
+    int st = kvbench((const char *const[]){"--mode", "direct", "--engine-url", e.url, "--requests",
+                                           "5", "--warmup", "1", "--max-tokens", "16",
+                                           "--prompt-tokens", "64", NULL},
+                     &b);
+    cr_expect(eq(int, st, 0), "kvbench --mode direct exited %d", st);
+    cr_expect(h_log_has(b, " fleet_failed=0 direct_failed=0"));
     h_end();
 }
 
