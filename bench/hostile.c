@@ -93,7 +93,7 @@ static void router_start(void)
     kvr_log_init("bench_hostile", KVR_LOG_ERROR);
     kvr_rd_config_default(&cfg);
     strcpy(cfg.id, "bench");
-    if (kvr_rd_init(&rd, &cfg, (struct kvr_sink){sink_nothing, NULL}) != KVR_OK ||
+    if (kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = sink_nothing, .ctx = NULL}) != KVR_OK ||
         kvr_fleet_create(&rd) != KVR_OK) {
         fprintf(stderr, "bench_hostile: no router state\n");
         exit(1);

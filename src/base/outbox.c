@@ -4,6 +4,7 @@
 #define _DEFAULT_SOURCE
 #include "outbox.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,40 +58,57 @@ void kvr_outbox_add_tagged(struct kvr_outbox *o, const char *subject, const char
     add(o, subject, reply, data, len, KVR_OK, tag);
 }
 
-uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink,
-                          struct kvr_outbox_failure *failures, uint32_t max, uint32_t *nfailures)
+void kvr_outbox_failures_free(struct kvr_outbox_failures *f)
 {
-    uint32_t failed = 0, k = 0;
+    free(f->v);
+    memset(f, 0, sizeof *f);
+}
+
+/* Tagged message m failed with st: appended to f (or counted lost). */
+static void note_failure(struct kvr_outbox_failures *f, const struct kvr_outmsg *m, kvr_status st)
+{
+    if (!f || !m->tag)
+        return;
+    if (f->n == UINT32_MAX || !KVR_GROW(f->v, f->cap, f->n + 1, 16)) {
+        f->lost++;
+        return;
+    }
+    f->v[f->n++] = (struct kvr_outbox_failure){m->tag, st};
+}
+
+uint32_t kvr_outbox_flush(struct kvr_outbox *o, struct kvr_sink *sink,
+                          struct kvr_outbox_failures *failures)
+{
+    uint32_t failed = 0;
     for (uint32_t i = 0; i < o->n; i++) {
         kvr_status st = sink->publish(sink->ctx, &o->v[i]);
-        failed += st != KVR_OK;
-        if (st != KVR_OK && o->v[i].tag && failures && k < max)
-            failures[k++] = (struct kvr_outbox_failure){o->v[i].tag, st};
+        if (st != KVR_OK) {
+            failed++;
+            note_failure(failures, &o->v[i], st);
+        }
         free_msg(&o->v[i]);
     }
     o->n = 0;
-    if (nfailures)
-        *nfailures = k;
+    if (failed)
+        atomic_fetch_add_explicit(&sink->failed, failed, memory_order_relaxed);
     return failed;
 }
 
-uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu,
-                                const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
-                                uint32_t max)
+uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu, struct kvr_sink *sink,
+                                struct kvr_outbox_failures *failures)
 {
     struct kvr_outbox local = {0};
     pthread_mutex_lock(mu);
     kvr_outbox_swap(&local, o);
     pthread_mutex_unlock(mu);
-    uint32_t k = 0;
-    kvr_outbox_flush(&local, sink, failures, max, &k);
+    uint32_t failed = kvr_outbox_flush(&local, sink, failures);
     kvr_outbox_free(&local);
-    return k;
+    return failed;
 }
 
-void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink)
+void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, struct kvr_sink *sink)
 {
-    kvr_outbox_send_report(o, mu, sink, NULL, 0);
+    kvr_outbox_send_report(o, mu, sink, NULL);
 }
 
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b)
@@ -126,14 +144,13 @@ void kvr_turns_destroy(struct kvr_turns *t)
 }
 
 uint32_t kvr_turns_flush(struct kvr_turns *t, uint64_t turn, struct kvr_outbox *o,
-                         const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
-                         uint32_t max, uint32_t *nfailures)
+                         struct kvr_sink *sink, struct kvr_outbox_failures *failures)
 {
     pthread_mutex_lock(&t->mu);
     while (t->now != turn)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
-    uint32_t failed = kvr_outbox_flush(o, sink, failures, max, nfailures);
+    uint32_t failed = kvr_outbox_flush(o, sink, failures);
     pthread_mutex_lock(&t->mu);
     t->now++;
     pthread_cond_broadcast(&t->cv);

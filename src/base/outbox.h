@@ -9,6 +9,7 @@
 #define KVR_OUTBOX_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,10 +24,13 @@ struct kvr_outmsg {
     uint64_t tag;   /* the sender's name for it (0: none): a failed publish is reported by it */
 };
 
-/* Where messages go: publish m (borrowed for the call); KVR_OK or why not. */
+/* Where messages go: publish m (borrowed for the call); KVR_OK or why not. Every flush through
+ * it counts the publishes that failed in failed (a connection cut past nats.c's reconnect
+ * buffer, a payload over the server's limit, a closed connection): an operators' counter. */
 struct kvr_sink {
     kvr_status (*publish)(void *ctx, const struct kvr_outmsg *m);
     void *ctx;
+    _Atomic uint64_t failed; /* publishes that failed, whoever flushed */
 };
 
 struct kvr_outbox {
@@ -53,24 +57,33 @@ struct kvr_outbox_failure {
     kvr_status st;
 };
 
+/* The tagged messages of a flush that failed, every one (grown as they come). */
+struct kvr_outbox_failures {
+    struct kvr_outbox_failure *v; /* owned (kvr_outbox_failures_free) */
+    uint32_t n, cap;              /* */
+    uint64_t lost;                /* tagged failures not kept: memory ran short (counted in the
+                                     sink's failed as well) */
+};
+
+void kvr_outbox_failures_free(struct kvr_outbox_failures *f);
+
 /*
- * Publish everything through sink, in order, and empty the outbox; returns how many failed. The
- * first max tagged failures go to failures (may be NULL), their count to *nfailures.
+ * Publish everything through sink, in order, and empty the outbox; returns how many failed (also
+ * added to sink->failed). The tagged failures are appended to failures (may be NULL).
  */
-uint32_t kvr_outbox_flush(struct kvr_outbox *o, const struct kvr_sink *sink,
-                          struct kvr_outbox_failure *failures, uint32_t max, uint32_t *nfailures);
+uint32_t kvr_outbox_flush(struct kvr_outbox *o, struct kvr_sink *sink,
+                          struct kvr_outbox_failures *failures);
 
 /*
  * Take what o holds under mu (o is filled under it), then publish it through sink after mu is
  * released: the one way the daemons publish their state machines' messages.
  */
-void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, const struct kvr_sink *sink);
+void kvr_outbox_send(struct kvr_outbox *o, pthread_mutex_t *mu, struct kvr_sink *sink);
 
-/* kvr_outbox_send that also reports the tagged messages that failed (at most max; returns the
- * count written to failures). */
-uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu,
-                                const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
-                                uint32_t max);
+/* kvr_outbox_send that also appends the tagged messages that failed to failures; returns how
+ * many publishes failed. */
+uint32_t kvr_outbox_send_report(struct kvr_outbox *o, pthread_mutex_t *mu, struct kvr_sink *sink,
+                                struct kvr_outbox_failures *failures);
 
 /* Exchange the queued messages (to publish outside a lock); each keeps its dropped count. */
 void kvr_outbox_swap(struct kvr_outbox *a, struct kvr_outbox *b);
@@ -104,7 +117,6 @@ static inline uint64_t kvr_turns_take(struct kvr_turns *t)
 
 /* After the state machine's mutex: wait for turn, kvr_outbox_flush o, pass the turn on. */
 uint32_t kvr_turns_flush(struct kvr_turns *t, uint64_t turn, struct kvr_outbox *o,
-                         const struct kvr_sink *sink, struct kvr_outbox_failure *failures,
-                         uint32_t max, uint32_t *nfailures);
+                         struct kvr_sink *sink, struct kvr_outbox_failures *failures);
 
 #endif

@@ -42,7 +42,7 @@ int main(int argc, char **argv)
     kvr_procstat_start();
     kvr_log_init("kvworker", (enum kvr_log_level)cfg.net.log_level);
     kvr_signals_catch();
-    kvr_status st = kvr_worker_init(&w, &cfg, (struct kvr_sink){discard, NULL});
+    kvr_status st = kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = discard, .ctx = NULL});
     if (st != KVR_OK) {
         fprintf(stderr, "kvworker: %s\n", kvr_status_str(st));
         kvr_worker_free(&w);

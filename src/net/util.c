@@ -453,7 +453,7 @@ static kvr_status publish_outmsg(void *ctx, const struct kvr_outmsg *m)
 
 struct kvr_sink kvr_nats_sink(natsConnection *nc)
 {
-    return (struct kvr_sink){publish_outmsg, nc};
+    return (struct kvr_sink){.publish = publish_outmsg, .ctx = nc};
 }
 
 void kvr_net_shutdown(void)

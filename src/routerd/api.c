@@ -4,6 +4,7 @@
 #define _DEFAULT_SOURCE
 #include "api.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"pending", rd->pend.n},
         {"pending_full", rd->pend.full},
         {"outbox_dropped", rd->out.dropped},
+        {"publish_failed", atomic_load_explicit(&rd->sink.failed, memory_order_relaxed)},
         {"core_events_lost", rd->deferred_lost},
         {"resends_after_end", rd->n.resends_after_end},
         {"resends_after_error", rd->n.resends_after_error},

@@ -187,8 +187,6 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                      "Lifecycle events that came in EventBatch messages.", rd->n.batched_events);
     kvr_prom_counter(p, "kvrouter_failed_requests_total",
                      "In-flight requests failed by a worker's loss.", s.failed_requests);
-    kvr_prom_counter(p, "kvrouter_outbox_dropped_total",
-                     "Messages that could not be made (memory).", rd->out.dropped);
     kvr_prom_counter(p, "kvrouter_stalls_total",
                      "Housekeeping ticks far later than due (the router was "
                      "stopped).",
@@ -197,6 +195,18 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    "How far behind the worker events' handler ran at the last tick: workers are "
                    "judged silent by the events applied, not by the clock.",
                    (double)rd->events_behind_ns / 1e9);
+}
+
+/* Messages lost on their way out: not made (memory), or refused by NATS. */
+static void losses(struct kvr_prom *p, struct kvr_rd *rd)
+{
+    kvr_prom_counter(p, "kvrouter_outbox_dropped_total",
+                     "Messages that could not be made (memory).", rd->out.dropped);
+    kvr_prom_counter(p, "kvrouter_publish_failed_total",
+                     "Messages NATS refused to publish: a connection cut past the client's "
+                     "reconnect buffer, or closed, or a payload over the server's limit (a "
+                     "forward is placed again or answered; anything else is lost).",
+                     atomic_load_explicit(&rd->sink.failed, memory_order_relaxed));
 }
 
 static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
@@ -268,6 +278,7 @@ kvr_status kvr_rd_metrics(struct kvr_rd *rd, struct kvr_prom *p)
         return KVR_ERR_TIMEOUT; /* the decision path is stuck: 503, and /readyz says so */
     endpoints(p, rd);
     core(p, rd);
+    losses(p, rd);
     if (rd->fleet)
         replication(p, rd);
     struct worker_views wv;

@@ -31,7 +31,8 @@ static kvr_status no_sink(void *ctx, const struct kvr_outmsg *m)
 struct kvr_routerd *kvr_routerd_create(const struct kvr_rd_config *cfg, kvr_status *st)
 {
     struct kvr_routerd *d = calloc(1, sizeof *d);
-    *st = d ? kvr_rd_init(&d->rd, cfg, (struct kvr_sink){no_sink, NULL}) : KVR_ERR_NOMEM;
+    *st = d ? kvr_rd_init(&d->rd, cfg, (struct kvr_sink){.publish = no_sink, .ctx = NULL})
+            : KVR_ERR_NOMEM;
     if (*st == KVR_OK)
         *st = kvr_fleet_create(&d->rd);
     if (*st == KVR_OK)

@@ -93,39 +93,39 @@ void kvr_rd_free(struct kvr_rd *rd)
 /* Under mu, which it releases: the outbox's messages taken (its counters stay), published after
  * the lock in their turn (the loop, the timer and the delivery threads publish in the order
  * they left mu: a forward before its cancel, gossip decisions in sequence); the tagged ones that
- * failed into failed (at most 64), their number returned. */
-static uint32_t take_and_send(struct kvr_rd *rd, struct kvr_outbox_failure *failed)
+ * failed appended to failed (every failure is counted in the sink's). */
+static void take_and_send(struct kvr_rd *rd, struct kvr_outbox_failures *failed)
 {
     struct kvr_outbox local = {rd->out.v, rd->out.n, rd->out.cap, 0};
     if (!local.n) {
         pthread_mutex_unlock(&rd->mu); /* nothing to send: the array is kept for the next */
-        return 0;
+        return;
     }
     rd->out.v = NULL;
     rd->out.n = rd->out.cap = 0;
     uint64_t turn = kvr_turns_take(&rd->turns);
     pthread_mutex_unlock(&rd->mu);
-    uint32_t k = 0;
-    kvr_turns_flush(&rd->turns, turn, &local, &rd->sink, failed, 64, &k);
+    kvr_turns_flush(&rd->turns, turn, &local, &rd->sink, failed);
     kvr_outbox_free(&local);
-    return k;
 }
 
-/* Under mu, which it releases: publish what the outbox holds; a failed forward is placed again
- * (at most twice) or answered: a few rounds settle it. */
+/* Under mu, which it releases: publish what the outbox holds; every failed forward is placed
+ * again (at most twice) or answered: a few rounds settle it. */
 static void send_rounds(struct kvr_rd *rd)
 {
+    struct kvr_outbox_failures failed = {0};
     for (int round = 0; round < 4; round++) {
-        struct kvr_outbox_failure failed[64];
-        uint32_t n = take_and_send(rd, failed);
-        if (!n || !rd->forward_failed)
-            return;
+        failed.n = 0;
+        take_and_send(rd, &failed);
+        if (!failed.n || !rd->forward_failed)
+            break;
         pthread_mutex_lock(&rd->mu);
-        for (uint32_t i = 0; i < n; i++)
-            rd->forward_failed(rd, failed[i].tag, failed[i].st);
+        for (uint32_t i = 0; i < failed.n; i++)
+            rd->forward_failed(rd, failed.v[i].tag, failed.v[i].st);
+        if (round == 3)
+            take_and_send(rd, NULL); /* what is left (answers): counted, anti-entropy covers it */
     }
-    take_and_send(rd,
-                  (struct kvr_outbox_failure[64]){0}); /* what is left: anti-entropy covers it */
+    kvr_outbox_failures_free(&failed);
 }
 
 void kvr_rd_flush(struct kvr_rd *rd)

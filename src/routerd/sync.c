@@ -140,7 +140,7 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
     if (st == KVR_OK && q.full)
         kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
                 pg.out.n, pg.page.index_partial ? "partial" : "whole");
-    kvr_outbox_flush(&pg.out, &rd->sink, NULL, 0, NULL);
+    kvr_outbox_flush(&pg.out, &rd->sink, NULL);
     kvr_outbox_free(&pg.out);
     kvr_page_free(&pg.page);
     kvr_buf_free(&pg.buf);

@@ -5,6 +5,7 @@
 #include "link.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,7 +89,8 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"rebinds_bad", c->rebinds_bad},
              {"resend_repeats", c->resend_repeats},
              {"resend_refused", c->resend_refused},
-             {"dropped", c->dropped},
+             {"dropped", c->dropped + w->out.dropped},
+             {"publish_failed", atomic_load_explicit(&w->sink.failed, memory_order_relaxed)},
              {"event_batches", c->batches},
              {"batched_events", c->batched_events},
              {"recent", w->recent.n},

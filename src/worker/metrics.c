@@ -24,6 +24,8 @@ struct figures {
     struct kvr_engine_stats e;         /* the simulated engine's figures */
     struct kvr_wk_adapter_stats a;     /* the adapter's */
     uint64_t capacity;                 /* the KV pool, blocks */
+    uint64_t outbox_dropped;           /* messages the outbox could not copy (memory) */
+    uint64_t publish_failed;           /* publishes NATS refused */
 };
 
 /* mu within KVR_WK_LOCK_WAIT_NS, or false. */
@@ -83,9 +85,14 @@ static void counters(struct kvr_prom *p, const struct figures *f)
             "Streams repeated because their client resent the request (WorkerRebind repeat).",
             c->resend_repeats);
     counter(p, "kvworker_resend_refused_total",
-            "Repeats for a resend refused: not kept here, or repeated less than 1 s ago.",
+            "Repeats for a resend refused: not kept here, or repeated less than 0.5 s ago.",
             c->resend_refused);
-    counter(p, "kvworker_dropped_total", "Messages not made (out of memory).", c->dropped);
+    counter(p, "kvworker_dropped_total", "Messages not made (out of memory).",
+            c->dropped + f->outbox_dropped);
+    counter(p, "kvworker_publish_failed_total",
+            "Messages NATS refused to publish, lost: a connection cut past the client's reconnect "
+            "buffer, or closed, or a payload over the server's limit.",
+            f->publish_failed);
     counter(p, "kvworker_event_batches_total",
             "EventBatch messages sent (--event-batch-ms): lifecycle events sent together.",
             c->batches);
@@ -175,6 +182,8 @@ kvr_status kvr_wk_metrics(struct kvr_worker *w, struct kvr_prom *p)
     else
         kvr__wk_adapter_stats(w, &f.a);
     f.capacity = w->capacity;
+    f.outbox_dropped = w->out.dropped;
+    f.publish_failed = atomic_load_explicit(&w->sink.failed, memory_order_relaxed);
     pthread_mutex_unlock(&w->mu);
     endpoint(p, &f);
     counters(p, &f);

@@ -362,7 +362,7 @@ void kvr__worker_unlock(struct kvr_worker *w)
      * positions in order had a gap no repeat filled (seen once in CI, under ASan:
      * `contract::a_stream_that_lost_its_first_chunks_is_filled_by_a_resend`, 67 of 300 tokens) */
     if (local.n)
-        kvr_turns_flush(&w->turns, turn, &local, &w->sink, NULL, 0, NULL);
+        kvr_turns_flush(&w->turns, turn, &local, &w->sink, NULL);
     kvr_outbox_free(&local);
 }
 

@@ -112,7 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.core.seed = 1;
     cfg.core.max_inflight = 4096;
     cfg.core.index_max_entries = 65536;
-    if (kvr_rd_init(&rd, &cfg, (struct kvr_sink){discard, NULL}) != KVR_OK ||
+    if (kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = discard, .ctx = NULL}) != KVR_OK ||
         kvr_fleet_create(&rd) != KVR_OK)
         __builtin_trap();
     rd.fleet->synced = true;

@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.engine.speedup = 1e6;
     cfg.max_prompt_tokens = 4096;
     cfg.max_output_tokens = 64;
-    if (kvr_worker_init(&w, &cfg, (struct kvr_sink){discard, NULL}) != KVR_OK)
+    if (kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = discard, .ctx = NULL}) != KVR_OK)
         __builtin_trap();
     uint64_t now = kvr_now_ns();
     while (size >= 2) {

@@ -41,7 +41,9 @@ static kvr_status record(void *ctx, const struct kvr_outmsg *m)
 
 void hr_start(void)
 {
-    cr_assert(eq(int, kvr_rd_init(&hr_rd, &hr_cfg, (struct kvr_sink){record, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_rd_init(&hr_rd, &hr_cfg, (struct kvr_sink){.publish = record, .ctx = NULL}),
+                 KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&hr_rd), KVR_OK));
     hr_rd.fleet->synced = true; /* nobody to take a snapshot from */
     hr_rd.serving = true;

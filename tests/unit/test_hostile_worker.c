@@ -29,7 +29,9 @@ static uint32_t *prompt = small; /* the tokens of every prompt (1,048,577 in the
 
 static void start(void)
 {
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
 }
 
 /* The worker as kvworker runs it by default (16,384 blocks of 64 tokens), id 3. */

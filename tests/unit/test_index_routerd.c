@@ -54,7 +54,8 @@ static enum kvr_opts_result parse(const char *const *args)
 
 static void start(void)
 {
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
     rd_up = true;
 }
 

@@ -4,6 +4,7 @@
  * with real protobuf bytes and observed through a recording sink (what would have been published).
  */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
 #include "../criterion_gt.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,7 +105,8 @@ static void setup_with(uint32_t max_inflight)
     cfg.heartbeat_min_ns = 1 * KVR_NS_PER_MS; /* workers that die within milliseconds */
     if (max_inflight)
         cfg.core.max_inflight = max_inflight;
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true; /* nobody to take a snapshot from */
     rd.serving = true;
@@ -129,7 +131,8 @@ static void restart(void)
 {
     kvr_fleet_destroy(&rd);
     kvr_rd_free(&rd);
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rd.fleet->synced = true;
     rd.serving = true;
@@ -1201,6 +1204,36 @@ Test(routerd, a_forward_that_cannot_be_published_fails_at_once)
     uint32_t inflight = 9;
     kvr_router_worker_load(rd.core, 1, NULL, NULL, &inflight);
     cr_assert(eq(u32, inflight, 0), "its booking is freed");
+}
+
+Test(routerd, every_forward_of_a_batch_that_cannot_be_published_is_answered)
+{
+    /* 100 requests wait for a busy worker; a second one joins and takes them all in one batch,
+     * whose forwards all fail: before, only the first 64 failures were reported, the other 36
+     * were neither placed again nor answered */
+    busy_above_half();
+    heartbeat(1, 8, NULL, 0, 1000); /* 8 blocks of 64 tokens: busy above 4 */
+    generate("_INBOX.a", "first", 1, 320);
+    char reply[32];
+    for (int i = 0; i < 100; i++) {
+        snprintf(reply, sizeof reply, "_INBOX.q%d", i);
+        generate(reply, "waits", (uint32_t)(2 + i), 64);
+    }
+    cr_assert(eq(u32, kvr_router_queue_len(rd.core), 100));
+    rd.sink.publish = refuse_forwards;
+    rd.forward_failed = kvr_place_forward_failed;
+    heartbeat(2, 1 << 20, NULL, 0, 1000);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false); /* the queue goes to the worker that joined */
+    cr_assert(eq(int, rec_count("kv.default.worker.2.generate", 0, NULL), 100), "one batch");
+    for (int i = 0; i < 100; i++) {
+        snprintf(reply, sizeof reply, "_INBOX.q%d", i);
+        const struct rec_sent *m = NULL;
+        cr_assert(eq(int, rec_count(reply, 0, &m), 1), "request %d answered", i);
+        cr_assert(eq(u32, rec_error_in(m), KVR_ERR_TOO_LARGE));
+    }
+    cr_assert(eq(u64, rd.n.forwards_failed, 100));
+    cr_assert(eq(u64, atomic_load(&rd.sink.failed), 100), "each failed publish counted");
+    cr_assert(eq(u32, rd.pend.n, 1), "the first, on worker 1, alone in flight");
 }
 
 Test(routerd, a_decision_for_a_request_that_ended_is_stopped)
@@ -2470,7 +2503,9 @@ Test(routerd, messages_go_out_in_the_order_they_were_made_across_threads)
 {
     kvr_fleet_destroy(&rd);
     kvr_rd_free(&rd);
-    cr_assert(eq(int, kvr_rd_init(&rd, &cfg, (struct kvr_sink){rec_order_sink, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_rd_init(&rd, &cfg, (struct kvr_sink){.publish = rec_order_sink, .ctx = NULL}),
+                 KVR_OK));
     cr_assert(eq(int, kvr_fleet_create(&rd), KVR_OK));
     rec_order_run(4, 3000, &rd.mu, &rd.out, rd_unlock, &rd);
     cr_assert(eq(u64, rec_order_next, 12000), "every message published");

@@ -95,7 +95,9 @@ static void setup(void)
     cfg.engine.block_size = 16;
     cfg.max_prompt_tokens = 4096;
     cfg.max_output_tokens = 64;
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
     vt = kvr_now_ns();
 }
 
@@ -811,7 +813,9 @@ Test(worker, after_a_cut_heartbeats_list_what_ended_during_it)
 {
     kvr_worker_free(&w);
     cfg.heartbeat_ns = 5 * KVR_NS_PER_MS;
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
     uint64_t keys[8];
     forward(901, "a", 2, 0);
     run();
@@ -1207,7 +1211,9 @@ static void worker_unlock(void *ctx)
 Test(worker, messages_go_out_in_the_order_they_were_made_across_threads)
 {
     kvr_worker_free(&w);
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_order_sink, NULL}), KVR_OK));
+    cr_assert(eq(
+        int, kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = rec_order_sink, .ctx = NULL}),
+        KVR_OK));
     rec_order_run(4, 3000, &w.mu, &w.out, worker_unlock, &w);
     cr_assert(eq(u64, rec_order_next, 12000), "every message published");
     cr_assert(eq(u64, rec_order_wrong, 0), "%llu published out of the order they were made",

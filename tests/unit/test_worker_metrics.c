@@ -46,7 +46,9 @@ static void setup(void)
 
 static void start(void)
 {
-    cr_assert(eq(int, kvr_worker_init(&w, &cfg, (struct kvr_sink){rec_record, NULL}), KVR_OK));
+    cr_assert(eq(int,
+                 kvr_worker_init(&w, &cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+                 KVR_OK));
 }
 
 static void stop_engine(void)
