@@ -136,6 +136,7 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
         rd->fleet->bad++;
     else
         serve(rd, &q, &pg);
+    rd->out.dropped += pg.out.dropped; /* pages not made (memory): the router's counter */
     pthread_mutex_unlock(&rd->mu);
     if (st == KVR_OK && q.full)
         kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
