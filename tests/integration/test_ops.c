@@ -660,6 +660,49 @@ Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
     h_end();
 }
 
+/* --- the stop signals reach no thread but the one that waits for them ------------------------ */
+
+/* How many of pid's threads but its first block both SIGTERM and SIGINT, of *nthreads (the first,
+ * main, waits for them: sigtimedwait unblocks them while it waits). */
+static int threads_blocking_stop(pid_t pid, int *nthreads)
+{
+    char cmd[160], line[256];
+    snprintf(cmd, sizeof cmd,
+             "for t in /proc/%d/task/*; do [ ${t##*/} = %d ] || grep -h '^SigBlk:' $t/status; done",
+             (int)pid, (int)pid);
+    FILE *f = popen(cmd, "r");
+    cr_assert(f != NULL);
+    int blocking = 0;
+    *nthreads = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long mask = strtoull(line + 7, NULL, 16);
+        unsigned long long stop = (1ull << (SIGTERM - 1)) | (1ull << (SIGINT - 1));
+        (*nthreads)++;
+        blocking += (mask & stop) == stop;
+    }
+    pclose(f);
+    return blocking;
+}
+
+Test(ops, every_thread_of_a_daemon_blocks_the_stop_signals)
+{
+    /* a stop signal run as a handler lands on any thread, nats.c's reader among them: its read
+     * fails with EINTR and nats.c drops the connection as the drain begins. Blocked in every
+     * thread, the signal is taken by the one that waits for it (and the drain still runs: h_end
+     * stops each daemon with SIGTERM and wants exit status 0) */
+    pid_t w = h_worker(srv.url, "1", 50, 200, NULL);
+    pid_t r = h_router(srv.url, "r1", H_ARGS("--metrics-addr", "127.0.0.1:0"));
+    h_until_served(nc, GEN, 1, 15000);
+    pid_t daemons[] = {w, r};
+    for (int i = 0; i < 2; i++) {
+        int n = 0, blocking = threads_blocking_stop(daemons[i], &n);
+        cr_assert(gt(int, n, 2), "pid %d: %d threads", (int)daemons[i], n);
+        cr_expect(eq(int, blocking, n), "pid %d: %d of its other %d threads block SIGTERM, SIGINT",
+                  (int)daemons[i], blocking, n);
+    }
+    h_end();
+}
+
 /* --- a link's close and its running handlers (kvr_settle) ------------------------------------ */
 
 struct slow {
