@@ -43,7 +43,7 @@
         type top = h->v[0], last = h->v[--h->n];                                                   \
         uint32_t i = 0, n = h->n;                                                                  \
         for (;;) {                                                                                 \
-            uint32_t c = 2 * i + 1;                                                                \
+            uint64_t c = 2 * (uint64_t)i + 1; /* no wrap past 2^31 entries */                      \
             if (c >= n)                                                                            \
                 break;                                                                             \
             if (c + 1 < n && less(&h->v[c + 1], &h->v[c]))                                         \
@@ -51,7 +51,7 @@
             if (!less(&h->v[c], &last))                                                            \
                 break;                                                                             \
             h->v[i] = h->v[c];                                                                     \
-            i = c;                                                                                 \
+            i = (uint32_t)c;                                                                       \
         }                                                                                          \
         if (n)                                                                                     \
             h->v[i] = last;                                                                        \

@@ -67,6 +67,9 @@ size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
             "batches the replay socket keeps"),
         CHOICE("kv-hash", &c->kv_hash, hash_names,
                "block hashes on the wire: signed or unsigned integers, or 32-byte strings"),
+        NUM("kv-hash-seed", KVR_OPT_U64, &c->kv_hash_seed, 0, 1.8e19,
+            "block hashes on the wire are the engine's own mixed with it (0: a random one per "
+            "process, so they change with a restart, as vLLM's do)"),
         CHOICE("kv-layout", &c->kv_layout, layout_names,
                "KV event shape: arrays with medium (new), without (old), or maps"),
         CHOICE("metrics-style", &c->metrics_style, style_names,

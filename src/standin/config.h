@@ -37,6 +37,8 @@ struct kvr_se_config {
     char kv_topic[KVR_OPT_STR_MAX];  /* the topic frame */
     uint32_t kv_replay_batches;      /* batches the replay ring keeps */
     int kv_hash;                     /* enum kvr_se_kv_hash */
+    uint64_t kv_hash_seed;           /* block ids on the wire are mixed with it; 0: a random
+                                        one per process (as vLLM's hashes change with a restart) */
     int kv_layout;                   /* enum kvr_se_kv_layout */
     int metrics_style;               /* enum kvr_se_style */
     int error_shape;                 /* enum kvr_se_error_shape */

@@ -158,6 +158,15 @@ static void produce(struct kvr_se_state *st, struct kvr_se_req *r)
 
 /* --- the engine's sink (under mu, inside step_end) ------------------------------------------- */
 
+/* A block's id on the wire: the engine's own (kvrouter's sequence hash) mixed with the process's
+ * salt, a bijection. A real engine's block hashes are its own (vLLM's depend on its hash function
+ * and seed, and change with a restart), so the router and the adapter must never take them for
+ * their own: with the sequence hash itself on the wire, a test could pass that vLLM would fail. */
+static uint64_t wire_id(const struct kvr_se_state *st, uint64_t engine_id)
+{
+    return kvr_mix64(engine_id ^ st->kv_salt);
+}
+
 static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_block *b, size_t n)
 {
     struct kvr_se_state *st = ctx;
@@ -169,19 +178,22 @@ static void on_stored(void *ctx, const uint64_t *parent, const struct kvr_kv_blo
         return;
     }
     uint32_t k = 0;
+    uint64_t up = parent ? wire_id(st, *parent) : 0;
+    const uint64_t *p = parent ? &up : NULL;
     for (size_t i = 0; i < n; i++) {
         const uint32_t *tok = kvr_se_blocks_stored(&st->blocks, b[i].engine_id);
         if (tok) {
-            st->scratch[k] = b[i].engine_id;
+            st->scratch[k] = wire_id(st, b[i].engine_id);
             st->scratch_tok[k++] = tok;
             continue;
         }
         /* tokens unknown (counted): the run is cut there, the block is not announced */
-        kvr_se_batcher_stored(&st->batcher, parent, st->scratch, st->scratch_tok, k);
-        parent = &b[i].engine_id;
+        kvr_se_batcher_stored(&st->batcher, p, st->scratch, st->scratch_tok, k);
+        up = wire_id(st, b[i].engine_id);
+        p = &up;
         k = 0;
     }
-    kvr_se_batcher_stored(&st->batcher, parent, st->scratch, st->scratch_tok, k);
+    kvr_se_batcher_stored(&st->batcher, p, st->scratch, st->scratch_tok, k);
 }
 
 static void on_removed(void *ctx, const uint64_t *ids, size_t n)
@@ -191,9 +203,16 @@ static void on_removed(void *ctx, const uint64_t *ids, size_t n)
         return;
     for (size_t i = 0; i < n; i++)
         kvr_se_blocks_removed(&st->blocks, ids[i]);
-    for (size_t i = 0; i < n; i += UINT32_MAX) /* the engine's counts are u32 anyway */
-        kvr_se_batcher_removed(&st->batcher, ids + i,
-                               (uint32_t)(n - i < UINT32_MAX ? n - i : UINT32_MAX));
+    for (size_t i = 0; i < n; i += 4096) { /* their wire ids, a scratch's worth at a time */
+        uint32_t m = (uint32_t)(n - i < 4096 ? n - i : 4096);
+        if (!KVR_GROW(st->scratch, st->capscratch, m, 64)) {
+            st->c.oom++;
+            return;
+        }
+        for (uint32_t j = 0; j < m; j++)
+            st->scratch[j] = wire_id(st, ids[i + j]);
+        kvr_se_batcher_removed(&st->batcher, st->scratch, m);
+    }
 }
 
 static void on_prefill(void *ctx, uint64_t id)
@@ -296,6 +315,7 @@ kvr_status kvr_se_state_init(struct kvr_se_state *st, const struct kvr_se_config
     memset(st, 0, sizeof *st);
     st->cfg = cfg;
     st->salt = draw_salt();
+    st->kv_salt = cfg->kv_hash_seed ? cfg->kv_hash_seed : st->salt;
     kvr_se_blocks_init(&st->blocks, cfg->engine.block_size);
     pthread_mutex_init(&st->mu, NULL);
     kvr_cond_init_monotonic(&st->work); /* kvr_now_ns's clock */

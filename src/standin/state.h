@@ -64,6 +64,7 @@ struct kvr_se_state {
     uint32_t nlive;                /* requests not yet released by the HTTP side */
     uint64_t next_id;              /* the last engine request id given */
     uint64_t salt;                 /* random, per process: completion ids */
+    uint64_t kv_salt;              /* block ids on the wire: --kv-hash-seed, or salt */
     struct kvr_se_blocks blocks;   /* tokens of known blocks (only with KV events) */
     struct kvr_se_batcher batcher; /* the step's KV events */
     struct kvr_kvpub *pub;         /* the ZeroMQ publisher; NULL: no KV events */
