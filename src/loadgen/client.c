@@ -12,6 +12,10 @@
 #include "grow.h"
 #include "kvr/hash.h"
 
+/* What the inbox subscriptions may hold undelivered: past it nats.c drops what comes (counted,
+ * kvr_contract.dropped), so a flood on the inbox cannot grow kvbench's memory without bound. */
+#define KVR_CLIENT_PENDING_BYTES (512 << 20)
+
 /* decide()'s status for a stream given up with holes: KVR_ERR_INTERRUPTED, its holes counted. */
 #define KVR_INTERRUPTED_PENDING UINT32_MAX
 
@@ -293,14 +297,21 @@ static kvr_status subscribe(struct kvr_client *c)
     snprintf(asked, sizeof asked, "%s.>", c->ask_prefix);
     natsStatus s = natsConnection_Subscribe(&c->sub, c->nc_sub, wild, on_chunk, c);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(c->sub, -1, -1);
+        s = natsSubscription_SetPendingLimits(c->sub, -1, KVR_CLIENT_PENDING_BYTES);
     if (s == NATS_OK)
         s = natsConnection_Subscribe(&c->ask_hold, c->nc_sub, asked, on_asked, c);
     if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(c->ask_hold, -1, -1);
+        s = natsSubscription_SetPendingLimits(c->ask_hold, -1, KVR_CLIENT_PENDING_BYTES);
     if (s == NATS_OK)
         s = natsConnection_Flush(c->nc_sub);
     return kvr_nats_status(s);
+}
+
+/* Messages of the inbox subscription nats.c dropped since it was made (its pending bound). */
+static uint64_t inbox_dropped(const struct kvr_client *c)
+{
+    int64_t n = 0;
+    return c->sub && natsSubscription_GetDropped(c->sub, &n) == NATS_OK && n > 0 ? (uint64_t)n : 0;
 }
 
 /* "<prefix>.<nuid>" into buf. */
@@ -392,6 +403,7 @@ kvr_status kvr_client_begin(struct kvr_client *c, uint32_t n, bool closed,
     c->encode = encode;
     c->encode_ctx = ctx;
     pthread_mutex_unlock(&c->send_mu);
+    uint64_t dropped = inbox_dropped(c); /* not under mu: nats.c takes the subscription's lock */
     pthread_mutex_lock(&c->mu);
     kvr_status st = KVR_OK;
     uint32_t hint = gaps_hint < UINT32_MAX ? (uint32_t)gaps_hint : UINT32_MAX;
@@ -406,6 +418,7 @@ kvr_status kvr_client_begin(struct kvr_client *c, uint32_t n, bool closed,
     c->next = c->ndone = c->ngaps = c->wake_tokens = 0;
     c->bad_chunks = 0;
     c->gaps_dropped = 0;
+    c->dropped_before = dropped;
     c->closed = closed;
     pthread_mutex_unlock(&c->mu);
     return st;
@@ -700,20 +713,23 @@ const char *kvr_contract_format(const struct kvr_contract *k, char *buf, size_t 
     snprintf(buf, len,
              "double_finals=%u extra_finals=%u second_streams=%u second_stream_tokens=%llu "
              "spurious_finals=%u missing_tokens=%u extra_tokens=%u two_workers=%u "
-             "no_responders=%u unanswered=%u malformed=%llu (allowed: repeat_finals=%u "
-             "gaps_filled=%u)",
+             "no_responders=%u unanswered=%u malformed=%llu dropped=%llu (allowed: "
+             "repeat_finals=%u gaps_filled=%u)",
              k->double_finals, k->extra_finals, k->second_streams,
              (unsigned long long)k->second_tokens, k->spurious_finals, k->missing_tokens,
              k->extra_tokens, k->two_workers, k->no_responders, k->unanswered,
-             (unsigned long long)k->malformed, k->repeat_finals, k->gaps_filled);
+             (unsigned long long)k->malformed, (unsigned long long)k->dropped, k->repeat_finals,
+             k->gaps_filled);
     return buf;
 }
 
 void kvr_client_contract(struct kvr_client *c, uint32_t from, uint32_t to, struct kvr_contract *k)
 {
     memset(k, 0, sizeof *k);
+    uint64_t dropped = inbox_dropped(c);
     pthread_mutex_lock(&c->mu);
     k->malformed = c->bad_chunks;
+    k->dropped = dropped > c->dropped_before ? dropped - c->dropped_before : 0;
     for (uint32_t i = from; i < to && i < c->n; i++)
         kvr_contract_add(k, &c->reqs[i]);
     pthread_mutex_unlock(&c->mu);

@@ -92,6 +92,8 @@ struct kvr_contract {
     uint32_t extra_tokens;    /* tokens past the final's end or max_tokens */
     uint32_t no_responders;   /* NATS's 503 */
     uint64_t malformed;       /* answers of the batch that did not decode (kvr_client_contract) */
+    uint64_t dropped;         /* messages on the inbox nats.c dropped during the batch: its
+                                 pending bound was full (kvr_client_contract) */
     uint32_t errors[64];      /* requests decided with each error code (63: any code above) */
     uint32_t late[64];        /* requests with a final after their answer, by its code (0: ok) */
 };
@@ -141,6 +143,7 @@ struct kvr_client {
     uint32_t ngaps, capgaps;     /* */
     uint64_t gaps_dropped;       /* gaps not recorded: memory was short */
     uint64_t bad_chunks;         /* answers of the batch that did not decode */
+    uint64_t dropped_before;     /* the inbox's messages nats.c dropped before this batch */
 };
 
 /*

@@ -13,23 +13,29 @@
 #include "routers.h"
 #include "stats.h"
 
-#define HOP_TOKENS 1024 /* prompt length */
-#define HOP_WARMUP 50   /* rounds not counted */
+#define HOP_TOKENS  1024               /* prompt length */
+#define HOP_WARMUP  50                 /* rounds not counted */
+#define HOP_WAIT_NS (5 * KVR_NS_PER_S) /* a round trip not decided by then has timed out */
 
 struct hop {
     const struct kvr_bench_config *cfg;
     struct kvr_client *client;
-    uint64_t worker;                  /* called directly */
-    char subj_worker[256];            /* its generate subject */
-    uint32_t n;                       /* counted round trips of each kind */
-    uint32_t tok[HOP_TOKENS];         /* the prompt; tok[0] changes every request */
-    struct kvr_buf req, direct;       /* encoded requests */
-    double *routed, *straight;        /* round trips, us */
-    size_t nrouted, nstraight;        /* */
-    uint32_t sent, completed, errors; /* the max-rate phase */
-    uint64_t rate_ns;                 /* ... its length */
-    struct kvr_routers_poll *polls;   /* [2]: the routers' $SRV.STATS around that phase */
-    struct kvr_routers_run routers;   /* ... their difference (CPU seconds, decisions) */
+    uint64_t worker;             /* called directly */
+    char subj_worker[256];       /* its generate subject */
+    uint32_t n;                  /* counted round trips of each kind */
+    uint32_t tok[HOP_TOKENS];    /* the prompt; tok[0] changes every request */
+    struct kvr_buf req, direct;  /* encoded requests */
+    double *routed, *straight;   /* round trips, us */
+    size_t nrouted, nstraight;   /* */
+    uint32_t failed[2];          /* counted round trips ended by an error: [0] routed, [1] direct */
+    uint32_t timed_out[2];       /* ... not decided within HOP_WAIT_NS */
+    uint32_t codes[64];          /* the latency phase's errors by code (63: any code above) */
+    uint32_t sent, completed;    /* the max-rate phase: requests sent, decided */
+    uint32_t errors, unanswered; /* ... of them ended by an error, never decided */
+    struct kvr_contract contract;   /* ... what its streams broke of the contract */
+    uint64_t rate_ns;               /* ... its length */
+    struct kvr_routers_poll *polls; /* [2]: the routers' $SRV.STATS around that phase */
+    struct kvr_routers_run routers; /* ... their difference (CPU seconds, decisions) */
 };
 
 /* The worker to call: --worker-id, else the first heartbeat heard; 0 if none. */
@@ -47,30 +53,45 @@ static uint64_t pick_worker(const struct hop *h)
     return id;
 }
 
-/* Send request i to subject and wait for its final chunk: its round trip in us, 0 on failure. */
-static double one_hop(struct hop *h, uint32_t i, const char *subject, const struct kvr_buf *b)
+/*
+ * Send request i to subject and wait for its final chunk: its round trip in us, 0 on failure.
+ * side: 0 routed, 1 direct; a counted round trip that failed is counted there (ended by an error,
+ * by its code, or timed out).
+ */
+static double one_hop(struct hop *h, uint32_t i, const char *subject, const struct kvr_buf *b,
+                      int side, bool counted)
 {
     kvr_client_publish(h->client, i, subject, b->data, b->len, 1);
-    uint64_t dt = kvr_client_wait_one(h->client, i, kvr_now_ns() + 5 * KVR_NS_PER_S);
-    return (double)dt / 1000.0;
+    uint64_t dt = kvr_client_wait_one(h->client, i, kvr_now_ns() + HOP_WAIT_NS);
+    if (dt || !counted)
+        return (double)dt / 1000.0;
+    struct kvr_client_req q = kvr_client_get(h->client, i);
+    if (!q.done || !q.error) { /* not decided in time (or just after the wait) */
+        h->timed_out[side]++;
+    } else {
+        h->failed[side]++;
+        h->codes[q.error < 63 ? q.error : 63]++;
+    }
+    return 0;
 }
 
-/* Routed and direct round trips, alternating. */
+/* Routed and direct round trips, alternating; round i is requests 2i (routed) and 2i + 1, so a
+ * late answer of one that timed out is never taken for a later one's. */
 static void latencies(struct hop *h)
 {
     for (uint32_t i = 0; i < h->n + HOP_WARMUP; i++) {
         char id[64];
+        bool counted = i >= HOP_WARMUP;
         snprintf(id, sizeof id, "hop-%u", i);
         h->tok[0] = i; /* a new prompt each time */
         kvr_wire_encode_generate(&h->req, id, h->tok, HOP_TOKENS, 1, NULL);
-        double a = one_hop(h, 2 * (i % h->n), h->client->subj_gen, &h->req);
+        double a = one_hop(h, 2 * i, h->client->subj_gen, &h->req, 0, counted);
         /* the key a router would give it: unique to this run's inbox, so a worker that
          * remembers the keys it ended (60 s) takes a later run's requests as new */
         kvr_wire_encode_worker_generate(&h->direct, h->req.data, h->req.len,
-                                        kvr_client_key(h->client, 2 * (i % h->n) + 1, id), 0,
-                                        "kvbench", 0);
-        double d = one_hop(h, 2 * (i % h->n) + 1, h->subj_worker, &h->direct);
-        if (i >= HOP_WARMUP) {
+                                        kvr_client_key(h->client, 2 * i + 1, id), 0, "kvbench", 0);
+        double d = one_hop(h, 2 * i + 1, h->subj_worker, &h->direct, 1, counted);
+        if (counted) {
             if (a > 0)
                 h->routed[h->nrouted++] = a;
             if (d > 0)
@@ -83,7 +104,7 @@ static void latencies(struct hop *h)
 static void max_rate(struct hop *h, uint32_t total)
 {
     struct kvr_client *c = h->client;
-    uint32_t window = h->cfg->hop_window, first = 2 * h->n;
+    uint32_t window = h->cfg->hop_window, first = 2 * (h->n + HOP_WARMUP);
     kvr_client_begin(c, total, false, NULL, NULL, 0);
     kvr_routers_poll(c, h->cfg->net.prefix, h->cfg->net.ns, &h->polls[0]);
     uint64_t t0 = kvr_now_ns(), end = t0 + h->rate_ns;
@@ -100,34 +121,89 @@ static void max_rate(struct hop *h, uint32_t total)
         kvr_client_publish(c, sent, c->subj_gen, h->req.data, h->req.len, 1);
         sent++;
     }
-    kvr_sleep_ns(500 * KVR_NS_PER_MS);
-    pthread_mutex_lock(&c->mu);
-    h->completed = c->ndone;
-    for (uint32_t i = first; i < sent; i++)
-        h->errors += c->reqs[i].done && c->reqs[i].error;
-    pthread_mutex_unlock(&c->mu);
-    h->sent = sent - first;
+    kvr_sleep_ns(500 * KVR_NS_PER_MS); /* for the answers on their way; later ones: unanswered */
+    kvr_client_contract(c, first, sent, &h->contract);
+    h->sent = h->contract.requests;
+    h->unanswered = h->contract.unanswered;
+    h->completed = h->sent - h->unanswered;
+    h->errors = h->completed - h->contract.finished;
     kvr_routers_poll(c, h->cfg->net.prefix, h->cfg->net.ns, &h->polls[1]);
     kvr_routers_diff(&h->polls[0], &h->polls[1], &h->routers);
 }
 
+/*
+ * Why the routers' CPU per request of the max-rate phase cannot be given, into buf; NULL when it
+ * can. It can when the same routers (service id and start) answered just before and just after
+ * the phase, each once, some request finished and they report their CPU: a router heard on one
+ * side only would leave its CPU out of the sum (or count its whole life), an answer left out
+ * might be a router's, and two answers of one (id, start) cannot be told apart.
+ */
+static const char *cpu_na_why(const struct hop *h, char *buf, size_t len)
+{
+    const struct kvr_routers_run *r = &h->routers;
+    uint32_t same = r->answered - r->fresh, gone = r->before > same ? r->before - same : 0;
+    uint32_t ignored = h->polls[0].ignored + h->polls[1].ignored;
+    if (!r->answered)
+        snprintf(buf, len, "no router answered after the phase");
+    else if (gone)
+        snprintf(buf, len, "%u router(s) answered before the phase and not after it", gone);
+    else if (r->fresh)
+        snprintf(buf, len, "%u router(s) new or restarted during the phase", r->fresh);
+    else if (ignored)
+        snprintf(buf, len,
+                 "%u answer(s) not counted: malformed, a second answer of one router (id and "
+                 "start), or past %d routers",
+                 ignored, KVR_ROUTERS_MAX);
+    else if (!h->contract.finished)
+        snprintf(buf, len, "no request finished");
+    else if (r->cpu_seconds <= 0)
+        snprintf(buf, len, "no router reports its CPU");
+    else
+        return NULL;
+    return buf;
+}
+
 /* The routers' CPU per request routed in the max-rate phase: " router_cpu_us_per_request=12.3"
  * (the CPU seconds of every router of the namespace, from their $SRV.STATS.kvrouter answers just
- * before and after the phase, over the requests that ended without error in it); "=na" when none
- * answered, one was new or restarted during it, or none reports its CPU. */
+ * before and after the phase, over the requests that ended without error in it); "=na" when
+ * cpu_na_why says why not. */
 static void print_router_cpu(const struct hop *h)
 {
     const struct kvr_routers_run *r = &h->routers;
-    uint32_t ok = h->completed - h->errors;
-    if (!r->answered || !ok || r->fresh || r->cpu_seconds <= 0) {
+    char why[160];
+    if (cpu_na_why(h, why, sizeof why)) {
         printf(" router_cpu_us_per_request=na");
         return;
     }
-    printf(" router_cpu_us_per_request=%.1f router_cpu_s=%.3f", r->cpu_seconds * 1e6 / ok,
-           r->cpu_seconds);
+    printf(" router_cpu_us_per_request=%.1f router_cpu_s=%.3f",
+           r->cpu_seconds * 1e6 / h->contract.finished, r->cpu_seconds);
 }
 
-static void print_result(struct hop *h)
+/* The failures of both phases, and the max-rate phase's contract; whether there were any. */
+static bool print_failures(const struct hop *h)
+{
+    char line[768];
+    uint32_t lat = h->failed[0] + h->failed[1] + h->timed_out[0] + h->timed_out[1];
+    printf("latency phase: routed failed=%u timed_out=%u, direct failed=%u timed_out=%u "
+           "(of %u each)\n",
+           h->failed[0], h->timed_out[0], h->failed[1], h->timed_out[1], h->n);
+    if (h->failed[0] + h->failed[1])
+        printf("latency phase errors: %s\n", kvr_contract_codes(h->codes, line, sizeof line));
+    printf("max-rate phase: sent=%u finished=%u errors=%u unanswered=%u\n", h->sent,
+           h->contract.finished, h->errors, h->unanswered);
+    if (h->errors)
+        printf("max-rate phase errors: %s\n",
+               kvr_contract_codes(h->contract.errors, line, sizeof line));
+    printf("contract (max-rate phase): %s\n", kvr_contract_format(&h->contract, line, sizeof line));
+    bool failed = lat || h->errors || h->unanswered || !h->nrouted || !h->nstraight;
+    if (failed)
+        printf("hop: FAIL (a round trip or request failed, timed out or went unanswered: the "
+               "figures above leave it out)\n");
+    return failed;
+}
+
+/* Everything measured; 1 when a phase had failures, else 0. */
+static int print_result(struct hop *h)
 {
     kvr_sort_doubles(h->routed, h->nrouted);
     kvr_sort_doubles(h->straight, h->nstraight);
@@ -137,16 +213,21 @@ static void print_result(struct hop *h)
     double dp99 = kvr_quantile_sorted(h->straight, h->nstraight, 0.99);
     double secs = (double)h->rate_ns / 1e9;
     printf("hop: %zu routed and %zu direct round trips of a 1,024-token prompt (worker %" PRIu64
-           "), then %u routed requests in %.1f s with %u in flight (%u errors)\n",
-           h->nrouted, h->nstraight, h->worker, h->sent, secs, h->cfg->hop_window, h->errors);
+           "), then %u routed requests in %.1f s with %u in flight (%u errors, %u unanswered)\n",
+           h->nrouted, h->nstraight, h->worker, h->sent, secs, h->cfg->hop_window, h->errors,
+           h->unanswered);
     printf("routed_p50_us=%.0f direct_p50_us=%.0f routed_p99_us=%.0f direct_p99_us=%.0f "
            "ratio_p50=%.3f routed_max_rps=%.0f",
            rp50, dp50, rp99, dp99, dp50 > 0 ? rp50 / dp50 : 0,
-           secs > 0 ? (double)(h->completed - h->errors) / secs : 0);
+           secs > 0 ? (double)h->contract.finished / secs : 0);
     print_router_cpu(h);
     printf("\n");
-    char line[768];
-    printf("routers (max-rate phase): %s\n", kvr_routers_format(&h->routers, line, sizeof line));
+    char line[768], why[160];
+    printf("routers (max-rate phase): %s", kvr_routers_format(&h->routers, line, sizeof line));
+    if (cpu_na_why(h, why, sizeof why))
+        printf("; router_cpu_us_per_request=na: %s", why);
+    printf("\n");
+    return print_failures(h) ? 1 : 0;
 }
 
 int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
@@ -159,7 +240,7 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
         return 1;
     }
     uint64_t secs = (cfg->hop_ns + KVR_NS_PER_S - 1) / KVR_NS_PER_S;
-    uint64_t total = 2ull * h.n + 100000 * (secs ? secs : 1) + 1;
+    uint64_t total = 2ull * (h.n + HOP_WARMUP) + 100000 * (secs ? secs : 1) + 1;
     for (uint32_t t = 0; t < HOP_TOKENS; t++)
         h.tok[t] = (t * 2654435761u) % 32000;
     char tail[64];
@@ -173,8 +254,7 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
         kvr_client_begin(client, (uint32_t)total, false, NULL, NULL, 0) == KVR_OK) {
         latencies(&h);
         max_rate(&h, (uint32_t)total);
-        print_result(&h);
-        rc = h.nrouted && h.nstraight ? 0 : 1;
+        rc = print_result(&h);
     }
     kvr_client_end(client);
     free(h.routed);

@@ -23,7 +23,8 @@
 #include "bench_config.h"
 #include "client.h"
 
-/* Measure through client (both borrowed). The exit status: 0, or 1 when a side never answered. */
+/* Measure through client (both borrowed). The exit status: 0, or 1 when a phase had a failure (an
+ * error, a timeout, a request never answered) or a side never answered. */
 int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client);
 
 /* The cancel timings through client (both borrowed). The exit status: 0 or 1. */

@@ -2,12 +2,20 @@
  * kvbench --mode load. Each run draws fresh prompts (the seed moves on by run), so no run finds a
  * cache an earlier one warmed. The encoder's state (the run, its policy, the seed, the prompt
  * scratch) changes only between kvr_client_end and kvr_client_begin, when nothing can encode.
+ *
+ * In open loop the owner's thread keeps the arrival times, and a ticker thread of the run does
+ * meanwhile, every TICK_NS, what a client does for its stalled streams (kvr_client_wait_all's
+ * resends and expiries): a request stalled early is resent when it stalls, not after the last
+ * arrival, when its worker may no longer have its stream (kept 10 s) and its time to first token
+ * would count the whole wait. The ticker is joined before the owner waits for the rest itself.
  */
 #include "replay.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +26,17 @@
 #include "fleet.h"
 #include "routers.h"
 #include "stats.h"
+
+#define TICK_NS (100 * KVR_NS_PER_MS) /* open loop: resends and expiries at least this often */
+
+/* Open loop: the resends and expiries while the owner's thread sends. */
+struct ticker {
+    struct kvr_client *client; /* borrowed */
+    uint64_t resend_ns;        /* --resend-ms */
+    atomic_bool stop;          /* set by the owner */
+    uint32_t resent;           /* read by the owner after the join */
+    pthread_t thread;          /* */
+};
 
 struct replay {
     const struct kvr_bench_config *cfg;
@@ -197,6 +216,47 @@ static int collect(struct replay *rp, enum kvr_policy policy, double load, uint6
     return 0;
 }
 
+/* The ticker thread: a round of resends and expiries every TICK_NS until told to stop. */
+static void *tick(void *arg)
+{
+    struct ticker *t = arg;
+    while (!atomic_load(&t->stop)) {
+        uint64_t t0 = kvr_now_ns();
+        /* a round of its resends and expiries, then one wait (100 ms at most, less when a
+         * request is decided meanwhile; another round if that was within the millisecond) */
+        t->resent += kvr_client_wait_all(t->client, t0 + KVR_NS_PER_MS, t->resend_ns);
+        uint64_t dt = kvr_now_ns() - t0;
+        if (dt < TICK_NS && !atomic_load(&t->stop))
+            kvr_sleep_ns(TICK_NS - dt);
+    }
+    return NULL;
+}
+
+/* Open loop: send every request at its arrival time (the ticker resending meanwhile); the
+ * requests resent. */
+static uint32_t send_open(struct replay *rp, double load, uint64_t t0)
+{
+    struct kvr_client *c = rp->client;
+    struct ticker t = {.client = c, .resend_ns = rp->cfg->resend_ns};
+    atomic_init(&t.stop, false);
+    bool ticking = !pthread_create(&t.thread, NULL, tick, &t);
+    if (!ticking)
+        kvr_log(KVR_LOG_WARN, "no_ticker",
+                "resends and expiries wait for the last arrival (no thread for them)");
+    for (uint32_t i = 0; i < rp->wl.nreqs; i++) {
+        uint64_t at = t0 + (uint64_t)((double)rp->wl.reqs[i].arrival_ns / load);
+        uint64_t now = kvr_now_ns();
+        if (at > now)
+            kvr_sleep_ns(at - now);
+        kvr_client_send(c, i);
+    }
+    if (!ticking)
+        return 0;
+    atomic_store(&t.stop, true);
+    pthread_join(t.thread, NULL);
+    return t.resent;
+}
+
 /* One run of the workload with one policy at load; fills res. 0 or 1. */
 static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
                       struct kvr_sim_result *res)
@@ -210,18 +270,12 @@ static int run_policy(struct replay *rp, enum kvr_policy policy, double load,
     if (kvr_client_begin(c, rp->wl.nreqs, rp->closed, encode, rp, rp->outs + 16) != KVR_OK)
         return 1;
     uint64_t t0 = kvr_now_ns();
-    if (rp->closed) {
+    uint32_t resent = 0;
+    if (rp->closed)
         kvr_client_start_closed(c, (uint32_t)load);
-    } else {
-        for (uint32_t i = 0; i < rp->wl.nreqs; i++) {
-            uint64_t at = t0 + (uint64_t)((double)rp->wl.reqs[i].arrival_ns / load);
-            uint64_t now = kvr_now_ns();
-            if (at > now)
-                kvr_sleep_ns(at - now);
-            kvr_client_send(c, i);
-        }
-    }
-    uint32_t resent = kvr_client_wait_all(c, kvr_now_ns() + cfg->timeout_ns, cfg->resend_ns);
+    else
+        resent = send_open(rp, load, t0);
+    resent += kvr_client_wait_all(c, kvr_now_ns() + cfg->timeout_ns, cfg->resend_ns);
     if (resent)
         kvr_log(KVR_LOG_WARN, "resent", "requests=%u (their streams stalled for %" PRIu64 " ms)",
                 resent, (uint64_t)(cfg->resend_ns / KVR_NS_PER_MS));
@@ -314,11 +368,12 @@ static void contract_json(FILE *f, const struct kvr_contract *k)
             "\"extra_finals\": %u, \"second_streams\": %u, \"second_stream_tokens\": %llu, "
             "\"two_workers\": %u, \"spurious_finals\": %u, \"missing_tokens\": %u, "
             "\"extra_tokens\": %u, \"no_responders\": %u, \"repeat_finals\": %u, "
-            "\"gaps_filled\": %u, \"malformed\": %llu",
+            "\"gaps_filled\": %u, \"malformed\": %llu, \"dropped\": %llu",
             k->requests, k->finished, k->unanswered, k->double_finals, k->extra_finals,
             k->second_streams, (unsigned long long)k->second_tokens, k->two_workers,
             k->spurious_finals, k->missing_tokens, k->extra_tokens, k->no_responders,
-            k->repeat_finals, k->gaps_filled, (unsigned long long)k->malformed);
+            k->repeat_finals, k->gaps_filled, (unsigned long long)k->malformed,
+            (unsigned long long)k->dropped);
     const uint32_t *maps[2] = {k->errors, k->late};
     const char *names[2] = {"errors", "finals_after_answer"};
     for (int m = 0; m < 2; m++) {

@@ -5,8 +5,9 @@
  * inter-token latency, end-to-end, throughput, prefix-cache hit (from the workers' answers),
  * errors. Prints one line per run (and a ratio line for the first two) and writes the same
  * report.json / report.md / plots as kvsim; with each run, the routers' own figures for it from
- * their $SRV.STATS before and after it (routers.h). Runs on the owner's thread; the client's
- * callback sends in closed loop, through this module's encoder.
+ * their $SRV.STATS before and after it (routers.h). Runs on the owner's thread (in open loop
+ * with a thread of its own that resends stalled requests meanwhile); the client's callback sends
+ * in closed loop, through this module's encoder.
  */
 #ifndef KVR_REPLAY_H
 #define KVR_REPLAY_H

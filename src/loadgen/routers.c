@@ -79,13 +79,29 @@ static void read_answer(const json_t *root, struct kvr_router_fig *r)
     }
 }
 
+/* Whether out already holds an answer of the router (id, started) that root names. */
+static bool heard(const struct kvr_routers_poll *out, const json_t *root)
+{
+    struct kvr_router_fig a;
+    str_of(root, "id", a.id, sizeof a.id);
+    str_of(root, "started", a.started, sizeof a.started);
+    for (uint32_t i = 0; i < out->n; i++)
+        if (!strcmp(out->r[i].id, a.id) && !strcmp(out->r[i].started, a.started))
+            return true;
+    return false;
+}
+
+/* An answer: read, or counted in ignored when it is malformed, past KVR_ROUTERS_MAX, or a second
+ * one of a router already heard (the same id and start: one process answering twice, or two that
+ * cannot be told apart; counting it would add its figures twice). */
 static void on_answer(void *ctx, const char *data, size_t len)
 {
     struct poll_ctx *p = ctx;
     struct kvr_routers_poll *out = p->out;
     json_t *root = json_loadb(data, len, 0, NULL);
-    if (!json_is_object(root) || !json_string_value(json_object_get(root, "id")) ||
-        out->n == KVR_ROUTERS_MAX)
+    bool bad = !json_is_object(root) || !json_string_value(json_object_get(root, "id")) ||
+               out->n == KVR_ROUTERS_MAX;
+    if (bad || (!elsewhere(root, p) && heard(out, root)))
         out->ignored++;
     else if (!elsewhere(root, p))
         read_answer(root, memset(&out->r[out->n++], 0, sizeof out->r[0]));
@@ -183,16 +199,26 @@ const char *kvr_routers_bytes(uint64_t bytes, char *buf, size_t len)
     return buf;
 }
 
+/* The routers that answered before the run and not after it (or, restarted or with counters gone
+ * back, not as the same process): every answer after it matched at most one before it. */
+static uint32_t gone_of(const struct kvr_routers_run *r)
+{
+    uint32_t same = r->answered - r->fresh;
+    return r->before > same ? r->before - same : 0;
+}
+
 const char *kvr_routers_format(const struct kvr_routers_run *r, char *buf, size_t len)
 {
-    char errs[512], bytes[32], notes[96] = "";
+    char errs[512], bytes[32], notes[128] = "";
     if (!r->answered) {
         snprintf(buf, len, "none answered $SRV.STATS.kvrouter");
         return buf;
     }
-    if (r->fresh || r->before != r->answered)
-        snprintf(notes, sizeof notes, " (%u before the run, %u counted from start)", r->before,
-                 r->fresh);
+    uint32_t gone = gone_of(r);
+    if (r->fresh || gone)
+        snprintf(notes, sizeof notes,
+                 " (%u before the run, %u of them not heard after it; %u counted from start)",
+                 r->before, gone, r->fresh);
     snprintf(buf, len,
              "%u answered%s  decisions=%" PRIu64 " errors=%s cpu_s=%.2f gossip_bytes=%s"
              " gossip_gaps=%" PRIu64 " repaired=%" PRIu64,

@@ -32,7 +32,8 @@ struct kvr_router_fig {
 struct kvr_routers_poll {
     struct kvr_router_fig r[KVR_ROUTERS_MAX]; /* n of them */
     uint32_t n;                               /* */
-    uint32_t ignored;                         /* answers past KVR_ROUTERS_MAX, or malformed */
+    uint32_t ignored;                         /* answers past KVR_ROUTERS_MAX, malformed, or a
+                                                 second one of a router (id, started) */
 };
 
 /* One run's figures, summed over the routers that answered after it. */
