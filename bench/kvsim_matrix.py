@@ -4,8 +4,11 @@
 Runs kvsim once per (workload, load, fleet size) for the eight baselines and once for kv, and
 prints, per load, kv's figure over the best baseline's figure (TTFT mean and p90, ITL mean and
 p99, end-to-end mean and p99: lower is better; throughput: the best baseline's over kv's, so a
-ratio above 1 always means kv lost). Reports already in OUT are reused, so a second variant of kv
-reruns only kv.
+ratio above 1 always means kv lost). Reports already in OUT are reused when the same kvsim binary
+(its SHA-256) made them with the same arguments (a report.key.json beside each says so); else the
+run is made again. So a second variant of kv reruns only kv, and a new build or other flags are
+never shown old figures. ITL mean is kvsim's pooled mean over every inter-token gap (report.json's
+itl_ms), not the per-request mean (itl_per_request_ms).
 
 The last columns put each policy's worst figure side by side: kv's worst ratio, and the lowest
 worst ratio any one baseline reaches against the same best figures (with its name). The best
@@ -20,9 +23,11 @@ and the baselines alike) draws other requests, arrivals and tie-breaks: a change
 figure by less than it moves between seeds is noise.
 """
 import argparse
+import hashlib
 import json
 import os
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,13 +43,53 @@ LOADS = [('seed', 10), ('seed', 20), ('seed-isl', 20), ('seed-osl', 20), ('conve
 TIE = 0.0005  # ratios within this of 1 count as equal
 
 
+_digests = {}
+_digests_lock = threading.Lock()
+
+
+def binary_digest(path):
+    """The SHA-256 of the file at path, once per (path, size, mtime) in this process."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    with _digests_lock:
+        if key in _digests:
+            return _digests[key]
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            h.update(chunk)
+    with _digests_lock:
+        _digests[key] = h.hexdigest()
+    return _digests[key]
+
+
 def run(kvsim, workload, load, workers, policies, extra, out):
+    """kvsim's results for these arguments: from out/report.json when the key beside it says the
+    same binary made it with the same arguments, else from a new run into out. Paths are taken
+    relative to the caller's directory (kvsim runs in ROOT, to find the traces)."""
+    out = os.path.abspath(out)
+    if os.sep in kvsim:
+        kvsim = os.path.abspath(kvsim)
     report = os.path.join(out, 'report.json')
-    if not os.path.exists(report):
-        flag = '--concurrency' if workload.startswith('seed') else '--rate-scale'
-        subprocess.run([kvsim, 'run', '--workload', workload, '--workers', str(workers),
-                        '--policies', policies, flag, '%g' % load, '--quiet', '--out', out] + extra,
-                       check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    sidecar = os.path.join(out, 'report.key.json')
+    flag = '--concurrency' if workload.startswith('seed') else '--rate-scale'
+    args = ['run', '--workload', workload, '--workers', str(workers), '--policies', policies,
+            flag, '%g' % load, '--quiet'] + list(extra)
+    key = {'args': args, 'kvsim_sha256': binary_digest(kvsim),
+           'KVR_TRACES': os.environ.get('KVR_TRACES')}
+    try:
+        with open(sidecar) as f:
+            fresh = json.load(f) == key and os.path.exists(report)
+    except (OSError, ValueError):
+        fresh = False
+    if not fresh:
+        if os.path.exists(sidecar):
+            os.remove(sidecar)  # a run that fails leaves no key to vouch for the old report
+        subprocess.run([kvsim] + args + ['--out', out], check=True, stdout=subprocess.DEVNULL,
+                       cwd=ROOT)
+        with open(sidecar + '.tmp', 'w') as f:
+            json.dump(key, f)
+        os.replace(sidecar + '.tmp', sidecar)
     with open(report) as f:
         return json.load(f)['results']
 

@@ -87,6 +87,10 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
     if (st == KVR_ERR_MALFORMED)
         fprintf(stderr, "kvsim run: %s: line %llu is not a trace record\n", path,
                 (unsigned long long)line);
+    else if (st == KVR_ERR_MAX_TOKENS_TOO_LARGE)
+        fprintf(stderr,
+                "kvsim run: %s: line %llu: output_length over %u (the bound of --max-tokens)\n",
+                path, (unsigned long long)line, KVR_WL_MAX_OUTPUT);
     else if (st != KVR_OK)
         fprintf(stderr, "kvsim run: cannot read %s: %s\n", path, kvr_status_str(st));
     /* SOURCES.md: single-infinite-cache ceilings over 512-token blocks, whole traces */
@@ -97,12 +101,31 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
     return st == KVR_OK ? 0 : 1;
 }
 
+/* A closed loop's --sweep values are numbers of clients: whole, at least 1. 0, or 1 (reported). */
+static int check_clients(const struct kvr_run_config *c)
+{
+    for (size_t i = 0; i < c->nloads; i++) {
+        double v = c->loads[i];
+        if (v < 1 || v != (double)(uint32_t)v) {
+            fprintf(stderr,
+                    "kvsim run: --sweep %g: %s is closed-loop: each value is a number of clients, "
+                    "a whole number from 1 to 1000000\n",
+                    v, c->workload);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /*
  * Spread the arrivals, say which load options the workload ignores (those set away from their
- * defaults), and make the one load the list when --sweep is not given.
+ * defaults), and make the one load the list when --sweep is not given. 0, or 1 when a --sweep
+ * value is no load of the workload (reported).
  */
-static void prepare_loads(struct kvr_run_config *c, struct kvr_workload *w, bool closed)
+static int prepare_loads(struct kvr_run_config *c, struct kvr_workload *w, bool closed)
 {
+    if (closed && check_clients(c))
+        return 1;
     struct kvr_sim_config d;
     kvr_sim_config_default(&d);
     kvr_workload_spread(w, c->spread_ns);
@@ -116,6 +139,7 @@ static void prepare_loads(struct kvr_run_config *c, struct kvr_workload *w, bool
         c->loads[0] = closed ? c->sim.concurrency : c->sim.rate_scale;
         c->nloads = 1;
     }
+    return 0;
 }
 
 /* One simulation to run: a load, a policy, and how many routers share the requests. */
@@ -152,6 +176,25 @@ static size_t plan(const struct kvr_run_config *c, struct run **out)
     return n;
 }
 
+/* Why run label at load could not be simulated (st; out: how far it got on KVR_ERR_TIMEOUT). */
+static void run_failed(const char *label, double load, const struct kvr_sim_result *out,
+                       kvr_status st)
+{
+    if (st == KVR_ERR_TIMEOUT)
+        fprintf(stderr,
+                "kvsim run: %s at load %g: requests unresolved: %u of %u never finished (%u "
+                "finished, %u rejected, %u failed), and nothing is left to happen: an engine "
+                "holds a request it can never run\n",
+                label, load, out->requests - out->finished - out->rejected - out->failed,
+                out->requests, out->finished, out->rejected, out->failed);
+    else if (st == KVR_ERR_FULL)
+        fprintf(stderr,
+                "kvsim run: %s at load %g: %s: the run's inter-token gaps are past 2^32 - 1\n",
+                label, load, kvr_status_str(st));
+    else
+        fprintf(stderr, "kvsim run: %s at load %g: %s\n", label, load, kvr_status_str(st));
+}
+
 /* Simulate run u into *out and print its line; 0, or 1 on failure. */
 static int run_one(struct kvr_run_config *c, const struct kvr_workload *w, const struct run *u,
                    bool closed, const struct kvr_report_meta *meta, uint64_t t0,
@@ -171,10 +214,17 @@ static int run_one(struct kvr_run_config *c, const struct kvr_workload *w, const
     cfg->progress_ctx = &prog;
     kvr_status st = kvr_sim_run(w, cfg, out);
     if (st != KVR_OK) {
-        fprintf(stderr, "kvsim run: %s at load %g: %s\n", label, u->load, kvr_status_str(st));
+        run_failed(label, u->load, out, st);
         return 1;
     }
     const struct kvr_sim_result *r = out;
+    if (r->failed)
+        fprintf(stderr,
+                "kvsim run: %s at load %g: %u request%s failed: prompt and output need more KV "
+                "blocks than one engine holds (up to %llu of %u blocks, with the first prefill "
+                "chunk and the watermark counted as kvworker does): refused before the engine\n",
+                label, u->load, r->failed, r->failed > 1 ? "s" : "",
+                (unsigned long long)r->failed_blocks, c->sim.engine.num_blocks);
     printf("%-18s load=%-6g ttft_ms mean=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.1f  "
            "hit=%.3f (%.0f%% of ceiling)  tok/s=%.0f  finished=%u rejected=%u  "
            "index_max=%u pruned=%llu live=%llu\n",
@@ -258,9 +308,11 @@ static int ceilings(const struct kvr_run_config *c, const struct kvr_workload *w
 {
     const struct kvr_engine_config *e = &c->sim.engine;
     uint64_t capacity = (uint64_t)c->sim.workers * e->num_blocks;
-    if (kvr_sim_hit_ceiling(w, e->block_size, 0, &meta->hit_ceiling) != KVR_OK ||
-        kvr_sim_hit_ceiling(w, e->block_size, capacity, &meta->hit_ceiling_capacity) != KVR_OK) {
-        fprintf(stderr, "kvsim run: out of memory\n");
+    kvr_status st = kvr_sim_hit_ceiling(w, e->block_size, 0, &meta->hit_ceiling);
+    if (st == KVR_OK)
+        st = kvr_sim_hit_ceiling(w, e->block_size, capacity, &meta->hit_ceiling_capacity);
+    if (st != KVR_OK) {
+        fprintf(stderr, "kvsim run: the hit-rate ceiling: %s\n", kvr_status_str(st));
         return 1;
     }
     return 0;
@@ -278,7 +330,10 @@ int kvr_cli_run_main(int argc, char **argv)
     if (load_workload(&c, &w, &doc_ceiling))
         return 1;
     bool closed = w.reqs[0].arrival_ns == KVR_CLOSED_LOOP;
-    prepare_loads(&c, &w, closed);
+    if (prepare_loads(&c, &w, closed)) {
+        kvr_workload_free(&w);
+        return 2;
+    }
     int rc = 0;
     if (kvr_mkdir_p(c.out)) {
         fprintf(stderr, "kvsim run: cannot create %s: %s\n", c.out, strerror(errno));

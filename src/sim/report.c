@@ -65,12 +65,21 @@ static void json_stat(FILE *f, const char *name, const struct kvr_stat *s, bool 
                 s->p99);
 }
 
+/* Why kvr_sim_result.failed requests failed. */
+#define FAILED_REASON                                                                              \
+    "prompt and output need more KV blocks than one engine holds: refused before the engine, "     \
+    "as kvworker refuses them (capacity limit reached)"
+
 static void json_result(FILE *f, const struct kvr_report_meta *m, const struct kvr_sim_result *r)
 {
     fprintf(f, "    {\"policy\": \"%s\", \"load\": %.4g, ", kvr_policy_name(r->policy), r->load);
     json_stat(f, "ttft_ms", &r->ttft_ms, true);
     fprintf(f, ", ");
     json_stat(f, "itl_ms", &r->itl_ms, false);
+    if (m->cfg) { /* kvsim's: kvbench does not see each request's gaps */
+        fprintf(f, ", ");
+        json_stat(f, "itl_per_request_ms", &r->itl_request_ms, false);
+    }
     fprintf(f, ", ");
     json_stat(f, "e2e_ms", &r->e2e_ms, false);
     fprintf(f, ", ");
@@ -95,6 +104,9 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
             (unsigned long long)r->router_unknown, r->index_bound,
             (unsigned long long)r->index_pruned, (unsigned long long)r->index_pruned_live,
             (unsigned long long)r->kv_applied, (unsigned long long)r->kv_ignored);
+    if (r->failed)
+        fprintf(f, ", \"failed\": %u, \"failed_reason\": \"%s\", \"failed_blocks_max\": %llu",
+                r->failed, FAILED_REASON, (unsigned long long)r->failed_blocks);
     if (m->replicas)
         fprintf(f,
                 ", \"replicas\": %u, \"gossip\": %s, \"decisions\": %llu, \"gossip_msgs\": %llu, "
@@ -160,11 +172,14 @@ static kvr_status write_json(const char *dir, const struct kvr_report_meta *m,
     return fclose(f) ? KVR_ERR_IO : KVR_OK;
 }
 
-/* The metrics of the markdown tables: how to read one, and whether lower is better. */
+/* The metrics of the markdown tables: how to read one, whether lower is better, its precision,
+ * and whether only a simulation has it. */
 struct metric {
     const char *name;
     double (*get)(const struct kvr_sim_result *r);
     bool lower_better;
+    bool fraction; /* printed with three decimals */
+    bool sim_only; /* not in kvbench's reports (meta.cfg NULL) */
 };
 
 #define GETTER(fn, expr)                                                                           \
@@ -177,6 +192,7 @@ GETTER(ttft_p50, r->ttft_ms.p50)
 GETTER(ttft_p90, r->ttft_ms.p90)
 GETTER(ttft_p99, r->ttft_ms.p99)
 GETTER(itl_mean, r->itl_ms.mean)
+GETTER(itl_req_mean, r->itl_request_ms.mean)
 GETTER(itl_p99, r->itl_ms.p99)
 GETTER(e2e_mean, r->e2e_ms.mean)
 GETTER(e2e_p99, r->e2e_ms.p99)
@@ -185,25 +201,69 @@ GETTER(tput, r->throughput_tok_s)
 #undef GETTER
 
 static const struct metric metrics[] = {
-    {"TTFT mean ms", ttft_mean, true}, {"TTFT p50", ttft_p50, true},
-    {"TTFT p90", ttft_p90, true},      {"TTFT p99", ttft_p99, true},
-    {"ITL mean ms", itl_mean, true},   {"ITL p99", itl_p99, true},
-    {"E2E mean ms", e2e_mean, true},   {"E2E p99", e2e_p99, true},
-    {"hit rate", hit, false},          {"tok/s", tput, false},
+    {"TTFT mean ms", ttft_mean, true, false, false},
+    {"TTFT p50", ttft_p50, true, false, false},
+    {"TTFT p90", ttft_p90, true, false, false},
+    {"TTFT p99", ttft_p99, true, false, false},
+    {"ITL mean ms", itl_mean, true, false, false},
+    {"ITL/request mean ms", itl_req_mean, true, false, true},
+    {"ITL p99", itl_p99, true, false, false},
+    {"E2E mean ms", e2e_mean, true, false, false},
+    {"E2E p99", e2e_p99, true, false, false},
+    {"hit rate", hit, false, true, false},
+    {"tok/s", tput, false, false, false},
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
+
+/* Whether report m has metric k. */
+static bool shown(const struct kvr_report_meta *m, size_t k)
+{
+    return m->cfg || !metrics[k].sim_only;
+}
+
+/* The header cells of the metrics report m has. */
+static void md_header(FILE *f, const struct kvr_report_meta *m)
+{
+    for (size_t k = 0; k < NMETRICS; k++)
+        if (shown(m, k))
+            fprintf(f, " %s |", metrics[k].name);
+}
+
+/* The separator row under them: a cell per metric m has, and more cells. */
+static void md_rule(FILE *f, const struct kvr_report_meta *m, size_t more)
+{
+    fprintf(f, "\n|---|");
+    for (size_t k = 0; k < NMETRICS; k++)
+        if (shown(m, k))
+            fprintf(f, "---:|");
+    for (size_t k = 0; k < more; k++)
+        fprintf(f, "---:|");
+    fprintf(f, "\n");
+}
+
+/* Why the requests of results at load failed, a line each (none when none failed). */
+static void md_failed(FILE *f, const struct kvr_report_meta *m, const struct kvr_sim_result *res,
+                      size_t n, double load)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].load != load || !res[i].failed)
+            continue;
+        char label[128];
+        kvr_report_label(m, &res[i], false, label, sizeof label);
+        fprintf(f, "\n%s: %u request%s failed (up to %llu KV blocks needed): " FAILED_REASON ".\n",
+                label, res[i].failed, res[i].failed > 1 ? "s" : "",
+                (unsigned long long)res[i].failed_blocks);
+    }
+}
 
 static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_sim_result *res,
                     size_t n, double load)
 {
     fprintf(f, "\n## %s = %g\n\n| policy |", m->load_kind, load);
-    for (size_t k = 0; k < NMETRICS; k++)
-        fprintf(f, " %s |", metrics[k].name);
+    md_header(f, m);
     fprintf(f, " hit / ceiling | finished | rejected | imbalance | preempt | pred. err | "
-               "pruned (live) |\n|---|");
-    for (size_t k = 0; k < NMETRICS + 7; k++)
-        fprintf(f, "---:|");
-    fprintf(f, "\n");
+               "pruned (live) |");
+    md_rule(f, m, 7);
     double best[NMETRICS];
     bool have_base = false;
     for (size_t k = 0; k < NMETRICS; k++)
@@ -216,7 +276,8 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         kvr_report_label(m, r, false, label, sizeof label);
         fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++)
-            fprintf(f, k == 8 ? " %.3f |" : " %.1f |", metrics[k].get(r));
+            if (shown(m, k))
+                fprintf(f, metrics[k].fraction ? " %.3f |" : " %.1f |", metrics[k].get(r));
         fprintf(f, " %.3f | %u | %u | %.2f | %llu | %.1f%% | %llu (%llu) |\n",
                 m->hit_ceiling > 0 ? r->hit_rate / m->hit_ceiling : 0, r->finished, r->rejected,
                 r->imbalance, (unsigned long long)r->preemptions, 100 * r->pred_err_rel,
@@ -230,16 +291,13 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
                 best[k] = v;
         }
     }
+    md_failed(f, m, res, n, load);
     if (!have_base)
         return;
     fprintf(f, "\nRatio to the best baseline (below 1 is better for times, above 1 for hit rate "
                "and tok/s):\n\n| policy |");
-    for (size_t k = 0; k < NMETRICS; k++)
-        fprintf(f, " %s |", metrics[k].name);
-    fprintf(f, "\n|---|");
-    for (size_t k = 0; k < NMETRICS; k++)
-        fprintf(f, "---:|");
-    fprintf(f, "\n");
+    md_header(f, m);
+    md_rule(f, m, 0);
     for (size_t i = 0; i < n; i++) {
         if (res[i].load != load)
             continue;
@@ -248,7 +306,8 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++) {
             double v = metrics[k].get(&res[i]);
-            fprintf(f, best[k] != 0 ? " %.3f |" : " - |", best[k] != 0 ? v / best[k] : 0);
+            if (shown(m, k))
+                fprintf(f, best[k] != 0 ? " %.3f |" : " - |", best[k] != 0 ? v / best[k] : 0);
         }
         fprintf(f, "\n");
     }
@@ -347,6 +406,9 @@ static kvr_status write_md(const char *dir, const struct kvr_report_meta *m,
     if (m->hit_ceiling_trace > 0)
         fprintf(f, "; documented for the trace %.3f", m->hit_ceiling_trace);
     fprintf(f, ".\n");
+    if (m->cfg)
+        fprintf(f, "\nITL mean is over every inter-token gap, pooled (a long output weighs more); "
+                   "ITL/request mean is the mean over requests of each one's mean gap.\n");
     double *loads = malloc((n ? n : 1) * sizeof *loads);
     if (!loads) {
         fclose(f);

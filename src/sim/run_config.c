@@ -58,7 +58,7 @@ static size_t run_options(struct kvr_run_config *c, struct kvr_opt *t, size_t n)
         OPT("requests", KVR_OPT_U32, &c->requests, 0, 1e7,
             "requests (generated: how many; traces: the first N); 0: the workload's default, or "
             "all"),
-        OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, 1e6,
+        OPT("max-tokens", KVR_OPT_U32, &c->max_tokens, 0, KVR_WL_MAX_OUTPUT,
             "override every output length, as kvbench's (0: the workload's)"),
         OPT("client-max-tokens", KVR_OPT_U32, &s->client_max_tokens, 0, 1e6,
             "the max_tokens every client sends the router, outputs cut to it (0: each request's "

@@ -127,6 +127,7 @@ static void on_done(void *ctx, const struct kvr_engine_result *res)
     s->queue[k] = (double)(res->admitted - s->arrival[i]) / 1e6;
     if (s->per_request)
         record(s, k, i, c->w, res);
+    kvr__sim_request_itl(s, res);
     s->cached_tokens += res->cached_tokens;
     s->prompt_tokens += res->isl;
     s->output_tokens += res->osl;
@@ -150,10 +151,63 @@ static void kick(struct sim *s, uint32_t w)
     }
 }
 
+/* Whether a closed loop has a next client's request to issue. */
+static bool more_to_issue(const struct sim *s)
+{
+    return s->wl->reqs[0].arrival_ns == KVR_CLOSED_LOOP && s->next_issue < s->wl->nreqs;
+}
+
+/* A request resolved inside a call into the router (or a callback of one): the closed loop's next
+ * request arrives as an event at the same time, since a callback must not call back into the
+ * router (nor grow the scratch the call in progress still reads). */
+static void issue_later(struct sim *s)
+{
+    if (more_to_issue(s))
+        kvr__sim_push(s, s->now, EV_ARRIVAL, 0, s->next_issue++, NULL);
+}
+
+/*
+ * The KV blocks request r needs of one engine, when it can never finish there (the engines are
+ * alike); 0 when it can. As kvworker's fits_engine (src/worker/worker.c) counts them: its prompt
+ * and output in the pool at once (the output as the max_tokens the client sends, or the request's
+ * own output length when longer), and its first prefill chunk with the free-block watermark (the
+ * engine admits a chunk only while the watermark stays free). A request within both finishes: the
+ * oldest running request of an engine always gets its blocks, preempting the ones behind it.
+ */
+static uint64_t unfit_blocks(const struct sim *s, const struct kvr_wl_request *r)
+{
+    const struct kvr_engine_config *e = &s->cfg->engine;
+    uint64_t B = e->block_size;
+    uint64_t out = s->cfg->client_max_tokens > r->osl ? s->cfg->client_max_tokens : r->osl;
+    uint64_t need = ((uint64_t)r->isl + out + B - 1) / B;
+    if (need <= e->num_blocks) {
+        uint64_t t = r->isl < e->max_batched_tokens ? r->isl : e->max_batched_tokens;
+        need = (t + B - 1) / B + (uint64_t)(e->watermark * e->num_blocks);
+    }
+    return need > e->num_blocks ? need : 0;
+}
+
+/* Request i, sent to worker w, needs more of its KV pool than there is: the worker refuses it
+ * before its engine sees it, and the routers hear of it as a done event. Counted as failed. */
+static void refuse(struct sim *s, uint32_t i, uint32_t w, uint64_t need)
+{
+    s->failed++;
+    s->resolved++;
+    if (need > s->failed_blocks)
+        s->failed_blocks = need;
+    kvr__sim_push(s, deliver_at(s), EV_REFUSED, w, (uint64_t)i + 1, NULL);
+    issue_later(s); /* from route() or inside a router call (a queued request placed) */
+}
+
 static void submit(struct sim *s, uint32_t i, uint32_t w, const uint64_t *local,
                    const uint64_t *seq, uint32_t nblocks)
 {
     const struct kvr_wl_request *r = &s->wl->reqs[i];
+    uint64_t need = unfit_blocks(s, r);
+    if (need) {
+        refuse(s, i, w, need);
+        return;
+    }
     struct kvr_engine_request er = {i + 1, seq, local, nblocks, r->isl, r->osl};
     kvr_status st = kvr_engine_submit(s->engines[w], &er, s->now);
     if (st != KVR_OK) {
@@ -171,12 +225,6 @@ static void tick(struct replica *rp)
     kvr__sim_gossip_out(rp);
 }
 
-/* Whether a closed loop has a next client's request to issue. */
-static bool more_to_issue(const struct sim *s)
-{
-    return s->wl->reqs[0].arrival_ns == KVR_CLOSED_LOOP && s->next_issue < s->wl->nreqs;
-}
-
 static void reject(struct sim *s)
 {
     s->rejected++;
@@ -184,15 +232,12 @@ static void reject(struct sim *s)
     issue_next(s);
 }
 
-/* A request the router rejected from its queue, inside a call into it: the closed loop's next
- * request arrives as an event at the same time, since a callback must not call back into the
- * router (nor grow the scratch the call in progress still reads). */
+/* A request the router rejected from its queue, inside a call into it. */
 static void reject_later(struct sim *s)
 {
     s->rejected++;
     s->resolved++;
-    if (more_to_issue(s))
-        kvr__sim_push(s, s->now, EV_ARRIVAL, 0, s->next_issue++, NULL);
+    issue_later(s);
 }
 
 static void route(struct sim *s, uint32_t i)
@@ -200,14 +245,19 @@ static void route(struct sim *s, uint32_t i)
     const struct kvr_wl_request *r = &s->wl->reqs[i];
     uint32_t B = s->cfg->router.block_size;
     uint32_t nb = r->isl / B;
-    if (!KVR_GROW(s->scratch_tok, s->cap_tok, r->isl, 1024) ||
-        !KVR_GROW(s->scratch_hash, s->cap_hash, 2 * nb + 2, 1024)) {
-        kvr__sim_fail(s, KVR_ERR_NOMEM);
-        return;
-    }
     s->arrival[i] = s->now;
     if (s->first_arrival == UINT64_MAX)
         s->first_arrival = s->now;
+    uint64_t nhash = 2 * (uint64_t)nb + 2; /* past 32 bits at block size 1 and 2^31 tokens */
+    if (nhash > UINT32_MAX) { /* the router's bound on prompts is far below: refused as too long */
+        reject(s);
+        return;
+    }
+    if (!KVR_GROW(s->scratch_tok, s->cap_tok, r->isl, 1024) ||
+        !KVR_GROW(s->scratch_hash, s->cap_hash, (uint32_t)nhash, 1024)) {
+        kvr__sim_fail(s, KVR_ERR_NOMEM);
+        return;
+    }
     kvr_workload_tokens(s->wl, i, s->scratch_tok);
     uint64_t *local = s->scratch_hash, *seq = s->scratch_hash + nb;
     kvr_hash_prompt(s->scratch_tok, r->isl, B, local, seq);
@@ -225,7 +275,7 @@ static void route(struct sim *s, uint32_t i)
         submit(s, i, (uint32_t)(d.worker_id - 1), local, seq, nb);
     } else if (st == KVR_OK) {
         struct pending *p = &s->pending[i];
-        p->hashes = malloc((2 * (size_t)nb + 1) * sizeof *p->hashes);
+        p->hashes = calloc(2 * (size_t)nb + 1, sizeof *p->hashes);
         if (!p->hashes) {
             kvr__sim_fail(s, KVR_ERR_NOMEM);
             return;
@@ -326,6 +376,10 @@ static void deliver(struct sim *s, struct replica *rp, const struct ev *e)
         kvr_router_finished(r, e->arg, s->now, s->wl->reqs[e->arg - 1].osl);
         tick(rp);
         break;
+    case EV_REFUSED: /* no output: nothing to learn of its max_tokens */
+        kvr_router_done_at(r, e->arg, s->now);
+        tick(rp);
+        break;
     case EV_GOSSIP: /* the replica that booked it (worker) already has it */
         if (rp->i != e->worker &&
             kvr_router_import(r, &((const struct gossip_msg *)e->payload)->rec, s->now) == KVR_OK)
@@ -334,6 +388,23 @@ static void deliver(struct sim *s, struct replica *rp, const struct ev *e)
     default:
         break;
     }
+}
+
+/*
+ * Whether anything is left to happen but heartbeats: an event due (an arrival, a step's end, a
+ * delivery), or a request in a router's queue (a later tick places or rejects it, within the queue
+ * timeout). Otherwise the requests still unresolved sit in engines that will never run them (an
+ * engine moves only at a step, and none is due; unfit_blocks keeps out the requests known to), and
+ * heartbeats would pass the time for ever: they stop, and the run ends with them unresolved.
+ */
+static bool can_progress(const struct sim *s)
+{
+    if (s->heap.n)
+        return true;
+    for (uint32_t k = 0; k < s->nrep; k++)
+        if (kvr_router_queue_len(s->rep[k].router))
+            return true;
+    return false;
 }
 
 static void handle(struct sim *s, struct ev *e)
@@ -353,12 +424,13 @@ static void handle(struct sim *s, struct ev *e)
     case EV_OUTBLK:
     case EV_DONE:
     case EV_GOSSIP:
+    case EV_REFUSED:
         for (uint32_t k = 0; k < s->nrep; k++)
             deliver(s, &s->rep[k], e);
         break;
     case EV_HEARTBEAT:
         heartbeat(s);
-        if (s->resolved < s->wl->nreqs)
+        if (s->resolved < s->wl->nreqs && can_progress(s))
             kvr__sim_push(s, s->now + s->cfg->heartbeat_ns, EV_HEARTBEAT, 0, 0, NULL);
         break;
     }
@@ -383,6 +455,7 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     s->ttft = calloc(n, sizeof *s->ttft);
     s->e2e = calloc(n, sizeof *s->e2e);
     s->queue = calloc(n, sizeof *s->queue);
+    s->itl_req = calloc(n, sizeof *s->itl_req);
     s->engines = calloc(nw, sizeof *s->engines);
     s->wctx = calloc(nw, sizeof *s->wctx);
     s->busy = calloc(nw, sizeof *s->busy);
@@ -390,8 +463,8 @@ static kvr_status setup(struct sim *s, const struct kvr_workload *w,
     s->rep = calloc(s->nrep, sizeof *s->rep);
     if (cfg->per_request && !(s->per_request = calloc(n, sizeof *s->per_request)))
         return KVR_ERR_NOMEM;
-    if (!s->arrival || !s->pending || !s->ttft || !s->e2e || !s->queue || !s->engines || !s->wctx ||
-        !s->busy || !s->per_worker || !s->rep)
+    if (!s->arrival || !s->pending || !s->ttft || !s->e2e || !s->queue || !s->itl_req ||
+        !s->engines || !s->wctx || !s->busy || !s->per_worker || !s->rep)
         return KVR_ERR_NOMEM;
     kvr_rng_seed(&s->pick, cfg->router.seed ^ 0x7265706c69636173ull); /* "replicas" */
     kvr_status st;
@@ -443,6 +516,7 @@ static void teardown(struct sim *s)
     free(s->ttft);
     free(s->e2e);
     free(s->queue);
+    free(s->itl_req);
     free(s->per_request);
     free(s->scratch_tok);
     free(s->scratch_hash);
@@ -500,6 +574,12 @@ kvr_status kvr_sim_run(const struct kvr_workload *w, const struct kvr_sim_config
         st = s.err;
         if (st == KVR_OK)
             kvr__sim_collect(&s, out);
+        if (st == KVR_ERR_TIMEOUT) { /* how far it got, for the error */
+            out->requests = w->nreqs;
+            out->finished = s.nfinished;
+            out->rejected = s.rejected;
+            out->failed = s.failed;
+        }
     }
     teardown(&s);
     return st;

@@ -77,27 +77,33 @@ struct kvr_sim_request {
 
 struct kvr_sim_result {
     enum kvr_policy policy;
-    double load;                /* the rate scale or the concurrency */
-    uint32_t requests;          /* issued */
-    uint32_t finished;          /* completed */
-    uint32_t rejected;          /* refused by the router */
-    struct kvr_stat ttft_ms;    /* arrival at the router -> first token */
-    struct kvr_stat itl_ms;     /* every inter-token gap */
-    struct kvr_stat e2e_ms;     /* arrival -> last token */
-    struct kvr_stat queue_ms;   /* arrival -> first scheduled by the engine */
-    double *ttft_sorted;        /* finished TTFTs, ascending (for distributions), owned */
-    double hit_rate;            /* cached prompt tokens / prompt tokens, at the engines */
-    double throughput_tok_s;    /* output tokens / makespan */
-    double makespan_s;          /* first arrival -> last completion */
-    double imbalance;           /* max / mean of requests per worker */
-    uint64_t preemptions;       /* across engines */
-    uint64_t evictions;         /* cached blocks evicted, across engines */
-    double pred_err_blocks;     /* mean |predicted - actual| active blocks per worker sample */
-    double pred_err_rel;        /* the same over the mean actual active blocks */
-    uint64_t router_unknown;    /* events the routers did not recognise (should stay 0; with
-                                   replicas, early events are counted apart) */
-    uint64_t index_entries_max; /* largest index seen (at heartbeats) */
-    uint64_t router_memory_max; /* largest router memory seen, bytes */
+    double load;             /* the rate scale or the concurrency */
+    uint32_t requests;       /* issued */
+    uint32_t finished;       /* completed */
+    uint32_t rejected;       /* refused by the router */
+    uint32_t failed;         /* refused by their worker before its engine saw them: prompt and
+                                output can never be in one engine's KV pool at once (kvworker
+                                refuses them so, ERR_FULL; sim.c) */
+    uint64_t failed_blocks;  /* the most KV blocks one of them needed (0: none failed) */
+    struct kvr_stat ttft_ms; /* arrival at the router -> first token */
+    struct kvr_stat itl_ms;  /* every inter-token gap, pooled: a long output weighs more */
+    struct kvr_stat itl_request_ms; /* each request's mean inter-token gap (requests of two output
+                                       tokens or more): the per-request ITL (kvsim only) */
+    struct kvr_stat e2e_ms;         /* arrival -> last token */
+    struct kvr_stat queue_ms;       /* arrival -> first scheduled by the engine */
+    double *ttft_sorted;            /* finished TTFTs, ascending (for distributions), owned */
+    double hit_rate;                /* cached prompt tokens / prompt tokens, at the engines */
+    double throughput_tok_s;        /* output tokens / makespan */
+    double makespan_s;              /* first arrival -> last completion */
+    double imbalance;               /* max / mean of requests per worker */
+    uint64_t preemptions;           /* across engines */
+    uint64_t evictions;             /* cached blocks evicted, across engines */
+    double pred_err_blocks;         /* mean |predicted - actual| active blocks per worker sample */
+    double pred_err_rel;            /* the same over the mean actual active blocks */
+    uint64_t router_unknown;        /* events the routers did not recognise (should stay 0; with
+                                       replicas, early events are counted apart) */
+    uint64_t index_entries_max;     /* largest index seen (at heartbeats) */
+    uint64_t router_memory_max;     /* largest router memory seen, bytes */
     uint32_t index_bound;       /* the index's bound at the end (set or from the fleet), entries */
     uint64_t index_pruned;      /* index entries pruned to keep the bound, over the replicas */
     uint64_t index_pruned_live; /* ... of which event entries: blocks the engines still held */
@@ -119,7 +125,12 @@ struct kvr_sim_result {
                                             NULL unless asked; owned */
 };
 
-/* Run one simulation. out is filled (free it with kvr_sim_result_free). */
+/*
+ * Run one simulation. out is filled (free it with kvr_sim_result_free). KVR_ERR_TIMEOUT when the
+ * run stopped with requests unresolved, nothing left to happen (no event due, no router queue: the
+ * engines holding them will never run them); out then has only requests, finished, rejected and
+ * failed, how far it got (nothing to free).
+ */
 kvr_status kvr_sim_run(const struct kvr_workload *w, const struct kvr_sim_config *cfg,
                        struct kvr_sim_result *out);
 void kvr_sim_result_free(struct kvr_sim_result *r);
@@ -128,7 +139,8 @@ void kvr_sim_result_free(struct kvr_sim_result *r);
  * Prefix-cache hit rate (cached prompt tokens / prompt tokens) of the workload's prompts replayed
  * in order through one LRU cache of capacity_blocks blocks (0: unbounded), at block size B: the
  * ceiling no router can beat (unbounded), or what one engine holding every worker's capacity would
- * reach.
+ * reach. KVR_ERR_FULL past 2^32 - 2 distinct blocks, KVR_ERR_PROMPT_TOO_LONG for a prompt of
+ * 2^32 - 1 blocks (their counts are 32-bit), KVR_ERR_NOMEM.
  */
 kvr_status kvr_sim_hit_ceiling(const struct kvr_workload *w, uint32_t block_size,
                                uint64_t capacity_blocks, double *out);

@@ -59,6 +59,8 @@ static kvr_status lru_slot_for(struct lru *c, uint32_t *k)
         kvr_map_del(&c->map, c->slots[*k].seq);
         return KVR_OK;
     }
+    if (c->nslots >= KVR_NIL - 1) /* slot numbers stay below KVR_NIL, and + 1 cannot wrap */
+        return KVR_ERR_FULL;
     if (!KVR_GROW(c->slots, c->cap, c->nslots + 1, 1024))
         return KVR_ERR_NOMEM;
     *k = c->nslots++;
@@ -96,6 +98,10 @@ kvr_status kvr_sim_hit_ceiling(const struct kvr_workload *w, uint32_t block_size
     kvr_status st = kvr_map_init(&c.map, 1 << 16);
     for (uint32_t i = 0; st == KVR_OK && i < w->nreqs; i++) {
         uint32_t isl = w->reqs[i].isl, nb = isl / block_size;
+        if (nb == UINT32_MAX) { /* block size 1 and 2^32 - 1 tokens: nb + 1 would wrap */
+            st = KVR_ERR_PROMPT_TOO_LONG;
+            break;
+        }
         if (!KVR_GROW(tok, cap_tok, isl, 1024) || !KVR_GROW(seq, cap_seq, nb + 1, 1024)) {
             st = KVR_ERR_NOMEM;
             break;

@@ -35,6 +35,7 @@ enum ev_kind {
     EV_DONE,      /* worker, arg: request id */
     EV_HEARTBEAT, /* */
     EV_GOSSIP,    /* worker: the replica that booked, payload: struct gossip_msg */
+    EV_REFUSED,   /* worker, arg: request id (refused before its engine, as a done event) */
 };
 
 struct ev {
@@ -122,11 +123,14 @@ struct sim {
     /* metrics */
     double *ttft, *e2e, *queue;
     struct kvr_sim_request *per_request; /* when asked: one per finished request, as ttft */
-    uint32_t nfinished, rejected;
+    uint32_t nfinished, rejected, failed;
+    uint64_t failed_blocks; /* the largest need of a failed request, blocks */
     uint64_t cached_tokens, prompt_tokens, output_tokens;
     uint64_t first_arrival, last_finish;
     double *itl;            /* every inter-token gap, ms (8 bytes per output token) */
     uint32_t nitl, cap_itl; /* */
+    double *itl_req;        /* per finished request of two tokens or more: its mean gap, ms */
+    uint32_t nitl_req;      /* */
     double pred_abs, pred_actual;
     uint64_t pred_n;
     uint64_t index_max, memory_max;
@@ -154,6 +158,9 @@ void kvr__sim_gossip_out(struct replica *rp);
 
 /* An engine's inter-token gap of gap_ms (a kvr_engine_sink token_gap; ctx is a struct wctx). */
 void kvr__sim_token_gap(void *ctx, double gap_ms);
+
+/* Request res finished: its own mean inter-token gap joins the per-request sample. */
+void kvr__sim_request_itl(struct sim *s, const struct kvr_engine_result *res);
 
 /* Summarise a finished run into out (takes the sorted TTFTs). */
 void kvr__sim_collect(struct sim *s, struct kvr_sim_result *out);

@@ -1,10 +1,10 @@
 /*
  * What a simulation run measures, and the result it returns: latencies of finished requests
- * (TTFT, end to end, queueing) and every inter-token gap, summarised with the base library's one
- * quantile definition; cache hits, throughput, balance, the engines' preemptions and evictions, the
- * routers' prediction error and their replication counters. Invariant: the per-request samples
- * hold exactly nfinished values, the gap sample every gap the engines reported. Single-threaded:
- * one run, one thread.
+ * (TTFT, end to end, queueing), every inter-token gap (pooled) and each request's mean gap (the
+ * per-request ITL), summarised with the base library's one quantile definition; cache hits,
+ * throughput, balance, the engines' preemptions and evictions, the routers' prediction error and
+ * their replication counters. Invariant: the per-request samples hold exactly nfinished values, the
+ * gap sample every gap the engines reported. Single-threaded: one run, one thread.
  */
 #include "grow.h"
 #include "sim.h"
@@ -19,11 +19,22 @@
 void kvr__sim_token_gap(void *ctx, double gap_ms)
 {
     struct sim *s = ((struct wctx *)ctx)->s;
+    if (s->nitl == UINT32_MAX) { /* the sample's bound (32 GB of gaps): count + 1 would wrap */
+        kvr__sim_fail(s, KVR_ERR_FULL);
+        return;
+    }
     if (!KVR_GROW(s->itl, s->cap_itl, s->nitl + 1, 4096)) {
         kvr__sim_fail(s, KVR_ERR_NOMEM);
         return;
     }
     s->itl[s->nitl++] = gap_ms;
+}
+
+/* Room for every request was made at set-up: at most one value per finished request. */
+void kvr__sim_request_itl(struct sim *s, const struct kvr_engine_result *res)
+{
+    if (res->osl > 1)
+        s->itl_req[s->nitl_req++] = res->itl_sum_ms / (res->osl - 1);
 }
 
 /* How the workers shared the requests, and what their engines did. */
@@ -83,10 +94,13 @@ void kvr__sim_collect(struct sim *s, struct kvr_sim_result *out)
     out->requests = s->wl->nreqs;
     out->finished = n;
     out->rejected = s->rejected;
+    out->failed = s->failed;
+    out->failed_blocks = s->failed_blocks;
     out->ttft_ms = kvr_stat_of(s->ttft, n); /* sorts them: ttft_sorted */
     out->e2e_ms = kvr_stat_of(s->e2e, n);
     out->queue_ms = kvr_stat_of(s->queue, n);
     out->itl_ms = kvr_stat_of(s->itl, s->nitl);
+    out->itl_request_ms = kvr_stat_of(s->itl_req, s->nitl_req);
     out->ttft_sorted = s->ttft;
     s->ttft = NULL;
     out->per_request = s->per_request;

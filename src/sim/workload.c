@@ -198,6 +198,18 @@ static long json_ids(const char *line, uint32_t **pool, uint64_t *npool, uint32_
     }
 }
 
+/* Arrivals relative to the earliest, so the run starts with the first request, not with the
+ * trace's epoch (Unix-time timestamps would leave decades of empty time before it). */
+static void start_at_zero(struct kvr_workload *w)
+{
+    uint64_t first = UINT64_MAX;
+    for (uint32_t i = 0; i < w->nreqs; i++)
+        if (w->reqs[i].arrival_ns < first)
+            first = w->reqs[i].arrival_ns;
+    for (uint32_t i = 0; i < w->nreqs; i++)
+        w->reqs[i].arrival_ns -= first;
+}
+
 kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, const char *path,
                                    uint32_t n, uint64_t seed, uint64_t *bad_line)
 {
@@ -231,6 +243,12 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
                 *bad_line = lineno;
             break;
         }
+        if (osl > KVR_WL_MAX_OUTPUT) {
+            st = KVR_ERR_MAX_TOKENS_TOO_LARGE;
+            if (bad_line)
+                *bad_line = lineno;
+            break;
+        }
         if (w->nreqs == UINT32_MAX || !KVR_GROW(w->reqs, cap, w->nreqs + 1, 1024)) {
             st = KVR_ERR_NOMEM;
             break;
@@ -247,6 +265,8 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
     fclose(f);
     if (st == KVR_OK && w->nreqs == 0)
         st = KVR_ERR_MALFORMED;
+    if (st == KVR_OK)
+        start_at_zero(w);
     if (st != KVR_OK)
         kvr_workload_free(w);
     return st;

@@ -16,6 +16,8 @@
 
 #define KVR_TRACE_BLOCK 512u /* tokens per Mooncake hash id */
 #define KVR_CLOSED_LOOP UINT64_MAX
+/* Output tokens of a trace record, at most (as --max-tokens). */
+#define KVR_WL_MAX_OUTPUT 1000000u
 
 enum kvr_workload_kind {
     KVR_WL_SEED,     /* shared prefixes, fixed lengths, closed loop */
@@ -54,8 +56,10 @@ kvr_status kvr_workload_generate(struct kvr_workload *w, const char *name, uint3
 
 /*
  * A Mooncake trace (JSON lines with timestamp, input_length, output_length, hash_ids), at most n
- * requests (0: all). On a malformed line, *bad_line receives its number and KVR_ERR_MALFORMED is
- * returned.
+ * requests (0: all). Timestamps (ms) are taken relative to the earliest, so the first request
+ * arrives at 0 whatever the trace's epoch (the Mooncake traces start at 0). On a malformed line,
+ * *bad_line receives its number and KVR_ERR_MALFORMED is returned; on an output_length over
+ * KVR_WL_MAX_OUTPUT, KVR_ERR_MAX_TOKENS_TOO_LARGE.
  */
 kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, const char *path,
                                    uint32_t n, uint64_t seed, uint64_t *bad_line);

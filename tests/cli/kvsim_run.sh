@@ -80,6 +80,60 @@ mkdir -p "$out/q/requests.csv"
 "$kvsim" run --workload seed --requests 20 --per-request --out "$out/q" --quiet >/dev/null 2>"$out/qlog"
 [ $? -eq 1 ] && grep -q "cannot write $out/q/requests.csv" "$out/qlog" || fail "an unwritable requests.csv: $(cat "$out/qlog")"
 
+grep -q '"itl_per_request_ms": {"mean"' "$json" || fail "report.json lacks the per-request ITL"
+grep -q "ITL/request mean ms" "$out/a/report.md" || fail "report.md lacks the per-request ITL"
+
+# a closed loop's --sweep values are numbers of clients: below 1 (0 clients hung) or not whole
+# (silently truncated) is refused, as --concurrency refuses them
+for v in 0.5 2.5 1,0.999; do
+  timeout 60 "$kvsim" run --workload seed --requests 20 --sweep $v --out "$out/w" --quiet >/dev/null 2>"$out/wlog"
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "closed-loop: each value is a number of clients" "$out/wlog" \
+    || fail "--sweep $v on seed exited $rc: $(cat "$out/wlog")"
+done
+timeout 60 "$kvsim" run --workload burst --requests 32 --policies kv --sweep 0.5 --out "$out/w" --quiet \
+  >/dev/null 2>&1 || fail "--sweep 0.5 on burst (open loop: a rate scale) was refused"
+
+# requests that need more KV blocks than one engine holds (seed's 7,000-token prompts and 100
+# output tokens: 111 blocks of 64, the pool 64) fail, counted, and the run ends
+timeout 60 "$kvsim" run --workload seed --requests 5 --policies kv --num-blocks 64 --out "$out/f" \
+  --quiet >/dev/null 2>"$out/flog"
+rc=$?
+[ $rc -eq 0 ] || fail "--num-blocks 64 exited $rc: $(cat "$out/flog")"
+grep -q '"finished": 0, "rejected": 0, .*"failed": 5, "failed_reason": "prompt and output need more KV blocks than one engine holds' \
+  "$out/f/report.json" || fail "report.json does not count the failed requests"
+grep -q "5 requests failed: prompt and output need more KV blocks than one engine holds (up to 111 of 64 blocks" \
+  "$out/flog" || fail "no failure on stderr: $(cat "$out/flog")"
+grep -q "^kv: 5 requests failed" "$out/f/report.md" || fail "report.md does not say why they failed"
+
+# a run that can go no further (the second request shares the first's 99 cached blocks of a pool
+# of 100 and needs one more, but admission keeps the watermark free: the engine never runs it)
+# ends with a clear error instead of heartbeating for ever
+trace() { # timestamp, input_length, output_length
+  echo "{\"timestamp\": $1, \"input_length\": $2, \"output_length\": $3, \"hash_ids\": [1, 2, 3, 4]}"
+}
+{ trace 0 1584 16; trace 10000 1585 1; } >"$out/stuck.jsonl"
+timeout 60 "$kvsim" run --workload conversation --trace "$out/stuck.jsonl" --workers 1 --policies kv \
+  --block-size 16 --num-blocks 100 --max-batched-tokens 512 --out "$out/s" --quiet >/dev/null 2>"$out/slog"
+rc=$?
+[ $rc -eq 1 ] && grep -q "kv at load 1: requests unresolved: 1 of 2 never finished (1 finished, 0 rejected, 0 failed)" \
+  "$out/slog" || fail "a stuck run exited $rc: $(cat "$out/slog")"
+
+# Unix-time trace timestamps: the run starts with the first request, not 55 years before it
+for i in 0 1 2; do
+  echo "{\"timestamp\": $((1733570000000 + i * 1000)), \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [$i, 9]}"
+done >"$out/epoch.jsonl"
+timeout 60 "$kvsim" run --workload conversation --trace "$out/epoch.jsonl" --policies kv --out "$out/t" \
+  --quiet >/dev/null 2>&1 || fail "a Unix-time trace did not finish"
+grep -qE '"finished": 3, .*"makespan_s": 2\.[0-9]+,' "$out/t/report.json" \
+  || fail "a Unix-time trace: $(grep -o '"makespan_s": [0-9.]*' "$out/t/report.json")"
+# an output_length past --max-tokens' bound is refused, naming its line
+{ trace 0 1584 16; trace 5 1600 4294967295; } >"$out/osl.jsonl"
+timeout 60 "$kvsim" run --workload conversation --trace "$out/osl.jsonl" --out "$out/o" --quiet >/dev/null 2>"$out/olog"
+rc=$?
+[ $rc -eq 1 ] && grep -q "osl.jsonl: line 2: output_length over 1000000" "$out/olog" \
+  || fail "output_length 2^32-1 exited $rc: $(cat "$out/olog")"
+
 for bad in "--workload nope" "--workload seed --workers 0" "--workload seed --policies kv,nope" \
            "--workload seed --sweep 1,x" "--workload seed --bogus" "--workload conversation --trace /nonexistent" \
            "--workload seed --max-tokens x" "--workload seed --client-max-tokens -1" \

@@ -1,9 +1,11 @@
 /* The simulator end to end: a small trace fixture, every policy, determinism, bad traces. */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../src/sim/sim.h"
 #include "../../src/sim/workload.h"
@@ -441,4 +443,207 @@ Test(sim, pruning_of_live_entries_is_reported)
     cr_assert(le(u64, r.index_entries_max, 1000));
     kvr_sim_result_free(&r);
     kvr_workload_free(&w);
+}
+
+/* --- requests that can never finish, and runs that can go no further ----------------------- */
+
+/* seed's requests on engines of 64 blocks of 64 tokens: every other one's prompt cut to 1,000
+ * tokens (18 blocks with its output), the others keep 7,000 (111 blocks: more than the pool). */
+static void unfit_setup(struct kvr_workload *w, struct kvr_sim_config *c, uint32_t n)
+{
+    cr_assert(eq(int, kvr_workload_generate(w, "seed", n, 3), KVR_OK));
+    for (uint32_t i = 0; i < n; i += 2)
+        w->reqs[i].isl = 1000;
+    config(c, KVR_POLICY_KV);
+    c->engine.num_blocks = 64;
+    c->concurrency = 4;
+}
+
+/* The worker refuses them before its engine sees them (kvworker's ERR_FULL): counted as failed,
+ * with the largest need, and the run ends; without the check the engine preempted them for ever. */
+Test(sim, requests_too_large_for_an_engine_fail_and_the_run_ends, .timeout = 60)
+{
+    struct kvr_workload w;
+    struct kvr_sim_config c;
+    unfit_setup(&w, &c, 20);
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.finished, 10));
+    cr_assert(eq(u32, r.failed, 10));
+    cr_assert(eq(u32, r.rejected, 0));
+    cr_assert(eq(u64, r.failed_blocks, (7000 + 100 + 63) / 64), "prompt and output, in blocks");
+    cr_assert(eq(u64, r.router_unknown, 0), "the router heard of each refusal as a done");
+    kvr_sim_result_free(&r);
+    /* the same requests queued by the router first: refused as it places them, inside its call */
+    c.workers = 1;
+    c.router.busy_threshold = 0.01;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.finished + r.failed, 20));
+    cr_assert(eq(u32, r.failed, 10));
+    kvr_sim_result_free(&r);
+    kvr_workload_free(&w);
+}
+
+/* An open-loop trace record over the pool (1,048,000 prompt tokens and 1,000 output at the
+ * default engine), with a small request after it: the small one finishes, the large one fails. */
+Test(sim, a_trace_record_over_the_default_pool_fails, .timeout = 60)
+{
+    char path[] = "/tmp/kvr_trace_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "{\"timestamp\": 0, \"input_length\": 1048000, \"output_length\": 1000, "
+               "\"hash_ids\": [");
+    for (int i = 0; i < 2047; i++)
+        fprintf(f, "%s%d", i ? ", " : "", i);
+    fprintf(f, "]}\n{\"timestamp\": 1000, \"input_length\": 600, \"output_length\": 10, "
+               "\"hash_ids\": [5000, 5001]}\n");
+    fclose(f);
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, NULL), KVR_OK));
+    remove(path);
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    c.engine.num_blocks = 16384;
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.finished, 1));
+    cr_assert(eq(u32, r.failed, 1));
+    cr_assert(eq(u64, r.failed_blocks, (1048000 + 1000 + 63) / 64));
+    kvr_sim_result_free(&r);
+    kvr_workload_free(&w);
+}
+
+/*
+ * A request the worker's check lets through but the engine never admits: the first one leaves 99
+ * blocks of its prompt cached in a pool of 100; the second shares them and needs one more block,
+ * but admission keeps the watermark (1 block) free beyond the cached hits it takes, and only one
+ * block is blank. Nothing else is left to happen: the heartbeats stop and the run ends with it
+ * unresolved (KVR_ERR_TIMEOUT, how far it got in the result), instead of heartbeating for ever.
+ */
+Test(sim, a_run_that_can_go_no_further_ends_unresolved, .timeout = 60)
+{
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_generate(&w, "seed", 2, 3), KVR_OK));
+    for (uint32_t i = 0; i < 2; i++) {
+        w.reqs[i].family = 0;
+        w.reqs[i].prefix = 1600;
+    }
+    w.reqs[0].isl = 1584; /* 99 full blocks of 16, its output fills the 100th */
+    w.reqs[0].osl = 16;
+    w.reqs[1].isl = 1585;
+    w.reqs[1].osl = 1;
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    c.workers = 1;
+    c.concurrency = 1;
+    c.engine.block_size = c.router.block_size = 16;
+    c.engine.num_blocks = 100;
+    c.engine.max_batched_tokens = 512;
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_ERR_TIMEOUT));
+    cr_assert(eq(u32, r.requests, 2));
+    cr_assert(eq(u32, r.finished, 1), "the first finished, the second never will");
+    cr_assert(eq(u32, r.failed + r.rejected, 0));
+    cr_assert(eq(ptr, r.ttft_sorted, NULL), "nothing to free");
+    kvr_workload_free(&w);
+}
+
+/* --- the per-request ITL -------------------------------------------------------------------- */
+
+/* Each request's mean gap, averaged over requests (those of two tokens or more): the figure the
+ * engine reports per request, beside the pooled mean of every gap (where long outputs weigh
+ * more). */
+Test(sim, itl_per_request_is_the_mean_of_each_requests_mean_gap)
+{
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "conversation", FIXTURE, 0, 1, NULL), KVR_OK));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    c.per_request = true;
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    double sum = 0, gaps = 0, weighted = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r.finished; i++) {
+        const struct kvr_sim_request *q = &r.per_request[i];
+        if (q->osl < 2)
+            continue;
+        sum += q->itl_mean_ms;
+        weighted += q->itl_mean_ms * (q->osl - 1);
+        gaps += q->osl - 1;
+        n++;
+    }
+    cr_assert(gt(u32, n, 100));
+    cr_assert(ieee_ulp_eq(dbl, r.itl_request_ms.mean, sum / n, 64), "%f against %f",
+              r.itl_request_ms.mean, sum / n);
+    cr_assert(ieee_ulp_eq(dbl, r.itl_ms.mean, weighted / gaps, 4096), "the pooled mean: %f, %f",
+              r.itl_ms.mean, weighted / gaps);
+    cr_assert(gt(dbl, fabs(r.itl_request_ms.mean - r.itl_ms.mean), 0.01), "two definitions");
+    cr_assert(le(dbl, r.itl_request_ms.p50, r.itl_request_ms.p99));
+    kvr_sim_result_free(&r);
+    kvr_workload_free(&w);
+}
+
+/* --- trace bounds ------------------------------------------------------------------------- */
+
+static void write_trace(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert(not(eq(ptr, f, NULL)));
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Unix-time timestamps (ms): the first request arrives at 0, the rest as far after it as in the
+ * trace (and not 55 years of empty time later); the same for a trace not in order. */
+Test(sim, trace_arrivals_start_at_the_first_request)
+{
+    char path[] = "/tmp/kvr_trace_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_trace(path, "{\"timestamp\": 1733570002000, \"input_length\": 600, \"output_length\": 5, "
+                      "\"hash_ids\": [1, 2]}\n"
+                      "{\"timestamp\": 1733570000000, \"input_length\": 600, \"output_length\": 5, "
+                      "\"hash_ids\": [3, 4]}\n"
+                      "{\"timestamp\": 1733570000500, \"input_length\": 600, \"output_length\": 5, "
+                      "\"hash_ids\": [1, 5]}\n");
+    struct kvr_workload w;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, NULL), KVR_OK));
+    remove(path);
+    cr_assert(eq(u64, w.reqs[0].arrival_ns, 2000000000ull));
+    cr_assert(eq(u64, w.reqs[1].arrival_ns, 0));
+    cr_assert(eq(u64, w.reqs[2].arrival_ns, 500000000ull));
+    struct kvr_sim_config c;
+    config(&c, KVR_POLICY_KV);
+    struct kvr_sim_result r;
+    cr_assert(eq(int, kvr_sim_run(&w, &c, &r), KVR_OK));
+    cr_assert(eq(u32, r.finished, 3));
+    cr_assert(lt(dbl, r.makespan_s, 3.0), "seconds, not decades: %f s", r.makespan_s);
+    kvr_sim_result_free(&r);
+    kvr_workload_free(&w);
+}
+
+/* An output_length over --max-tokens' bound (1e6) is refused, naming its line; the bound itself
+ * is taken. */
+Test(sim, trace_output_lengths_over_the_bound_are_refused)
+{
+    char path[] = "/tmp/kvr_trace_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_trace(path, "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1000000, "
+                      "\"hash_ids\": [1, 2]}\n"
+                      "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 4294967295, "
+                      "\"hash_ids\": [1, 2]}\n");
+    struct kvr_workload w;
+    uint64_t bad = 0;
+    cr_assert(
+        eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, &bad), KVR_ERR_MAX_TOKENS_TOO_LARGE));
+    cr_assert(eq(u64, bad, 2));
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 1, 1, &bad), KVR_OK), "1e6 is taken");
+    cr_assert(eq(u32, w.reqs[0].osl, KVR_WL_MAX_OUTPUT));
+    kvr_workload_free(&w);
+    remove(path);
 }
