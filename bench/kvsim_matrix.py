@@ -63,18 +63,15 @@ def binary_digest(path):
     return _digests[key]
 
 
-def run(kvsim, workload, load, workers, policies, extra, out):
-    """kvsim's results for these arguments: from out/report.json when the key beside it says the
-    same binary made it with the same arguments, else from a new run into out. Paths are taken
+def cached_run(kvsim, args, out):
+    """kvsim's results for `kvsim args`: from out/report.json when the key beside it says the same
+    binary made it with the same arguments, else from a new run into out. Paths are taken
     relative to the caller's directory (kvsim runs in ROOT, to find the traces)."""
     out = os.path.abspath(out)
     if os.sep in kvsim:
         kvsim = os.path.abspath(kvsim)
     report = os.path.join(out, 'report.json')
     sidecar = os.path.join(out, 'report.key.json')
-    flag = '--concurrency' if workload.startswith('seed') else '--rate-scale'
-    args = ['run', '--workload', workload, '--workers', str(workers), '--policies', policies,
-            flag, '%g' % load, '--quiet'] + list(extra)
     key = {'args': args, 'kvsim_sha256': binary_digest(kvsim),
            'KVR_TRACES': os.environ.get('KVR_TRACES')}
     try:
@@ -92,6 +89,14 @@ def run(kvsim, workload, load, workers, policies, extra, out):
         os.replace(sidecar + '.tmp', sidecar)
     with open(report) as f:
         return json.load(f)['results']
+
+
+def run(kvsim, workload, load, workers, policies, extra, out):
+    """One cell of the matrix (cached_run)."""
+    flag = '--concurrency' if workload.startswith('seed') else '--rate-scale'
+    args = ['run', '--workload', workload, '--workers', str(workers), '--policies', policies,
+            flag, '%g' % load, '--quiet'] + list(extra)
+    return cached_run(kvsim, args, out)
 
 
 def value(r, fig):

@@ -9,9 +9,7 @@ with the same arrivals, and the routers' prediction error. Reports already in OU
 
 usage: bench/kvsim_replicas.py [--workers 8|32|N] [--out DIR] [--kvsim PATH] [--markdown]
 """
-import json
 import os
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import kvsim_matrix as mx
@@ -20,14 +18,12 @@ ARRIVALS = [('as in the trace', []), ('spread over 3 s', ['--arrival-spread-ms',
 
 
 def run(kvsim, workers, extra, out):
-    report = os.path.join(out, 'report.json')
-    if not os.path.exists(report):
-        subprocess.run([kvsim, 'run', '--workload', 'conversation', '--workers', str(workers),
-                        '--policies', 'kv', '--sweep', '%g' % (6 * workers / 8.0),
-                        '--replicas', '1,2,4,8', '--gossip', 'both', '--quiet', '--out', out] +
-                       extra, check=True, stdout=subprocess.DEVNULL, cwd=mx.ROOT)
-    with open(report) as f:
-        return json.load(f)['results']
+    """The replicas sweep (kvsim_matrix's cached_run: rerun when the binary or arguments
+    changed)."""
+    return mx.cached_run(kvsim, ['run', '--workload', 'conversation', '--workers', str(workers),
+                                 '--policies', 'kv', '--sweep', '%g' % (6 * workers / 8.0),
+                                 '--replicas', '1,2,4,8', '--gossip', 'both', '--quiet'] +
+                         list(extra), out)
 
 
 def main():
