@@ -28,7 +28,7 @@ FROM ${DEBIAN_IMAGE} AS runtime
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update -qq \
     && apt-get install -y -qq --no-install-recommends libnats3.4 libprotobuf-c1 libxxhash0 libmicrohttpd12 libevent-2.1-7 libevent-pthreads-2.1-7 \
-         libcurl4 libzmq5 libmsgpackc2 >/dev/null \
+         libcurl4 libzmq5 libmsgpackc2 libjansson4 >/dev/null \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /opt/kvrouter \
        --shell /usr/sbin/nologin kvr

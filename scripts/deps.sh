@@ -42,3 +42,13 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
 fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# ... nor at the next boot: the packages enable their services (Debian's prometheus would listen
+# on every interface, unauthenticated). Only those this run installed; a machine's own are left.
+for svc in nats-server prometheus; do
+  [[ " ${missing[*]} " == *" $svc "* ]] || continue
+  if command -v systemctl >/dev/null 2>&1; then
+    $sudo systemctl disable "$svc" >/dev/null 2>&1 ||
+      $sudo rm -f "/etc/systemd/system/multi-user.target.wants/$svc.service"
+  fi
+  command -v update-rc.d >/dev/null 2>&1 && $sudo update-rc.d "$svc" disable >/dev/null 2>&1 || true
+done

@@ -32,11 +32,13 @@ command -v nats-server >/dev/null || { echo "faults: nats-server is not installe
 while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep '^KVR_' || true)
 
 run=$(mktemp -d)
-router_pids=() worker_pids=() nats_pid="" verdicts=() failed=0
+router_pids=() worker_pids=() nats_pid="" bench_pid="" verdicts=() failed=0
 
 stop_all() {
-  # routers first (they drain their queues), then workers (they finish what they hold), then NATS
+  # a load still running (an interrupted part) first, then routers (they drain their queues),
+  # then workers (they finish what they hold), then NATS
   local p
+  if [ -n "$bench_pid" ]; then kill -TERM "$bench_pid" 2>/dev/null; wait "$bench_pid" 2>/dev/null; fi
   for p in "${router_pids[@]}"; do kill -CONT "$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; done
   for p in "${router_pids[@]}"; do wait "$p" 2>/dev/null; done
   for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
@@ -125,6 +127,7 @@ part_b() {
   echo "   router 1 continued at $((SECONDS - t0)) s"
   wait "$bench_pid"
   rc=$?
+  bench_pid=""
   show_load pause $((SECONDS - t0))
   if [ $rc -ne 0 ]; then verdict b FAIL "kvbench exited $rc"
   elif ! contract_ok "$run/pause.out"; then verdict b FAIL "a request failed or broke the contract (above)"
@@ -144,6 +147,7 @@ part_c() {
   echo "   nats-server restarted at $((SECONDS - t0)) s on the same ports"
   wait "$bench_pid"
   rc=$?
+  bench_pid=""
   show_load restart $((SECONDS - t0))
   want=$(( WORKERS + 2 ))
   for _ in $(seq 40); do

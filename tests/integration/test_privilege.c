@@ -29,7 +29,7 @@
 #define CONF KVR_SOURCE_ROOT "/deploy/least-privilege.conf"
 
 /* The users of deploy/least-privilege.conf; each one's password is in KVR_PW_<NAME>. */
-static const char *const USERS[] = {"client", "r1", "r2", "w1", "w2", "ops"};
+static const char *const USERS[] = {"client", "r1", "r2", "w1", "w2", "ops", "bench"};
 
 /* --- the server --------------------------------------------------------------------------- */
 
@@ -515,6 +515,13 @@ Test(privilege, the_fleet_serves_with_least_privilege, .fini = teardown, .timeou
         h_print_tail(b, 20);
     cr_expect(eq(int, st, 0), "kvbench exited %d", st);
     cr_expect(all, "kvbench: not all of 20 requests finished with their tokens");
+    /* kvbench as the benchmark user: hop finds a worker by its heartbeats and calls it directly */
+    b = h_spawn("kvbench", H_ARGS(AS("bench"), "--nats", srv.url, "--mode", "hop", "--requests",
+                                  "50", "--hop-seconds", "1", "--log-level", "warn"));
+    st = h_wait(b, 40000);
+    if (st != 0)
+        h_print_tail(b, 20);
+    cr_expect(eq(int, st, 0), "kvbench --mode hop as bench exited %d", st);
     /* the routers replicate (gossip under their own ids) and agree */
     struct h_digest a[H_MAX_ROUTERS];
     h_inbox_prefix("_INBOX.ops");

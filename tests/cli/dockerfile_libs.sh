@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The Dockerfile's runtime stage installs every shared library the programs need: each library a
+# built program names (its NEEDED entries; what those load in turn comes with their packages'
+# dependencies) comes from a package the stage's apt-get line names, or from libc6, which every
+# Debian image has. The image's own check (ldd in its last RUN) runs only where Docker builds
+# it, which CI does not; this one runs with the tests.
+# usage: dockerfile_libs.sh DOCKERFILE PROGRAM...
+set -euo pipefail
+dockerfile=$1
+shift
+fail() { echo "dockerfile_libs: $*" >&2; exit 1; }
+command -v dpkg-query >/dev/null || { echo "dockerfile_libs: no dpkg here: skipped"; exit 77; }
+# the runtime stage's install line (with its continuation lines)
+named=$(sed -n '/^FROM .* AS runtime/,$p' "$dockerfile" |
+  sed -e ':a' -e '/\\$/N; s/\\\n//; ta' | grep -m1 'apt-get install' |
+  tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vE '^(apt-get|install|update|rm)$' || true)
+[ -n "$named" ] || fail "no apt-get install line in the runtime stage of $dockerfile"
+missing=0
+for prog in "$@"; do
+  [ -x "$prog" ] || fail "$prog: not built"
+  paths=$(ldd "$prog" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
+  for lib in $(readelf -d "$prog" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+    case $lib in ld-linux* | lib[atlu]san.so*) continue ;; esac # the loader; a sanitizer build's
+    path=$(awk -v l="$lib" '$1 == l {print $2}' <<<"$paths")
+    [ -n "$path" ] || fail "$prog: $lib is not found here"
+    pkg=$(dpkg-query -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1 || true)
+    [ -n "$pkg" ] || pkg=$(dpkg-query -S "$path" 2>/dev/null | head -1 | cut -d: -f1 || true)
+    [ -n "$pkg" ] || fail "$prog: $lib ($path) belongs to no package"
+    if [ "$pkg" != libc6 ] && ! grep -qx "$pkg" <<<"$named"; then
+      echo "dockerfile_libs: $(basename "$prog") needs $lib from $pkg, which the runtime stage does not install" >&2
+      missing=1
+    fi
+  done
+done
+[ "$missing" = 0 ] || exit 1
+echo "dockerfile_libs: every library of $# programs is installed by the runtime stage"
