@@ -221,8 +221,8 @@ static int run_one(struct kvr_run_config *c, const struct kvr_workload *w, const
     if (r->failed)
         fprintf(stderr,
                 "kvsim run: %s at load %g: %u request%s failed: prompt and output need more KV "
-                "blocks than one engine holds (up to %llu of %u blocks, with the first prefill "
-                "chunk and the watermark counted as kvworker does): refused before the engine\n",
+                "blocks than one engine holds (up to %llu blocks, of a pool of %u less its "
+                "watermark, as kvworker counts them): refused before the engine\n",
                 label, u->load, r->failed, r->failed > 1 ? "s" : "",
                 (unsigned long long)r->failed_blocks, c->sim.engine.num_blocks);
     printf("%-18s load=%-6g ttft_ms mean=%.1f p90=%.1f p99=%.1f  itl_ms mean=%.1f  "

@@ -170,9 +170,10 @@ static void issue_later(struct sim *s)
  * The KV blocks request r needs of one engine, when it can never finish there (the engines are
  * alike); 0 when it can. As kvworker's fits_engine (src/worker/worker.c) counts them: its prompt
  * and output in the pool at once (the output as the max_tokens the client sends, or the request's
- * own output length when longer), and its first prefill chunk with the free-block watermark (the
- * engine admits a chunk only while the watermark stays free). A request within both finishes: the
- * oldest running request of an engine always gets its blocks, preempting the ones behind it.
+ * own output length when longer) within the pool less its free-block watermark (the engine admits
+ * a chunk only while the watermark stays free, again after a preemption or with its prompt
+ * cached: a first chunk that fits is not enough). A request within it finishes: the oldest running
+ * request of an engine always gets its blocks, preempting the ones behind it.
  */
 static uint64_t unfit_blocks(const struct sim *s, const struct kvr_wl_request *r)
 {
@@ -180,11 +181,7 @@ static uint64_t unfit_blocks(const struct sim *s, const struct kvr_wl_request *r
     uint64_t B = e->block_size;
     uint64_t out = s->cfg->client_max_tokens > r->osl ? s->cfg->client_max_tokens : r->osl;
     uint64_t need = ((uint64_t)r->isl + out + B - 1) / B;
-    if (need <= e->num_blocks) {
-        uint64_t t = r->isl < e->max_batched_tokens ? r->isl : e->max_batched_tokens;
-        need = (t + B - 1) / B + (uint64_t)(e->watermark * e->num_blocks);
-    }
-    return need > e->num_blocks ? need : 0;
+    return need + (uint64_t)(e->watermark * e->num_blocks) > e->num_blocks ? need : 0;
 }
 
 /* Request i, sent to worker w, needs more of its KV pool than there is: the worker refuses it

@@ -485,22 +485,19 @@ static kvr_status take(struct kvr_worker *w, const struct kvr_wire_request *q, u
 }
 
 /* Whether q can ever finish here: its prompt and output in the KV pool at once (else the engine
- * would block everything behind it, or preempt it forever). KVR_ERR_FULL with the figures. */
+ * would block everything behind it, or preempt it forever); the simulated engine admits a chunk
+ * only while its free-block watermark stays free, again after a preemption or with the prompt
+ * cached, so there the pool less the watermark. KVR_ERR_FULL with the figures. */
 static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_request *q)
 {
     uint32_t bs = w->cfg->engine.block_size;
-    uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs;
-    if (w->eng && need <= w->capacity) {
-        /* the simulated engine admits a prefill chunk only while its free-block watermark stays
-         * free: a first chunk larger than the pool less the watermark would wait for ever */
-        const struct kvr_engine_config *e = &w->cfg->engine;
-        uint32_t t = q->ntokens < e->max_batched_tokens ? q->ntokens : e->max_batched_tokens;
-        need = (t + bs - 1) / bs + (uint64_t)(e->watermark * e->num_blocks);
-    }
-    if (!w->capacity || need <= w->capacity) /* 0: an engine that did not say */
+    uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs, limit = w->capacity;
+    uint64_t mark = w->eng ? (uint64_t)(w->cfg->engine.watermark * w->cfg->engine.num_blocks) : 0;
+    limit = limit > mark ? limit - mark : 0;
+    if (!w->capacity || need <= limit) /* 0: an engine that did not say */
         return KVR_OK;
     q->got = need;
-    q->limit = w->capacity;
+    q->limit = limit;
     return KVR_ERR_FULL;
 }
 
