@@ -136,8 +136,7 @@ static void final_seen(struct kvr_client_req *q, const struct kvr_wire_response 
         q->final_worker = r->worker_id;
         q->final_end = own ? end : 0;
         q->final_code = r->error_code;
-        q->stopped = own && r->error_code == KVR_OK && r->finish_reason[0] &&
-                     strcmp(r->finish_reason, "length") != 0;
+        q->stopped = own && r->error_code == KVR_OK && !strcmp(r->finish_reason, "stop");
     } else if (own && r->worker_id == q->final_worker && r->position == 0 && end == q->final_end &&
                r->error_code == q->final_code) {
         q->repeat_finals++; /* a repeat after a cut connection: one chunk from 0, final again */

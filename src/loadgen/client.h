@@ -67,8 +67,8 @@ struct kvr_client_req {
     bool sent, heard, done;             /* heard: some chunk came; done: decided */
     bool gap;                           /* a chunk came above the positions held */
     bool failed_final;                  /* an error final came (new tokens after it: spurious) */
-    bool stopped;                       /* its first final ended OK for the engine's own reason
-                                           ("stop": an end of sequence), short of max_tokens */
+    bool stopped;                       /* its first final ended OK with "stop" (the model's own
+                                           end: an end of sequence), short of max_tokens */
     bool text_only;                     /* text came at position 0 without tokens: an engine that
                                            gives no ids, whose stream's total is 0 (protocol.md) */
     bool spurious;                      /* new tokens came after an error final */

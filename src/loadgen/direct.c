@@ -50,7 +50,7 @@ struct stream {
     uint64_t key;                      /* the submission awaited; 0: none */
     uint64_t t_first, t_end;           /* its first chunk with a token, its end hook */
     uint32_t ntok;                     /* tokens so far */
-    bool stopped;                      /* a finish_reason other than "length" came ("stop": an
+    bool stopped;                      /* finish_reason "stop" came (the model's own end: an
                                           end of sequence before max_tokens) */
     bool done;                         /* the end hook ran */
     kvr_status st;                     /* ... with this status */
@@ -91,7 +91,7 @@ static void on_chunk(void *ctx, uint64_t key, const struct kvr_oai_chunk *ch)
         s->ntok += ch->n_tokens;
     }
     if (key == s->key && !s->done && ch->finish_reason)
-        s->stopped = strcmp(ch->finish_reason, "length") != 0;
+        s->stopped = !strcmp(ch->finish_reason, "stop"); /* not "abort": a failure */
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -124,7 +124,8 @@ static void publish_text(struct kvr_rd *rd, const char *reply, char *text)
     } else if (asked && text) {
         struct kvr_outmsg m = {
             .subject = (char *)reply, .data = (uint8_t *)text, .len = strlen(text)};
-        rd->sink.publish(rd->sink.ctx, &m);
+        if (rd->sink.publish(rd->sink.ctx, &m) != KVR_OK)
+            atomic_fetch_add_explicit(&rd->sink.failed, 1, memory_order_relaxed);
     }
     free(text);
 }

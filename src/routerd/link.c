@@ -170,7 +170,9 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
     if (st == KVR_OK)
         st = kvr_connect_loop(&rd->cfg->net, l->name_ev, &l->loop, &l->nc_ev);
     if (st == KVR_OK) {
-        rd->sink = kvr_nats_sink(l->nc_req);
+        struct kvr_sink sink = kvr_nats_sink(l->nc_req);
+        rd->sink.publish = sink.publish; /* not the counter: /metrics may read it already */
+        rd->sink.ctx = sink.ctx;
         /* a request is forwarded in a message of the same server: it must fit with the wrapper */
         /* what the decoders (a worker's takes the forward whole) and the server both take */
         int64_t payload = natsConnection_GetMaxPayload(l->nc_req);

@@ -110,7 +110,10 @@ static void take_and_send(struct kvr_rd *rd, struct kvr_outbox_failures *failed)
 }
 
 /* Under mu, which it releases: publish what the outbox holds; every failed forward is placed
- * again (at most twice) or answered: a few rounds settle it. */
+ * again (at the next tick) or answered, and a few rounds send the answers. What the last round's
+ * failures add (answers, or forwards other threads queued meanwhile) stays in the outbox for the
+ * next flush (a tick at most): every failure is handled, and the rounds stay bounded while
+ * other threads keep adding. */
 static void send_rounds(struct kvr_rd *rd)
 {
     struct kvr_outbox_failures failed = {0};
@@ -123,7 +126,7 @@ static void send_rounds(struct kvr_rd *rd)
         for (uint32_t i = 0; i < failed.n; i++)
             rd->forward_failed(rd, failed.v[i].tag, failed.v[i].st);
         if (round == 3)
-            take_and_send(rd, NULL); /* what is left (answers): counted, anti-entropy covers it */
+            pthread_mutex_unlock(&rd->mu);
     }
     kvr_outbox_failures_free(&failed);
 }

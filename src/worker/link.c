@@ -110,8 +110,9 @@ static void on_srv(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
     pthread_mutex_lock(&l->w->mu);
     char *text = kvr_service_answer(&l->svc, subject, stats ? stats_data(l->w) : NULL);
     pthread_mutex_unlock(&l->w->mu);
-    if (text && kvr_reply_usable(reply, l->w->cfg->net.prefix)) /* never a fleet's own subject */
-        natsConnection_PublishString(nc, reply, text);
+    if (text && kvr_reply_usable(reply, l->w->cfg->net.prefix) && /* never a fleet's own subject */
+        natsConnection_PublishString(nc, reply, text) != NATS_OK)
+        atomic_fetch_add_explicit(&l->w->sink.failed, 1, memory_order_relaxed);
     free(text);
     natsMsg_Destroy(msg);
 }
@@ -373,7 +374,9 @@ kvr_status kvr_wk_link_start(struct kvr_wk_link *l, struct kvr_worker *w)
         st = kvr_connect_hooked(&w->cfg->net, &l->hooks_out, &l->nc_out);
     if (st != KVR_OK)
         return st;
-    w->sink = kvr_nats_sink(l->nc_out);
+    struct kvr_sink sink = kvr_nats_sink(l->nc_out);
+    w->sink.publish = sink.publish; /* not the counter: /metrics may read it already */
+    w->sink.ctx = sink.ctx;
     if ((st = ask_hello(l)) != KVR_OK || (st = subscribe(l)) != KVR_OK)
         return st;
     pthread_mutex_lock(&w->mu);

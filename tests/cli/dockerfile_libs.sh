@@ -10,6 +10,13 @@ dockerfile=$1
 shift
 fail() { echo "dockerfile_libs: $*" >&2; exit 1; }
 command -v dpkg-query >/dev/null || { echo "dockerfile_libs: no dpkg here: skipped"; exit 77; }
+# package names are a release's (bookworm's libcurl4 is trixie's libcurl4t64): only on the image's
+image=$(sed -n 's/^ARG DEBIAN_IMAGE=.*:\([a-z]*\).*/\1/p' "$dockerfile")
+here=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+if [ -z "$image" ] || [ "$image" != "$here" ]; then
+  echo "dockerfile_libs: the image is Debian '${image:-?}', this machine '${here:-?}': skipped"
+  exit 77
+fi
 # the runtime stage's install line (with its continuation lines)
 named=$(sed -n '/^FROM .* AS runtime/,$p' "$dockerfile" |
   sed -e ':a' -e '/\\$/N; s/\\\n//; ta' | grep -m1 'apt-get install' |
