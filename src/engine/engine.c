@@ -118,7 +118,7 @@ struct kvr_engine *kvr_engine_create(const struct kvr_engine_config *cfg,
         e->blank[i] = cfg->num_blocks - 1 - i; /* block 0 is handed out first */
     e->nblank = cfg->num_blocks;
     e->lru_head = e->lru_tail = KVR_NIL;
-    e->watermark_blocks = (uint32_t)(cfg->watermark * cfg->num_blocks);
+    e->watermark_blocks = kvr_engine_watermark_blocks(cfg);
     s = KVR_OK;
 out:
     if (st)

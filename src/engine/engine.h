@@ -41,6 +41,13 @@ struct kvr_engine_config {
 
 void kvr_engine_config_default(struct kvr_engine_config *c);
 
+/* The blocks admission keeps free (the watermark): a request holding more than the pool less
+ * these is never admitted (again, after a preemption or with its prompt cached). */
+static inline uint32_t kvr_engine_watermark_blocks(const struct kvr_engine_config *c)
+{
+    return (uint32_t)(c->watermark * c->num_blocks);
+}
+
 /* A request as the engine receives it; arrays are copied. */
 struct kvr_engine_request {
     uint64_t id;

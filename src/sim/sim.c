@@ -181,7 +181,7 @@ static uint64_t unfit_blocks(const struct sim *s, const struct kvr_wl_request *r
     uint64_t B = e->block_size;
     uint64_t out = s->cfg->client_max_tokens > r->osl ? s->cfg->client_max_tokens : r->osl;
     uint64_t need = ((uint64_t)r->isl + out + B - 1) / B;
-    return need + (uint64_t)(e->watermark * e->num_blocks) > e->num_blocks ? need : 0;
+    return need + kvr_engine_watermark_blocks(e) > e->num_blocks ? need : 0;
 }
 
 /* Request i, sent to worker w, needs more of its KV pool than there is: the worker refuses it

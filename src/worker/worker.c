@@ -492,7 +492,7 @@ static kvr_status fits_engine(const struct kvr_worker *w, struct kvr_wire_reques
 {
     uint32_t bs = w->cfg->engine.block_size;
     uint64_t need = ((uint64_t)q->ntokens + q->max_tokens + bs - 1) / bs, limit = w->capacity;
-    uint64_t mark = w->eng ? (uint64_t)(w->cfg->engine.watermark * w->cfg->engine.num_blocks) : 0;
+    uint64_t mark = w->eng ? kvr_engine_watermark_blocks(&w->cfg->engine) : 0;
     limit = limit > mark ? limit - mark : 0;
     if (!w->capacity || need <= limit) /* 0: an engine that did not say */
         return KVR_OK;
