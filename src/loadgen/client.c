@@ -689,19 +689,25 @@ void kvr_contract_add(struct kvr_contract *k, const struct kvr_client_req *q)
     k->extra_tokens += extra_tokens(q);
     k->no_responders += q->no_responders;
     if (q->done && q->error)
-        k->errors[q->error < 63 ? q->error : 63]++;
+        k->errors[kvr_code_slot(q->error)]++;
     if (other_finals(q))
-        k->late[q->late_error < 63 ? q->late_error : 63]++;
+        k->late[kvr_code_slot(q->late_error)]++;
 }
 
-const char *kvr_contract_codes(const uint32_t by_code[64], char *buf, size_t len)
+const char *kvr_contract_codes(const uint32_t by_code[KVR_CODE_SLOTS], char *buf, size_t len)
 {
     size_t at = 0;
     buf[0] = 0;
-    for (uint32_t e = 0; e < 64 && at < len; e++)
-        if (by_code[e])
+    for (uint32_t e = 0; e < KVR_CODE_SLOTS && at < len; e++) {
+        if (!by_code[e])
+            continue;
+        if (e < KVR_CODE_SLOTS - 1)
             at += (size_t)snprintf(buf + at, len - at, "%s%u (%s) x%u", at ? ", " : "", e,
-                                   e < 63 ? kvr_status_str((kvr_status)e) : "other", by_code[e]);
+                                   kvr_status_str((kvr_status)e), by_code[e]);
+        else /* the last slot counts every code from it on */
+            at += (size_t)snprintf(buf + at, len - at, "%s%u or above (other) x%u", at ? ", " : "",
+                                   e, by_code[e]);
+    }
     if (!at)
         snprintf(buf, len, "none");
     return buf;

@@ -75,6 +75,14 @@ struct kvr_client_req {
     bool no_responders;                 /* NATS answered 503: no router listened */
 };
 
+/* Counts by error code are kept in KVR_CODE_SLOTS slots: a code from the wire (any uint32) is
+ * counted in its own slot, or in the last one ("other") when it is at least that. */
+#define KVR_CODE_SLOTS 64u
+static inline unsigned kvr_code_slot(uint32_t code)
+{
+    return code < KVR_CODE_SLOTS - 1 ? code : KVR_CODE_SLOTS - 1;
+}
+
 /* What a set of requests broke of the contract, beyond failing (each a count of requests). */
 struct kvr_contract {
     uint32_t requests;        /* sent */
@@ -94,8 +102,8 @@ struct kvr_contract {
     uint64_t malformed;       /* answers of the batch that did not decode (kvr_client_contract) */
     uint64_t dropped;         /* messages on the inbox nats.c dropped during the batch: its
                                  pending bound was full (kvr_client_contract) */
-    uint32_t errors[64];      /* requests decided with each error code (63: any code above) */
-    uint32_t late[64];        /* requests with a final after their answer, by its code (0: ok) */
+    uint32_t errors[KVR_CODE_SLOTS]; /* requests decided with each error code (kvr_code_slot) */
+    uint32_t late[KVR_CODE_SLOTS];   /* a final after their answer, by its code (0: ok) */
 };
 
 /* Add request q to k. */
@@ -106,7 +114,7 @@ bool kvr_contract_broken(const struct kvr_client_req *q);
 const char *kvr_contract_format(const struct kvr_contract *k, char *buf, size_t len);
 /* A count by code, "17 (worker lost) x2, 28 (stream interrupted) x1" (k->errors, k->late), into
  * buf ("none"); returns buf. */
-const char *kvr_contract_codes(const uint32_t by_code[64], char *buf, size_t len);
+const char *kvr_contract_codes(const uint32_t by_code[KVR_CODE_SLOTS], char *buf, size_t len);
 
 /*
  * Request i's bytes into out, and the max_tokens it asks for into *max_tokens; called with

@@ -35,12 +35,12 @@ struct sample {
 
 /* One path's figures over the counted rounds. */
 struct path {
-    const char *name;     /* "fleet", "direct" */
-    double *ttft, *e2e;   /* ms, one per request answered in full */
-    size_t nok;           /* */
-    uint32_t failed;      /* */
-    uint64_t tokens;      /* received by the requests answered in full */
-    uint32_t by_code[64]; /* failures by kvr_status (63: any code above) */
+    const char *name;                 /* "fleet", "direct" */
+    double *ttft, *e2e;               /* ms, one per request answered in full */
+    size_t nok;                       /* requests answered in full */
+    uint32_t failed;                  /* requests that failed */
+    uint64_t tokens;                  /* received by the requests answered in full */
+    uint32_t by_code[KVR_CODE_SLOTS]; /* failures by kvr_status (kvr_code_slot) */
 };
 
 /* The direct stream in flight, written by kvr_oai's hooks. */
@@ -213,7 +213,7 @@ static void add(struct path *p, const struct sample *x, uint32_t round)
     }
     if (p->failed++ < DIRECT_PRINTED)
         fprintf(stderr, "kvbench: round %u: %s request failed: %s\n", round, p->name, x->why);
-    p->by_code[(unsigned)x->st < 63 ? (unsigned)x->st : 63]++;
+    p->by_code[kvr_code_slot((uint32_t)x->st)]++;
 }
 
 /*
@@ -330,7 +330,7 @@ static json_t *stat_json(const struct kvr_stat *s)
 static json_t *path_json(const struct path *p, const struct figures *f, int k)
 {
     json_t *codes = json_object();
-    for (unsigned c = 0; codes && c < 64; c++) {
+    for (unsigned c = 0; codes && c < KVR_CODE_SLOTS; c++) {
         char name[8];
         snprintf(name, sizeof name, "%u", c);
         if (p->by_code[c])

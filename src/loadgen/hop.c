@@ -20,18 +20,18 @@
 struct hop {
     const struct kvr_bench_config *cfg;
     struct kvr_client *client;
-    uint64_t worker;             /* called directly */
-    char subj_worker[256];       /* its generate subject */
-    uint32_t n;                  /* counted round trips of each kind */
-    uint32_t tok[HOP_TOKENS];    /* the prompt; tok[0] changes every request */
-    struct kvr_buf req, direct;  /* encoded requests */
-    double *routed, *straight;   /* round trips, us */
-    size_t nrouted, nstraight;   /* */
-    uint32_t failed[2];          /* counted round trips ended by an error: [0] routed, [1] direct */
-    uint32_t timed_out[2];       /* ... not decided within HOP_WAIT_NS */
-    uint32_t codes[64];          /* the latency phase's errors by code (63: any code above) */
-    uint32_t sent, completed;    /* the max-rate phase: requests sent, decided */
-    uint32_t errors, unanswered; /* ... of them ended by an error, never decided */
+    uint64_t worker;            /* called directly */
+    char subj_worker[256];      /* its generate subject */
+    uint32_t n;                 /* counted round trips of each kind */
+    uint32_t tok[HOP_TOKENS];   /* the prompt; tok[0] changes every request */
+    struct kvr_buf req, direct; /* encoded requests */
+    double *routed, *straight;  /* round trips, us */
+    size_t nrouted, nstraight;  /* */
+    uint32_t failed[2];         /* counted round trips ended by an error: [0] routed, [1] direct */
+    uint32_t timed_out[2];      /* ... not decided within HOP_WAIT_NS */
+    uint32_t codes[KVR_CODE_SLOTS]; /* the latency phase's errors by code (kvr_code_slot) */
+    uint32_t sent, completed;       /* the max-rate phase: requests sent, decided */
+    uint32_t errors, unanswered;    /* ... of them ended by an error, never decided */
     struct kvr_contract contract;   /* ... what its streams broke of the contract */
     uint64_t rate_ns;               /* ... its length */
     struct kvr_routers_poll *polls; /* [2]: the routers' $SRV.STATS around that phase */
@@ -70,7 +70,7 @@ static double one_hop(struct hop *h, uint32_t i, const char *subject, const stru
         h->timed_out[side]++;
     } else {
         h->failed[side]++;
-        h->codes[q.error < 63 ? q.error : 63]++;
+        h->codes[kvr_code_slot(q.error)]++;
     }
     return 0;
 }
