@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../../src/sim/sim.h"
 #include "../../src/sim/workload.h"
@@ -201,12 +200,28 @@ Test(sim, kv_reuses_more_cache_than_random_on_the_fixture)
     kvr_workload_free(&w);
 }
 
-Test(sim, malformed_traces_are_refused_with_the_line)
+/* A new trace file from the template path ("/tmp/kvr_trace_XXXXXX"), open for writing. */
+static FILE *open_trace(char *path)
 {
-    char path[] = "/tmp/kvr_trace_XXXXXX";
     int fd = mkstemp(path);
     cr_assert(fd >= 0);
     FILE *f = fdopen(fd, "w");
+    cr_assert(not(eq(ptr, f, NULL)));
+    return f;
+}
+
+/* A new trace file from the template path holding text. */
+static void new_trace(char *path, const char *text)
+{
+    FILE *f = open_trace(path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(sim, malformed_traces_are_refused_with_the_line)
+{
+    char path[] = "/tmp/kvr_trace_XXXXXX";
+    FILE *f = open_trace(path);
     fprintf(f, "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": "
                "[1, 2]}\n");
     fprintf(f, "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": "
@@ -489,9 +504,7 @@ Test(sim, requests_too_large_for_an_engine_fail_and_the_run_ends, .timeout = 60)
 Test(sim, a_trace_record_over_the_default_pool_fails, .timeout = 60)
 {
     char path[] = "/tmp/kvr_trace_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    FILE *f = fdopen(fd, "w");
+    FILE *f = open_trace(path);
     fprintf(f, "{\"timestamp\": 0, \"input_length\": 1048000, \"output_length\": 1000, "
                "\"hash_ids\": [");
     for (int i = 0; i < 2047; i++)
@@ -589,28 +602,17 @@ Test(sim, itl_per_request_is_the_mean_of_each_requests_mean_gap)
 
 /* --- trace bounds ------------------------------------------------------------------------- */
 
-static void write_trace(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert(not(eq(ptr, f, NULL)));
-    fputs(text, f);
-    fclose(f);
-}
-
 /* Unix-time timestamps (ms): the first request arrives at 0, the rest as far after it as in the
  * trace (and not 55 years of empty time later); the same for a trace not in order. */
 Test(sim, trace_arrivals_start_at_the_first_request)
 {
     char path[] = "/tmp/kvr_trace_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
-    write_trace(path, "{\"timestamp\": 1733570002000, \"input_length\": 600, \"output_length\": 5, "
-                      "\"hash_ids\": [1, 2]}\n"
-                      "{\"timestamp\": 1733570000000, \"input_length\": 600, \"output_length\": 5, "
-                      "\"hash_ids\": [3, 4]}\n"
-                      "{\"timestamp\": 1733570000500, \"input_length\": 600, \"output_length\": 5, "
-                      "\"hash_ids\": [1, 5]}\n");
+    new_trace(path, "{\"timestamp\": 1733570002000, \"input_length\": 600, \"output_length\": 5, "
+                    "\"hash_ids\": [1, 2]}\n"
+                    "{\"timestamp\": 1733570000000, \"input_length\": 600, \"output_length\": 5, "
+                    "\"hash_ids\": [3, 4]}\n"
+                    "{\"timestamp\": 1733570000500, \"input_length\": 600, \"output_length\": 5, "
+                    "\"hash_ids\": [1, 5]}\n");
     struct kvr_workload w;
     cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, NULL), KVR_OK));
     remove(path);
@@ -632,13 +634,10 @@ Test(sim, trace_arrivals_start_at_the_first_request)
 Test(sim, trace_output_lengths_over_the_bound_are_refused)
 {
     char path[] = "/tmp/kvr_trace_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
-    write_trace(path, "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1000000, "
-                      "\"hash_ids\": [1, 2]}\n"
-                      "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 4294967295, "
-                      "\"hash_ids\": [1, 2]}\n");
+    new_trace(path, "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1000000, "
+                    "\"hash_ids\": [1, 2]}\n"
+                    "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 4294967295, "
+                    "\"hash_ids\": [1, 2]}\n");
     struct kvr_workload w;
     uint64_t bad = 0;
     cr_assert(
