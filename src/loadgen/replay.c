@@ -148,12 +148,14 @@ static void record(const struct replay *rp, uint32_t i, uint64_t t0, double ttft
                                     .itl_max_ms = NAN};
 }
 
-/* Under the client's mu: the run's records into res (ttft, e2e, ids: room for every request). */
-static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uint64_t *ids,
-                  struct kvr_sim_result *res)
+/* Under the client's mu: the run's records into res (ttft, e2e, itl, ids: room for every
+ * request). A request's ITL is its mean gap, (last token - first token) / (tokens - 1), as
+ * kvsim's per-request ITL (requests of two tokens or more). */
+static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, double *itl,
+                  uint64_t *ids, struct kvr_sim_result *res)
 {
     const struct kvr_client *c = rp->client;
-    size_t nf = 0, nids = 0;
+    size_t nf = 0, nids = 0, nitl = 0;
     uint64_t cached = 0, isl = 0, toks = 0, last = t0;
     for (uint32_t i = 0; i < c->n; i++) {
         const struct kvr_client_req *q = &c->reqs[i];
@@ -166,6 +168,8 @@ static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uin
         if (res->per_request)
             record(rp, i, t0, ttft[nf], e2e[nf], &res->per_request[nf]);
         nf++;
+        if (q->ntok > 1)
+            itl[nitl++] = (double)(q->t_last - q->t_first) / 1e6 / (q->ntok - 1);
         cached += q->cached;
         isl += rp->wl.reqs[i].isl;
         toks += q->ntok;
@@ -178,6 +182,7 @@ static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, uin
     res->ttft_ms = kvr_stat_of(ttft, nf);
     res->e2e_ms = kvr_stat_of(e2e, nf);
     res->itl_ms = kvr_stat_of(c->gaps, c->ngaps);
+    res->itl_request_ms = kvr_stat_of(itl, nitl);
     res->hit_rate = isl ? (double)cached / (double)isl : 0;
     res->makespan_s = (double)(last - t0) / 1e9;
     res->throughput_tok_s = res->makespan_s > 0 ? (double)toks / res->makespan_s : 0;
@@ -192,6 +197,7 @@ static int collect(struct replay *rp, enum kvr_policy policy, double load, uint6
 {
     size_t n = (size_t)rp->wl.nreqs + 1;
     double *ttft = calloc(n, sizeof *ttft), *e2e = calloc(n, sizeof *e2e);
+    double *itl = calloc(n, sizeof *itl);
     uint64_t *ids = calloc(n, sizeof *ids);
     memset(res, 0, sizeof *res);
     res->policy = policy;
@@ -200,13 +206,14 @@ static int collect(struct replay *rp, enum kvr_policy policy, double load, uint6
         free(ids);
         ids = NULL; /* out of memory: no result */
     }
-    if (ttft && e2e && ids) {
+    if (ttft && e2e && itl && ids) {
         pthread_mutex_lock(&rp->client->mu);
-        tally(rp, t0, ttft, e2e, ids, res);
+        tally(rp, t0, ttft, e2e, itl, ids, res);
         pthread_mutex_unlock(&rp->client->mu);
         res->ttft_sorted = ttft; /* owned by res now */
     }
     free(e2e);
+    free(itl);
     free(ids);
     if (!res->ttft_sorted) {
         free(ttft);

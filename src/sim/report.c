@@ -76,10 +76,8 @@ static void json_result(FILE *f, const struct kvr_report_meta *m, const struct k
     json_stat(f, "ttft_ms", &r->ttft_ms, true);
     fprintf(f, ", ");
     json_stat(f, "itl_ms", &r->itl_ms, false);
-    if (m->cfg) { /* kvsim's: kvbench does not see each request's gaps */
-        fprintf(f, ", ");
-        json_stat(f, "itl_per_request_ms", &r->itl_request_ms, false);
-    }
+    fprintf(f, ", ");
+    json_stat(f, "itl_per_request_ms", &r->itl_request_ms, false);
     fprintf(f, ", ");
     json_stat(f, "e2e_ms", &r->e2e_ms, false);
     fprintf(f, ", ");
@@ -179,7 +177,6 @@ struct metric {
     double (*get)(const struct kvr_sim_result *r);
     bool lower_better;
     bool fraction; /* printed with three decimals */
-    bool sim_only; /* not in kvbench's reports (meta.cfg NULL) */
 };
 
 #define GETTER(fn, expr)                                                                           \
@@ -201,41 +198,33 @@ GETTER(tput, r->throughput_tok_s)
 #undef GETTER
 
 static const struct metric metrics[] = {
-    {"TTFT mean ms", ttft_mean, true, false, false},
-    {"TTFT p50", ttft_p50, true, false, false},
-    {"TTFT p90", ttft_p90, true, false, false},
-    {"TTFT p99", ttft_p99, true, false, false},
-    {"ITL mean ms", itl_mean, true, false, false},
-    {"ITL/request mean ms", itl_req_mean, true, false, true},
-    {"ITL p99", itl_p99, true, false, false},
-    {"E2E mean ms", e2e_mean, true, false, false},
-    {"E2E p99", e2e_p99, true, false, false},
-    {"hit rate", hit, false, true, false},
-    {"tok/s", tput, false, false, false},
+    {"TTFT mean ms", ttft_mean, true, false},
+    {"TTFT p50", ttft_p50, true, false},
+    {"TTFT p90", ttft_p90, true, false},
+    {"TTFT p99", ttft_p99, true, false},
+    {"ITL mean ms", itl_mean, true, false},
+    {"ITL/request mean ms", itl_req_mean, true, false},
+    {"ITL p99", itl_p99, true, false},
+    {"E2E mean ms", e2e_mean, true, false},
+    {"E2E p99", e2e_p99, true, false},
+    {"hit rate", hit, false, true},
+    {"tok/s", tput, false, false},
 };
 #define NMETRICS (sizeof metrics / sizeof metrics[0])
 
-/* Whether report m has metric k. */
-static bool shown(const struct kvr_report_meta *m, size_t k)
-{
-    return m->cfg || !metrics[k].sim_only;
-}
-
-/* The header cells of the metrics report m has. */
-static void md_header(FILE *f, const struct kvr_report_meta *m)
+/* The header cells of the metrics. */
+static void md_header(FILE *f)
 {
     for (size_t k = 0; k < NMETRICS; k++)
-        if (shown(m, k))
-            fprintf(f, " %s |", metrics[k].name);
+        fprintf(f, " %s |", metrics[k].name);
 }
 
-/* The separator row under them: a cell per metric m has, and more cells. */
-static void md_rule(FILE *f, const struct kvr_report_meta *m, size_t more)
+/* The separator row under them: a cell per metric, and more cells. */
+static void md_rule(FILE *f, size_t more)
 {
     fprintf(f, "\n|---|");
     for (size_t k = 0; k < NMETRICS; k++)
-        if (shown(m, k))
-            fprintf(f, "---:|");
+        fprintf(f, "---:|");
     for (size_t k = 0; k < more; k++)
         fprintf(f, "---:|");
     fprintf(f, "\n");
@@ -260,10 +249,10 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
                     size_t n, double load)
 {
     fprintf(f, "\n## %s = %g\n\n| policy |", m->load_kind, load);
-    md_header(f, m);
+    md_header(f);
     fprintf(f, " hit / ceiling | finished | rejected | imbalance | preempt | pred. err | "
                "pruned (live) |");
-    md_rule(f, m, 7);
+    md_rule(f, 7);
     double best[NMETRICS];
     bool have_base = false;
     for (size_t k = 0; k < NMETRICS; k++)
@@ -276,8 +265,7 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         kvr_report_label(m, r, false, label, sizeof label);
         fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++)
-            if (shown(m, k))
-                fprintf(f, metrics[k].fraction ? " %.3f |" : " %.1f |", metrics[k].get(r));
+            fprintf(f, metrics[k].fraction ? " %.3f |" : " %.1f |", metrics[k].get(r));
         fprintf(f, " %.3f | %u | %u | %.2f | %llu | %.1f%% | %llu (%llu) |\n",
                 m->hit_ceiling > 0 ? r->hit_rate / m->hit_ceiling : 0, r->finished, r->rejected,
                 r->imbalance, (unsigned long long)r->preemptions, 100 * r->pred_err_rel,
@@ -296,8 +284,8 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         return;
     fprintf(f, "\nRatio to the best baseline (below 1 is better for times, above 1 for hit rate "
                "and tok/s):\n\n| policy |");
-    md_header(f, m);
-    md_rule(f, m, 0);
+    md_header(f);
+    md_rule(f, 0);
     for (size_t i = 0; i < n; i++) {
         if (res[i].load != load)
             continue;
@@ -306,8 +294,7 @@ static void md_load(FILE *f, const struct kvr_report_meta *m, const struct kvr_s
         fprintf(f, "| %s |", label);
         for (size_t k = 0; k < NMETRICS; k++) {
             double v = metrics[k].get(&res[i]);
-            if (shown(m, k))
-                fprintf(f, best[k] != 0 ? " %.3f |" : " - |", best[k] != 0 ? v / best[k] : 0);
+            fprintf(f, best[k] != 0 ? " %.3f |" : " - |", best[k] != 0 ? v / best[k] : 0);
         }
         fprintf(f, "\n");
     }

@@ -88,7 +88,7 @@ struct kvr_sim_result {
     struct kvr_stat ttft_ms; /* arrival at the router -> first token */
     struct kvr_stat itl_ms;  /* every inter-token gap, pooled: a long output weighs more */
     struct kvr_stat itl_request_ms; /* each request's mean inter-token gap (requests of two output
-                                       tokens or more): the per-request ITL (kvsim only) */
+                                       tokens or more): the per-request ITL */
     struct kvr_stat e2e_ms;         /* arrival -> last token */
     struct kvr_stat queue_ms;       /* arrival -> first scheduled by the engine */
     double *ttft_sorted;            /* finished TTFTs, ascending (for distributions), owned */

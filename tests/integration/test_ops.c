@@ -616,6 +616,16 @@ static void check_requests_csv(const char *out_dir)
 
 /* --- kvbench --mode load ends with the lines a newcomer reads ---------------------------- */
 
+/* The first len - 1 bytes of the file at path into text, a string. */
+static void read_head(const char *path, char *text, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert(f != NULL, "no %s", path);
+    size_t n = fread(text, 1, len - 1, f);
+    fclose(f);
+    text[n] = 0;
+}
+
 Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
 {
     char out_dir[256], path[512], want[1024];
@@ -646,16 +656,20 @@ Test(ops, load_ends_with_a_verdict_and_the_hit_ceiling)
     cr_assert(h_log_has(b, "% of ceiling 0."), "each row's hit rate against the ceiling");
     snprintf(want, sizeof want, "Report and plots: %s/report.md, %s/*.png\n", out_dir, out_dir);
     cr_assert(h_log_has(b, want), "the report's place");
+    char text[4096];
     snprintf(path, sizeof path, "%s/report.json", out_dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f != NULL, "no %s", path);
-    char text[4096] = "";
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = 0;
+    read_head(path, text, sizeof text);
     cr_assert(strstr(text, "\"hit_ceiling\": 0.") != NULL, "report.json's ceiling: %s", text);
+    const char *key = "\"itl_per_request_ms\": {\"mean\": ";
+    const char *itl = strstr(text, key);
+    double itl_ms = 0;
+    cr_assert(itl != NULL, "report.json's per-request ITL: %s", text);
+    cr_assert(eq(int, sscanf(itl + strlen(key), "%lf", &itl_ms), 1));
+    cr_assert(gt(dbl, itl_ms, 0), "every request had 4 tokens: its gaps have a mean");
     snprintf(path, sizeof path, "%s/report.md", out_dir);
-    cr_assert(eq(int, access(path, R_OK), 0), "no %s", path);
+    read_head(path, text, sizeof text);
+    cr_assert(strstr(text, "| ITL/request mean ms |") != NULL, "report.md's per-request ITL: %s",
+              text);
     h_rmdir(out_dir);
     h_end();
 }
