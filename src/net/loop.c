@@ -38,6 +38,12 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         atomic_store_explicit(&c->writable, true, memory_order_relaxed);
 }
 
+/* c's socket while nats.c polls it; -1 once it stopped (poll_read, detach). */
+static int polled(struct kvr_loop_conn *c)
+{
+    return atomic_load_explicit(&c->fd, memory_order_relaxed);
+}
+
 /* Bytes waiting in socket fd (0 when it cannot tell: none attached, closed). */
 static int waiting(int fd)
 {
@@ -61,17 +67,19 @@ static bool serve(struct kvr_loop *lp)
             continue;
         bool writable = atomic_exchange_explicit(&c->writable, false, memory_order_relaxed);
         bool readable = atomic_exchange_explicit(&c->readable, false, memory_order_relaxed);
-        int fd = atomic_load_explicit(&c->fd, memory_order_relaxed);
-        if (fd < 0)
+        if (polled(c) < 0)
             continue; /* not polled: nats.c reconnects on its own thread (poll_read) */
         if (writable)
             natsConnection_ProcessWriteEvent(nc);
         unsigned r = 0;
-        if (readable) {
+        /* the fd is read again before every read: a write or read above may have broken the
+         * connection (nats.c then stops polling it, on this thread, and reconnects on another,
+         * whose new socket usually takes the same number) */
+        if (readable && polled(c) >= 0) {
             natsConnection_ProcessReadEvent(nc); /* also what an empty socket says: closed */
             r++;
         }
-        for (; waiting(fd); r++) {
+        for (int fd; (fd = polled(c)) >= 0 && waiting(fd); r++) {
             if (r >= KVR_LOOP_READS_MAX) {
                 empty = false; /* behind: heard_ns stays where it was */
                 break;

@@ -4,7 +4,9 @@
 #include "reply.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 
+#include "clock.h"
 #include "codec.h"
 #include "log.h"
 
@@ -25,20 +27,40 @@ void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns)
     kvr_prom_hist_observe(&r->latency, elapsed_ns);
 }
 
+/* Whether one more refusal line may be written now (KVR_REPLY_LOG_PER_S a second); else it is
+ * counted as suppressed. */
+static bool log_allowed(struct kvr_reply *r)
+{
+    uint64_t now = kvr_now_ns();
+    if (now - r->log_second_ns >= KVR_NS_PER_S) {
+        r->log_second_ns = now;
+        r->log_lines = 0;
+    }
+    if (r->log_lines >= KVR_REPLY_LOG_PER_S) {
+        r->log_suppressed++;
+        return false;
+    }
+    r->log_lines++;
+    return true;
+}
+
 static void count_error(struct kvr_reply *r, kvr_status st, bool dropped, const char *request_id)
 {
     r->errors++;
     r->dropped += dropped;
     r->by_code[(unsigned)st < KVR_REPLY_CODES ? (unsigned)st : KVR_ERR_INVALID]++;
     r->last = st;
-    if (kvr_log_enabled(KVR_LOG_INFO)) {
-        char id[128];
-        kvr_log(dropped ? KVR_LOG_WARN : KVR_LOG_INFO,
-                dropped ? "request_dropped" : "request_refused",
-                "endpoint=%s request=\"%s\" error=\"%s\" code=%d%s", r->endpoint,
-                kvr_log_safe(id, sizeof id, request_id ? request_id : ""), kvr_status_str(st),
-                (int)st, dropped ? " reason=\"no reply subject\"" : "");
-    }
+    enum kvr_log_level level = dropped ? KVR_LOG_WARN : KVR_LOG_INFO;
+    if (!kvr_log_enabled(level) || !log_allowed(r))
+        return;
+    char id[128], left[40] = "";
+    if (r->log_suppressed)
+        snprintf(left, sizeof left, " suppressed=%" PRIu64, r->log_suppressed);
+    r->log_suppressed = 0;
+    kvr_log(level, dropped ? "request_dropped" : "request_refused",
+            "endpoint=%s request=\"%s\" error=\"%s\" code=%d%s%s", r->endpoint,
+            kvr_log_safe(id, sizeof id, request_id ? request_id : ""), kvr_status_str(st), (int)st,
+            dropped ? " reason=\"no reply subject\"" : "", left);
 }
 
 void kvr_reply_fail(struct kvr_reply *r, struct kvr_outbox *out, const char *reply,

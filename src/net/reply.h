@@ -4,7 +4,9 @@
  * GenerateResponse chunk with error_code, or a SelectResponse), queues it with the NATS service
  * error headers (Nats-Service-Error, Nats-Service-Error-Code), counts the error by code for
  * $SRV.STATS and logs it (the client's request id made safe for a log line). A request that
- * names no reply subject cannot be answered: it is counted and logged as dropped.
+ * names no reply subject cannot be answered: it is counted and logged as dropped. Anyone may
+ * publish bad requests: at most KVR_REPLY_LOG_PER_S such lines a second are written per endpoint,
+ * the next one written saying how many were left out (suppressed=N); every one is counted.
  * Not thread-safe: the owner's lock covers it (the daemons' state mutex).
  */
 #ifndef KVR_REPLY_H
@@ -23,6 +25,8 @@
 enum kvr_reply_slots { KVR_STATUS_LIST(KVR_REPLY_SLOT) KVR_REPLY_CODES };
 #undef KVR_REPLY_SLOT
 
+#define KVR_REPLY_LOG_PER_S 10 /* request_refused and request_dropped lines a second, at most */
+
 struct kvr_reply {
     const char *endpoint;              /* "generate", "select": logs and stats (borrowed) */
     uint64_t worker_id;                /* set in the chunks a worker sends; 0 for a router */
@@ -34,6 +38,9 @@ struct kvr_reply {
     uint64_t processing_ns;            /* time spent deciding, for $SRV.STATS */
     struct kvr_prom_hist latency;      /* ... and its distribution, for the metrics */
     kvr_status last;                   /* the last error */
+    uint64_t log_second_ns;            /* when the second whose lines log_lines counts began */
+    uint32_t log_lines;                /* refusal lines written in it */
+    uint64_t log_suppressed;           /* refusal lines left out since the last one written */
     struct kvr_buf buf;                /* encoding scratch (owned) */
 };
 
