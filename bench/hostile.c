@@ -274,6 +274,35 @@ static void clear_index(void)
     pthread_mutex_unlock(&rd.mu);
 }
 
+/* A peer's full snapshot request, the index first filled with n entries spread over the workers
+ * (Stored events of 4,096 blocks at most, as workers send them; not timed): serving it walks
+ * every entry and every request in flight. */
+static void make_snapshot_ask(struct kvr_buf *b, uint32_t n)
+{
+    struct kvr_kv_block *blk = malloc((size_t)KVR_WIRE_STORED_BLOCKS_MAX * sizeof *blk);
+    struct kvr_buf ev = {0};
+    for (uint32_t at = 0, w = 1; at < n; w = w % WORKERS + 1) {
+        uint32_t k = n - at < KVR_WIRE_STORED_BLOCKS_MAX ? n - at : KVR_WIRE_STORED_BLOCKS_MAX;
+        for (uint32_t i = 0; i < k; i++)
+            blk[i] = (struct kvr_kv_block){serial * 100000u + i, kvr_mix64(serial * 7u + i)};
+        if (kvr_wire_encode_stored(&ev, w, serial++, NULL, blk, k) == KVR_OK) {
+            char subject[64];
+            snprintf(subject, sizeof subject, "kv.default.ev.%" PRIu32 ".kv", w);
+            kvr_events_on_message(&rd, subject, ev.data, ev.len);
+        }
+        at += k;
+    }
+    free(blk);
+    kvr_buf_free(&ev);
+    struct kvr_wire_sync q = {.router_id = "peer", .full = true, .token = serial++};
+    kvr_wire_encode_sync(b, &q);
+}
+
+static void deliver_snapshot_ask(const struct kvr_buf *b)
+{
+    kvr_sync_on_request(&rd, "kv.default.router.pages.peer", b->data, b->len);
+}
+
 /* Worker 1's heartbeat listing n keys in flight it holds (fresh keys nobody knows) and n / 4 it
  * ended, at most the caps. */
 static void make_heartbeat(struct kvr_buf *b, uint32_t n)
@@ -337,6 +366,8 @@ static const struct kind k_entries = {"sync page (entries)", make_entries, deliv
                                       clear_index};
 static const struct kind k_heartbeat = {"heartbeat", make_heartbeat, deliver_heartbeat, NULL};
 static const struct kind k_stored = {"kv stored", make_stored, deliver_kv, clear_index};
+static const struct kind k_snapshot = {"sync request (snapshot)", make_snapshot_ask,
+                                       deliver_snapshot_ask, clear_index};
 
 static const struct row rows[] = {
     {&k_generate, "tokens: 512 / 1,048,576 (the prompt limit)", 512, 1u << 20},
@@ -348,6 +379,8 @@ static const struct row rows[] = {
     {&k_entries, "entries: 8 / 512 (the decoder's cap)", 8, KVR_WIRE_PAGE_ITEMS_MAX},
     {&k_heartbeat, "keys held: 8 / 65,536 (+ ended: 2 / 16,384)", 8, 65536},
     {&k_stored, "blocks: 8 / 4,096 (the decoder's cap)", 8, KVR_WIRE_STORED_BLOCKS_MAX},
+    {&k_snapshot, "index entries served: 512 / 131,072 (8 x 16,384: every block cached)", 512,
+     WORKERS *CAPACITY},
 };
 
 static void report(const struct row *r, int repeats_ordinary, int repeats_worst)

@@ -445,6 +445,22 @@ void kvr_router_export_requests(struct kvr_router *r,
                                 void *ctx);
 
 /*
+ * The same walks in slices, for a snapshot served without holding the router for its whole
+ * length: kvr_router_export_begin starts a walk over the requests in flight and one over the
+ * index; each _some call then visits at most max more items of its walk (calls fn for them, but
+ * for index entries already expired) and returns how many it visited, fewer than max once that
+ * walk is over. The router may change between the calls (decisions, events, expiry): an item
+ * there throughout is visited once, one added meanwhile is visited or not (a request or entry
+ * made active again may be visited twice: imports of a duplicate are refused or merged), one gone
+ * before its turn is not. One such walk at a time.
+ */
+void kvr_router_export_begin(struct kvr_router *r);
+uint32_t kvr_router_export_requests_some(struct kvr_router *r,
+                                         void (*fn)(void *ctx,
+                                                    const struct kvr_request_record *rec),
+                                         void *ctx, uint32_t max);
+
+/*
  * Book a request another replica decided (gossip, a snapshot, a repair). Events that arrived before
  * it are applied; if its done already arrived, it is refused with KVR_ERR_DUPLICATE (a
  * tombstone) and counted as a late decision. With max_inflight requests in flight already it is
@@ -470,6 +486,9 @@ struct kvr_index_record {
 void kvr_router_export_index(struct kvr_router *r,
                              void (*fn)(void *ctx, const struct kvr_index_record *rec), void *ctx,
                              uint64_t now);
+uint32_t kvr_router_export_index_some(struct kvr_router *r,
+                                      void (*fn)(void *ctx, const struct kvr_index_record *rec),
+                                      void *ctx, uint64_t now, uint32_t max);
 kvr_status kvr_router_import_index(struct kvr_router *r, const struct kvr_index_record *rec,
                                    uint64_t now);
 

@@ -409,6 +409,24 @@ void kvr_active_each(const struct kvr_active *a,
     }
 }
 
+void kvr_active_walk_begin(struct kvr_active *a)
+{
+    a->ttl.cursor = a->ttl.head;
+}
+
+uint32_t kvr_active_walk(struct kvr_active *a,
+                         void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx,
+                         uint32_t max)
+{
+    uint32_t n = 0;
+    for (; a->ttl.cursor != KVR_NIL && n < max; n++) {
+        const struct kvr_active_req *r = req(a, a->ttl.cursor);
+        a->ttl.cursor = r->ttl.next;
+        fn(ctx, r);
+    }
+    return n;
+}
+
 kvr_status kvr_active_drop(struct kvr_active *a, uint64_t id, kvr_active_drop_fn fn, void *ctx)
 {
     uint32_t h = kvr_map_get(&a->ids, id);

@@ -109,6 +109,19 @@ void kvr_active_set_booked(struct kvr_active *a, uint64_t id, uint32_t max_token
 void kvr_active_each(const struct kvr_active *a,
                      void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx);
 
+/*
+ * The same, least recently active first, in steps between which the map may change (a snapshot
+ * served in slices): begin, then each kvr_active_walk
+ * calls fn for at most max more requests and returns how many; fewer than max, the walk is over. A
+ * request in flight from begin to end is visited once (one active meanwhile, moved to the tail, may
+ * be visited again); one booked meanwhile is visited, one ended before its turn is not (kvr_list's
+ * cursor). One walk at a time; fn must not change the map.
+ */
+void kvr_active_walk_begin(struct kvr_active *a);
+uint32_t kvr_active_walk(struct kvr_active *a,
+                         void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx,
+                         uint32_t max);
+
 /* Drop request id (as kvr_active_remove) and tell fn, as the expiry paths do. */
 kvr_status kvr_active_drop(struct kvr_active *a, uint64_t id, kvr_active_drop_fn fn, void *ctx);
 

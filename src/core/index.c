@@ -395,6 +395,30 @@ void kvr_index_each(const struct kvr_index *ix,
     }
 }
 
+void kvr_index_walk_begin(struct kvr_index *ix)
+{
+    for (int l = 0; l < 2; l++)
+        ix->lru[l].cursor = ix->lru[l].head;
+}
+
+uint32_t kvr_index_walk(struct kvr_index *ix,
+                        void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                                   uint64_t engine_id, uint64_t expires),
+                        void *ctx, uint32_t max)
+{
+    uint32_t n = 0;
+    for (int l = 0; l < 2; l++) { /* in LRU order, so an import keeps it */
+        struct kvr_list *list = &ix->lru[l];
+        for (; list->cursor != KVR_NIL && n < max; n++) {
+            const struct kvr_index_entry *e = ent(ix, list->cursor);
+            list->cursor = e->lru.next;
+            fn(ctx, e->slot, kvr_blocktab_node(ix->tab, e->node)->seq, e->expires == EVENT_ENTRY,
+               e->engine_id, e->expires);
+        }
+    }
+    return n;
+}
+
 kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, bool has_engine,
                             uint64_t engine_id, uint64_t expires)
 {

@@ -95,6 +95,19 @@ void kvr_index_each(const struct kvr_index *ix,
                     void *ctx);
 
 /*
+ * The same in steps between which the index may change (a snapshot served in slices): begin, then
+ * each kvr_index_walk calls fn for at most max more entries and returns how many; fewer than max,
+ * the walk is over. An entry in the index from begin to end is visited once; one added meanwhile
+ * (or moved to its list's tail) is visited if the walk has not passed its list's end, one removed
+ * before its turn is not (kvr_list's cursor). One walk at a time; fn must not change the index.
+ */
+void kvr_index_walk_begin(struct kvr_index *ix);
+uint32_t kvr_index_walk(struct kvr_index *ix,
+                        void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                                   uint64_t engine_id, uint64_t expires),
+                        void *ctx, uint32_t max);
+
+/*
  * Insert one entry as another replica has it: worker slot caches the block of sequence hash seq,
  * as an event entry named engine_id (has_engine) or a TTL entry expiring at expires.
  */

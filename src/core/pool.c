@@ -95,6 +95,8 @@ void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, u
     struct kvr_link *k = link_of(p, off, h);
     assert(k->prev != KVR_NIL || l->head == h); /* h is in l: its ends agree with its links */
     assert(k->next != KVR_NIL || l->tail == h);
+    if (l->cursor == h) /* a walk's next item leaves: the walk goes on from its successor */
+        l->cursor = k->next;
     if (k->prev != KVR_NIL)
         link_of(p, off, k->prev)->next = k->next;
     else

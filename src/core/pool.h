@@ -52,7 +52,10 @@ size_t kvr_pool_bytes(const struct kvr_pool *p);
 /*
  * Intrusive doubly-linked lists of pool items: an item embeds a struct kvr_link at byte offset
  * off (offsetof), and a list names its ends by handle. O(1) append and unlink; an item may sit in
- * several lists through several links.
+ * several lists through several links. A list also keeps one cursor for a walk that the list may
+ * change between its steps (a snapshot served in slices): the next item the walk visits. Unlinking
+ * that item moves the cursor on to its successor, so the walk visits every item that stays in the
+ * list throughout, once, and items appended meanwhile (an item moved to the tail again: twice).
  */
 struct kvr_link {
     uint32_t prev; /* KVR_NIL at the head */
@@ -60,13 +63,14 @@ struct kvr_link {
 };
 
 struct kvr_list {
-    uint32_t head; /* oldest item, KVR_NIL when empty */
-    uint32_t tail; /* newest item */
+    uint32_t head;   /* oldest item, KVR_NIL when empty */
+    uint32_t tail;   /* newest item */
+    uint32_t cursor; /* the next item of the walk in progress (KVR_NIL: at its end, or none) */
 };
 
 static inline void kvr_list_init(struct kvr_list *l)
 {
-    l->head = l->tail = KVR_NIL;
+    l->head = l->tail = l->cursor = KVR_NIL;
 }
 
 void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);

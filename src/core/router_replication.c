@@ -160,6 +160,21 @@ static void export_one(void *ctx, const struct kvr_active_req *q)
     x->fn(x->ctx, &rec);
 }
 
+void kvr_router_export_begin(struct kvr_router *r)
+{
+    kvr_active_walk_begin(&r->act);
+    kvr_index_walk_begin(&r->ix);
+}
+
+uint32_t kvr_router_export_requests_some(struct kvr_router *r,
+                                         void (*fn)(void *ctx,
+                                                    const struct kvr_request_record *rec),
+                                         void *ctx, uint32_t max)
+{
+    struct export_ctx x = {r, fn, ctx};
+    return kvr_active_walk(&r->act, export_one, &x, max);
+}
+
 void kvr_router_export_requests(struct kvr_router *r,
                                 void (*fn)(void *ctx, const struct kvr_request_record *rec),
                                 void *ctx)
@@ -183,6 +198,14 @@ static void export_entry(void *ctx, uint32_t slot, uint64_t seq, bool has_engine
                                    !has_engine && expires > x->now ? expires - x->now : 0};
     if (has_engine || rec.ttl_left_ns)
         x->fn(x->ctx, &rec);
+}
+
+uint32_t kvr_router_export_index_some(struct kvr_router *r,
+                                      void (*fn)(void *ctx, const struct kvr_index_record *rec),
+                                      void *ctx, uint64_t now, uint32_t max)
+{
+    struct index_export_ctx x = {r, fn, ctx, now};
+    return kvr_index_walk(&r->ix, export_entry, &x, max);
 }
 
 void kvr_router_export_index(struct kvr_router *r,

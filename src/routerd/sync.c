@@ -34,6 +34,7 @@ struct pager {
     const char *reply;
     uint64_t token;
     uint32_t records;
+    uint32_t pages; /* made */
 };
 
 static void pager_flush(struct pager *pg, bool last)
@@ -41,6 +42,7 @@ static void pager_flush(struct pager *pg, bool last)
     if (kvr_page_encode(&pg->page, &pg->buf, last, pg->token) == KVR_OK) {
         kvr_outbox_add(&pg->out, pg->reply, pg->buf.data, pg->buf.len, KVR_OK);
         pg->rd->fleet->pages_sent++;
+        pg->pages++;
     }
 }
 
@@ -84,18 +86,83 @@ static bool index_has_holes(const struct kvr_rd *rd)
     return rd->blind || rd->resync_at || rd->kv_gap || g->syncing || !g->synced;
 }
 
-/* Under mu: answer q into pg. */
+/*
+ * A snapshot is served in slices, mu released between them, so a router serving one keeps routing
+ * (every in-flight request and every index entry under mu at once held it 39 ms for an index of
+ * 131,072 entries, ~300 ns an entry: seconds for a large fleet's). A slice ends at a page made,
+ * SNAP_SLICE_ITEMS items visited or SNAP_SLICE_BYTES of records added, so it holds mu about as
+ * long as applying one page does at the asker; its pages are published before the next. Between
+ * slices the state changes (kvr_router_export_begin says how the walks take it): the asker holds
+ * the KV events and hears the decisions that come meanwhile, as with a snapshot taken at once, and
+ * refuses a record of a request that ended there. A walk chasing items made active again stops at
+ * SNAP_VISITS_FACTOR times what there was at its start.
+ */
+#define SNAP_SLICE_ITEMS   KVR_WIRE_PAGE_ITEMS_MAX
+#define SNAP_SLICE_BYTES   (64u * 1024u)
+#define SNAP_VISITS_FACTOR 2u
+
+struct snapshot {
+    bool requests_done, done, cut;
+    uint64_t visits, budget;
+};
+
+/* Under mu: start serving a snapshot into pg (s: its walks). */
+static void snapshot_begin(struct kvr_rd *rd, struct pager *pg, struct snapshot *s)
+{
+    struct kvr_router_stats st;
+    kvr_router_stats(rd->core, &st);
+    pg->page.index_partial = index_has_holes(rd);
+    rd->fleet->snapshots_served_partial += pg->page.index_partial;
+    kvr_router_export_begin(rd->core);
+    *s = (struct snapshot){.budget =
+                               SNAP_VISITS_FACTOR * ((uint64_t)st.inflight + st.index_entries + 1)};
+}
+
+/* Under mu: one slice of the snapshot into pg. */
+static void snapshot_slice(struct kvr_rd *rd, struct pager *pg, struct snapshot *s)
+{
+    uint32_t pages = pg->pages, items = 0;
+    size_t bytes = pg->page.approx;
+    uint64_t now = kvr_now_ns();
+    while (!s->done && pg->pages == pages && items < SNAP_SLICE_ITEMS &&
+           pg->page.approx - bytes < SNAP_SLICE_BYTES) {
+        uint32_t n = s->requests_done
+                         ? kvr_router_export_index_some(rd->core, pager_entry, pg, now, 1)
+                         : kvr_router_export_requests_some(rd->core, pager_record, pg, 1);
+        if (!n && s->requests_done)
+            s->done = true;
+        s->requests_done |= !n;
+        items += n;
+        if ((s->visits += n) > s->budget)
+            s->done = s->cut = true;
+    }
+    if (s->done) {
+        pager_flush(pg, true);
+        rd->fleet->snapshots_served++;
+    }
+}
+
+/* Serve the snapshot begun (mu not held): its slices, each published before the next. */
+static void snapshot_serve(struct kvr_rd *rd, struct pager *pg, struct snapshot *s)
+{
+    while (!s->done) {
+        pthread_mutex_lock(&rd->mu);
+        snapshot_slice(rd, pg, s);
+        rd->out.dropped += pg->out.dropped;
+        pg->out.dropped = 0;
+        pthread_mutex_unlock(&rd->mu);
+        kvr_outbox_flush(&pg->out, &rd->sink, NULL);
+    }
+    if (s->cut)
+        kvr_log(KVR_LOG_WARN, "snapshot_cut", "visits=%llu (the state kept changing under it)",
+                (unsigned long long)s->visits);
+}
+
+/* Under mu: answer q (not a snapshot) into pg. */
 static void serve(struct kvr_rd *rd, const struct kvr_wire_sync *q, struct pager *pg)
 {
     struct kvr_fleet *g = rd->fleet;
-    if (q->full) {
-        pg->page.index_partial = index_has_holes(rd);
-        g->snapshots_served_partial += pg->page.index_partial;
-        kvr_router_export_requests(rd->core, pager_record, pg);
-        kvr_router_export_index(rd->core, pager_entry, pg, kvr_now_ns());
-        pager_flush(pg, true);
-        g->snapshots_served++;
-    } else if (q->nkeys) {
+    if (q->nkeys) {
         for (uint32_t i = 0; i < q->nkeys; i++)
             pager_key(pg, q->keys[i]);
         if (pg->records) /* those who know nothing stay silent */
@@ -131,17 +198,23 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
     kvr_status st = kvr_wire_decode_sync(data, len, &q);
     struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
     kvr_page_init(&pg.page);
+    struct snapshot snap = {.done = true};
     pthread_mutex_lock(&rd->mu);
     if (st != KVR_OK || !to_a_router(rd, &q, reply))
         rd->fleet->bad++;
+    else if (q.full)
+        snapshot_begin(rd, &pg, &snap);
     else
         serve(rd, &q, &pg);
     rd->out.dropped += pg.out.dropped; /* pages not made (memory): the router's counter */
+    pg.out.dropped = 0;
     pthread_mutex_unlock(&rd->mu);
-    if (st == KVR_OK && q.full)
-        kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
-                pg.out.n, pg.page.index_partial ? "partial" : "whole");
     kvr_outbox_flush(&pg.out, &rd->sink, NULL);
+    if (!snap.done) {
+        snapshot_serve(rd, &pg, &snap);
+        kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
+                pg.pages, pg.page.index_partial ? "partial" : "whole");
+    }
     kvr_outbox_free(&pg.out);
     kvr_page_free(&pg.page);
     kvr_buf_free(&pg.buf);

@@ -366,3 +366,48 @@ KVR_TEST_END(active, sets_of_one_shape_but_other_pairs_are_not_shared, end)
     for (uint32_t w = 0; w < W; w++)
         cr_assert(eq(u64, act.w[w].blocks, 0), "worker %u", w);
 }
+
+/* What a walk in steps visited: each request id, how many times. */
+static uint32_t seen[32];
+
+static void count_request(void *ctx, const struct kvr_active_req *req)
+{
+    (void)ctx;
+    cr_assert(req->id < 32);
+    seen[req->id]++;
+}
+
+/* A snapshot walks the requests in slices while they change: the walk's next request ended
+ * between two steps neither ends nor derails it, one ended before its turn is not visited, one
+ * active again (moved to the tail) is visited in its new place (twice if it was visited already),
+ * one booked meanwhile is visited. */
+KVR_TEST_END(active, a_walk_in_steps_survives_requests_changing_between_them, end)
+{
+    uint32_t node;
+    for (uint64_t id = 1; id <= 20; id++) {
+        nodes_for(1000 + id, 1, &node);
+        cr_assert(eq(int, kvr_active_add(&act, id, 0, &node, 1, B, 0, id), KVR_OK));
+    }
+    memset(seen, 0, sizeof seen);
+    kvr_active_walk_begin(&act);
+    cr_assert(eq(u32, kvr_active_walk(&act, count_request, NULL, 5), 5)); /* 1..5 */
+    cr_assert(eq(int, kvr_active_remove(&act, 6), KVR_OK));               /* the walk's next one */
+    cr_assert(eq(int, kvr_active_remove(&act, 2), KVR_OK));               /* visited */
+    cr_assert(eq(int, kvr_active_remove(&act, 15), KVR_OK));
+    cr_assert(eq(int, kvr_active_prefill_done(&act, 10, 100), KVR_OK)); /* to the tail */
+    cr_assert(eq(int, kvr_active_prefill_done(&act, 3, 100), KVR_OK));  /* visited, to the tail */
+    nodes_for(2000, 1, &node);
+    cr_assert(eq(int, kvr_active_add(&act, 21, 1, &node, 1, B, 0, 100), KVR_OK));
+    uint32_t n;
+    while ((n = kvr_active_walk(&act, count_request, NULL, 4)) == 4)
+        ;
+    for (uint64_t id = 1; id <= 21; id++)
+        cr_assert(eq(u32, seen[id],
+                     id == 6 || id == 15 ? 0
+                     : id == 3           ? 2
+                                         : 1),
+                  "request %llu", (unsigned long long)id);
+    cr_assert(eq(u32, kvr_active_walk(&act, count_request, NULL, 4), 0), "the walk is over");
+    for (uint64_t id = 1; id <= 21; id++)
+        kvr_active_remove(&act, id);
+}

@@ -286,3 +286,43 @@ KVR_TEST_END(index, pruning_counts_live_entries_apart_from_guesses, end)
     kvr_index_set_bound(&ix, 1000);
     cr_assert(eq(u32, kvr_index_entries(&ix), 1), "a higher bound prunes nothing");
 }
+
+/* What a walk in steps visited: each engine id, how many times. */
+static uint32_t visits[4000];
+
+static void count_visit(void *ctx, uint32_t slot, uint64_t seq, bool has_engine, uint64_t engine_id,
+                        uint64_t expires)
+{
+    (void)ctx, (void)slot, (void)seq, (void)expires;
+    cr_assert(has_engine && engine_id < 4000);
+    visits[engine_id]++;
+}
+
+/* A snapshot walks the index in slices while events change it: every entry there throughout is
+ * visited once, the walk's next entry removed between two steps does not end or derail it, an
+ * entry removed before its turn is not visited, one stored meanwhile is. */
+KVR_TEST_END(index, a_walk_in_steps_survives_the_index_changing_between_them, end)
+{
+    struct kvr_kv_block b[100], c[5];
+    uint64_t seq[100];
+    path(1, 100, b, seq); /* engine ids 1000..1099, in age order */
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 100), KVR_OK));
+    memset(visits, 0, sizeof visits);
+    kvr_index_walk_begin(&ix);
+    cr_assert(eq(u32, kvr_index_walk(&ix, count_visit, NULL, 10), 10)); /* 1000..1009 */
+    uint64_t gone[3] = {1010, 1003, 1050}; /* the walk's next one, a visited one, a later one */
+    cr_assert(eq(int, kvr_index_removed(&ix, 0, gone, 3), KVR_OK));
+    path(3, 5, c, seq); /* 3000..3004, stored after the walk began */
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, NULL, c, 5), KVR_OK));
+    uint32_t steps = 0, n, total = 10;
+    while ((n = kvr_index_walk(&ix, count_visit, NULL, 7)) == 7)
+        total += n, steps++;
+    total += n;
+    cr_assert(eq(u32, total, 100 - 2 + 5), "every entry but the two removed before their turn");
+    for (uint64_t id = 1000; id < 1100; id++)
+        cr_assert(eq(u32, visits[id], id == 1010 || id == 1050 ? 0 : 1), "engine id %llu",
+                  (unsigned long long)id);
+    for (uint64_t id = 3000; id < 3005; id++)
+        cr_assert(eq(u32, visits[id], 1), "stored meanwhile: %llu", (unsigned long long)id);
+    cr_assert(eq(u32, kvr_index_walk(&ix, count_visit, NULL, 7), 0), "the walk is over");
+}
