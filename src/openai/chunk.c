@@ -62,7 +62,8 @@ static kvr_status parse_ids(struct kvr_oai_scratch *s, const json_t *ids, struct
     size_t n = json_array_size(ids);
     if (n > UINT32_MAX)
         return malformed(why, whylen, "too many token_ids");
-    if (!KVR_GROW(s->ids, s->cap, (uint32_t)n, 16))
+    /* at least one entry: an empty array is token ids too, never NULL (none sent) */
+    if (!KVR_GROW(s->ids, s->cap, n ? (uint32_t)n : 1, 16))
         return KVR_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         if (!as_u32(json_array_get(ids, i), &s->ids[i]))
@@ -92,7 +93,9 @@ static kvr_status parse_choice(struct kvr_oai_scratch *s, const json_t *choice,
     if (finish) {
         if (!json_is_string(finish))
             return malformed(why, whylen, "finish_reason is not a string");
-        out->finish_reason = kvr_log_safe(s->finish, sizeof s->finish, json_string_value(finish));
+        /* "" names no reason: as null (how a writer without null writes an unset string) */
+        kvr_log_safe(s->finish, sizeof s->finish, json_string_value(finish));
+        out->finish_reason = s->finish[0] ? s->finish : NULL;
     }
     const json_t *ids = member(choice, "token_ids");
     return ids ? parse_ids(s, ids, out, why, whylen) : KVR_OK;

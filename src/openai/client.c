@@ -51,20 +51,20 @@ struct stream {
     char *body;                   /* the request's JSON, owned (json_dumps) */
     struct kvr_sse sse;
     struct kvr_oai_scratch scratch;
-    long http;                /* the HTTP status once the body started */
-    bool checked;             /* status and content type were judged */
-    bool ended;               /* its end hook was called */
-    bool stop;                /* cancelled, seen by a delivery: abort the transfer */
-    bool finish_seen;         /* a chunk had a finish_reason */
-    bool done_seen;           /* data: [DONE] */
-    bool has_outcome;         /* the thread ended it itself: outcome and why say how */
-    bool bad_chunk;           /* the outcome is an event that failed to parse */
-    enum fail_kind kind;      /* with has_outcome */
-    kvr_status outcome;       /* with has_outcome */
-    uint32_t prev_completion; /* the last usage.completion_tokens seen */
-    uint64_t last_rx_ns;      /* when a byte last came (kvr_now_ns) */
-    uint64_t linger_ns;       /* after [DONE]: when to stop waiting for the end */
-    struct kvr_buf errbody;   /* an HTTP error's body, at most ERRBODY_MAX bytes */
+    long http;              /* the HTTP status once the body started */
+    bool checked;           /* status and content type were judged */
+    bool ended;             /* its end hook was called */
+    bool stop;              /* cancelled, seen by a delivery: abort the transfer */
+    bool finish_seen;       /* a chunk had a finish_reason */
+    bool done_seen;         /* data: [DONE] */
+    bool has_outcome;       /* the thread ended it itself: outcome and why say how */
+    bool bad_chunk;         /* the outcome is an event that failed to parse */
+    enum fail_kind kind;    /* with has_outcome */
+    kvr_status outcome;     /* with has_outcome */
+    uint32_t counted;       /* tokens its chunks stood for so far (n_tokens summed) */
+    uint64_t last_rx_ns;    /* when a byte last came (kvr_now_ns) */
+    uint64_t linger_ns;     /* after [DONE]: when to stop waiting for the end */
+    struct kvr_buf errbody; /* an HTTP error's body, at most ERRBODY_MAX bytes */
     char why[KVR_OAI_MESSAGE_MAX];
     char errbuf[CURL_ERROR_SIZE];
 };
@@ -215,20 +215,19 @@ static void stream_fail(struct stream *s, kvr_status st, enum fail_kind kind, co
 
 /* ---- the body of a stream ---- */
 
-/* Tokens a chunk stands for (openai.h, struct kvr_oai_chunk). */
+/* Tokens a chunk stands for (openai.h, struct kvr_oai_chunk): a usage counts what the stream's
+ * earlier chunks did not, so an engine's usage after chunks counted by their text adds no token
+ * twice. */
 static uint32_t chunk_tokens(struct stream *s, const struct kvr_oai_chunk *ch)
 {
     uint32_t n = 0;
     if (ch->token_ids)
         n = ch->n_token_ids;
     else if (s->scratch.has_choice && ch->have_usage)
-        n = ch->usage.completion_tokens > s->prev_completion
-                ? ch->usage.completion_tokens - s->prev_completion
-                : 0;
+        n = ch->usage.completion_tokens > s->counted ? ch->usage.completion_tokens - s->counted : 0;
     else if (s->scratch.has_choice)
         n = ch->text_len > 0;
-    if (ch->have_usage && ch->usage.completion_tokens > s->prev_completion)
-        s->prev_completion = ch->usage.completion_tokens;
+    s->counted = n > UINT32_MAX - s->counted ? UINT32_MAX : s->counted + n;
     return n;
 }
 
@@ -363,7 +362,7 @@ static kvr_status transfer_status(struct stream *s, CURLcode rc, enum fail_kind 
         return kvr_oai_http_status(s->http, msg);
     }
     kvr_status st = kvr_oai_curl_status(rc);
-    if (s->finish_seen && (st == KVR_OK || st == KVR_ERR_WORKER_LOST))
+    if (s->finish_seen && (st == KVR_OK || st == KVR_ERR_WORKER_LOST || st == KVR_ERR_TIMEOUT))
         return KVR_OK; /* every token came; only the usage chunk or [DONE] is missing */
     if (st == KVR_OK) {
         *kind = FAIL_LOST;
@@ -451,10 +450,11 @@ static void sweep(struct kvr_oai *c, uint64_t now)
             if (now > s->linger_ns)
                 stream_retire(c, s);
         } else if (c->idle_ms > 0 && now - s->last_rx_ns > (uint64_t)c->idle_ms * KVR_NS_PER_MS) {
-            char why[64];
+            char why[64]; /* silent after its finish: every token came, as in transfer_status */
             snprintf(why, sizeof why, "no data for %ld ms", c->idle_ms);
             stream_detach(c, s);
-            if (stream_end(c, s, KVR_ERR_TIMEOUT, FAIL_TIMEOUT, why))
+            kvr_status st = s->finish_seen ? KVR_OK : KVR_ERR_TIMEOUT;
+            if (stream_end(c, s, st, FAIL_TIMEOUT, st == KVR_OK ? "" : why))
                 stream_retire(c, s);
         }
     }

@@ -283,7 +283,8 @@ static bool server_tokens(const json_t *root, uint64_t *out)
     for (size_t i = 0; i < n; i++) {
         uint64_t v;
         if (!json_uint(json_object_get(json_array_get(states, i), "max_total_num_tokens"), 1, max,
-                       &v))
+                       &v) ||
+            v > max - sum) /* the sum is a count as each rank's is, never wrapped */
             return false;
         sum += v;
     }

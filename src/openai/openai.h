@@ -44,9 +44,9 @@ struct kvr_oai_config {
                                  connect_timeout_ms + 5 s; copied */
     long connect_timeout_ms;  /* TCP connect, per stream; 0: KVR_OAI_CONNECT_MS */
     long idle_timeout_ms;     /* a stream that receives no byte for this long (headers
-                                 included) ends with KVR_ERR_TIMEOUT (checked every 50 ms at
-                                 most); 0: never */
-    long total_timeout_ms;    /* a stream longer than this ends with KVR_ERR_TIMEOUT; 0: never */
+                                 included) ends with KVR_ERR_TIMEOUT, or KVR_OK past a
+                                 finish_reason (checked every 50 ms at most); 0: never */
+    long total_timeout_ms;    /* a stream longer than this ends so too; 0: never */
     uint32_t max_streams;     /* in flight at once; 0: KVR_OAI_MAX_STREAMS */
     uint32_t max_event_bytes; /* one SSE event, at most; 0: KVR_OAI_EVENT_BYTES */
     bool return_token_ids;    /* send "return_token_ids": true (vLLM >= 0.10.2) */
@@ -67,9 +67,11 @@ struct kvr_oai_usage {
  * a chunk with more than one choice is malformed). Everything is borrowed until the hook
  * returns.
  *
- * n_tokens, the tokens this chunk stands for: n_token_ids when the engine sent token_ids; else,
- * with continuous usage stats, the growth of usage.completion_tokens since the stream's previous
- * usage (0 if it did not grow); else 1 when text is non-empty, 0 when empty. The usage-only last
+ * n_tokens, the tokens this chunk stands for: n_token_ids when the engine sent token_ids (an
+ * empty array too); else, when the chunk carries usage (continuous usage stats, or an engine
+ * that puts its usage on its last chunk with a choice), how far usage.completion_tokens is past
+ * the sum of the stream's earlier n_tokens (0 if it is not past: a usage never counts again what
+ * earlier chunks stood for); else 1 when text is non-empty, 0 when empty. The usage-only last
  * chunk of include_usage (no choices) has n_tokens 0, text_len 0 and no finish_reason. An event
  * with empty data is skipped; data: [DONE] is no chunk (it ends the stream).
  */
@@ -80,7 +82,7 @@ struct kvr_oai_chunk {
     const char *text;          /* the model's output: any bytes, NUL-terminated at text_len,
                                   may contain NULs and control characters; "" when none */
     size_t text_len;           /* bytes in text */
-    const char *finish_reason; /* NULL while null/absent; else the engine's word ("length",
+    const char *finish_reason; /* NULL while null/absent/""; else the engine's word ("length",
                                   "stop", anything else) made safe as kvr_log_safe does
                                   (printable ASCII unchanged, other bytes as \xNN) and cut to
                                   KVR_OAI_FINISH_MAX - 1 bytes */
@@ -96,9 +98,10 @@ struct kvr_oai_chunk {
  * last chunk; never for a cancelled one. message (never NULL, NUL-terminated, at most
  * KVR_OAI_MESSAGE_MAX - 1 bytes, printable ASCII only: safe to log) is "" with KVR_OK. The
  * statuses:
- *   KVR_OK                   data: [DONE]; or the stream ended (cleanly, or cut) after a
- *                            chunk with a finish_reason: every token came, only the usage
- *                            chunk or [DONE] is missing
+ *   KVR_OK                   data: [DONE]; or the stream ended (cleanly, cut, or silent
+ *                            past the idle or total timeout) after a chunk with a
+ *                            finish_reason: every token came, only the usage chunk or [DONE]
+ *                            is missing
  *   KVR_ERR_MAX_TOKENS_TOO_LARGE  HTTP 400/413/422 whose message names max_tokens and says
  *                            "too large" or "exceed"
  *   KVR_ERR_PROMPT_TOO_LONG  HTTP 400/413/422 whose message says "context length", "maximum
@@ -107,7 +110,8 @@ struct kvr_oai_chunk {
  *   KVR_ERR_INVALID          any other HTTP 400, 413, 422; 404 (no such model or path), 405,
  *                            other 4xx
  *   KVR_ERR_OVERLOADED       HTTP 429 or 503
- *   KVR_ERR_TIMEOUT          HTTP 408 or 504; a connect, idle or total timeout
+ *   KVR_ERR_TIMEOUT          HTTP 408 or 504; a connect, idle or total timeout (before a
+ *                            finish_reason)
  *   KVR_ERR_IO               other HTTP 5xx; other statuses that are not 2xx; an error object
  *                            inside the stream (message "engine error: ..."); any other curl
  *                            failure (the message is curl's)

@@ -375,6 +375,39 @@ KVR_TEST_END(client, continuous_usage_counts_tokens_without_ids, end)
     cr_assert(eq(u64, s.tokens, 16));
 }
 
+/* An engine that puts its usage on the last chunk with a choice (not on every chunk, not on a
+ * usage-only chunk): the text chunks count one each, the usage adds only what they did not
+ * count (it once added its whole count again: 6 for 3 tokens, and the adapter took a stream of
+ * max_tokens tokens for one past its max_tokens). */
+KVR_TEST_END(client, usage_on_the_last_choice_counts_no_token_twice, end)
+{
+    client((struct kvr_oai_config){.continuous_usage = true});
+    const char *body = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"b\"}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"c\"}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}],"
+                       "\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":3}}\n\n"
+                       "data: [DONE]\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    struct seen s = run(9, TS_RAW, 0, 0, 0, 0);
+    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
+    cr_assert(eq(u32, s.chunks, 4));
+    cr_assert(eq(u64, s.tokens, 3));
+    /* two tokens a chunk, the usage then says how many the text chunks stood for */
+    body = "data: {\"choices\":[{\"text\":\"ab\"}]}\n\n"
+           "data: {\"choices\":[{\"text\":\"cd\"}]}\n\n"
+           "data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}],"
+           "\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":4}}\n\n"
+           "data: [DONE]\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    s = run(19, TS_RAW, 0, 0, 0, 0);
+    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
+    cr_assert(eq(u64, s.tokens, 4));
+    struct kvr_oai_stats st;
+    kvr_oai_stats(R.c, &st);
+    cr_assert(eq(u64, st.tokens, 7));
+}
+
 KVR_TEST_END(client, finish_reasons_and_ends, end)
 {
     client((struct kvr_oai_config){.return_token_ids = true});
@@ -519,6 +552,52 @@ KVR_TEST_END(client, total_timeout, end)
     struct kvr_oai_stats st;
     kvr_oai_stats(R.c, &st);
     cr_assert(eq(u64, st.failed_timeout, 1));
+}
+
+/* Every token came (a finish_reason), then the engine fell silent without [DONE] or closing:
+ * done, as when it closes or the connection is cut there (it once failed with KVR_ERR_TIMEOUT,
+ * a whole answer reported as lost); the connection is closed all the same. Without a finish,
+ * still a timeout. */
+KVR_TEST_END(client, silence_after_the_finish_is_done, end)
+{
+    const char *body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],"
+                       "\"finish_reason\":\"stop\"}]}\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    client((struct kvr_oai_config){.idle_timeout_ms = 200, .return_token_ids = true});
+    struct seen s = run(46, TS_RAW, 0, 0, 1, 0);
+    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
+    cr_assert(eq(str, s.finish, "stop"));
+    cr_assert(eq(u32, s.n_ids, 2));
+    cr_assert(tsrv_wait_closed(srv, 1, WAIT_MS));
+    struct kvr_oai_stats st;
+    kvr_oai_stats(R.c, &st);
+    cr_assert(eq(u64, st.finished, 1));
+    cr_assert(eq(u64, st.failed, 0));
+    kvr_oai_destroy(R.c);
+    client((struct kvr_oai_config){.total_timeout_ms = 300, .return_token_ids = true});
+    s = run(47, TS_RAW, 0, 0, 1, 0);
+    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
+    cr_assert(tsrv_wait_closed(srv, 2, WAIT_MS));
+    body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    s = run(48, TS_RAW, 0, 0, 1, 0);
+    cr_assert(eq(int, s.st, KVR_ERR_TIMEOUT), "%s", s.msg);
+}
+
+/* "finish_reason": "" on every chunk (a server that writes an unset string field as "", not
+ * null) names no reason: a stream cut after such chunks is lost, not whole (it once ended
+ * KVR_OK, a partial answer passed on as complete, its finish_reason ""). */
+KVR_TEST_END(client, an_empty_finish_reason_is_none, end)
+{
+    const char *body = "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"\"}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"\"}]}\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    client((struct kvr_oai_config){0});
+    struct seen s = run(49, TS_RAW, 0, 0, 0, 0);
+    cr_assert(eq(int, s.st, KVR_ERR_WORKER_LOST), "%s", s.msg);
+    cr_assert(eq(u32, s.chunks, 2));
+    cr_assert(eq(u32, s.finishes, 0));
 }
 
 /* ---- cancels ---- */

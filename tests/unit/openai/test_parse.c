@@ -269,6 +269,29 @@ Test(chunk, vllm_shapes)
     kvr_oai_scratch_free(&s);
 }
 
+/* "token_ids": [] is token ids, none of them: never taken for no token_ids at all (on a fresh
+ * scratch it once came out NULL, so the chunk counted by its text, as an engine without ids) */
+Test(chunk, empty_token_ids_are_ids_an_empty_finish_reason_is_none)
+{
+    struct kvr_oai_scratch s = {0};
+    struct kvr_oai_chunk c;
+    char why[KVR_OAI_MESSAGE_MAX];
+    cr_assert(
+        eq(int, parse(&s, "{\"choices\":[{\"text\":\"a\",\"token_ids\":[]}]}", &c, why), KVR_OK));
+    cr_assert(ne(ptr, (void *)c.token_ids, NULL));
+    cr_assert(eq(u32, c.n_token_ids, 0));
+    cr_assert(eq(int, parse(&s, "{\"choices\":[{\"text\":\"a\"}]}", &c, why), KVR_OK));
+    cr_assert(eq(ptr, (void *)c.token_ids, NULL)); /* absent: none */
+    /* and a finish_reason "" (or one that is nothing printable before a NUL) is none */
+    cr_assert(eq(int, parse(&s, "{\"choices\":[{\"text\":\"a\",\"finish_reason\":\"\"}]}", &c, why),
+                 KVR_OK));
+    cr_assert(eq(ptr, (void *)c.finish_reason, NULL));
+    cr_assert(
+        eq(int, parse(&s, "{\"choices\":[{\"finish_reason\":\"\\u0000stop\"}]}", &c, why), KVR_OK));
+    cr_assert(eq(ptr, (void *)c.finish_reason, NULL));
+    kvr_oai_scratch_free(&s);
+}
+
 Test(chunk, malformed)
 {
     static const char *const bad[] = {
@@ -651,6 +674,26 @@ Test(metrics, sglang)
                   "%s", bad[i]);
         cr_expect(not(z.have_block_size));
     }
+}
+
+/* SGLang's capacity summed over many data-parallel ranks stays a count: 65,536 ranks of 2^48
+ * tokens each once wrapped the sum to 0 (and 65,537 to 2^48, a capacity no rank reported) */
+Test(metrics, sglang_capacity_summed_over_ranks_never_wraps)
+{
+    size_t n = 65536, cap = n * 64 + 64, len = 0;
+    char *json = malloc(cap);
+    len += (size_t)snprintf(json + len, cap - len, "{\"page_size\":1,\"internal_states\":[");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(json + len, cap - len, "%s{\"max_total_num_tokens\":%llu}",
+                                i ? "," : "", 1ull << 48);
+    len += (size_t)snprintf(json + len, cap - len, "]}");
+    cr_assert(lt(sz, len, cap));
+    struct kvr_engine_metrics m = {0};
+    kvr_status st = kvr_oai_server_info_parse(json, len, &m);
+    free(json);
+    cr_assert(eq(int, st, KVR_ERR_MALFORMED), "capacity %llu",
+              (unsigned long long)m.capacity_tokens);
+    cr_assert(not(m.have_capacity_tokens));
 }
 
 Test(metrics, garbage)

@@ -248,6 +248,10 @@ static int produce(struct req *r)
         return 0;
     case TS_RAW: {
         struct tsrv *s = r->srv;
+        if (r->raw_pos >= s->raw_len && r->p[3] == 1) { /* then silent until the client goes */
+            r->cut = !wait_close(r, 10000000);
+            return -1;
+        }
         if (r->raw_pos >= s->raw_len)
             return 1;
         size_t n = r->p[1] ? r->p[1] : s->raw_len;

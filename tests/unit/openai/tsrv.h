@@ -23,7 +23,8 @@ enum tsrv_scenario {
     TS_SILENT,       /* headers, then nothing until the client closes (10 s at most) */
     TS_HOLD,         /* a chunk every p1 us until the client closes */
     TS_RAW,          /* the raw body set by tsrv_set_raw, p1 bytes per write (0: all);
-                        p2: 1 answers Content-Type application/json instead */
+                        p2: 1 answers Content-Type application/json instead; p3: 1 keeps
+                        the connection open after it, silent, until the client closes */
     TS_BIG,          /* one event of p1 bytes of data */
     TS_NOBODY,       /* 200, text/event-stream, no body */
 };
