@@ -100,16 +100,33 @@ test("cancel while queued: the router takes it out, one final ERR_CANCELLED, no 
   assert.ok(p.length === 0, problemsMessage("a cancel of a queued request", p, s));
 });
 
+// The contract: the deadline runs from the first router's receipt (after the publish) and the
+// stream "never ends earlier than that". A lower bound only: a slow machine makes it later, never
+// earlier.
+function tooEarly(s, req, t0) {
+  const fm = s.msgs.find((m) => m.chunk && m.chunk.final);
+  if (!fm || fm.t - t0 >= req.deadline_ms) return [];
+  return [`the final chunk came ${fm.t - t0} ms after the publish, before deadline_ms ` +
+    `(${req.deadline_ms}): a deadline never ends a request earlier`];
+}
+
 test("deadline_ms while generating: one final ERR_DEADLINE (26), position = tokens received", T, async () => {
+  // 1 s: at the simulated worker's real-time pace the stream is well under way by then, and
+  // 3000 tokens are far from done
   const req = { request_id: rid("deadline"), token_ids: prompt(200, freshSeed()), max_tokens: 3000,
-    deadline_ms: 400 };
+    deadline_ms: 1000 };
+  const t0 = Date.now();
   const s = generate(h.nc, NS, req);
-  await s.waitFinal(10000, "the final chunk after the deadline (400 ms)");
+  await s.waitFinal(10000, "the final chunk after the deadline (1000 ms)");
   await sleep(500);
   s.close();
   const p = endedProblems(s, req, ERR_DEADLINE);
   if (s.final && s.final.position >= req.max_tokens) p.push("the request ran to its end: the deadline did not stop it");
-  assert.ok(p.length === 0, problemsMessage("deadline_ms 400 on a 3000-token request", p, s));
+  if (!s.chunks.some((c) => !c.final && c.token_ids.length > 0)) {
+    p.push("no token came before the final chunk: the deadline did not end a request that was generating");
+  }
+  p.push(...tooEarly(s, req, t0));
+  assert.ok(p.length === 0, problemsMessage("deadline_ms 1000 on a 3000-token request", p, s));
 });
 
 test("deadline_ms while queued: one final ERR_DEADLINE (26), no token", T, async () => {
@@ -117,6 +134,7 @@ test("deadline_ms while queued: one final ERR_DEADLINE (26), no token", T, async
   const req = { request_id: rid("deadline-queued"), token_ids: prompt(32, freshSeed()), max_tokens: 8,
     deadline_ms: 600 };
   let s;
+  const t0 = Date.now();
   try {
     s = generate(h.nc, BUSY, req);
     await s.waitFinal(10000, `the final ERR_DEADLINE chunk of a request queued past its deadline ` +
@@ -129,5 +147,6 @@ test("deadline_ms while queued: one final ERR_DEADLINE (26), no token", T, async
   s.close();
   const p = endedProblems(s, req, ERR_DEADLINE);
   if (s.chunks.length !== 1) p.push(`a request that waited past its deadline gets exactly one chunk, the final, got ${s.chunks.length}`);
+  p.push(...tooEarly(s, req, t0));
   assert.ok(p.length === 0, problemsMessage("deadline_ms 600 while queued", p, s));
 });

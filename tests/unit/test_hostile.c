@@ -10,9 +10,12 @@
 #define _GNU_SOURCE /* memmem */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "clock.h"
@@ -200,10 +203,66 @@ Test(hostile, a_capacity_from_the_wire_does_not_lift_the_bound)
     cr_log_info("2^18 output blocks under a 2^40-block capacity: refused in %.1f us", us);
 }
 
+/* The salt another process's daemon state drew: this very test, run alone in a child (this
+ * binary, --filter), writes it to a file instead of checking. */
+static uint64_t salt_of_another_process(void)
+{
+    char self[4096], out[] = "/tmp/kvr_salt_XXXXXX";
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1); /* valgrind: the client's */
+    cr_assert(gt(sz, (size_t)(n > 0 ? n : 0), 0), "readlink /proc/self/exe");
+    self[n] = 0;
+    int fd = mkstemp(out);
+    cr_assert(fd >= 0);
+    close(fd);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (!pid) { /* a clean environment: none of the test runner's own (its child would take
+                 * itself for one of the runner's workers) */
+        char var[64];
+        snprintf(var, sizeof var, "KVR_TEST_SALT_OUT=%s", out);
+        char *const env[] = {var, NULL};
+        int null = open("/dev/null", O_WRONLY); /* its report is the file */
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execle(self, self, "--filter=hostile/hash_flooding_the_daemon_salts_its_tables", "--jobs=1",
+               (char *)NULL, env);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert(eq(int, waitpid(pid, &st, 0), pid));
+    bool ran = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    cr_assert(ran, "the child run failed: status %#x", st);
+    FILE *f = fopen(out, "r");
+    unsigned long long v = 0;
+    int got = f ? fscanf(f, "%llu", &v) : 0;
+    if (f)
+        fclose(f);
+    unlink(out);
+    cr_assert(eq(int, got, 1), "the child wrote no salt");
+    return (uint64_t)v;
+}
+
+/* The salt is drawn per process (getrandom): a fixed one, even non-zero, is one an attacker can
+ * aim keys at. Two processes' salts differ (equal by chance with probability 2^-64). */
 Test(hostile, hash_flooding_the_daemon_salts_its_tables)
 {
+    const char *out = getenv("KVR_TEST_SALT_OUT");
+    if (out) { /* the child of the run below: report, nothing else */
+        FILE *f = fopen(out, "w");
+        cr_assert(f != NULL);
+        fprintf(f, "%llu\n", (unsigned long long)kvr_map_salt);
+        cr_assert(eq(int, fclose(f), 0));
+        return;
+    }
     cr_assert(ne(u64, kvr_map_salt, 0), "keys from the wire are mixed with a random salt "
                                         "(the flood itself: test_map.c)");
+    uint64_t other = salt_of_another_process();
+    cr_assert(ne(u64, other, 0), "the other process salted too");
+    cr_assert(ne(u64, other, kvr_map_salt),
+              "two daemons drew the same salt (%llu): it is fixed, not random",
+              (unsigned long long)other);
 }
 
 /* Still open: a heartbeat is believed. A forged one announcing one block makes a live worker
