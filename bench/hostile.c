@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "clock.h"
 #include "codec.h"
 #include "events.h"
@@ -303,6 +304,13 @@ static void deliver_snapshot_ask(const struct kvr_buf *b)
     kvr_sync_on_request(&rd, "kv.default.router.pages.peer", b->data, b->len);
 }
 
+/* A digest request (its payload is not read), the index first filled as for a snapshot. */
+static void deliver_digest_ask(const struct kvr_buf *b)
+{
+    (void)b;
+    kvr_api_on_digest(&rd, "_INBOX.bench");
+}
+
 /* Worker 1's heartbeat listing n keys in flight it holds (fresh keys nobody knows) and n / 4 it
  * ended, at most the caps. */
 static void make_heartbeat(struct kvr_buf *b, uint32_t n)
@@ -368,6 +376,8 @@ static const struct kind k_heartbeat = {"heartbeat", make_heartbeat, deliver_hea
 static const struct kind k_stored = {"kv stored", make_stored, deliver_kv, clear_index};
 static const struct kind k_snapshot = {"sync request (snapshot)", make_snapshot_ask,
                                        deliver_snapshot_ask, clear_index};
+static const struct kind k_digest = {"digest request", make_snapshot_ask, deliver_digest_ask,
+                                     clear_index};
 
 static const struct row rows[] = {
     {&k_generate, "tokens: 512 / 1,048,576 (the prompt limit)", 512, 1u << 20},
@@ -381,6 +391,7 @@ static const struct row rows[] = {
     {&k_stored, "blocks: 8 / 4,096 (the decoder's cap)", 8, KVR_WIRE_STORED_BLOCKS_MAX},
     {&k_snapshot, "index entries served: 512 / 131,072 (8 x 16,384: every block cached)", 512,
      WORKERS *CAPACITY},
+    {&k_digest, "index entries digested: 512 / 131,072", 512, WORKERS *CAPACITY},
 };
 
 static void report(const struct row *r, int repeats_ordinary, int repeats_worst)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "grow.h"
+#include "kvr/rng.h"
 
 #define UNREF_PREFETCH 8u
 #define LOADS_FIRST    16u /* load_first entries to start with */
@@ -300,6 +301,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     r->max_tokens = 0;
     r->noted = false;
     kvr_list_append(&w->reqs, &a->reqs, WL, h);
+    a->digest ^= kvr_mix64(id ^ w->key);
     w->blocks += r->extra;
     w->prefill += r->prefill;
     if (w->load_pos != KVR_NIL)
@@ -365,6 +367,7 @@ static void remove_handle(struct kvr_active *a, uint32_t h)
     if (w->load_pos != KVR_NIL)
         load_down(a, r->slot, w->nreqs);
     a->nworking -= --w->nreqs == 0;
+    a->digest ^= kvr_mix64(r->id ^ w->key);
     kvr_list_unlink(&w->reqs, &a->reqs, WL, h);
     kvr_list_unlink(&a->ttl, &a->reqs, TTL, h);
     kvr_map_del(&a->ids, r->id);

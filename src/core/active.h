@@ -44,6 +44,8 @@ struct kvr_active_worker {
     uint32_t nreqs;       /* requests in flight */
     uint32_t load_pos;    /* its position in by_load; KVR_NIL while not listed */
     struct kvr_list reqs; /* its requests */
+    uint64_t key;         /* the digest's name for the worker in this slot (set when it joins,
+                             with no request in flight) */
 };
 
 struct kvr_active {
@@ -54,6 +56,8 @@ struct kvr_active {
     uint32_t nslots;             /* */
     uint32_t nworking;           /* workers with at least one request in flight */
     struct kvr_list ttl;         /* requests, least recently active first */
+    uint64_t digest;             /* XOR of kvr_mix64(id ^ key of its slot) over the requests,
+                                    kept as they come and go */
     uint32_t block_size;         /* B */
     size_t node_bytes;           /* bytes of the requests' node arrays */
     /*

@@ -13,6 +13,7 @@
 
 #include "grow.h"
 #include "kvr/hash.h"
+#include "kvr/rng.h"
 
 #define EVENT_ENTRY UINT64_MAX /* expires value of an event entry */
 
@@ -80,6 +81,12 @@ kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots)
     return KVR_OK;
 }
 
+void kvr_index_set_key(struct kvr_index *ix, uint32_t slot, uint64_t key)
+{
+    assert(slot < ix->nslots && ix->counts[slot] == 0); /* its entries were named by the last */
+    ix->w[slot].key = key;
+}
+
 /* Drop one entry everywhere; frees its node when nothing else holds it. */
 static void entry_remove(struct kvr_index *ix, uint32_t h)
 {
@@ -93,6 +100,7 @@ static void entry_remove(struct kvr_index *ix, uint32_t h)
     assert(ix->counts[e->slot] > 0);
     ix->counts[e->slot]--;
     struct kvr_node *node = kvr_blocktab_node(ix->tab, e->node);
+    ix->digest ^= kvr_mix64(node->seq ^ w->key);
     bool held = kvr_hset_del(&node->idx, e->slot, &ix->tab->set_bytes);
     assert(held); /* an entry is in its node's idx set under its slot */
     (void)held;
@@ -123,6 +131,7 @@ static kvr_status entry_add(struct kvr_index *ix, uint32_t slot, uint32_t nh, ui
     e->expires = expires;
     kvr_list_append(&w->entries, &ix->entries, WL, h);
     ix->counts[slot]++;
+    ix->digest ^= kvr_mix64(node->seq ^ w->key);
     lru_append(ix, h);
     *out = h;
     return KVR_OK;

@@ -41,6 +41,7 @@ struct kvr_index_entry {
 struct kvr_index_worker {
     struct kvr_map engines;  /* engine block id -> entry; allocated on the first event */
     struct kvr_list entries; /* this worker's entries */
+    uint64_t key;            /* the digest's name for the worker (kvr_index_set_key) */
 };
 
 struct kvr_index {
@@ -56,6 +57,8 @@ struct kvr_index {
     uint64_t warned_live;          /* cnt.pruned_live when it was last reported */
     uint64_t warned_at;            /* ns of that report (warned: there was one) */
     bool warned;                   /* */
+    uint64_t digest; /* XOR of kvr_mix64(seq ^ key of its slot) over the entries, kept as they
+                        come and go (kvr_router_digest reads it: no walk) */
 };
 
 kvr_status kvr_index_init(struct kvr_index *ix, struct kvr_blocktab *tab,
@@ -64,6 +67,10 @@ void kvr_index_free(struct kvr_index *ix);
 
 /* Make room for worker slots below nslots. */
 kvr_status kvr_index_reserve(struct kvr_index *ix, uint32_t nslots);
+
+/* Name the worker that takes slot (it holds no entry yet) in the digest: the same worker has the
+ * same key on every router. */
+void kvr_index_set_key(struct kvr_index *ix, uint32_t slot, uint64_t key);
 
 /*
  * A Stored event: blocks[0..n) were filled on worker slot, each the child of the one before,

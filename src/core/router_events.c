@@ -109,6 +109,8 @@ static struct kvr_worker *join(struct kvr_router *r, const struct kvr_worker_inf
         return NULL;
     }
     assert(r->act.w[slot].nreqs == 0 && kvr_index_worker_blocks(&r->ix, slot) == 0);
+    r->act.w[slot].key = kvr_mix64(info->id); /* the digest's names for it (kvr_router_digest) */
+    kvr_index_set_key(&r->ix, slot, kvr_mix64(info->id + 1));
     kvr_pshare_clear(&r->psh, slot); /* a slot's previous worker's prefills are not its own */
     struct kvr_worker *w = &r->reg.by_slot[slot];
     w->block_size = info->block_size;
