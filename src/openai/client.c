@@ -245,6 +245,10 @@ static bool on_event(void *ud, const char *data, size_t len)
     struct kvr_oai_chunk ch;
     char why[KVR_OAI_MESSAGE_MAX];
     kvr_status st = kvr_oai_chunk_parse(&s->scratch, data, len, &ch, why, sizeof why);
+    if (st == KVR_ERR_IO && s->finish_seen) { /* an engine's error after its finish (SGLang's */
+        s->done_seen = true;                  /* usage chunk failing): every token came */
+        return false;
+    }
     if (st != KVR_OK) {
         s->bad_chunk = st == KVR_ERR_MALFORMED;
         stream_fail(s, st, st == KVR_ERR_IO ? FAIL_STREAM : FAIL_MALFORMED, why);

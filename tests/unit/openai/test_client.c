@@ -600,6 +600,28 @@ KVR_TEST_END(client, an_empty_finish_reason_is_none, end)
     cr_assert(eq(u32, s.finishes, 0));
 }
 
+/* An engine's error event after the finish (SGLang emits one when something fails once the last
+ * token is out, building its usage chunk): every token came, the stream is whole; before the
+ * finish the same event fails it. */
+KVR_TEST_END(client, an_error_after_the_finish_leaves_the_stream_whole, end)
+{
+    const char *body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
+                       "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],"
+                       "\"finish_reason\":\"stop\"}]}\n\n"
+                       "data: {\"error\":{\"message\":\"usage failed\",\"code\":500}}\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    client((struct kvr_oai_config){.idle_timeout_ms = 5000, .return_token_ids = true});
+    struct seen s = run(141, TS_RAW, 0, 0, 1, 0);
+    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
+    cr_assert(eq(str, s.finish, "stop"));
+    cr_assert(eq(u32, s.n_ids, 2));
+    body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
+           "data: {\"error\":{\"message\":\"queue full\",\"code\":500}}\n\n";
+    tsrv_set_raw(srv, body, strlen(body));
+    s = run(142, TS_RAW, 0, 0, 1, 0);
+    cr_assert(eq(int, s.st, KVR_ERR_IO), "%s", s.msg);
+}
+
 /* ---- cancels ---- */
 
 KVR_TEST_END(client, cancel_from_a_hook, end)
