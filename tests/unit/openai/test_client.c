@@ -554,15 +554,18 @@ KVR_TEST_END(client, total_timeout, end)
     cr_assert(eq(u64, st.failed_timeout, 1));
 }
 
+/* Two chunks of one token each, the second with finish_reason "stop". */
+#define TWO_THEN_STOP                                                                              \
+    "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"                                 \
+    "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],\"finish_reason\":\"stop\"}]}\n\n"
+
 /* Every token came (a finish_reason), then the engine fell silent without [DONE] or closing:
  * done, as when it closes or the connection is cut there (it once failed with KVR_ERR_TIMEOUT,
  * a whole answer reported as lost); the connection is closed all the same. Without a finish,
  * still a timeout. */
 KVR_TEST_END(client, silence_after_the_finish_is_done, end)
 {
-    const char *body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
-                       "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],"
-                       "\"finish_reason\":\"stop\"}]}\n\n";
+    const char *body = TWO_THEN_STOP;
     tsrv_set_raw(srv, body, strlen(body));
     client((struct kvr_oai_config){.idle_timeout_ms = 200, .return_token_ids = true});
     struct seen s = run(46, TS_RAW, 0, 0, 1, 0);
@@ -605,10 +608,8 @@ KVR_TEST_END(client, an_empty_finish_reason_is_none, end)
  * finish the same event fails it. */
 KVR_TEST_END(client, an_error_after_the_finish_leaves_the_stream_whole, end)
 {
-    const char *body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
-                       "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],"
-                       "\"finish_reason\":\"stop\"}]}\n\n"
-                       "data: {\"error\":{\"message\":\"usage failed\",\"code\":500}}\n\n";
+    const char *body =
+        TWO_THEN_STOP "data: {\"error\":{\"message\":\"usage failed\",\"code\":500}}\n\n";
     tsrv_set_raw(srv, body, strlen(body));
     client((struct kvr_oai_config){.idle_timeout_ms = 5000, .return_token_ids = true});
     struct seen s = run(141, TS_RAW, 0, 0, 1, 0);
