@@ -510,6 +510,17 @@ static void limits_or_defaults(const struct kvr_kvev_limits *in, struct kvr_kvev
     l->max_bytes = in && in->max_bytes ? in->max_bytes : KVR_KVEV_MAX_BYTES;
 }
 
+/* msgpack-c builds 24 bytes an object before the walk can count events, hashes and tokens: the
+ * objects are bounded by what a batch within the limits holds (an event's fields and their small
+ * lists, a hash as one object or two, a token one), so a batch of tiny objects cannot cost 24
+ * times its bytes */
+uint64_t kvr_kvev_max_objects(const struct kvr_kvev_limits *lim)
+{
+    struct kvr_kvev_limits l;
+    limits_or_defaults(lim, &l);
+    return (uint64_t)l.max_events * 32 + (uint64_t)l.max_hashes * 2 + (uint64_t)l.max_tokens + 64;
+}
+
 kvr_status kvr_kvev_decode(const void *data, size_t len, const struct kvr_kvev_limits *lim,
                            struct kvr_kvev_batch *out)
 {
@@ -524,13 +535,7 @@ kvr_status kvr_kvev_decode(const void *data, size_t len, const struct kvr_kvev_l
         return KVR_ERR_TOO_LARGE;
     if (len == 0)
         return KVR_ERR_MALFORMED;
-    /* msgpack-c builds 24 bytes an object before the walk can count events, hashes and tokens:
-     * bound the objects by what a batch within those limits holds (an event's fields and their
-     * small lists, a hash as one object or two, a token one), so a batch of tiny objects cannot
-     * cost 24 times its bytes */
-    uint64_t max_objects =
-        (uint64_t)l.max_events * 32 + (uint64_t)l.max_hashes * 2 + (uint64_t)l.max_tokens + 64;
-    kvr_status pre = kvr_kvev_prescan(data, len, max_objects);
+    kvr_status pre = kvr_kvev_prescan(data, len, kvr_kvev_max_objects(&l));
     if (pre != KVR_OK)
         return pre;
 

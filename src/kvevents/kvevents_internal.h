@@ -15,6 +15,9 @@
  * counted alike (kvevents.c). p is borrowed. */
 kvr_status kvr_kvev_prescan(const uint8_t *p, size_t len, uint64_t max_objects);
 
+/* The objects a batch within limits l (defaults taken) may hold: kvr_kvev_decode's bound. */
+uint64_t kvr_kvev_max_objects(const struct kvr_kvev_limits *l);
+
 /*
  * Testing: make the decoder's n-th allocation of its own (the batch's arrays; not msgpack-c's
  * zone) from now on, on this thread, fail once (0: the next one); -1 disarms. Returns the

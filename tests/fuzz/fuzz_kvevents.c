@@ -59,7 +59,10 @@ static void check_shape(const struct kvr_kvev_batch *b, const struct kvr_kvev_li
     FUZZ_CHECK(nh <= lim->max_hashes && nt <= lim->max_tokens);
 }
 
-static bool fits(const struct kvr_kvev_batch *b, size_t size, const struct kvr_kvev_limits *lim)
+/* Whether batch b, decoded from data[0..size), is within lim: its counts, its bytes and its
+ * msgpack objects (an event's unknown fields count there only). */
+static bool fits(const struct kvr_kvev_batch *b, const uint8_t *data, size_t size,
+                 const struct kvr_kvev_limits *lim)
 {
     uint64_t nh = 0, nt = 0;
     for (uint32_t i = 0; i < b->nevents; i++) {
@@ -67,7 +70,8 @@ static bool fits(const struct kvr_kvev_batch *b, size_t size, const struct kvr_k
         nt += b->events[i].ntokens;
     }
     return b->nevents + b->unknown_events <= lim->max_events && nh <= lim->max_hashes &&
-           nt <= lim->max_tokens && size <= lim->max_bytes;
+           nt <= lim->max_tokens && size <= lim->max_bytes &&
+           kvr_kvev_prescan(data, size, kvr_kvev_max_objects(lim)) == KVR_OK;
 }
 
 /* b decoded, encoded with how, decoded again into c: the same values, as the form keeps them. */
@@ -155,7 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(t.nevents == b.nevents && t.unknown_events == b.unknown_events);
     } else {
         FUZZ_CHECK(zeroed(&t));
-        FUZZ_CHECK(!(st == KVR_OK && fits(&b, size, &tight)));
+        FUZZ_CHECK(!(st == KVR_OK && fits(&b, data, size, &tight)));
         FUZZ_CHECK(st != KVR_OK || ts == KVR_ERR_TOO_LARGE);
     }
     kvr_kvev_batch_free(&t);
