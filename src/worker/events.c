@@ -65,6 +65,7 @@ static void lifecycle(struct kvr_worker *w, const struct kvr_wire_event *ev)
     if (w->clashed)
         return;
     if (!w->cfg->event_batch_ns || w->stopping) { /* stopping: no engine thread may seal it */
+        kvr__worker_seal(w); /* those held before the stop go first (no-op when none) */
         send_event(w, ev);
         return;
     }

@@ -406,14 +406,21 @@ void kvr_wk_link_drain(struct kvr_wk_link *l)
         kvr_worker_heartbeat(l->w);
         kvr_sleep_ns(KVR_WK_LEAVE_NS);
     }
-    kvr_worker_set_draining(l->w, true);
+    /* then the subscription goes, and what it still delivers is served: the forwards waiting in
+     * its queue were sent before the routers heard (a worker behind on its messages has seconds
+     * of them), and refused they ended their clients' streams with ERR_SHUTDOWN. Refused only
+     * after it (a drain that ran out of time) */
     natsSubscription_Drain(l->sub_gen);
     natsSubscription_WaitForDrainCompletion(l->sub_gen, 5000);
+    kvr_worker_set_draining(l->w, true);
     if (connected(l))
         kvr_worker_heartbeat(l->w); /* routers stop sending here */
     uint64_t deadline = kvr_now_ns() + l->w->cfg->drain_timeout_ns;
     uint32_t left;
-    while ((left = kvr_worker_held(l->w)) && kvr_now_ns() <= deadline && !kvr_worker_clashed(l->w))
+    /* the requests held, and the repeat after a cut (kvr_worker_held); an outgoing connection
+     * closed for good carries nothing more */
+    while ((left = kvr_worker_held(l->w)) && kvr_now_ns() <= deadline &&
+           !kvr_worker_clashed(l->w) && !natsConnection_IsClosed(l->nc_out))
         kvr_sleep_ns(20 * KVR_NS_PER_MS);
     if (left)
         kvr_log(KVR_LOG_WARN, "drain_timeout", "requests_left=%u", left);

@@ -161,6 +161,13 @@ static void remember(struct kvr_worker *w, uint64_t key, kvr_status outcome, boo
         w->c.dropped++;
 }
 
+/* What kept stream r costs of the budget, in 4-byte units: its tokens and their text (an engine's
+ * chunk may carry up to KVR_WIRE_TEXT_MAX bytes for one token). */
+static uint64_t kept_weight(const struct kvr_wreq *r)
+{
+    return (uint64_t)r->ntoks + (r->ntext + 3u) / 4u;
+}
+
 /* Free the kept streams past their time (none while a repeat is pending) or over the budget. */
 static void prune_kept(struct kvr_worker *w, uint64_t now)
 {
@@ -172,7 +179,7 @@ static void prune_kept(struct kvr_worker *w, uint64_t now)
         if (!(w->kept = r->next))
             w->kept_tail = NULL;
         w->nkept--;
-        w->kept_tokens -= r->ntoks;
+        w->kept_tokens -= kept_weight(r);
         free_req(r);
     }
 }
@@ -207,7 +214,7 @@ static void forget(struct kvr_worker *w, struct kvr_wreq *r, kvr_status outcome,
     }
     HASH_ADD(hk, w->kept_by, key, sizeof r->key, r);
     w->nkept++;
-    w->kept_tokens += r->ntoks;
+    w->kept_tokens += kept_weight(r);
     prune_kept(w, now);
 }
 
@@ -771,7 +778,9 @@ void kvr_worker_run_engine(struct kvr_worker *w)
 uint32_t kvr_worker_held(struct kvr_worker *w)
 {
     pthread_mutex_lock(&w->mu);
-    uint32_t n = w->nreqs;
+    /* a cut whose repeat is still to come counts too: what its streams sent last may be lost in
+     * it, and what ended meanwhile waits in the connection's buffer */
+    uint32_t n = w->nreqs + (w->cut_at && !w->clashed);
     pthread_mutex_unlock(&w->mu);
     return n;
 }

@@ -83,7 +83,7 @@
 #define KVR_WK_LIST_AFTER_CUT_NS                                                                   \
     (5000ull * 1000000ull) /* heartbeats list what ended during a cut for this long after it */
 #define KVR_WK_KEPT_MAX    65536u     /* ended streams kept at most */
-#define KVR_WK_KEPT_TOKENS (1u << 22) /* and their tokens at most (16 MB) */
+#define KVR_WK_KEPT_TOKENS (1u << 22) /* and their tokens and text at most (16 MB, in 4 bytes) */
 #define KVR_WK_TEXT_MAX    (1u << 24) /* text bytes kept of one stream, at most */
 #define KVR_WK_ENGINE_WAKE_NS                                                                      \
     (200ull * 1000000ull) /* the engine thread's longest sleep: engine_ns stays this fresh */
@@ -247,7 +247,7 @@ struct kvr_worker {
     struct kvr_wreq *kept, *kept_tail; /* ended streams, oldest first, under mu */
     struct kvr_wreq *kept_by;          /* the same, by key (hk) */
     uint32_t nkept;                    /* */
-    uint64_t kept_tokens;              /* */
+    uint64_t kept_tokens;              /* their tokens and text, in 4 bytes (kept_weight) */
     uint64_t cut_at;                   /* a cut's start (monotonic ns), 0: none since the repeat */
     uint64_t repeat_at;                /* when the repeat is due; 0: none (or still cut) */
     uint64_t ask_at;                   /* when the second RebindAsk is due; 0: none */
@@ -324,7 +324,9 @@ void kvr_worker_on_reconnected(struct kvr_worker *w);
 /* The stop: heartbeats say draining from now on; with refuse, new forwards are refused too (first
  * without: routers stop sending once they hear it, and what they sent meanwhile is served). */
 void kvr_worker_set_draining(struct kvr_worker *w, bool refuse);
-/* Requests still held. */
+/* What a drain waits for: the requests still held, and 1 more from a cut of the outgoing
+ * connection until its repeat is made (a stream that ended just before the stop or during the cut
+ * would lose its final for good if the process left first). */
 uint32_t kvr_worker_held(struct kvr_worker *w);
 /* Make the engine thread (and the heartbeat thread's waits) return. */
 void kvr_worker_stop(struct kvr_worker *w);

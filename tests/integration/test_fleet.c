@@ -253,6 +253,74 @@ Test(fleet, sigterm_loses_no_request)
     h_end();
 }
 
+/* A WorkerGenerate of key (an n-token prompt, 4 out) into q, sent to worker 1 directly (as a
+ * client does after a booked select). */
+static void send_forward_of(struct h_req *q, uint64_t key, uint32_t n)
+{
+    uint32_t *toks = malloc((size_t)n * sizeof *toks);
+    cr_assert(ne(ptr, toks, NULL));
+    for (uint32_t i = 0; i < n; i++)
+        toks[i] = ((uint32_t)key * 64 + i) % 100000;
+    char id[32];
+    snprintf(id, sizeof id, "fwd-%llu", (unsigned long long)key);
+    struct kvr_buf g = {0}, b = {0};
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, toks, n, 4, NULL), KVR_OK));
+    free(toks);
+    cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, key, 0, "t", 0), KVR_OK));
+    cr_assert(h_send_raw(nc, "kv.default.worker.1.generate", q, b.data, (int)b.len));
+    kvr_buf_free(&g);
+    kvr_buf_free(&b);
+}
+
+static void send_forward(struct h_req *q, uint64_t key)
+{
+    send_forward_of(q, key, 64);
+}
+
+/* A stopping worker serves the forwards it received before its subscription went: those waiting
+ * in its queue when its 200 ms of "leaving" ran out (routers sent them before they heard; a
+ * worker behind on its messages holds seconds of them) were refused, each client's stream ended
+ * with ERR_SHUTDOWN. Here the worker is frozen in those 200 ms while forwards reach its socket,
+ * the first a prompt of 1,040,000 tokens its pool could never hold (refused ERR_FULL, after
+ * milliseconds of decoding and hashing: the others wait behind it as behind a busy worker). */
+Test(fleet, a_stopping_worker_serves_the_forwards_it_had_received)
+{
+    pid_t w = h_worker(srv.url, "1", 50, 200, NULL);
+    struct h_req probe;
+    bool up = false;
+    for (int i = 0; i < 100 && !up; i++) { /* until it serves */
+        send_forward(&probe, 1 + (uint64_t)i);
+        up = h_collect(&probe, 100) && probe.res.error_code == 0;
+        if (!up)
+            h_sleep_ms(100); /* not subscribed yet: "no responders" at once */
+    }
+    cr_assert(up, "the worker never served");
+    enum { N = 20 };
+    static struct h_req q[N];
+    h_signal(w, SIGTERM);
+    h_sleep_ms(100); /* in its 200 ms of leaving */
+    h_signal(w, SIGSTOP);
+    struct h_req big;
+    send_forward_of(&big, 999, 1040000);
+    for (int i = 0; i < N; i++)
+        send_forward(&q[i], 1000 + (uint64_t)i);
+    cr_assert(eq(int, natsConnection_Flush(nc), NATS_OK));
+    h_sleep_ms(400); /* past its 200 ms: it resumes with the forwards in its socket */
+    h_signal(w, SIGCONT);
+    int served = 0;
+    for (int i = 0; i < N; i++) {
+        bool got = h_collect(&q[i], 10000);
+        served += got && q[i].res.error_code == 0 && q[i].res.tokens == 4;
+        if (!got || q[i].res.error_code)
+            fprintf(stderr, "forward %d: final=%d error=%u\n", i, got, q[i].res.error_code);
+    }
+    cr_assert(h_collect(&big, 10000));
+    cr_assert(eq(u32, big.res.error_code, KVR_ERR_FULL));
+    cr_assert(eq(int, served, N), "every forward it had received was served");
+    cr_assert(eq(int, h_wait(w, 10000), 0), "then it exits 0");
+    h_end();
+}
+
 Test(fleet, a_router_restart_is_survived)
 {
     pid_t r1 = h_router(srv.url, "r1", NULL);

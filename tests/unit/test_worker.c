@@ -918,6 +918,36 @@ Test(worker, text_streams_with_its_tokens_and_is_repeated_after_a_cut)
     free_chunks(c, 1);
 }
 
+/* The budget of ended streams kept for a repeat (KVR_WK_KEPT_TOKENS, 16 MB) holds their text too:
+ * an engine may give one token with KVR_WIRE_TEXT_MAX bytes of text (1 MB), and counted by its
+ * tokens alone 65,536 such streams (64 GB) were kept, each up to KVR_WK_TEXT_MAX (16 MB). */
+Test(worker, the_streams_kept_for_a_repeat_count_their_text_in_the_budget)
+{
+    char *text = malloc(KVR_WIRE_TEXT_MAX);
+    cr_assert(ne(ptr, text, NULL));
+    memset(text, 'a', KVR_WIRE_TEXT_MAX);
+    for (uint64_t key = 1001; key < 1025; key++) {
+        forward(key, "big", 4, 0);
+        pthread_mutex_lock(&w.mu);
+        struct kvr_wreq *r = kvr__worker_find(&w, key);
+        cr_assert(ne(ptr, r, NULL));
+        kvr_engine_cancel(w.eng, key); /* the test speaks for the engine */
+        uint32_t tok = 5;
+        kvr__worker_tokens(&w, r, &tok, 1, text, KVR_WIRE_TEXT_MAX);
+        kvr__worker_finished(&w, key, "stop");
+        pthread_mutex_unlock(&w.mu);
+        kvr_worker_flush(&w);
+        rec_reset(); /* 1 MB a chunk: the recording is not what is measured */
+    }
+    free(text);
+    uint64_t kept = 0;
+    for (struct kvr_wreq *r = w.kept; r; r = r->next)
+        kept += r->ntext;
+    cr_assert(le(u64, kept, (uint64_t)KVR_WK_KEPT_TOKENS * 4), "%u streams keep %" PRIu64 " bytes",
+              w.nkept, kept);
+    cr_assert(gt(u32, w.nkept, 0), "the newest still kept");
+}
+
 Test(worker, an_engine_failure_ends_the_stream_with_its_error_and_a_done)
 {
     forward(902, "f", 10, 0);
@@ -1163,6 +1193,48 @@ Test(worker, a_stopping_worker_holds_nothing)
     kvr__worker_unlock(&w);
     cr_assert(eq(u32, w.nbatch, 0));
     cr_assert(eq(int, count_on(0, DONE), 1), "sent at once");
+}
+
+/* Events held for a batch when the stop came go before the next one, which the stop sends alone:
+ * a cancel after the stop (the drain timed out) sent the request's done ahead of its prefill,
+ * held until the last flush, and routers applied the prefill of a request already ended. */
+Test(worker, events_held_at_the_stop_go_before_the_next_one)
+{
+    cfg.event_batch_ns = 5 * KVR_NS_PER_MS;
+    forward(881, "a", 20, 0);
+    step_held(); /* its prefill, held */
+    cr_assert(eq(u32, w.nbatch, 1));
+    kvr_worker_stop(&w);
+    size_t mark = rec_nsent;
+    cancel(881, KVR_ERR_CANCELLED, false);
+    size_t prefill = first_on(mark, TOKENS), done = first_on(mark, DONE);
+    cr_assert(lt(sz, done, rec_nsent), "the done went at once");
+    cr_assert(lt(sz, prefill, done), "after the prefill held before it");
+    cr_assert(eq(u32, w.nbatch, 0));
+}
+
+/* A drain waits on kvr_worker_held: a stream that ends during a cut of the outgoing connection
+ * holds nothing more, but its final may be lost in the cut, and only the repeat ~1 s after the
+ * connection is back brings it again. A drain that stopped at "nothing held" left before it (a
+ * node's NATS server and its workers stopped together): the client's stream was lost for good. */
+Test(worker, a_drain_waits_for_the_repeat_after_a_cut)
+{
+    forward(871, "a", 4, 0);
+    step();
+    kvr_worker_on_disconnected(&w);
+    run(); /* it ends during the cut */
+    cr_assert(eq(u32, w.nreqs, 0));
+    cr_assert(eq(u32, kvr_worker_held(&w), 1), "cut: its final may be lost");
+    kvr_worker_on_reconnected(&w);
+    cr_assert(eq(u32, kvr_worker_held(&w), 1), "back: the repeat is still to come");
+    size_t mark = rec_nsent;
+    kvr_worker_tick(&w, kvr_now_ns() + KVR_WK_REPEAT_DELAY_NS);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 1));
+    cr_assert(c[0].final, "the stream again, with its final");
+    cr_assert(eq(u32, c[0].ntokens, 4));
+    free_chunks(c, 1);
+    cr_assert(eq(u32, kvr_worker_held(&w), 0), "then the drain may end");
 }
 
 /* kvr_wk_link_close's order: the threads stopped, the engine closed, then the last flush. A beat
