@@ -104,9 +104,10 @@ void kvr_index_each(const struct kvr_index *ix,
 /*
  * The same in steps between which the index may change (a snapshot served in slices): begin, then
  * each kvr_index_walk calls fn for at most max more entries and returns how many; fewer than max,
- * the walk is over. An entry in the index from begin to end is visited once; one added meanwhile
- * (or moved to its list's tail) is visited if the walk has not passed its list's end, one removed
- * before its turn is not (kvr_list's cursor). One walk at a time; fn must not change the index.
+ * the walk is over. An entry in the index from begin to end is visited (once, or twice when it
+ * moved to its list's tail after its turn: refreshed, or a guess made an engine's entry); one
+ * added meanwhile is visited, one removed before its turn is not (kvr_list's cursor). One walk at
+ * a time; fn must not change the index.
  */
 void kvr_index_walk_begin(struct kvr_index *ix);
 uint32_t kvr_index_walk(struct kvr_index *ix,

@@ -88,6 +88,10 @@ void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, u
     else
         l->head = h;
     l->tail = h;
+    /* a walk at the list's end goes on with what comes: among it, its next item moved to the tail
+     * again (unlinked at the tail, it sent the cursor to the end) */
+    if (l->cursor == KVR_NIL)
+        l->cursor = h;
 }
 
 void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h)

@@ -54,8 +54,11 @@ size_t kvr_pool_bytes(const struct kvr_pool *p);
  * off (offsetof), and a list names its ends by handle. O(1) append and unlink; an item may sit in
  * several lists through several links. A list also keeps one cursor for a walk that the list may
  * change between its steps (a snapshot served in slices): the next item the walk visits. Unlinking
- * that item moves the cursor on to its successor, so the walk visits every item that stays in the
- * list throughout, once, and items appended meanwhile (an item moved to the tail again: twice).
+ * that item moves the cursor on to its successor, and an item appended while the cursor is at the
+ * end becomes the next, so the walk visits every item that stays in the list throughout (or is
+ * moved to its tail: the walk's next item may be the tail itself) at least once, and the items
+ * appended meanwhile (an item already visited and moved to the tail: twice) until its caller ends
+ * it. Nothing else reads the cursor: a walk begins by setting it.
  */
 struct kvr_link {
     uint32_t prev; /* KVR_NIL at the head */
@@ -65,7 +68,7 @@ struct kvr_link {
 struct kvr_list {
     uint32_t head;   /* oldest item, KVR_NIL when empty */
     uint32_t tail;   /* newest item */
-    uint32_t cursor; /* the next item of the walk in progress (KVR_NIL: at its end, or none) */
+    uint32_t cursor; /* the next item of the walk in progress (KVR_NIL: at the end) */
 };
 
 static inline void kvr_list_init(struct kvr_list *l)

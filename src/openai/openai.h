@@ -98,10 +98,10 @@ struct kvr_oai_chunk {
  * last chunk; never for a cancelled one. message (never NULL, NUL-terminated, at most
  * KVR_OAI_MESSAGE_MAX - 1 bytes, printable ASCII only: safe to log) is "" with KVR_OK. The
  * statuses:
- *   KVR_OK                   data: [DONE]; or the stream ended (cleanly, cut, or silent
- *                            past the idle or total timeout) after a chunk with a
- *                            finish_reason: every token came, only the usage chunk or [DONE]
- *                            is missing
+ *   KVR_OK                   data: [DONE]; or the stream ended (cleanly, cut, silent past
+ *                            the idle or total timeout, or with an error object: SGLang's
+ *                            usage chunk failing) after a chunk with a finish_reason: every
+ *                            token came, only the usage chunk or [DONE] is missing
  *   KVR_ERR_MAX_TOKENS_TOO_LARGE  HTTP 400/413/422 whose message names max_tokens and says
  *                            "too large" or "exceed"
  *   KVR_ERR_PROMPT_TOO_LONG  HTTP 400/413/422 whose message says "context length", "maximum
@@ -113,8 +113,8 @@ struct kvr_oai_chunk {
  *   KVR_ERR_TIMEOUT          HTTP 408 or 504; a connect, idle or total timeout (before a
  *                            finish_reason)
  *   KVR_ERR_IO               other HTTP 5xx; other statuses that are not 2xx; an error object
- *                            inside the stream (message "engine error: ..."); any other curl
- *                            failure (the message is curl's)
+ *                            inside the stream before a finish_reason (message "engine
+ *                            error: ..."); any other curl failure (the message is curl's)
  *   KVR_ERR_WORKER_LOST      connection refused, reset or cut, or the stream ended before
  *                            [DONE] and without a finish_reason (the engine died)
  *   KVR_ERR_MALFORMED        a chunk that is not what the API says (not JSON, wrong types,

@@ -36,6 +36,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     rd->cfg = cfg;
     rd->sink = sink;
     pthread_mutex_init(&rd->mu, NULL);
+    pthread_mutex_init(&rd->snap_mu, NULL);
     kvr_turns_init(&rd->turns);
     struct kvr_router_config c = cfg->core;
     c.seed = c.seed ? c.seed : kvr_realtime_ns();
@@ -87,6 +88,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     free(rd->deferred);
     kvr_turns_destroy(&rd->turns);
     pthread_mutex_destroy(&rd->mu);
+    pthread_mutex_destroy(&rd->snap_mu);
     memset(rd, 0, sizeof *rd);
 }
 

@@ -199,6 +199,9 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
     struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
     kvr_page_init(&pg.page);
     struct snapshot snap = {.done = true};
+    bool full = st == KVR_OK && q.full;
+    if (full) /* one snapshot at a time: the walks' cursors are the router's own */
+        pthread_mutex_lock(&rd->snap_mu);
     pthread_mutex_lock(&rd->mu);
     if (st != KVR_OK || !to_a_router(rd, &q, reply))
         rd->fleet->bad++;
@@ -215,6 +218,8 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
         kvr_log(KVR_LOG_INFO, "snapshot_served", "requests=%u pages=%u index=%s", pg.records,
                 pg.pages, pg.page.index_partial ? "partial" : "whole");
     }
+    if (full)
+        pthread_mutex_unlock(&rd->snap_mu);
     kvr_outbox_free(&pg.out);
     kvr_page_free(&pg.page);
     kvr_buf_free(&pg.buf);

@@ -381,15 +381,22 @@ static void count_request(void *ctx, const struct kvr_active_req *req)
  * between two steps neither ends nor derails it, one ended before its turn is not visited, one
  * active again (moved to the tail) is visited in its new place (twice if it was visited already),
  * one booked meanwhile is visited. */
-KVR_TEST_END(active, a_walk_in_steps_survives_requests_changing_between_them, end)
+/* Requests 1..n, one block each, on slot 0; the walk begun, nothing seen yet. */
+static void walk_over(uint64_t n)
 {
     uint32_t node;
-    for (uint64_t id = 1; id <= 20; id++) {
+    for (uint64_t id = 1; id <= n; id++) {
         nodes_for(1000 + id, 1, &node);
         cr_assert(eq(int, kvr_active_add(&act, id, 0, &node, 1, B, 0, id), KVR_OK));
     }
     memset(seen, 0, sizeof seen);
     kvr_active_walk_begin(&act);
+}
+
+KVR_TEST_END(active, a_walk_in_steps_survives_requests_changing_between_them, end)
+{
+    uint32_t node;
+    walk_over(20);
     cr_assert(eq(u32, kvr_active_walk(&act, count_request, NULL, 5), 5)); /* 1..5 */
     cr_assert(eq(int, kvr_active_remove(&act, 6), KVR_OK));               /* the walk's next one */
     cr_assert(eq(int, kvr_active_remove(&act, 2), KVR_OK));               /* visited */
@@ -409,5 +416,20 @@ KVR_TEST_END(active, a_walk_in_steps_survives_requests_changing_between_them, en
                   "request %llu", (unsigned long long)id);
     cr_assert(eq(u32, kvr_active_walk(&act, count_request, NULL, 4), 0), "the walk is over");
     for (uint64_t id = 1; id <= 21; id++)
+        kvr_active_remove(&act, id);
+}
+
+/* The walk's next request, the last one, active again between two steps (moved to the tail where
+ * it was): in flight throughout, it is visited, once. */
+KVR_TEST_END(active, a_walk_visits_its_last_request_made_active_again, end)
+{
+    walk_over(3);
+    cr_assert(eq(u32, kvr_active_walk(&act, count_request, NULL, 2), 2)); /* 1, 2 */
+    cr_assert(eq(int, kvr_active_output_block(&act, 3, 100), KVR_OK));
+    while (kvr_active_walk(&act, count_request, NULL, 2) == 2)
+        ;
+    for (uint64_t id = 1; id <= 3; id++)
+        cr_assert(eq(u32, seen[id], 1), "request %llu", (unsigned long long)id);
+    for (uint64_t id = 1; id <= 3; id++)
         kvr_active_remove(&act, id);
 }

@@ -326,3 +326,39 @@ KVR_TEST_END(index, a_walk_in_steps_survives_the_index_changing_between_them, en
         cr_assert(eq(u32, visits[id], 1), "stored meanwhile: %llu", (unsigned long long)id);
     cr_assert(eq(u32, kvr_index_walk(&ix, count_visit, NULL, 7), 0), "the walk is over");
 }
+
+/* A guess the walk has not reached made an engine's entry between two steps (moved to the event
+ * entries' list, empty when the walk began): there throughout, it is visited. */
+KVR_TEST_END(index, a_walk_visits_a_guess_made_an_engine_entry, end)
+{
+    struct kvr_kv_block c[2];
+    uint64_t cseq[2];
+    uint32_t nodes[2];
+    path(3, 2, c, cseq); /* guesses on worker 1: 3000, 3001 */
+    for (int i = 0; i < 2; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, cseq[i], &nodes[i]), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 1, nodes, 2, 0), KVR_OK));
+    memset(visits, 0, sizeof visits);
+    kvr_index_walk_begin(&ix);
+    cr_assert(eq(int, kvr_index_stored(&ix, 1, NULL, c, 2), KVR_OK)); /* both to the events' */
+    cr_assert(eq(u32, kvr_index_walk(&ix, count_visit, NULL, 4), 2));
+    cr_assert(eq(u32, visits[3000] + visits[3001], 2));
+}
+
+/* The walk's next entry, its list's last, refreshed between two steps (a repeated Stored event
+ * moves it to the tail where it was): there throughout, it is visited, once. */
+KVR_TEST_END(index, a_walk_visits_its_last_entry_refreshed, end)
+{
+    struct kvr_kv_block b[3];
+    uint64_t seq[3];
+    path(2, 3, b, seq); /* 2000..2002 */
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, NULL, b, 3), KVR_OK));
+    memset(visits, 0, sizeof visits);
+    kvr_index_walk_begin(&ix);
+    cr_assert(eq(u32, kvr_index_walk(&ix, count_visit, NULL, 2), 2)); /* 4000, 4001 */
+    cr_assert(eq(int, kvr_index_stored(&ix, 0, &b[1].engine_id, &b[2], 1), KVR_OK)); /* again */
+    while (kvr_index_walk(&ix, count_visit, NULL, 2) == 2)
+        ;
+    for (uint64_t id = 2000; id < 2003; id++)
+        cr_assert(eq(u32, visits[id], 1), "engine id %llu", (unsigned long long)id);
+}

@@ -1947,6 +1947,89 @@ Test(routerd, a_snapshot_from_an_index_with_holes_says_so)
     cr_assert(eq(u64, rd.fleet->snapshots_served_partial, 5));
 }
 
+/* A full sync request of router `asker` (token 11), as its subscription brings it. */
+static void ask_full(const char *asker)
+{
+    struct kvr_wire_sync q = {.router_id = (char *)asker, .full = true, .token = 11};
+    char reply[128];
+    snprintf(reply, sizeof reply, "kv.default.router.pages.%s", asker);
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    kvr_sync_on_request(&rd, reply, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* Router b's ask, on another thread (a full request on the lookup subject, which has a delivery
+ * thread of its own), started while a's snapshot is between two slices. */
+static atomic_bool second_started, second_done;
+
+static void *ask_b(void *arg)
+{
+    (void)arg;
+    ask_full("b");
+    atomic_store(&second_done, true);
+    return NULL;
+}
+
+static pthread_t second;
+
+static kvr_status sink_starting_b(void *ctx, const struct kvr_outmsg *m)
+{
+    kvr_status st = rec_record(ctx, m);
+    if (!strcmp(m->subject, "kv.default.router.pages.a") && !atomic_load(&second_started)) {
+        atomic_store(&second_started, true);
+        cr_assert(eq(int, pthread_create(&second, NULL, ask_b, NULL), 0));
+        for (int i = 0; i < 100 && !atomic_load(&second_done); i++)
+            kvr_sleep_ns(2 * KVR_NS_PER_MS); /* b's snapshot, served meanwhile or after a's */
+    }
+    return st;
+}
+
+/* The index entries of the snapshot sent to subject from rec_sent[from] on; *lasts: its pages
+ * that said last. */
+static uint32_t snapshot_entries(const char *subject, size_t from, int *lasts)
+{
+    uint32_t total = 0;
+    *lasts = 0;
+    for (size_t i = from; i < rec_nsent; i++) {
+        struct kvr_wire_page_head head;
+        if (strcmp(rec_sent[i].subject, subject))
+            continue;
+        page_entries = 0;
+        cr_assert(eq(int,
+                     kvr_wire_decode_page(rec_sent[i].data, rec_sent[i].len, NULL, count_page_entry,
+                                          NULL, &head),
+                     KVR_OK));
+        total += page_entries;
+        *lasts += head.last;
+    }
+    return total;
+}
+
+/* Two snapshots asked at once (one on the sync subject, one on the lookup subject: two delivery
+ * threads) share the router's walks: the second waits for the first, and each has every entry. */
+Test(routerd, two_snapshots_at_once_each_have_every_entry)
+{
+    heartbeat(1, 4096, NULL, 0, 10000);
+    for (uint32_t i = 0; i < 80; i++) /* 1,280 entries: a snapshot of three slices */
+        kv_stored(1, i + 1, 100000 + 16 * i, 16);
+    uint32_t n = index_entries();
+    cr_assert(eq(u32, n, 1280));
+    size_t mark = rec_nsent;
+    atomic_store(&second_started, false);
+    atomic_store(&second_done, false);
+    rd.sink.publish = sink_starting_b;
+    ask_full("a");
+    cr_assert(atomic_load(&second_started));
+    pthread_join(second, NULL);
+    int lasts;
+    cr_assert(eq(u32, snapshot_entries("kv.default.router.pages.a", mark, &lasts), n));
+    cr_assert(eq(int, lasts, 1));
+    cr_assert(eq(u32, snapshot_entries("kv.default.router.pages.b", mark, &lasts), n));
+    cr_assert(eq(int, lasts, 1));
+    cr_assert(eq(u64, rd.fleet->snapshots_served, 2));
+}
+
 /* Ticks of 100 ms from *t on until this router asks the peer for a snapshot: its token. */
 static uint64_t tick_until_asked(uint64_t *t)
 {
