@@ -143,6 +143,13 @@ static void on_sync(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     natsMsg_Destroy(msg);
 }
 
+static void on_lookup(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
+{
+    struct kvr_link *l = ctx;
+    kvr_sync_on_lookup(l->rd, natsMsg_GetReply(msg), DATA(msg));
+    natsMsg_Destroy(msg);
+}
+
 static void on_digest(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ctx)
 {
     struct kvr_link *l = ctx;
@@ -237,7 +244,7 @@ kvr_status kvr_link_listen(struct kvr_link *l)
     if (s == NATS_OK)
         s = subscribe(&l->sub_sync, l->nc_ev, g->subj_sync, NULL, on_sync, l);
     if (s == NATS_OK)
-        s = subscribe(&l->sub_lookup, l->nc_ev, g->subj_lookup, NULL, on_sync, l);
+        s = subscribe(&l->sub_lookup, l->nc_ev, g->subj_lookup, NULL, on_lookup, l);
     if (s == NATS_OK)
         s = subscribe(&l->sub_digest, l->nc_req, g->subj_digest, NULL, on_digest, l);
     kvr_subject(subj, sizeof subj, c->net.prefix, c->net.ns, "cancel");

@@ -192,10 +192,17 @@ static bool to_a_router(const struct kvr_rd *rd, const struct kvr_wire_sync *q, 
            !strcmp(reply, want);
 }
 
-void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
+/* A SyncRequest; on the lookup subject (every router hears it) only request keys are asked: a
+ * snapshot or a repair asked there had every router of the fleet serve it at once. */
+static void on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len,
+                       bool lookup)
 {
     struct kvr_wire_sync q;
     kvr_status st = kvr_wire_decode_sync(data, len, &q);
+    if (st == KVR_OK && lookup && (q.full || !q.nkeys)) {
+        kvr_wire_sync_free(&q);
+        st = KVR_ERR_INVALID;
+    }
     struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
     kvr_page_init(&pg.page);
     struct snapshot snap = {.done = true};
@@ -225,6 +232,16 @@ void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data,
     kvr_buf_free(&pg.buf);
     if (st == KVR_OK)
         kvr_wire_sync_free(&q);
+}
+
+void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
+{
+    on_request(rd, reply, data, len, false);
+}
+
+void kvr_sync_on_lookup(struct kvr_rd *rd, const char *reply, const void *data, size_t len)
+{
+    on_request(rd, reply, data, len, true);
 }
 
 /* --- receiving ----------------------------------------------------------------------------- */

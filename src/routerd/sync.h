@@ -15,8 +15,10 @@
 
 #include "state.h"
 
-/* A SyncRequest on this router's sync subject or the lookup subject (takes mu; publishes). */
+/* A SyncRequest on this router's sync subject (takes mu; publishes). */
 void kvr_sync_on_request(struct kvr_rd *rd, const char *reply, const void *data, size_t len);
+/* The same on the lookup subject: request keys only (a snapshot or a range asked there is bad). */
+void kvr_sync_on_lookup(struct kvr_rd *rd, const char *reply, const void *data, size_t len);
 
 /* A SyncPage on this router's pages subject (takes mu; publishes). */
 void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len);

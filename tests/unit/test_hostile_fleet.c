@@ -208,6 +208,37 @@ Test(hostile_fleet, sync_requests_that_are_bad_are_counted_and_unanswered)
     kvr_buf_free(&b);
 }
 
+/* The lookup subject (every router hears it) asks request keys only: a snapshot or a repair asked
+ * there is bad and unanswered (every router of the fleet served it at once); keys are answered. */
+Test(hostile_fleet, a_lookup_asks_keys_only)
+{
+    const char *pages = "kv.default.router.pages.q";
+    struct kvr_buf b = {0};
+    struct kvr_wire_sync q = {.router_id = "q", .full = true};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    kvr_sync_on_request(&hr_rd, pages, b.data, b.len);
+    size_t mark = hr_nsent;
+    cr_assert(gt(sz, mark, 0), "on the sync subject a snapshot is served");
+    uint64_t before = hr_stat("data.replication.gossip_bad");
+    kvr_sync_on_lookup(&hr_rd, pages, b.data, b.len);
+    q = (struct kvr_wire_sync){
+        .router_id = "q", .from_seq = 1, .to_seq = 5, .epoch = hr_rd.fleet->epoch};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    kvr_sync_on_lookup(&hr_rd, pages, b.data, b.len);
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), before + 2));
+    cr_assert(eq(sz, hr_nsent, mark), "a snapshot or a range on lookup: nothing sent");
+    uint64_t h[2] = {11, 12};
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_request_record rec = {777, 1, h, 2, 128, 0, false, 0, 0};
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.x", "peer");
+    uint64_t key = 777;
+    q = (struct kvr_wire_sync){.router_id = "q", .keys = &key, .nkeys = 1};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    kvr_sync_on_lookup(&hr_rd, pages, b.data, b.len);
+    cr_assert(eq(int, hr_count(pages, mark, NULL), 1), "a key it holds: answered");
+    kvr_buf_free(&b);
+}
+
 /* A SyncPage with the given decisions and entries, as bytes. */
 static void page(struct kvr_buf *b, Kvrouter__V1__Decision **d, size_t nd,
                  Kvrouter__V1__IndexEntry **e, size_t ne, uint64_t token)
