@@ -402,14 +402,25 @@ void kvr_active_set_booked(struct kvr_active *a, uint64_t id, uint32_t max_token
     }
 }
 
+/* fn for at most max requests of the TTL list from *at on, *at moved past them; how many. */
+static uint32_t visit(const struct kvr_active *a, uint32_t *at,
+                      void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx,
+                      uint32_t max)
+{
+    uint32_t n = 0;
+    for (; *at != KVR_NIL && n < max; n++) {
+        const struct kvr_active_req *r = req(a, *at);
+        *at = r->ttl.next;
+        fn(ctx, r);
+    }
+    return n;
+}
+
 void kvr_active_each(const struct kvr_active *a,
                      void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx)
 {
-    for (uint32_t h = a->ttl.head; h != KVR_NIL;) {
-        const struct kvr_active_req *r = req(a, h);
-        h = r->ttl.next;
-        fn(ctx, r);
-    }
+    uint32_t at = a->ttl.head;
+    visit(a, &at, fn, ctx, UINT32_MAX);
 }
 
 void kvr_active_walk_begin(struct kvr_active *a)
@@ -421,13 +432,7 @@ uint32_t kvr_active_walk(struct kvr_active *a,
                          void (*fn)(void *ctx, const struct kvr_active_req *req), void *ctx,
                          uint32_t max)
 {
-    uint32_t n = 0;
-    for (; a->ttl.cursor != KVR_NIL && n < max; n++) {
-        const struct kvr_active_req *r = req(a, a->ttl.cursor);
-        a->ttl.cursor = r->ttl.next;
-        fn(ctx, r);
-    }
-    return n;
+    return visit(a, &a->ttl.cursor, fn, ctx, max);
 }
 
 kvr_status kvr_active_drop(struct kvr_active *a, uint64_t id, kvr_active_drop_fn fn, void *ctx)

@@ -389,18 +389,28 @@ kvr_status kvr_index_touch(struct kvr_index *ix, uint32_t slot, const uint32_t *
     return st;
 }
 
-void kvr_index_each(const struct kvr_index *ix,
-                    void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
-                               uint64_t engine_id, uint64_t expires),
-                    void *ctx)
+typedef void (*entry_fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
+                         uint64_t engine_id, uint64_t expires);
+
+/* fn for at most max entries of an LRU list from *at on, *at moved past them; how many. */
+static uint32_t visit(const struct kvr_index *ix, uint32_t *at, entry_fn fn, void *ctx,
+                      uint32_t max)
+{
+    uint32_t n = 0;
+    for (; *at != KVR_NIL && n < max; n++) {
+        const struct kvr_index_entry *e = ent(ix, *at);
+        *at = e->lru.next;
+        fn(ctx, e->slot, kvr_blocktab_node(ix->tab, e->node)->seq, e->expires == EVENT_ENTRY,
+           e->engine_id, e->expires);
+    }
+    return n;
+}
+
+void kvr_index_each(const struct kvr_index *ix, entry_fn fn, void *ctx)
 {
     for (int l = 0; l < 2; l++) { /* in LRU order, so an import keeps it */
-        for (uint32_t h = ix->lru[l].head; h != KVR_NIL;) {
-            const struct kvr_index_entry *e = ent(ix, h);
-            h = e->lru.next;
-            fn(ctx, e->slot, kvr_blocktab_node(ix->tab, e->node)->seq, e->expires == EVENT_ENTRY,
-               e->engine_id, e->expires);
-        }
+        uint32_t at = ix->lru[l].head;
+        visit(ix, &at, fn, ctx, UINT32_MAX);
     }
 }
 
@@ -410,21 +420,11 @@ void kvr_index_walk_begin(struct kvr_index *ix)
         ix->lru[l].cursor = ix->lru[l].head;
 }
 
-uint32_t kvr_index_walk(struct kvr_index *ix,
-                        void (*fn)(void *ctx, uint32_t slot, uint64_t seq, bool has_engine,
-                                   uint64_t engine_id, uint64_t expires),
-                        void *ctx, uint32_t max)
+uint32_t kvr_index_walk(struct kvr_index *ix, entry_fn fn, void *ctx, uint32_t max)
 {
     uint32_t n = 0;
-    for (int l = 0; l < 2; l++) { /* in LRU order, so an import keeps it */
-        struct kvr_list *list = &ix->lru[l];
-        for (; list->cursor != KVR_NIL && n < max; n++) {
-            const struct kvr_index_entry *e = ent(ix, list->cursor);
-            list->cursor = e->lru.next;
-            fn(ctx, e->slot, kvr_blocktab_node(ix->tab, e->node)->seq, e->expires == EVENT_ENTRY,
-               e->engine_id, e->expires);
-        }
-    }
+    for (int l = 0; l < 2; l++) /* in LRU order, as kvr_index_each */
+        n += visit(ix, &ix->lru[l].cursor, fn, ctx, max - n);
     return n;
 }
 

@@ -83,9 +83,9 @@ struct kvr_rd_held {
 struct kvr_rd {
     const struct kvr_rd_config *cfg; /* must outlive the state */
     pthread_mutex_t mu;              /* */
-    pthread_mutex_t snap_mu;         /* held while a snapshot is served (sync.c): its walks are
-                                        the router's only ones, and two sync subscriptions (each
-                                        on a thread of its own) may ask at once; before mu */
+    pthread_mutex_t snap_mu;         /* held while a snapshot is served (sync.c): its walks use
+                                        each list's one cursor, so one snapshot at a time,
+                                        whichever thread asks; taken before mu */
     struct kvr_sink sink;            /* where kvr_rd_flush publishes */
     /* a forward kvr_rd_flush could not publish (under mu; NULL: ignored): place.c's */
     void (*forward_failed)(struct kvr_rd *rd, uint64_t key, kvr_status st);
