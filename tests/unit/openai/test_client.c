@@ -559,6 +559,14 @@ KVR_TEST_END(client, total_timeout, end)
     "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"                                 \
     "data: {\"choices\":[{\"text\":\"b\",\"token_ids\":[6],\"finish_reason\":\"stop\"}]}\n\n"
 
+/* s is TWO_THEN_STOP's stream, whole: KVR_OK, "stop", both tokens. */
+static void two_then_stop_whole(struct seen *s)
+{
+    cr_assert(eq(int, s->st, KVR_OK), "%s", s->msg);
+    cr_assert(eq(str, s->finish, "stop"));
+    cr_assert(eq(u32, s->n_ids, 2));
+}
+
 /* Every token came (a finish_reason), then the engine fell silent without [DONE] or closing:
  * done, as when it closes or the connection is cut there (it once failed with KVR_ERR_TIMEOUT,
  * a whole answer reported as lost); the connection is closed all the same. Without a finish,
@@ -569,9 +577,7 @@ KVR_TEST_END(client, silence_after_the_finish_is_done, end)
     tsrv_set_raw(srv, body, strlen(body));
     client((struct kvr_oai_config){.idle_timeout_ms = 200, .return_token_ids = true});
     struct seen s = run(46, TS_RAW, 0, 0, 1, 0);
-    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
-    cr_assert(eq(str, s.finish, "stop"));
-    cr_assert(eq(u32, s.n_ids, 2));
+    two_then_stop_whole(&s);
     cr_assert(tsrv_wait_closed(srv, 1, WAIT_MS));
     struct kvr_oai_stats st;
     kvr_oai_stats(R.c, &st);
@@ -613,9 +619,7 @@ KVR_TEST_END(client, an_error_after_the_finish_leaves_the_stream_whole, end)
     tsrv_set_raw(srv, body, strlen(body));
     client((struct kvr_oai_config){.idle_timeout_ms = 5000, .return_token_ids = true});
     struct seen s = run(141, TS_RAW, 0, 0, 1, 0);
-    cr_assert(eq(int, s.st, KVR_OK), "%s", s.msg);
-    cr_assert(eq(str, s.finish, "stop"));
-    cr_assert(eq(u32, s.n_ids, 2));
+    two_then_stop_whole(&s);
     body = "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}]}\n\n"
            "data: {\"error\":{\"message\":\"queue full\",\"code\":500}}\n\n";
     tsrv_set_raw(srv, body, strlen(body));
