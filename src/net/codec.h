@@ -87,6 +87,13 @@
  * adds.
  */
 #define KVR_WIRE_SLACK 4096u
+/*
+ * The most a WorkerGenerate adds around the client's request it carries: the request's tag and
+ * length (6), request_key (11), overlap_blocks and deadline_ms (6 each), and a router id at its
+ * cap with its tag and length (3 + KVR_ROUTER_ID_MAX). A router refuses a request longer than
+ * what its forward may carry less this.
+ */
+#define KVR_WIRE_FORWARD_ENVELOPE (KVR_ROUTER_ID_MAX + 32u)
 /* A TokensEvent, DoneEvent or WorkerCancel: a few scalars and a router id. */
 #define KVR_WIRE_SMALL_EVENT_MAX 1024u
 /* A CancelRequest: an id and a reply subject at their caps. */

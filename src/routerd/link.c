@@ -186,7 +186,7 @@ kvr_status kvr_link_connect(struct kvr_link *l, struct kvr_rd *rd)
         uint64_t cap = kvr_wire_request_cap(&rd->lim);
         uint64_t max = payload > 0 && (uint64_t)payload < cap ? (uint64_t)payload : cap;
         rd->max_request_bytes =
-            max > KVR_LINK_FORWARD_ENVELOPE ? max - KVR_LINK_FORWARD_ENVELOPE : 1;
+            max > KVR_WIRE_FORWARD_ENVELOPE ? max - KVR_WIRE_FORWARD_ENVELOPE : 1;
     }
     kvr_api_init(&l->svc, rd);
     return st;

@@ -31,9 +31,6 @@
 
 #define KVR_LINK_DEAD_MAX   1024       /* handled messages the loop destroys at once */
 #define KVR_LINK_DEAD_BYTES (1u << 20) /* or sooner, once they hold this much payload */
-#define KVR_LINK_FORWARD_ENVELOPE                                                                  \
-    256 /* bytes a WorkerGenerate adds around the client's request                                 \
-         */
 
 struct kvr_settle;
 

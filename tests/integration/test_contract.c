@@ -468,10 +468,11 @@ Test(contract, nobody_serving_is_a_503_and_a_router_announces_its_limits)
     const char *bytes = json_string_value(json_object_get(meta, "max_request_bytes"));
     cr_assert(ne(ptr, (void *)bytes, NULL));
     /* what both the decoders (1,048,576 tokens at 5 bytes, and slack) and the 8 MB max_payload
-     * take, less the 256 bytes a forward adds */
+     * take, less the most a forward adds */
     struct kvr_wire_limits lim = {1u << 20, 999};
     uint64_t cap = kvr_wire_request_cap(&lim), payload = 8u << 20;
-    cr_assert(eq(u64, strtoull(bytes, NULL, 10), (cap < payload ? cap : payload) - 256));
+    cr_assert(eq(u64, strtoull(bytes, NULL, 10),
+                 (cap < payload ? cap : payload) - KVR_WIRE_FORWARD_ENVELOPE));
     json_decref(o);
     h_end();
 }

@@ -772,6 +772,35 @@ Test(codec, a_prompt_over_the_byte_cap_is_too_large_under_it_too_long)
     kvr_buf_free(&b);
 }
 
+/* A request as long as a router lets through (the cap less the envelope), padded with a field
+ * of a newer version, still fits the worker's cap once wrapped with every field at its largest. */
+Test(codec, a_request_a_router_takes_fits_its_forward)
+{
+    size_t cap = kvr_wire_request_cap(&lim), want = cap - KVR_WIRE_FORWARD_ENVELOPE;
+    struct kvr_buf b = {0}, fwd = {0};
+    uint32_t t[4] = {1, 2, 3, 4};
+    cr_assert(eq(int, kvr_wire_encode_generate(&b, "padded", t, 4, 10, NULL), KVR_OK));
+    size_t pad = want - b.len - 3; /* field 15, length-delimited: a tag and a 2-byte length */
+    cr_assert(eq(int, kvr_buf_reserve(&b, want), KVR_OK));
+    b.data[b.len++] = 0x7a;
+    b.data[b.len++] = (uint8_t)(0x80 | (pad & 0x7f));
+    b.data[b.len++] = (uint8_t)(pad >> 7);
+    memset(b.data + b.len, 'p', pad);
+    b.len += pad;
+    cr_assert(eq(sz, b.len, want));
+    char *rid = repeat('r', KVR_ROUTER_ID_MAX);
+    cr_assert(eq(int,
+                 kvr_wire_encode_worker_generate(&fwd, b.data, b.len, UINT64_MAX, UINT32_MAX, rid,
+                                                 UINT32_MAX),
+                 KVR_OK));
+    cr_assert(le(sz, fwd.len, cap), "a forward of %zu bytes over the worker's cap %zu", fwd.len,
+              cap);
+    cr_assert(eq(int, dec_worker_generate(fwd.data, fwd.len), KVR_OK));
+    free(rid);
+    kvr_buf_free(&fwd);
+    kvr_buf_free(&b);
+}
+
 Test(codec, every_decoder_refuses_malformed_bytes)
 {
     static const struct {
