@@ -21,9 +21,6 @@
 #include "kvr/policy.h"
 #include "kvrouter.pb-c.h" /* generated from proto/kvrouter/v1/kvrouter.proto */
 
-/* Field numbers the wire-level counts need (proto/kvrouter/v1/kvrouter.proto). */
-#define SELECT_RESPONSE_CANDIDATES 4 /* SelectResponse.candidates */
-
 /* --- shared helpers (codec_internal.h) ------------------------------------------------------ */
 
 static _Thread_local long fail_countdown = -1; /* kvr_wire_fail_alloc: allocations to go */
@@ -586,27 +583,6 @@ kvr_status kvr_wire_decode_response(const void *buf, size_t len, struct kvr_wire
     return st;
 }
 
-kvr_status kvr_wire_decode_select_response(const void *buf, size_t len, uint64_t *worker_id,
-                                           uint32_t *overlap, uint32_t *ncandidates,
-                                           uint32_t *error_code, uint64_t *key)
-{
-    struct kvr_codec_alloc a;
-    kvr_status why;
-    const struct kvr_codec_caps caps = {KVR_WIRE_SELECT_RESPONSE_MAX, SELECT_RESPONSE_CANDIDATES, 0,
-                                        KVR_WIRE_CANDIDATES_MAX};
-    Kvrouter__V1__SelectResponse *m = kvr_codec_unpack_capped(
-        &a, &kvrouter__v1__select_response__descriptor, buf, len, &caps, &why);
-    if (!m)
-        return why;
-    *worker_id = m->worker_id;
-    *overlap = m->overlap_blocks;
-    *ncandidates = (uint32_t)m->n_candidates;
-    *error_code = m->error_code;
-    *key = m->request_key;
-    kvrouter__v1__select_response__free_unpacked(m, &a.pc);
-    return KVR_OK;
-}
-
 /* --- encoders ---------------------------------------------------------------------------- */
 
 kvr_status kvr_wire_encode_generate(struct kvr_buf *b, const char *request_id,
@@ -631,8 +607,7 @@ kvr_status kvr_wire_encode_generate(struct kvr_buf *b, const char *request_id,
     return kvr_codec_pack(b, &m.base);
 }
 
-/* An error's text with its figures: "prompt too long: 9 tokens, the limit is 8". */
-static char *error_text(char *buf, size_t len, kvr_status st, const char *detail)
+char *kvr_codec_error_text(char *buf, size_t len, kvr_status st, const char *detail)
 {
     if (detail && detail[0])
         snprintf(buf, len, "%s: %s", kvr_status_str(st), detail);
@@ -668,7 +643,7 @@ kvr_status kvr_wire_encode_chunk(struct kvr_buf *b, const struct kvr_wire_chunk 
     }
     m.error_code = (Kvrouter__V1__ErrorCode)c->error;
     if (c->error != KVR_OK)
-        m.error = error_text(text, sizeof text, c->error, c->detail);
+        m.error = kvr_codec_error_text(text, sizeof text, c->error, c->detail);
     m.worker_id = c->worker_id;
     m.cached_tokens = c->cached_tokens;
     kvr_status st = kvr_codec_pack(b, &m.base);
@@ -715,50 +690,4 @@ kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request
     Kvrouter__V1__SelectRequest m = KVROUTER__V1__SELECT_REQUEST__INIT;
     m.book = book;
     return wrap(b, request, len, &m.base);
-}
-
-kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_decision *d,
-                                           uint64_t key, kvr_status error, const char *router_id,
-                                           const char *detail)
-{
-    Kvrouter__V1__SelectResponse m = KVROUTER__V1__SELECT_RESPONSE__INIT;
-    char text[KVR_ERROR_TEXT_MAX + 1];
-    Kvrouter__V1__Candidate *cand = NULL, **ptrs = NULL;
-    m.router_id = (char *)(router_id ? router_id : "");
-    m.error_code = (Kvrouter__V1__ErrorCode)error;
-    m.error = error == KVR_OK ? "" : error_text(text, sizeof text, error, detail);
-    if (error == KVR_OK && d) {
-        m.worker_id = d->worker_id;
-        m.overlap_blocks = d->overlap_blocks;
-        m.cost = d->cost;
-        m.request_key = key;
-        m.policy = (char *)kvr_policy_name(d->policy);
-        cand = calloc((size_t)d->ncandidates + 1, sizeof *cand);
-        ptrs = calloc((size_t)d->ncandidates + 1, sizeof *ptrs);
-        if (!cand || !ptrs) {
-            free(cand);
-            free(ptrs);
-            return KVR_ERR_NOMEM;
-        }
-        for (uint32_t i = 0; i < d->ncandidates; i++) {
-            Kvrouter__V1__Candidate c = KVROUTER__V1__CANDIDATE__INIT;
-            c.worker_id = d->worker_ids[i];
-            c.cost = d->costs ? d->costs[i] : 0; /* NULL: not every worker was priced */
-            if (d->candidates) {
-                c.overlap_blocks = d->candidates[i].overlap_blocks;
-                c.prefill_tokens = d->candidates[i].prefill_tokens;
-                c.decode_blocks = d->candidates[i].decode_blocks;
-                c.inflight = d->candidates[i].inflight;
-                c.busy = d->candidates[i].busy;
-            }
-            cand[i] = c;
-            ptrs[i] = &cand[i];
-        }
-        m.candidates = ptrs;
-        m.n_candidates = d->ncandidates;
-    }
-    kvr_status st = kvr_codec_pack(b, &m.base);
-    free(cand);
-    free(ptrs);
-    return st;
 }

@@ -72,6 +72,9 @@
 #define KVR_WIRE_PAGE_ITEMS_MAX 512u
 /* Candidates in a SelectResponse: the router's default max_workers. */
 #define KVR_WIRE_CANDIDATES_MAX 65536u
+/* Candidates a router lists in a SelectResponse: at ~58 bytes each at most, 4,096 are ~240 KB,
+ * under NATS's default 1 MB payload (a list of every worker would not fit past ~18,000). */
+#define KVR_WIRE_CANDIDATES_LISTED 4096u
 /* Tokens in one GenerateResponse chunk (workers send one): the default max_output_tokens. */
 #define KVR_WIRE_RESPONSE_TOKENS_MAX 65536u
 /* bytes of text in one GenerateResponse (the text of its tokens) */
@@ -335,7 +338,9 @@ kvr_status kvr_wire_decode_worker_rebind(const void *buf, size_t len, uint64_t *
 kvr_status kvr_wire_encode_select_request(struct kvr_buf *b, const void *request, size_t len,
                                           bool book);
 /* key: the booking's (0 when not booked); router_id: who answers; detail: NULL or the error's
- * figures. */
+ * figures. The answer lists at most KVR_WIRE_CANDIDATES_LISTED of d's candidates (the chosen
+ * worker, then the cheapest, or the first in registry order when d has no costs) and says how
+ * many were weighed. */
 kvr_status kvr_wire_encode_select_response(struct kvr_buf *b, const struct kvr_decision *d,
                                            uint64_t key, kvr_status error, const char *router_id,
                                            const char *detail);

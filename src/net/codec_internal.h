@@ -1,10 +1,10 @@
 /*
- * What the codec's own files (codec.c, codec_fleet.c) share and nothing else includes: the
- * allocator protobuf-c unpacks with, which records a failed allocation so that a decoder can tell
- * out-of-memory from malformed input; the allocation helpers every decoder copies with (all of
- * them honour kvr_wire_fail_alloc); a wire-level count of repeated fields, so a decoder can refuse
- * over-many items before protobuf-c allocates them; and the pack helper of the encoders. Pure and
- * thread-safe, like the codec.
+ * What the codec's own files (codec.c, codec_events.c, codec_fleet.c, codec_select.c) share and
+ * nothing else includes: the allocator protobuf-c unpacks with, which records a failed allocation
+ * so that a decoder can tell out-of-memory from malformed input; the allocation helpers every
+ * decoder copies with (all of them honour kvr_wire_fail_alloc); a wire-level count of repeated
+ * fields, so a decoder can refuse over-many items before protobuf-c allocates them; and the pack
+ * helper of the encoders. Pure and thread-safe, like the codec.
  */
 #ifndef KVR_CODEC_INTERNAL_H
 #define KVR_CODEC_INTERNAL_H
@@ -66,6 +66,10 @@ char *kvr_codec_str(char *s);
  * broken (a truncated varint or length, a group, which proto3 does not have).
  */
 kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t sub, size_t *n);
+
+/* An error's text with its figures into buf: "prompt too long: 9 tokens, the limit is 8" (detail
+ * NULL or empty: the status's text alone). Returns buf. */
+char *kvr_codec_error_text(char *buf, size_t len, kvr_status st, const char *detail);
 
 /* kvr_wire_decode_generate through protobuf-c alone, without its fast path (for the tests that
  * compare the two). */

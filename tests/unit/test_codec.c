@@ -1095,6 +1095,58 @@ Test(codec, select_response_round_trip)
     kvr_buf_free(&b);
 }
 
+/* The answer to a select over 20,000 workers (each with its full view, as --explain gives) fits
+ * NATS's default 1 MB payload: the chosen worker, then the cheapest, and how many were weighed;
+ * without costs (a pruned decision), the chosen one and the first in registry order. */
+Test(codec, a_select_answer_over_a_large_fleet_fits_one_message)
+{
+    enum { N = 20000 };
+    uint64_t *wids = malloc(N * sizeof *wids);
+    double *costs = malloc(N * sizeof *costs);
+    struct kvr_candidate *full = calloc(N, sizeof *full);
+    for (uint32_t i = 0; i < N; i++) {
+        wids[i] = UINT64_MAX - i;
+        costs[i] = (double)((i * 7919u) % N) + 0.25; /* a permutation of 0.25 .. N - 0.75 */
+        full[i] = (struct kvr_candidate){.overlap_blocks = UINT32_MAX,
+                                         .prefill_tokens = UINT64_MAX,
+                                         .decode_blocks = UINT64_MAX,
+                                         .inflight = UINT32_MAX,
+                                         .busy = true};
+    }
+    struct kvr_decision d = {.worker_id = wids[N - 1],
+                             .ncandidates = N,
+                             .worker_ids = wids,
+                             .costs = costs,
+                             .candidates = full};
+    struct kvr_buf b = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        cr_assert(eq(int, kvr_wire_encode_select_response(&b, &d, 99, KVR_OK, "r1", NULL), KVR_OK));
+        cr_assert(le(sz, b.len, (size_t)1 << 20), "%zu bytes", b.len);
+        Kvrouter__V1__SelectResponse *m =
+            kvrouter__v1__select_response__unpack(NULL, b.len, b.data);
+        cr_assert(ne(ptr, m, NULL));
+        cr_assert(eq(u32, m->weighed, N));
+        cr_assert(eq(sz, m->n_candidates, KVR_WIRE_CANDIDATES_LISTED));
+        cr_assert(eq(u64, m->candidates[0]->worker_id, wids[N - 1]), "the chosen worker first");
+        for (uint32_t j = 1; j < m->n_candidates; j++) {
+            uint64_t want = d.costs ? 0 : wids[j - 1]; /* registry order */
+            if (d.costs && j >= 2)
+                cr_assert(lt(dbl, m->candidates[j - 1]->cost, m->candidates[j]->cost));
+            else if (!d.costs)
+                cr_assert(eq(u64, m->candidates[j]->worker_id, want));
+        }
+        if (d.costs) /* the cheapest: 0.25, 1.25, ... but for the chosen worker's */
+            cr_assert(lt(dbl, m->candidates[m->n_candidates - 1]->cost,
+                         (double)KVR_WIRE_CANDIDATES_LISTED + 0.5));
+        kvrouter__v1__select_response__free_unpacked(m, NULL);
+        d.costs = NULL;
+    }
+    free(wids);
+    free(costs);
+    free(full);
+    kvr_buf_free(&b);
+}
+
 /*
  * Fail each allocation a decoder makes in turn (protobuf-c's and the decoder's own): each time the
  * status is KVR_ERR_NOMEM, never KVR_ERR_MALFORMED, and nothing leaks (valgrind); once the failure
