@@ -12,6 +12,7 @@
 #include "events.h"
 #include "fleet.h"
 #include "log.h"
+#include "stats.h"
 #include "subject.h"
 
 #define SYNC_PAGE_BYTES (256u * 1024u) /* a page, well under NATS's 1 MB payload */
@@ -158,13 +159,14 @@ static void snapshot_serve(struct kvr_rd *rd, struct pager *pg, struct snapshot 
                 (unsigned long long)s->visits);
 }
 
-/* Under mu: answer q (not a snapshot) into pg. */
+/* Under mu: answer q (not a snapshot; its keys sorted) into pg. */
 static void serve(struct kvr_rd *rd, const struct kvr_wire_sync *q, struct pager *pg)
 {
     struct kvr_fleet *g = rd->fleet;
     if (q->nkeys) {
         for (uint32_t i = 0; i < q->nkeys; i++)
-            pager_key(pg, q->keys[i]);
+            if (!i || q->keys[i] != q->keys[i - 1]) /* each key once (sorted: repeats adjoin) */
+                pager_key(pg, q->keys[i]);
         if (pg->records) /* those who know nothing stay silent */
             pager_flush(pg, true);
     } else if (q->epoch == g->epoch && q->from_seq <= q->to_seq) {
@@ -203,6 +205,8 @@ static void on_request(struct kvr_rd *rd, const char *reply, const void *data, s
         kvr_wire_sync_free(&q);
         st = KVR_ERR_INVALID;
     }
+    if (st == KVR_OK) /* before mu: serve answers each key once */
+        kvr_sort_u64(q.keys, q.nkeys);
     struct pager pg = {.rd = rd, .reply = reply, .token = st == KVR_OK ? q.token : 0};
     kvr_page_init(&pg.page);
     struct snapshot snap = {.done = true};

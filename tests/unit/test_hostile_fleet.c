@@ -457,3 +457,50 @@ Test(hostile_fleet, a_flood_of_queued_notices_is_bounded_and_forgotten_after_its
     cr_assert(eq(u32, hr_rd.pend.nnotices, 0));
     cr_assert(eq(int, hr_count("_INBOX.flood", 0, NULL), 0), "nobody answered for the forger");
 }
+
+static void count_decision(void *ctx, const struct kvr_wire_decision *d)
+{
+    (void)d;
+    ++*(uint32_t *)ctx;
+}
+
+/* The decisions in the pages sent to subject since mark. */
+static uint32_t decisions_sent(const char *subject, size_t mark)
+{
+    uint32_t n = 0;
+    for (size_t i = mark; i < hr_nsent; i++) {
+        struct kvr_wire_page_head head;
+        if (!strcmp(hr_sent[i].subject, subject))
+            cr_assert(eq(int,
+                         kvr_wire_decode_page(hr_sent[i].data, hr_sent[i].len, count_decision, NULL,
+                                              &n, &head),
+                         KVR_OK));
+    }
+    return n;
+}
+
+/* A lookup naming one key 65,536 times (the wire's bound; routers ask 256 keys at most): every
+ * router built a record per copy under its mutex, a long prompt's (16,384 blocks) 147 KB each,
+ * 9.6 GB of pages for one 512 KB message. Each key is answered once. */
+Test(hostile_fleet, a_lookup_answers_each_key_once)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {777, 1, h, 2, 128, 0, false, 0, 0};
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.x", "peer");
+    uint64_t *keys = malloc(KVR_WIRE_SYNC_KEYS_MAX * sizeof *keys);
+    for (uint32_t i = 0; i < KVR_WIRE_SYNC_KEYS_MAX; i++)
+        keys[i] = i % 2 ? 777 : 778 + i; /* 777 half the time, else keys nobody holds */
+    struct kvr_wire_sync q = {.router_id = "q", .keys = keys, .nkeys = KVR_WIRE_SYNC_KEYS_MAX};
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_sync(&b, &q), KVR_OK));
+    const char *pages = "kv.default.router.pages.q";
+    size_t mark = hr_nsent;
+    kvr_sync_on_lookup(&hr_rd, pages, b.data, b.len);
+    cr_assert(eq(u32, decisions_sent(pages, mark), 1), "one record for the one key it holds");
+    mark = hr_nsent;
+    kvr_sync_on_request(&hr_rd, pages, b.data, b.len);
+    cr_assert(eq(u32, decisions_sent(pages, mark), 1), "on its sync subject the same");
+    free(keys);
+    kvr_buf_free(&b);
+}
