@@ -32,23 +32,33 @@ bool kvr_fleet_peer_alive(const struct kvr_rd *rd, const struct kvr_peer *p, uin
     return p && p->heard_ns && (p->heard_ns >= t || t - p->heard_ns < hello_ns(rd) * 7 / 2);
 }
 
-/* With the table full: forget the peer silent the longest, if it is silent now and no request
- * names it as origin (made-up ids, or old incarnations' host-pid ids, do not fill it for good). */
+/* With the table full: forget the peer silent the longest of those silent now that no request
+ * names as origin (made-up ids, or old incarnations' host-pid ids, do not fill it for good; nor
+ * does one pinned by a request while the others could go). */
 static bool evict_one(struct kvr_rd *rd)
 {
     struct kvr_fleet *g = rd->fleet;
     uint64_t now = kvr_now_ns();
     struct kvr_peer *q, *tmp, *oldest = NULL;
+    bool silent = false;
     HASH_ITER(hh, g->peers, q, tmp)
     {
-        if (!kvr_fleet_peer_alive(rd, q, now) && (!oldest || q->heard_ns < oldest->heard_ns))
+        q->named = false;
+        silent |= !kvr_fleet_peer_alive(rd, q, now);
+    }
+    if (!silent)
+        return false; /* every one talks: the requests are not looked at */
+    for (const struct kvr_pending *r = rd->pend.head; r; r = r->hh.next)
+        if (r->origin) /* this module's peers, which a pending request only points at */
+            ((struct kvr_peer *)r->origin)->named = true;
+    HASH_ITER(hh, g->peers, q, tmp)
+    {
+        if (!q->named && !kvr_fleet_peer_alive(rd, q, now) &&
+            (!oldest || q->heard_ns < oldest->heard_ns))
             oldest = q;
     }
     if (!oldest)
         return false;
-    for (const struct kvr_pending *r = rd->pend.head; r; r = r->hh.next)
-        if (r->origin == oldest)
-            return false;
     HASH_DEL(g->peers, oldest);
     free(oldest);
     g->npeers--;

@@ -7,8 +7,8 @@
  * with the smallest id, after a grace period). Snapshots and repairs travel in sync.c.
  *
  * Invariants: at most KVR_FLEET_MAX_PEERS peers, each kept while a pending request points at it
- * (when the table is full, the one silent the longest that none points at is forgotten); a peer's
- * epoch only grows; seqs this router sent are kept in a ring of KVR_FLEET_RING for repairs.
+ * (when the table is full, of those none points at, the one silent the longest is forgotten); a
+ * peer's epoch only grows; seqs this router sent are kept in a ring of KVR_FLEET_RING for repairs.
  * Everything here runs under the state mutex.
  */
 #ifndef KVR_RD_FLEET_H
@@ -33,6 +33,7 @@ struct kvr_peer {
     uint64_t next_seq;      /* the next decision seq expected from it */
     uint64_t heard_ns;      /* its last message; silent for 3.5 hellos = gone */
     bool serving;           /* it takes requests */
+    bool named;             /* a pending request names it as origin (evict_one's pass) */
     UT_hash_handle hh;      /* by id */
 };
 

@@ -504,3 +504,33 @@ Test(hostile_fleet, a_lookup_answers_each_key_once)
     free(keys);
     kvr_buf_free(&b);
 }
+
+/* With the peer table full of silent ids, the one silent the longest still the origin of a
+ * request: one of the others goes, and a new router is heard (the oldest alone was tried, so the
+ * table stayed full while that request lasted). */
+Test(hostile_fleet, a_silent_peer_that_a_request_names_keeps_no_new_router_out)
+{
+    hr_cfg.hello_ns = 100 * KVR_NS_PER_MS; /* silent after 350 ms */
+    kvr_fleet_destroy(&hr_rd);
+    kvr_rd_free(&hr_rd);
+    hr_start();
+    hr_heartbeat(1, 4096, NULL, 0, 60000);
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {777, 1, h, 2, 128, 0, false, 0, 0};
+    hr_gossip("old-router", 5, 1, &rec, "_INBOX.x", "old-router"); /* in flight, its origin's */
+    for (uint32_t i = 1; i < KVR_FLEET_MAX_PEERS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "fake-%u", i);
+        hr_hello(id, 5, 0);
+    }
+    cr_assert(eq(u64, hr_stat("data.replication.peers"), KVR_FLEET_MAX_PEERS));
+    kvr_sleep_ns(400 * KVR_NS_PER_MS); /* all silent now */
+    hr_hello("real-router", 7, 0);
+    cr_assert(eq(u64, hr_stat("data.replication.peers_evicted"), 1), "a silent one goes");
+    struct kvr_peer *p = NULL;
+    HASH_FIND_STR(hr_rd.fleet->peers, "real-router", p);
+    cr_assert(not(eq(ptr, p, NULL)), "and the real router is heard");
+    HASH_FIND_STR(hr_rd.fleet->peers, "old-router", p);
+    cr_assert(not(eq(ptr, p, NULL)), "the request's origin is kept");
+    cr_assert(eq(ptr, (void *)kvr_pending_find(&hr_rd.pend, 777)->origin, p));
+}
