@@ -135,10 +135,15 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
      * was stopped in favour of another worker's copy (ERR_SUPERSEDED), whose decision this router
      * has not heard yet: that one is still on (its decision arrives as new); after a worker's
      * refusal (shutting down, out of memory, its engine's error) its client was told and may try
-     * again, 3 s later: one sooner crossed the error (kvr_fleet_answered) */
-    if (status == KVR_OK)
+     * again, 3 s later: one sooner crossed the error (kvr_fleet_answered). Nor when the fleet
+     * had answered it with an error already (its worker written off while cut off, the done
+     * sent before it heard the stop and flushed when its connection came back): that error was
+     * its client's final, and the same request 3 s later a new attempt, not a resend to ignore */
+    const struct kvr_recent_item *r = p ? NULL : kvr_recent_find(&rd->recent, key, now);
+    bool answered = r && r->kind == KVR_RECENT_FAILED;
+    if (!answered && status == KVR_OK)
         kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
-    else if (status != KVR_ERR_SUPERSEDED) /* cancelled and deadline remembered as ended */
+    else if (!answered && status != KVR_ERR_SUPERSEDED) /* cancelled, deadline: as ended */
         kvr_fleet_answered(rd, key, status, now);
     kvr_log(KVR_LOG_DEBUG, "request_ended",
             "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,

@@ -2475,6 +2475,34 @@ Test(routerd, a_resend_crossing_a_worker_lost_answer_is_ignored_by_every_router)
 }
 
 /*
+ * A worker written off (cut off from NATS for longer than its timeout) fails its started request
+ * to the client with ERR_WORKER_LOST; a done it published during the cut comes late, when its
+ * connection is back. That done must not turn the router's error into an end: the client's same
+ * request, sent again past the crossing window, is a new attempt (docs/protocol.md, "Resending"),
+ * and was ignored as a resend after the end, answered by nobody.
+ */
+Test(routerd, a_late_done_of_a_lost_worker_leaves_the_next_attempt_to_be_placed)
+{
+    cfg.crossing_ns = 300 * KVR_NS_PER_MS;
+    heartbeat(1, 4096, NULL, 0, 1);
+    generate("_INBOX.l", "late", 1, 128);
+    cr_assert(eq(int, rec_count("kv.default.worker.1.generate", 0, NULL), 1));
+    uint64_t key = kvr_pending_key("_INBOX.l", "late");
+    prefill_done(1, key); /* it started: not placed again */
+    heartbeat(2, 4096, NULL, 0, 1000);
+    kvr_sleep_ns(10 * KVR_NS_PER_MS); /* worker 1 is silent for 3.2 of its intervals */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.l", 0, &m), 1));
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_WORKER_LOST));
+    worker_done(1, key); /* published during its cut, flushed when it came back */
+    kvr_sleep_ns(310 * KVR_NS_PER_MS);
+    generate("_INBOX.l", "late", 1, 128); /* its client's new attempt */
+    cr_assert(eq(int, rec_count("kv.default.worker.2.generate", 0, NULL), 1), "placed");
+    cr_assert(eq(u64, rd.n.resends_after_end, 0));
+}
+
+/*
  * A resend of a request queued at a peer is absorbed here, not placed a second time (it was:
  * served here while the peer's copy timed out as overloaded, an error and a stream for one
  * request); the peer's decision, when it places it, books it here as any decision.
