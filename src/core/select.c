@@ -127,6 +127,8 @@ uint32_t kvr_select_kv(struct kvr_select_state *s, double temperature, double ma
     if (!KVR_GROW(s->weights, s->nweights, n, 64))
         return kv_min(s, margin, request, ids, costs, slots, cached, eligible, n);
     double scale = (hi - lo) * temperature, total = 0;
+    if (!(scale > 0)) /* underflowed (a denormal temperature): the cheapest weighs 0 / 0 */
+        return kv_min(s, margin, request, ids, costs, slots, cached, eligible, n);
     for (uint32_t i = 0; i < n; i++) {
         s->weights[i] = exp(-(costs[eligible[i]] - lo) / scale);
         total += s->weights[i];

@@ -191,3 +191,17 @@ Test(select, chwbl_is_consistent_and_bounded)
     c[first].inflight = 40; /* over 1.25 x mean: walk on */
     cr_assert(ne(u32, kvr_select(&st, &cfg, &in, c, all, 8), first));
 }
+
+/* A temperature so small that the spread of the costs times it underflows to 0 (a per-request
+ * override takes any finite value >= 0) prices every candidate 0 / 0: NaN weights, and the draw
+ * fell through to the last candidate, the dearest here. It is the cheapest, as at temperature 0. */
+Test(select, kv_a_temperature_whose_scale_underflows_takes_the_cheapest)
+{
+    double costs[8];
+    uint32_t cached[8] = {0};
+    for (int i = 0; i < 8; i++)
+        costs[i] = 100 + 0.05 * i; /* a spread of 0.35 */
+    for (int k = 0; k < 100; k++)
+        cr_assert(
+            eq(u32, kvr_select_kv(&st, 5e-324, 0.0, 0, NULL, costs, slots, cached, all, 8), 0));
+}
