@@ -260,7 +260,10 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
                            now);
         return;
     }
-    if (p->worker_id) { /* its worker answers, and its done frees every router's booking */
+    if (p->worker_id) {
+        /* its worker answers, and its done frees every router's booking; if the forward never
+         * reached it, the origin answers once that shows, and does not place it again */
+        p->cancelled = true;
         kvr_send_cancel(rd, key, p->worker_id, KVR_ERR_CANCELLED, false);
         rd->n.cancels_sent++;
         return;

@@ -40,6 +40,8 @@ struct kvr_pending {
                                       decisions for one key stands */
     uint64_t deadline_ns;          /* the client's deadline (monotonic ns; 0: none; origin) */
     uint64_t book_expires;         /* a booked select not started yet: dropped then (0: no) */
+    bool cancelled;                /* its client cancelled it on its worker: never placed again,
+                                      answered "cancelled" if it never reached it */
     bool queued_notice;            /* a Queued notice went out for it (this router's: queued
                                       here, its peers absorb resends), or came for it (a peer's,
                                       no decision yet: on no worker, not in the core) */

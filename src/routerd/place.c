@@ -20,8 +20,8 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     /* too large fails the same way anywhere; anything else is the connection's trouble of the
      * moment: place it again at the next tick, once nats.c has seen the cut (it buffers what is
      * published while it reconnects; sent again at once, the forward meets the same dead socket) */
-    bool again =
-        st != KVR_ERR_TOO_LARGE && p && !p->origin && p->raw && p->attempts < KVR_PLACE_MAX_AGAIN;
+    bool again = st != KVR_ERR_TOO_LARGE && p && !p->origin && p->raw && !p->cancelled &&
+                 p->attempts < KVR_PLACE_MAX_AGAIN;
     char id[128];
     kvr_log(again ? KVR_LOG_WARN : KVR_LOG_ERROR, "forward_failed",
             "request=\"%s\" worker=%" PRIu64 " error=\"%s\" placed_again=%s",
@@ -33,7 +33,9 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     if (again && kvr_pending_place_next_tick(&rd->pend, p) == KVR_OK)
         return;
     struct kvr_reply_why why = {.worker_id = p->worker_id};
-    kvr_status answer = st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE : KVR_ERR_IO;
+    kvr_status answer = p->cancelled              ? KVR_ERR_CANCELLED
+                        : st == KVR_ERR_TOO_LARGE ? KVR_ERR_TOO_LARGE
+                                                  : KVR_ERR_IO;
     kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, answer, &why);
     kvr_fleet_answered(rd, key, answer, kvr_now_ns());
     kvr_pending_drop(&rd->pend, p);
@@ -102,9 +104,9 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
     if (!p)
         return;
     bool never_started = ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED;
-    if (!p->origin && p->raw && p->attempts < KVR_PLACE_MAX_AGAIN && never_started &&
-        kvr_pending_place_later(&rd->pend, p) == KVR_OK)
-        return; /* it never started: another worker can take it */
+    if (!p->origin && p->raw && !p->cancelled && p->attempts < KVR_PLACE_MAX_AGAIN &&
+        never_started && kvr_pending_place_later(&rd->pend, p) == KVR_OK)
+        return; /* it never started: another worker can take it (unless its client cancelled) */
     char id[128];
     kvr_log(KVR_LOG_WARN, "request_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
             kvr_log_safe(id, sizeof id, p->request_id), ev->worker_id, kvr_status_str(ev->status));
@@ -113,7 +115,7 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
          * answered now, so a worker that is alive after all (paused, cut off) is told to stop,
          * silently, rather than stream on after that final and finish work nobody counts */
         kvr_send_cancel(rd, p->key, ev->worker_id, KVR_ERR_CANCELLED, true);
-    kvr_fleet_failed(rd, p, ev->status);
+    kvr_fleet_failed(rd, p, p->cancelled ? KVR_ERR_CANCELLED : ev->status);
 }
 
 void kvr_place_refuse_unplaced(struct kvr_rd *rd, kvr_status st)

@@ -1125,6 +1125,31 @@ Test(routerd, a_worker_with_forwards_waiting_is_not_judged_to_miss_any)
     free(text);
 }
 
+/*
+ * A request its client cancelled while its forward was lost on its way (its worker, told to
+ * stop, only remembers the cancel) is answered "cancelled" when the heartbeats show it never
+ * reached its worker, not placed again: it was, on worker 2, which streamed all of it.
+ */
+Test(routerd, a_cancelled_request_that_never_reached_its_worker_is_not_placed_again)
+{
+    heartbeat(1, 4096, NULL, 0, 10);
+    generate("_INBOX.x", "lost", 1, 128); /* its forward is lost on its way */
+    uint64_t key = kvr_pending_key("_INBOX.x", "lost"), other = key ^ 1;
+    cancel_request("_INBOX.x", "lost");
+    cr_assert(eq(int, rec_count("kv.default.worker.1.cancel", 0, NULL), 1));
+    heartbeat(2, 4096, NULL, 0, 1000);
+    kvr_sleep_ns(25 * KVR_NS_PER_MS);  /* past the grace of two 10 ms intervals */
+    heartbeat(1, 4096, &other, 1, 10); /* a first strike */
+    kvr_sleep_ns(15 * KVR_NS_PER_MS);
+    heartbeat(1, 4096, &other, 1, 10); /* the second: it never reached worker 1 */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(int, rec_count("kv.default.worker.2.generate", 0, NULL), 0), "not placed again");
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("_INBOX.x", 0, &m), 1), "answered once");
+    cr_assert(eq(u32, rec_error_in(m), KVR_ERR_CANCELLED));
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL));
+}
+
 /* A heartbeat's interval judges a forward missing within the router's bounds, as it judges the
  * worker's silence: one of 1 ms (real, or forged) judged a forward still on its way missing 2 ms
  * after it was sent, and had it placed again (served twice). */
