@@ -568,6 +568,8 @@ static bool stands_in(const struct kvr_rd *rd, uint64_t now)
 /* Tell p's client it failed with st (naming its worker). */
 static void tell(struct kvr_rd *rd, const struct kvr_pending *p, kvr_status st)
 {
+    if (!p->reply)
+        return; /* a booked select: its client forwards it itself (docs/protocol.md) */
     struct kvr_reply_why why = {.worker_id = p->worker_id};
     kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, st, &why);
 }

@@ -1041,6 +1041,23 @@ Test(routerd, a_select_has_a_key_only_when_booked_and_a_booking_expires)
     cr_assert(eq(u64, rd.n.bookings_expired, 1));
 }
 
+/* A booked select has no client to tell when its worker is lost (its client forwards it itself):
+ * it goes without a word, and no generate counts it dropped for want of a reply subject (one did,
+ * logged request_dropped). */
+Test(routerd, a_booked_select_on_a_lost_worker_counts_no_generate_error)
+{
+    heartbeat(1, 4096, NULL, 0, 1);
+    select_request("_INBOX.s", "booked", true);
+    uint64_t key = kvr_pending_key("_INBOX.s", "booked");
+    prefill_done(1, key); /* its client forwarded it: started */
+    heartbeat(2, 4096, NULL, 0, 1000);
+    kvr_sleep_ns(10 * KVR_NS_PER_MS); /* worker 1 is silent for 3.2 of its intervals */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(ptr, kvr_pending_find(&rd.pend, key), NULL), "forgotten");
+    cr_assert(eq(u64, rd.generate.errors, 0));
+    cr_assert(eq(u64, rd.generate.dropped, 0));
+}
+
 /*
  * A worker behind on its messages may take a request its heartbeats never listed, after its
  * origin judged that it never reached it and placed it again: that worker's events are then stale,
