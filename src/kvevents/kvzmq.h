@@ -30,7 +30,8 @@
  *     order (those <= last dropped as duplicates) while live batches arriving meanwhile are held
  *     (at most hold_max, of hold_bytes_max bytes in all) and delivered after, duplicates
  *     dropped. When the replay cannot cover the gap (its first reply is past last + 1: evicted
- *     from the ring; no replay endpoint; no end marker within replay_timeout_ms; more than
+ *     from the ring; no replay endpoint; no new batch nor end marker from it for
+ *     replay_timeout_ms, counted from the request or its last new batch; more than
  *     hold_max or hold_bytes_max held) hooks->reset(ctx, why) is called and the subscriber goes
  *     on from the next batch it has (replayed or held) as a first batch. A timed-out replay's
  *     DEALER is closed and a fresh one connected, so late replies never mix with the next
@@ -61,7 +62,7 @@
 #define KVR_KVZMQ_SEQ_END           UINT64_MAX /* the replay's end marker seq (-1) */
 #define KVR_KVPUB_RING_DEFAULT      10000u     /* batches kept for replay (vLLM's buffer_steps) */
 #define KVR_KVZMQ_HWM_DEFAULT       100000 /* PUB send / SUB receive high-water marks, messages */
-#define KVR_KVSUB_REPLAY_TIMEOUT_MS 500u   /* default wait for a replay's end marker */
+#define KVR_KVSUB_REPLAY_TIMEOUT_MS 500u   /* default replay's silence before it is given up */
 #define KVR_KVSUB_HOLD_DEFAULT      10000u /* default live batches held during a replay */
 #define KVR_KVSUB_HOLD_BYTES        (256u << 20) /* and their bytes, at most */
 #define KVR_KVZMQ_ENDPOINT_MAX      256u         /* longest endpoint text, with its NUL */
@@ -137,7 +138,7 @@ struct kvr_kvsub_config {
     struct kvr_kvev_limits limits; /* for kvr_kvev_decode; zero fields: defaults; max_bytes is
                                       also the sockets' ZMQ_MAXMSGSIZE (a bigger frame makes
                                       ZeroMQ drop the connection, which then reconnects) */
-    uint32_t replay_timeout_ms;    /* wait for a replay's end marker; 0: 500 */
+    uint32_t replay_timeout_ms;    /* a replay silent this long is given up; 0: 500 */
     uint32_t hold_max;             /* live batches held during a replay; 0: 10,000 */
     size_t hold_bytes_max;         /* and their bytes; 0: 256 MiB */
     int rcvhwm;                    /* SUB receive high-water mark; 0: 100,000 */

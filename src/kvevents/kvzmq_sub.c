@@ -409,7 +409,10 @@ static void on_reply(struct kvr_kvsub *s, uint64_t seq, zmq_msg_t *payload)
         s->replay_failed = true;
         reset(s, "replay did not cover the gap");
     }
+    bool fresh = !s->has_last || seq > s->last;
     offer(s, seq, zmq_msg_data(payload), zmq_msg_size(payload), true);
+    if (fresh) /* it answers: the timeout counts from its last batch that was new */
+        s->replay_deadline = kvr_now_ns() + (uint64_t)s->cfg.replay_timeout_ms * KVR_NS_PER_MS;
 }
 
 static void read_replay(struct kvr_kvsub *s)

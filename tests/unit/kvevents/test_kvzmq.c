@@ -43,6 +43,7 @@ struct rec {
     uint32_t bads;
     kvr_status last_bad;
     bool steal;        /* take the batch's arrays (and free them) */
+    uint64_t slow_ns;  /* time each batch takes the hook (a consumer slower than the engine) */
     bool order_broken; /* a seq not above the one before it since the last reset */
 };
 
@@ -73,7 +74,10 @@ static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool rep
         r->n++;
     }
     bool steal = r->steal;
+    uint64_t slow_ns = r->slow_ns;
     pthread_mutex_unlock(&r->mu);
+    if (slow_ns)
+        kvr_sleep_ns(slow_ns);
     if (steal) {
         struct kvr_kvev_batch mine = *b;
         *b = (struct kvr_kvev_batch){0};
@@ -352,6 +356,36 @@ Test(kvzmq, gap_without_replay_endpoint_resets)
     cr_assert(eq(u64, g.rec->seq[1], 3));
     cr_assert(eq(u32, g.rec->resets, 1));
     cr_assert(eq(str, (char *)g.rec->why[0], "gap and no replay endpoint"));
+    rig_close(&g);
+}
+
+/* A replay that keeps answering is waited for, however long its batches take to deliver: the
+ * timeout is for a replay socket that says nothing (a consumer that fell behind has a large gap,
+ * and a reset would throw away what the replay brings). */
+Test(kvzmq, a_long_replay_that_keeps_answering_is_not_timed_out)
+{
+    struct rig g;
+    memset(&g, 0, sizeof g);
+    rig_pub(&g, 0);
+    struct kvr_kvsub_config c = {.replay_timeout_ms = 200};
+    rig_sub(&g, g.rep, &c);
+    cr_assert(kvr_kvpub_wait_subscribers(g.pub, 1, WAIT_MS));
+    publish(g.pub, 0, 1);
+    cr_assert(wait_n(g.rec, 1, WAIT_MS));
+    pthread_mutex_lock(&g.rec->mu);
+    g.rec->slow_ns = KVR_NS_PER_MS; /* 300 batches: 300 ms, past the timeout */
+    pthread_mutex_unlock(&g.rec->mu);
+    kvr_kvpub_drop(g.pub, 299);
+    for (int i = 1; i <= 300; i++)
+        publish(g.pub, 100 * (uint64_t)i, 1); /* 1..299 lost, 300 reveals the gap */
+    cr_assert(wait_n(g.rec, 301, (uint32_t)(5000 * slow())), "%u delivered", rec_n(g.rec));
+    for (uint32_t i = 0; i < 301; i++)
+        cr_assert(eq(u64, g.rec->seq[i], i));
+    cr_assert(eq(u32, g.rec->resets, 0), "reset: %s", g.rec->resets ? g.rec->why[0] : "");
+    cr_assert(WAIT_STAT(g.sub, gaps_filled, 1));
+    struct kvr_kvsub_stats st;
+    kvr_kvsub_stats(g.sub, &st);
+    cr_assert(true == (((st.replay_timeouts) == (0)) && ((st.replay_requests) == (1))));
     rig_close(&g);
 }
 
