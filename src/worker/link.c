@@ -79,6 +79,7 @@ static json_t *stats_data(const struct kvr_worker *w)
              {"duplicates", c->duplicates},
              {"cancelled", c->cancelled},
              {"deadlines", c->deadlines},
+             {"drain_cut", c->drain_cut},
              {"early_cancels", c->early_cancels},
              {"late_cancels", c->late_cancels},
              {"bad_cancels", c->bad_cancels},
@@ -422,8 +423,10 @@ void kvr_wk_link_drain(struct kvr_wk_link *l)
     while ((left = kvr_worker_held(l->w)) && kvr_now_ns() <= deadline &&
            !kvr_worker_clashed(l->w) && !natsConnection_IsClosed(l->nc_out))
         kvr_sleep_ns(20 * KVR_NS_PER_MS);
-    if (left)
+    if (left) { /* what is still held ends now, told: else its clients heard nothing from here */
         kvr_log(KVR_LOG_WARN, "drain_timeout", "requests_left=%u", left);
+        kvr_worker_cut_held(l->w);
+    }
     kvr_worker_flush(l->w);
 }
 

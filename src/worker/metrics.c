@@ -74,6 +74,9 @@ static void counters(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_served_total", "Requests the engine finished.", c->served);
     counter(p, "kvworker_cancelled_total", "Requests ended by a router's cancel.", c->cancelled);
     counter(p, "kvworker_deadlines_total", "Requests ended by their deadline.", c->deadlines);
+    counter(p, "kvworker_drain_cut_total",
+            "Requests still held when the drain ran out of time, ended ERR_SHUTDOWN.",
+            c->drain_cut);
     counter(p, "kvworker_duplicates_total",
             "Forwards dropped: the request was held or ended in the last 60 s.", c->duplicates);
     counter(p, "kvworker_repeats_total", "Streams repeated after the outgoing connection's cut.",

@@ -1,8 +1,8 @@
 /*
  * kvr_worker's presence in the fleet: its heartbeat (also the answer to a hello), the worker id
- * clash rule, and the outgoing connection's cuts (the repeat they call for is in worker.c). Runs on
- * the heartbeat thread, the delivery threads and the NATS library's event thread, under the
- * worker's mutex.
+ * clash rule, the outgoing connection's cuts (the repeat they call for is in worker.c), and what a
+ * stop waits for. Runs on the heartbeat thread, the delivery threads and the NATS library's event
+ * thread, under the worker's mutex.
  */
 #define _DEFAULT_SOURCE
 #include <inttypes.h>
@@ -287,4 +287,29 @@ void kvr_worker_on_rebind(struct kvr_worker *w, const void *data, size_t len)
     if (st == KVR_OK && again)
         repeat_for_resend(w, held ? held : kept, now);
     kvr__worker_unlock(w);
+}
+
+/* --- the stop ------------------------------------------------------------------------------- */
+
+uint32_t kvr_worker_held(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    /* a cut whose repeat is still to come counts too: what its streams sent last may be lost in
+     * it, and what ended meanwhile waits in the connection's buffer */
+    uint32_t n = w->nreqs + (w->cut_at && !w->clashed);
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+void kvr_worker_stop(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->stopping = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+bool kvr_worker_stopping(struct kvr_worker *w)
+{
+    return atomic_load(&w->stopping); /* the heartbeat thread asks often: never behind mu */
 }

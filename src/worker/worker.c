@@ -260,9 +260,25 @@ static void end_early(struct kvr_worker *w, struct kvr_wreq *r, kvr_status why, 
     kvr__worker_done(w, r->key, silent ? KVR_ERR_SUPERSEDED : why, r->generated);
     if (why == KVR_ERR_DEADLINE)
         w->c.deadlines++;
+    else if (why == KVR_ERR_SHUTDOWN)
+        w->c.drain_cut++;
     else
         w->c.cancelled++;
     forget(w, r, why, silent, now);
+}
+
+void kvr_worker_cut_held(struct kvr_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    uint64_t now = kvr_now_ns();
+    struct kvr_wreq *r, *tmp;
+    HASH_ITER(hh, w->reqs, r, tmp)
+    {
+        if (w->clashed) /* the older instance serves them all */
+            break;
+        end_early(w, r, KVR_ERR_SHUTDOWN, false, now);
+    }
+    kvr__worker_unlock(w);
 }
 
 /* --- set-up ---------------------------------------------------------------------------------- */
@@ -771,29 +787,4 @@ void kvr_worker_run_engine(struct kvr_worker *w)
         flush_locked(w);
     }
     pthread_mutex_unlock(&w->mu);
-}
-
-/* --- the rest -------------------------------------------------------------------------------- */
-
-uint32_t kvr_worker_held(struct kvr_worker *w)
-{
-    pthread_mutex_lock(&w->mu);
-    /* a cut whose repeat is still to come counts too: what its streams sent last may be lost in
-     * it, and what ended meanwhile waits in the connection's buffer */
-    uint32_t n = w->nreqs + (w->cut_at && !w->clashed);
-    pthread_mutex_unlock(&w->mu);
-    return n;
-}
-
-void kvr_worker_stop(struct kvr_worker *w)
-{
-    pthread_mutex_lock(&w->mu);
-    w->stopping = true;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-bool kvr_worker_stopping(struct kvr_worker *w)
-{
-    return atomic_load(&w->stopping); /* the heartbeat thread asks often: never behind mu */
 }

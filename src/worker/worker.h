@@ -140,6 +140,7 @@ struct kvr_wk_counters {
     uint64_t duplicates;     /* forwards dropped: the key was held or ended in the last 60 s */
     uint64_t cancelled;      /* requests ended by a WorkerCancel (held, or remembered first) */
     uint64_t deadlines;      /* requests ended by their deadline */
+    uint64_t drain_cut;      /* held requests ended ERR_SHUTDOWN: the drain ran out of time */
     uint64_t early_cancels;  /* cancels remembered for a key not yet here */
     uint64_t late_cancels;   /* cancels for a key that had ended: nothing to do */
     uint64_t bad_cancels;    /* WorkerCancels that did not decode */
@@ -328,6 +329,9 @@ void kvr_worker_set_draining(struct kvr_worker *w, bool refuse);
  * connection until its repeat is made (a stream that ended just before the stop or during the cut
  * would lose its final for good if the process left first). */
 uint32_t kvr_worker_held(struct kvr_worker *w);
+/* End every request still held with ERR_SHUTDOWN (the drain ran out of time): the engine lets it
+ * go, its client gets its final chunk, the routers its done event. */
+void kvr_worker_cut_held(struct kvr_worker *w);
 /* Make the engine thread (and the heartbeat thread's waits) return. */
 void kvr_worker_stop(struct kvr_worker *w);
 bool kvr_worker_stopping(struct kvr_worker *w); /* without mu */

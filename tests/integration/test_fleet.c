@@ -255,7 +255,7 @@ Test(fleet, sigterm_loses_no_request)
 
 /* A WorkerGenerate of key (an n-token prompt, 4 out) into q, sent to worker 1 directly (as a
  * client does after a booked select). */
-static void send_forward_of(struct h_req *q, uint64_t key, uint32_t n)
+static void send_forward_gen(struct h_req *q, uint64_t key, uint32_t n, uint32_t max_tokens)
 {
     uint32_t *toks = malloc((size_t)n * sizeof *toks);
     cr_assert(ne(ptr, toks, NULL));
@@ -264,7 +264,7 @@ static void send_forward_of(struct h_req *q, uint64_t key, uint32_t n)
     char id[32];
     snprintf(id, sizeof id, "fwd-%llu", (unsigned long long)key);
     struct kvr_buf g = {0}, b = {0};
-    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, toks, n, 4, NULL), KVR_OK));
+    cr_assert(eq(int, kvr_wire_encode_generate(&g, id, toks, n, max_tokens, NULL), KVR_OK));
     free(toks);
     cr_assert(eq(int, kvr_wire_encode_worker_generate(&b, g.data, g.len, key, 0, "t", 0), KVR_OK));
     cr_assert(h_send_raw(nc, "kv.default.worker.1.generate", q, b.data, (int)b.len));
@@ -272,9 +272,27 @@ static void send_forward_of(struct h_req *q, uint64_t key, uint32_t n)
     kvr_buf_free(&b);
 }
 
+static void send_forward_of(struct h_req *q, uint64_t key, uint32_t n)
+{
+    send_forward_gen(q, key, n, 4);
+}
+
 static void send_forward(struct h_req *q, uint64_t key)
 {
     send_forward_of(q, key, 64);
+}
+
+static void until_worker_1_serves(void)
+{
+    struct h_req probe;
+    bool up = false;
+    for (int i = 0; i < 100 && !up; i++) {
+        send_forward(&probe, 1 + (uint64_t)i);
+        up = h_collect(&probe, 100) && probe.res.error_code == 0;
+        if (!up)
+            h_sleep_ms(100); /* not subscribed yet: "no responders" at once */
+    }
+    cr_assert(up, "the worker never served");
 }
 
 /* A stopping worker serves the forwards it received before its subscription went: those waiting
@@ -286,15 +304,7 @@ static void send_forward(struct h_req *q, uint64_t key)
 Test(fleet, a_stopping_worker_serves_the_forwards_it_had_received)
 {
     pid_t w = h_worker(srv.url, "1", 50, 200, NULL);
-    struct h_req probe;
-    bool up = false;
-    for (int i = 0; i < 100 && !up; i++) { /* until it serves */
-        send_forward(&probe, 1 + (uint64_t)i);
-        up = h_collect(&probe, 100) && probe.res.error_code == 0;
-        if (!up)
-            h_sleep_ms(100); /* not subscribed yet: "no responders" at once */
-    }
-    cr_assert(up, "the worker never served");
+    until_worker_1_serves();
     enum { N = 20 };
     static struct h_req q[N];
     h_signal(w, SIGTERM);
@@ -317,6 +327,24 @@ Test(fleet, a_stopping_worker_serves_the_forwards_it_had_received)
     cr_assert(h_collect(&big, 10000));
     cr_assert(eq(u32, big.res.error_code, KVR_ERR_FULL));
     cr_assert(eq(int, served, N), "every forward it had received was served");
+    cr_assert(eq(int, h_wait(w, 10000), 0), "then it exits 0");
+    h_end();
+}
+
+/* A drain that runs out of time ends what the worker still holds with ERR_SHUTDOWN, its client
+ * told: before, the worker exited with it and a client forwarding after a select (no router
+ * answers for it) heard nothing until its own deadline. */
+Test(fleet, a_worker_out_of_drain_time_tells_its_clients)
+{
+    pid_t w = h_worker(srv.url, "1", 1, 200, H_ARGS("--drain-timeout-ms", "300"));
+    until_worker_1_serves();
+    struct h_req q;
+    send_forward_gen(&q, 500, 64, 4000); /* in real time: about a minute of decoding */
+    cr_assert(h_first_worker(&q, 5000), "it streams");
+    h_signal(w, SIGTERM);
+    cr_assert(h_collect(&q, 5000), "the client is told within the drain's time");
+    cr_assert(eq(u32, q.res.error_code, KVR_ERR_SHUTDOWN));
+    cr_assert(lt(u32, q.res.tokens, 4000));
     cr_assert(eq(int, h_wait(w, 10000), 0), "then it exits 0");
     h_end();
 }

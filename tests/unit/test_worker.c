@@ -1184,6 +1184,35 @@ Test(worker, a_stopping_worker_says_so_before_it_refuses_forwards)
     run();
 }
 
+/* A drain that ran out of time ends what is still held: each client gets its final chunk
+ * (ERR_SHUTDOWN, at the tokens it had), the routers a done each, and the engine lets them go.
+ * Before, the worker left with them, its clients told nothing (a client forwarding after a
+ * select heard nothing until its own deadline). */
+Test(worker, a_drain_out_of_time_ends_what_it_holds_told)
+{
+    forward(861, "streaming", 40, 0);
+    step(); /* its first token */
+    forward(862, "waiting", 40, 0);
+    kvr_worker_set_draining(&w, true);
+    size_t mark = rec_nsent;
+    kvr_worker_cut_held(&w);
+    struct kvr_wire_response c[4];
+    cr_assert(eq(int, chunks(mark, c, 4), 2));
+    for (int i = 0; i < 2; i++) {
+        cr_assert(c[i].final);
+        cr_assert(eq(u32, c[i].error_code, (uint32_t)KVR_ERR_SHUTDOWN));
+    }
+    free_chunks(c, 2);
+    struct kvr_wire_done d[4];
+    cr_assert(eq(int, dones(mark, d, 4), 2));
+    cr_assert(eq(u32, d[0].status, (uint32_t)KVR_ERR_SHUTDOWN));
+    cr_assert(eq(u32, d[1].status, (uint32_t)KVR_ERR_SHUTDOWN));
+    assert_engine_empty();
+    cr_assert(eq(u64, w.c.drain_cut, 2));
+    cr_assert(eq(u64, w.c.cancelled, 0), "not cancels");
+    cr_assert(eq(u32, kvr_worker_held(&w), 0));
+}
+
 Test(worker, a_stopping_worker_holds_nothing)
 {
     cfg.event_batch_ns = 5 * KVR_NS_PER_MS;
