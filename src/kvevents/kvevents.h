@@ -9,16 +9,16 @@
  *   - batch [ts, events] or [ts, events, dp_rank|nil], or more trailing elements (ignored); a map
  *     {"ts", "events", "data_parallel_rank"?} as well; ts a float or an integer;
  *   - ["BlockStored", block_hashes, parent|nil, token_ids, block_size, lora_id|nil, medium|nil,
- *     ...] where every element after the tag may be left out from the end (msgspec omit_defaults)
- *     and further elements are ignored; the older shape named its 5th element
- *     num_toks_per_block (same place, same meaning);
+ *     lora_name, extra_keys, ...] (BlockStored's field order) where every element after the tag
+ *     may be left out from the end (msgspec omit_defaults) and further elements are ignored;
+ *     the older shape named its 5th element num_toks_per_block (same place, same meaning);
  *   - ["BlockRemoved", block_hashes, medium|nil, ...], ["AllBlocksCleared", ...];
  *   - the same as maps: keys "type", "block_hashes", "parent_block_hash", "token_ids",
- *     "block_size" (or "num_toks_per_block"), "lora_id", "medium", "group_idx"; unknown keys
- *     are ignored, absent keys take the defaults below;
+ *     "block_size" (or "num_toks_per_block"), "lora_id", "medium", "extra_keys", "group_idx";
+ *     unknown keys are ignored, absent keys take the defaults below;
  *   - an event with any other tag is skipped and counted (batch.unknown_events), not an error.
  * Defaults when left out: hashes and tokens empty, parent none, lora none, medium "", group none,
- * block_size = ntokens / nhashes (0 when both are 0).
+ * extra_keys none, block_size = ntokens / nhashes (0 when both are 0).
  *
  * Block hashes (and a parent hash) are integers or byte strings on the wire, mapped to one u64
  * engine id (struct kvr_kvev_event.hashes):
@@ -30,7 +30,9 @@
  *
  * Checks (anything failing is KVR_ERR_MALFORMED, nothing leaked, *out left zeroed):
  *   - token ids are integers 0..2^32-1; block_size, lora_id and group_idx integers (or nil where
- *     the field is optional); medium a string or nil (kept up to KVR_KVEV_MEDIUM_CAP - 1 bytes,
+ *     the field is optional); extra_keys nil or an array, one entry per block, each nil (tokens
+ *     alone) or anything else (keyed by more: has_extra, nplain; a short list's missing entries
+ *     count as keyed); medium a string or nil (kept up to KVR_KVEV_MEDIUM_CAP - 1 bytes,
  *     longer ones truncated, never an error);
  *   - a Stored event's token count must be exactly nhashes * block_size (vLLM and SGLang only
  *     ever store full blocks): anything else makes the whole batch malformed, because an index
@@ -90,6 +92,9 @@ struct kvr_kvev_event {
     uint32_t block_size; /* Stored: tokens per block as the engine gave it */
     bool has_lora;       /* Stored: lora_id was an integer (not nil, not absent) */
     int64_t lora_id;     /* Stored: when has_lora */
+    bool has_extra;      /* Stored: a block has extra_keys (multimodal ids, LoRA name,
+                            cache_salt, prompt embeds): its hash is not of its tokens alone */
+    uint32_t nplain;     /* Stored, when has_extra: the blocks before the first with them */
     bool has_group;      /* Stored, Removed: a map event's group_idx (hybrid models, vLLM) */
     int64_t group_idx;   /* when has_group */
     char medium[KVR_KVEV_MEDIUM_CAP]; /* Stored, Removed: "GPU", "CPU", ...; "" when nil/absent */

@@ -13,9 +13,9 @@
  *   stream, which aborts the request in the engine.
  * - the engine's KV events (msgpack batches over ZeroMQ; src/kvevents) become KvEvents: the
  *   engine's block hash is the engine id, kvrouter's own hash is computed from the event's token
- *   ids at the block size; a gap the replay socket cannot fill, or a restarted engine, clears
- *   this worker's cache in the routers. Blocks of a LoRA adapter and blocks on another medium
- *   than the GPU are skipped (counted): kvrouter's hashes know neither.
+ *   ids at the block size (kvfeed.c); a gap the replay socket cannot fill, or a restarted engine,
+ *   clears this worker's cache in the routers. Blocks of a LoRA adapter, with extra_keys, or on
+ *   another medium than the GPU are skipped (counted): kvrouter's hashes know none of these.
  * - its /metrics, read every --engine-metrics-ms on a thread of the adapter's own, give the
  *   heartbeat's waiting requests, KV usage and capacity; a block size other than the worker's
  *   refuses the start; an engine that does not answer makes the worker drain (routers send
@@ -36,7 +36,7 @@
 #include <time.h>
 
 #include "clock.h"
-#include "kvr/hash.h"
+#include "kvfeed.h"
 #include "kvzmq.h"
 #include "log.h"
 #include "openai.h"
@@ -60,15 +60,14 @@ struct kvr_adapter {
     /* under the worker's mutex: */
     struct kvr_buf text;         /* a chunk's text made valid */
     struct kvr_buf join;         /* a carried character's start and the next text */
-    struct kvr_kv_block *blk;    /* a Stored event's blocks */
-    uint32_t capblk;             /* */
+    struct kvr_wk_kvfeed feed;   /* its KV events made the routers' */
     struct kvr_engine_metrics m; /* the engine's last /metrics */
     bool down;                   /* the engine does not answer */
     bool no_events;              /* it publishes no KV events (said in heartbeats) */
     uint64_t served_full_at;     /* a request that stored a full block ended, no batch since */
     uint64_t last_batch_ns;      /* when the last batch came (monotonic ns; 0: never) */
     double start_time;           /* the engine's process_start_time_seconds; 0: not known */
-    uint64_t warned_block_at, warned_other_at;  /* the last of these warnings */
+    uint64_t warned_other_at;    /* the last kv_batch_dropped */
     uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
     struct kvr_wk_adapter_stats s;              /* */
 };
@@ -201,46 +200,6 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
 
 /* --- the engine's KV events (the subscriber's thread) ---------------------------------------- */
 
-/* Whether an event's blocks are ones kvrouter can name: on the GPU, without a LoRA adapter. */
-static bool nameable(struct kvr_adapter *ad, const struct kvr_kvev_event *e)
-{
-    if (e->medium[0] && strcmp(e->medium, "GPU") && strcmp(e->medium, "gpu")) {
-        ad->s.kv_skipped_medium += e->nhashes;
-        return false;
-    }
-    if (e->kind == KVR_KVEV_STORED && e->has_lora) {
-        ad->s.kv_skipped_lora += e->nhashes;
-        return false;
-    }
-    return true;
-}
-
-static void stored(struct kvr_adapter *ad, const struct kvr_kvev_event *e, uint64_t now)
-{
-    struct kvr_worker *w = ad->w;
-    uint32_t bs = w->cfg->engine.block_size;
-    if (e->block_size != bs || (uint64_t)e->nhashes * bs != e->ntokens) {
-        ad->s.kv_bad_block_size += e->nhashes;
-        if (now - ad->warned_block_at >= WARN_EVERY_NS || !ad->warned_block_at) {
-            ad->warned_block_at = now;
-            kvr_log(KVR_LOG_ERROR, "kv_block_size_mismatch",
-                    "engine_block_size=%u block_size=%u blocks=%u hint=\"start the engine and "
-                    "the fleet with one block size\"",
-                    e->block_size, bs, e->nhashes);
-        }
-        return;
-    }
-    if (!KVR_GROW(ad->blk, ad->capblk, e->nhashes, 64)) {
-        w->c.dropped++;
-        return;
-    }
-    for (uint32_t i = 0; i < e->nhashes; i++)
-        ad->blk[i] =
-            (struct kvr_kv_block){e->hashes[i], kvr_hash_block(e->tokens + (size_t)i * bs, bs)};
-    kvr__worker_stored(w, e->has_parent ? &e->parent : NULL, ad->blk, e->nhashes);
-    ad->s.kv_stored_blocks += e->nhashes;
-}
-
 static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool replayed)
 {
     struct kvr_adapter *ad = ctx;
@@ -254,20 +213,7 @@ static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool rep
         ad->no_events = false;
         kvr_log(KVR_LOG_INFO, "kv_events_flowing", "seq=%" PRIu64, seq);
     }
-    for (uint32_t i = 0; i < b->nevents; i++) {
-        const struct kvr_kvev_event *e = &b->events[i];
-        if (e->kind == KVR_KVEV_CLEARED) {
-            kvr__worker_cleared(w);
-            ad->s.kv_cleared++;
-        } else if (!nameable(ad, e)) {
-            continue;
-        } else if (e->kind == KVR_KVEV_STORED) {
-            stored(ad, e, now);
-        } else {
-            kvr__worker_removed(w, e->hashes, e->nhashes);
-            ad->s.kv_removed_blocks += e->nhashes;
-        }
-    }
+    kvr__wk_kvfeed_batch(&ad->feed, b, now);
     kvr__worker_unlock(w);
 }
 
@@ -278,7 +224,7 @@ static void on_reset(void *ctx, const char *why)
     kvr_log(KVR_LOG_WARN, "kv_events_reset",
             "why=\"%s\" action=\"this worker's cache is cleared in the routers\"", why);
     pthread_mutex_lock(&w->mu);
-    kvr__worker_cleared(w);
+    kvr__wk_kvfeed_cleared(&ad->feed);
     ad->s.kv_resets++;
     kvr__worker_unlock(w);
 }
@@ -313,7 +259,7 @@ static void restarted(struct kvr_adapter *ad, const struct kvr_engine_metrics *m
                           subscriber's reset clears what it learnt */
             kvr_kvsub_rewind(ad->sub);
         } else { /* what the routers learnt from decisions */
-            kvr__worker_cleared(ad->w);
+            kvr__wk_kvfeed_cleared(&ad->feed);
             ad->s.kv_resets++;
         }
     }
@@ -346,7 +292,7 @@ static void probe(struct kvr_adapter *ad)
                     a->url, kvr_status_str(health));
         } else { /* it may have restarted: what it cached is gone */
             kvr_log(KVR_LOG_INFO, "engine_up", "url=%s", a->url);
-            kvr__worker_cleared(w);
+            kvr__wk_kvfeed_cleared(&ad->feed);
         }
     }
     snprintf(w->engine_why, sizeof w->engine_why, "%s",
@@ -450,7 +396,7 @@ static void destroy(struct kvr_worker *w)
     pthread_mutex_destroy(&ad->pm);
     kvr_buf_free(&ad->text);
     kvr_buf_free(&ad->join);
-    free(ad->blk);
+    kvr__wk_kvfeed_free(&ad->feed);
     free(ad);
     w->ad = NULL;
 }
@@ -519,6 +465,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
     if (!ad)
         return KVR_ERR_NOMEM;
     ad->w = w;
+    kvr__wk_kvfeed_init(&ad->feed, w, &ad->s);
     pthread_mutex_init(&ad->pm, NULL);
     kvr_cond_init_monotonic(&ad->pcv);
     w->ad = ad;
