@@ -207,5 +207,11 @@ kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
     }
     if (c->metrics_addr[0] && kvr_httpd_check_addr(c->metrics_addr, why, len) != KVR_OK)
         return KVR_ERR_INVALID;
+    if (c->heartbeat_min_ns > c->heartbeat_max_ns) { /* the clamp would take max alone */
+        snprintf(why, len, "--heartbeat-min-ms (%.0f) is above --heartbeat-max-ms (%.0f)",
+                 (double)c->heartbeat_min_ns / KVR_NS_PER_MS,
+                 (double)c->heartbeat_max_ns / KVR_NS_PER_MS);
+        return KVR_ERR_INVALID;
+    }
     return kvr_nats_config_check(&c->net, why, len);
 }

@@ -420,6 +420,11 @@ Test(hostile_fleet, names_from_the_command_line_are_one_token_each)
                   "--id \"%s\"", bad_ids[i]);
         cr_assert(not(eq(ptr, strstr(why, "--id"), NULL)), "%s", why);
     }
+    struct kvr_rd_config rc; /* a worker's announced interval is clamped between the two */
+    kvr_rd_config_default(&rc);
+    rc.heartbeat_min_ns = rc.heartbeat_max_ns + 1;
+    cr_assert(eq(int, kvr_rd_config_check(&rc, why, sizeof why), KVR_ERR_INVALID));
+    cr_assert(not(eq(ptr, strstr(why, "--heartbeat-min-ms"), NULL)), "%s", why);
 }
 
 /*
