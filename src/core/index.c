@@ -428,6 +428,32 @@ uint32_t kvr_index_walk(struct kvr_index *ix, entry_fn fn, void *ctx, uint32_t m
     return n;
 }
 
+#define TTL_SCAN 64u /* entries an imported guess is moved back past, at most */
+
+/*
+ * TTL entry h, just appended, goes back past the entries that expire after it: a guess imported
+ * from a peer may expire sooner than this router's own made meanwhile (a snapshot's pages come
+ * between decisions), and lru[0] must stay in expiry order or kvr_index_expire stops at them. Past
+ * TTL_SCAN such entries (a cost bound) it takes the expiry of the one it stops behind.
+ */
+static void ttl_place(struct kvr_index *ix, uint32_t h)
+{
+    struct kvr_index_entry *e = ent(ix, h);
+    uint32_t at = e->lru.prev, before = KVR_NIL;
+    for (uint32_t k = 0; at != KVR_NIL && ent(ix, at)->expires > e->expires; k++) {
+        if (k == TTL_SCAN) {
+            e->expires = ent(ix, at)->expires;
+            break;
+        }
+        before = at;
+        at = ent(ix, at)->lru.prev;
+    }
+    if (before == KVR_NIL)
+        return;
+    kvr_list_unlink(&ix->lru[0], &ix->entries, LRU, h);
+    kvr_list_insert_before(&ix->lru[0], &ix->entries, LRU, before, h);
+}
+
 kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, bool has_engine,
                             uint64_t engine_id, uint64_t expires)
 {
@@ -449,6 +475,8 @@ kvr_status kvr_index_import(struct kvr_index *ix, uint32_t slot, uint64_t seq, b
         st = entry_add(ix, slot, nh, expires == EVENT_ENTRY ? expires - 1 : expires, &h);
         if (st != KVR_OK)
             kvr_blocktab_release(ix->tab, nh);
+        else
+            ttl_place(ix, h);
     }
     prune(ix);
     return st;

@@ -110,3 +110,17 @@ void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, u
     else
         l->tail = k->prev;
 }
+
+void kvr_list_insert_before(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t at,
+                            uint32_t h)
+{
+    struct kvr_link *k = link_of(p, off, h), *a = link_of(p, off, at);
+    assert(a->prev != KVR_NIL || l->head == at); /* at is in l */
+    k->next = at;
+    k->prev = a->prev;
+    if (a->prev != KVR_NIL)
+        link_of(p, off, a->prev)->next = h;
+    else
+        l->head = h;
+    a->prev = h;
+}

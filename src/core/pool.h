@@ -78,5 +78,8 @@ static inline void kvr_list_init(struct kvr_list *l)
 
 void kvr_list_append(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
 void kvr_list_unlink(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t h);
+/* Link h (in no list) just before item at of l; a walk visits it or not, as any item added. */
+void kvr_list_insert_before(struct kvr_list *l, const struct kvr_pool *p, size_t off, uint32_t at,
+                            uint32_t h);
 
 #endif

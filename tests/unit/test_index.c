@@ -362,3 +362,61 @@ KVR_TEST_END(index, a_walk_visits_its_last_entry_refreshed, end)
     for (uint64_t id = 2000; id < 2003; id++)
         cr_assert(eq(u32, visits[id], 1), "engine id %llu", (unsigned long long)id);
 }
+
+/* A guess imported from a peer (its TTL left, the peer's) after this router's own guesses of
+ * longer life (decisions made during a snapshot) expires at its time, not at theirs: lru[0] stays
+ * in expiry order whatever order the guesses come in. */
+KVR_TEST_END(index, an_imported_guess_expires_at_its_time_behind_longer_ones, end)
+{
+    uint64_t seq[3], peer[2];
+    uint32_t nodes[3];
+    path(1, 3, NULL, seq);
+    path(2, 2, NULL, peer);
+    for (int i = 0; i < 3; i++)
+        cr_assert(eq(int, kvr_blocktab_get(&tab, seq[i], &nodes[i]), KVR_OK));
+    cr_assert(eq(int, kvr_index_touch(&ix, 0, nodes, 3, 10 * NS), KVR_OK)); /* expire at 130 s */
+    cr_assert(eq(int, kvr_index_import(&ix, 1, peer[0], false, 0, 20 * NS), KVR_OK));
+    cr_assert(eq(int, kvr_index_import(&ix, 1, peer[1], false, 0, 40 * NS), KVR_OK));
+    cr_assert(eq(int, kvr_index_import(&ix, 2, peer[0], false, 0, 200 * NS), KVR_OK));
+    uint64_t last = 0;
+    for (uint32_t h = ix.lru[0].head; h != KVR_NIL;) {
+        const struct kvr_index_entry *e = kvr_pool_get(&ix.entries, h);
+        cr_assert(ge(u64, e->expires, last), "lru[0] in expiry order");
+        last = e->expires;
+        h = e->lru.next;
+    }
+    kvr_index_expire(&ix, 30 * NS);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 5), "the guess of 20 s is gone at 30 s");
+    cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 1));
+    kvr_index_expire(&ix, 50 * NS);
+    cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 0));
+    kvr_index_expire(&ix, 130 * NS);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 1), "the peer's longer guess outlives ours");
+    kvr_index_expire(&ix, 200 * NS);
+    cr_assert(eq(u32, kvr_index_entries(&ix), 0));
+}
+
+/* Behind more than 64 longer guesses, an imported one is moved back no further (a cost bound): it
+ * takes the expiry of the guess it stops behind, and the order holds. */
+KVR_TEST_END(index, an_imported_guess_behind_many_takes_the_expiry_it_stops_at, end)
+{
+    uint64_t seq[70], peer[1];
+    uint32_t nodes[70];
+    path(1, 70, NULL, seq);
+    path(2, 1, NULL, peer);
+    for (uint32_t i = 0; i < 70; i++) {
+        cr_assert(eq(int, kvr_blocktab_get(&tab, seq[i], &nodes[i]), KVR_OK));
+        cr_assert(eq(int, kvr_index_touch(&ix, 0, &nodes[i], 1, i * NS), KVR_OK));
+    }
+    cr_assert(eq(int, kvr_index_import(&ix, 1, peer[0], false, 0, 30 * NS), KVR_OK));
+    uint64_t last = 0;
+    for (uint32_t h = ix.lru[0].head; h != KVR_NIL;) {
+        const struct kvr_index_entry *e = kvr_pool_get(&ix.entries, h);
+        cr_assert(ge(u64, e->expires, last), "lru[0] in expiry order");
+        last = e->expires;
+        h = e->lru.next;
+    }
+    kvr_index_expire(&ix, 125 * NS); /* ours of 0..5 s go; the import, now 125 s, with them */
+    cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 0));
+    cr_assert(eq(u32, kvr_index_entries(&ix), 64));
+}
