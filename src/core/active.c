@@ -274,7 +274,7 @@ kvr_status kvr_active_add(struct kvr_active *a, uint64_t id, uint32_t slot, cons
     for (uint32_t i = 0; i < n; i++) {
         prefetch_act(a, copy, n, i, slot);
         struct kvr_node *node = kvr_blocktab_node(a->tab, copy[i]);
-        bool added;
+        bool added = false; /* read on failure too (not used then) */
         kvr_status st = path_change(&run, &node->act, slot, true, &added, &a->tab->set_bytes);
         if (st != KVR_OK) {
             unref_nodes(a, slot, copy, i);

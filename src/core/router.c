@@ -3,8 +3,9 @@
  * every decision reuses and the counters. Per-worker scratch arrays are sized to the registry's
  * slots and per-prompt ones to the longest prompt seen, so a decision allocates only for new
  * blocks. The pipeline itself is in router_decision.c (router_int.h lists the files). Invariant:
- * nslots <= reg.nslots only between a registry growth and the kvr__router_ensure_slots that
- * follows it, and no decision runs in between. Single-threaded (see include/kvr/router.h).
+ * nslots < reg.nslots only between a registry growth and the kvr__router_ensure_slots that
+ * follows it, or after a join that ran out of memory in it (its slot then holds no live worker),
+ * until the next decision grows them. Single-threaded (see include/kvr/router.h).
  */
 #include "kvr/router.h"
 

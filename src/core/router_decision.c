@@ -470,6 +470,8 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
     if (r->reg.nlive == 0)
         return KVR_ERR_NO_WORKERS;
     kvr_status st = kvr__router_ensure_blocks(r, p->nblocks);
+    if (st == KVR_OK) /* a join that ran out of memory there grew the registry alone */
+        st = kvr__router_ensure_slots(r);
     if (st != KVR_OK)
         return st;
     assert(r->nslots >= r->reg.nslots); /* every slot has its scratch */
