@@ -609,7 +609,7 @@ static void settle_orphan(void *ctx, struct kvr_pending *p)
     if (kvr_router_export(rd->core, p->key, &rec) == KVR_OK)
         return; /* placed again meanwhile: in flight */
     bool silent = !kvr_fleet_peer_alive(rd, p->origin, c->now);
-    if (silent && stands_in(rd, c->now)) {
+    if (silent && p->reply && stands_in(rd, c->now)) { /* (a booked select: nobody to tell) */
         tell(rd, p, p->orphan_status);
         rd->fleet->orphans_answered++;
     }

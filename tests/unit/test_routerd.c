@@ -681,6 +681,25 @@ Test(routerd, an_orphan_is_answered_after_its_grace_by_the_smallest_live_id)
     cr_assert(eq(u32, rd.pend.n, 0));
 }
 
+/* A peer's booked select has no client to tell (its client forwards it itself): orphaned when its
+ * worker is lost while its origin is silent, it is dropped after the grace without a word, and
+ * not counted as an orphan answered (it was: orphans_answered 1, no answer sent). */
+Test(routerd, a_peers_booked_select_orphaned_is_not_counted_answered)
+{
+    strcpy(cfg.id, "a-first"); /* smaller than the peer's id: this router stands in */
+    heartbeat(1, 4096, NULL, 0, 1);
+    peer_decision("z-peer", 1, 4343, 1, ""); /* booked: no reply subject */
+    cr_assert(eq(u32, rd.pend.n, 1));
+    kvr_sleep_ns(12 * KVR_NS_PER_MS); /* the peer is silent for 3.5 hellos; worker 1 too */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(u32, rd.pend.norphans, 1));
+    kvr_sleep_ns(20 * KVR_NS_PER_MS); /* 8 hellos */
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(eq(u32, rd.pend.n, 0), "dropped once its grace is over");
+    cr_assert(eq(u64, rd.generate.errors, 0));
+    cr_assert(eq(u64, rd.fleet->orphans_answered, 0), "nobody was answered");
+}
+
 Test(routerd, a_live_origin_answers_its_own_failed_requests)
 {
     cfg.hello_ns = 500 * KVR_NS_PER_MS; /* the peer stays alive however slow the run (valgrind) */
