@@ -2,10 +2,7 @@
  * kvfeed: the engine's KV events (decoded batches, src/kvevents) made the routers' KvEvents, for
  * the adapter (adapter.c). It decides which blocks kvrouter can name (its hash is of a block's
  * tokens alone: not a LoRA adapter's, not another medium's, not one with extra_keys) and counts
- * the others by why they were left out. vLLM does not de-duplicate its cache: two requests
- * computing one prefix at once each store a copy of its blocks, under one hash, and each copy is
- * removed on its own; the feed counts the copies of each block it announced and passes its
- * Removed on when the last one goes. Everything runs under the worker's mutex, on the
+ * the others by why they were left out. Everything runs under the worker's mutex, on the
  * subscriber's thread; the feed holds no lock of its own.
  */
 #ifndef KVR_WK_KVFEED_H
@@ -14,12 +11,7 @@
 #include <stdint.h>
 
 #include "kvevents.h"
-#include "map.h"
 #include "worker.h"
-
-/* Engine blocks whose stored copies are counted: about 24 MB of table at most, above any
- * engine's pool (a block a copy; vLLM's largest pools hold a few hundred thousand). */
-#define KVR_WK_KV_COPIES_MAX (1u << 20)
 
 struct kvr_wk_kvfeed {
     struct kvr_worker *w;           /* borrowed: must outlive the feed */
@@ -27,10 +19,6 @@ struct kvr_wk_kvfeed {
     struct kvr_kv_block *blk;       /* a Stored event's blocks (owned) */
     uint32_t capblk;                /* */
     uint64_t warned_block_at;       /* the last kv_block_size_mismatch (monotonic ns) */
-    struct kvr_map copies;          /* engine id -> copies the engine stores (>= 1) of a block
-                                       announced; at most KVR_WK_KV_COPIES_MAX ids */
-    uint64_t *gone;                 /* a Removed event's ids whose last copy went (owned) */
-    uint32_t capgone;               /* */
 };
 
 /* Start a feed for w, counting into s (both borrowed). */

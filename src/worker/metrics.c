@@ -121,14 +121,8 @@ static void adapter(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_adapter_kv_batches_total", "KV-event batches applied.", a->kv_batches);
     counter(p, "kvworker_adapter_kv_stored_blocks_total", "Blocks the engine announced stored.",
             a->kv_stored_blocks);
-    counter(p, "kvworker_adapter_kv_removed_blocks_total",
-            "Blocks the engine removed, passed on: their last copy went.", a->kv_removed_blocks);
-    counter(p, "kvworker_adapter_kv_removed_copies_total",
-            "Removed blocks not passed on: the engine holds other copies of them.",
-            a->kv_removed_copies);
-    counter(p, "kvworker_adapter_kv_copies_untracked_total",
-            "Stored blocks whose copies went uncounted (the table at its bound).",
-            a->kv_copies_untracked);
+    counter(p, "kvworker_adapter_kv_removed_blocks_total", "Blocks the engine announced removed.",
+            a->kv_removed_blocks);
     counter(p, "kvworker_adapter_kv_cleared_total", "AllBlocksCleared events from the engine.",
             a->kv_cleared);
     counter(p, "kvworker_adapter_kv_resets_total",

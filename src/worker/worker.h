@@ -159,27 +159,25 @@ struct kvr_wk_counters {
 
 /* The adapter's figures (adapter.c), for its metrics. */
 struct kvr_wk_adapter_stats {
-    uint64_t kv_batches;          /* KV-event batches applied */
-    uint64_t kv_stored_blocks;    /* blocks announced stored */
-    uint64_t kv_removed_blocks;   /* blocks announced removed */
-    uint64_t kv_removed_copies;   /* Removed of a copy while others stay: not passed on */
-    uint64_t kv_copies_untracked; /* stored blocks whose copies were not counted (bound) */
-    uint64_t kv_cleared;          /* the engine's AllBlocksCleared */
-    uint64_t kv_resets;           /* gaps not filled, engine restarts: cleared here */
-    uint64_t kv_skipped_lora;     /* blocks of a LoRA adapter, skipped */
-    uint64_t kv_skipped_medium;   /* blocks on another medium than the GPU, skipped */
-    uint64_t kv_skipped_extra;    /* blocks with extra_keys (or chained after one), skipped */
-    uint64_t kv_bad_block_size;   /* blocks announced at another block size, skipped */
-    uint64_t kv_gaps;             /* sequence gaps seen */
-    uint64_t kv_gaps_filled;      /* ... filled from the replay socket */
-    uint64_t kv_bad;              /* messages that did not decode */
-    uint64_t kv_gap_fill_ns;      /* the last filled gap: from seeing it to delivering past it */
-    uint64_t chunks_without_ids;  /* engine chunks without token ids */
-    uint64_t engine_downs;        /* times the engine stopped answering */
-    uint64_t streams;             /* streams open to the engine */
-    uint64_t client_cpu_ns;       /* CPU time of the HTTP client's thread */
-    bool down;                    /* the engine does not answer now */
-    bool no_events;               /* the heartbeat says no_kv_events */
+    uint64_t kv_batches;         /* KV-event batches applied */
+    uint64_t kv_stored_blocks;   /* blocks announced stored */
+    uint64_t kv_removed_blocks;  /* blocks announced removed */
+    uint64_t kv_cleared;         /* the engine's AllBlocksCleared */
+    uint64_t kv_resets;          /* gaps not filled, engine restarts: cleared here */
+    uint64_t kv_skipped_lora;    /* blocks of a LoRA adapter, skipped */
+    uint64_t kv_skipped_medium;  /* blocks on another medium than the GPU, skipped */
+    uint64_t kv_skipped_extra;   /* blocks with extra_keys (or chained after one), skipped */
+    uint64_t kv_bad_block_size;  /* blocks announced at another block size, skipped */
+    uint64_t kv_gaps;            /* sequence gaps seen */
+    uint64_t kv_gaps_filled;     /* ... filled from the replay socket */
+    uint64_t kv_bad;             /* messages that did not decode */
+    uint64_t kv_gap_fill_ns;     /* the last filled gap: from seeing it to delivering past it */
+    uint64_t chunks_without_ids; /* engine chunks without token ids */
+    uint64_t engine_downs;       /* times the engine stopped answering */
+    uint64_t streams;            /* streams open to the engine */
+    uint64_t client_cpu_ns;      /* CPU time of the HTTP client's thread */
+    bool down;                   /* the engine does not answer now */
+    bool no_events;              /* the heartbeat says no_kv_events */
 };
 
 struct kvr_worker;

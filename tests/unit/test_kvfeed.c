@@ -71,13 +71,6 @@ static struct kvr_kvev_event stored_ev(uint64_t *ids, uint64_t first, uint32_t n
     return e;
 }
 
-static struct kvr_kvev_event removed_ev(uint64_t *id)
-{
-    struct kvr_kvev_event e = {.kind = KVR_KVEV_REMOVED, .hashes = id, .nhashes = 1};
-    strcpy(e.medium, "GPU");
-    return e;
-}
-
 /* One batch of n events through the feed, as the subscriber's hook does. */
 static void feed(struct kvr_kvev_event *ev, uint32_t n)
 {
@@ -142,63 +135,4 @@ Test(kvfeed, a_block_with_extra_keys_and_those_after_it_are_not_announced)
     cr_assert(eq(int, n, 1));
     cr_assert(eq(u32, got[0].nblocks, 2));
     free_kv(got, n);
-}
-
-/* --- copies of one block ---------------------------------------------------------------------- */
-
-/* The ids of the Removed KvEvents since mark, in *ids (at most 8); their count. */
-static uint32_t removed_ids(size_t mark, uint64_t *ids)
-{
-    struct kvr_wire_kv got[8];
-    int n = kv_events(mark, got, 8);
-    uint32_t k = 0;
-    for (int i = 0; i < n; i++)
-        for (uint32_t j = 0; j < got[i].nids && got[i].kind == KVR_WIRE_REMOVED && k < 8; j++)
-            ids[k++] = got[i].ids[j];
-    free_kv(got, n);
-    return k;
-}
-
-/* vLLM keeps a block computed by two requests at once twice, under one hash, and removes each
- * copy on its own: the first Removed took the block out of the routers' index while the engine
- * still held the other copy. */
-Test(kvfeed, a_block_stored_twice_is_removed_with_its_last_copy)
-{
-    uint64_t ids[4], one = 11, out[8];
-    struct kvr_kvev_event st[2] = {stored_ev(ids, 11, 1, 0), stored_ev(ids + 1, 11, 1, 0)};
-    feed(st, 2);
-    struct kvr_kvev_event rm = removed_ev(&one);
-    size_t mark = rec_nsent;
-    feed(&rm, 1);
-    cr_assert(eq(u32, removed_ids(mark, out), 0), "the engine holds another copy");
-    cr_assert(eq(u64, s.kv_removed_copies, 1));
-    mark = rec_nsent;
-    feed(&rm, 1);
-    cr_assert(eq(u32, removed_ids(mark, out), 1), "the last copy went");
-    cr_assert(eq(u64, out[0], 11));
-    mark = rec_nsent;
-    feed(&rm, 1); /* a Removed of a block not counted goes on, as before */
-    cr_assert(eq(u32, removed_ids(mark, out), 1));
-    cr_assert(eq(u64, s.kv_removed_blocks, 2));
-}
-
-/* The copies counted are forgotten with the cache (AllBlocksCleared, a reset, a restart): a copy
- * stored before it does not hold a later block's Removed back. */
-Test(kvfeed, an_engine_cleared_forgets_the_copies)
-{
-    uint64_t ids[4], one = 12, out[8];
-    struct kvr_kvev_event ev[3] = {
-        stored_ev(ids, 12, 1, 0), stored_ev(ids + 1, 12, 1, 0), {.kind = KVR_KVEV_CLEARED}};
-    feed(ev, 3);
-    cr_assert(eq(u32, f.copies.count, 0));
-    feed(ev, 1);
-    pthread_mutex_lock(&w.mu);
-    kvr__wk_kvfeed_cleared(&f); /* what a reset or a restart does */
-    pthread_mutex_unlock(&w.mu);
-    kvr_worker_flush(&w);
-    feed(ev, 1);
-    struct kvr_kvev_event rm = removed_ev(&one);
-    size_t mark = rec_nsent;
-    feed(&rm, 1);
-    cr_assert(eq(u32, removed_ids(mark, out), 1), "one copy since the clear");
 }
