@@ -136,3 +136,28 @@ Test(kvfeed, a_block_with_extra_keys_and_those_after_it_are_not_announced)
     cr_assert(eq(u32, got[0].nblocks, 2));
     free_kv(got, n);
 }
+
+/* --- removals ------------------------------------------------------------------------------- */
+
+/* Every BlockRemoved goes on, whatever BlockStoreds came before it: one BlockStored is not always
+ * one copy in vLLM (kv_cache_report_mode "full" announces prefix-cache hits again), so a count of
+ * copies held the only Removed of a block back and the routers kept indexing it after the engine
+ * evicted it. Two real copies then make the routers miss a block the worker still has. */
+Test(kvfeed, every_removed_goes_on_after_a_block_announced_twice)
+{
+    uint64_t ids[4], gone = 31;
+    struct kvr_kvev_event ev[2] = {stored_ev(ids, 31, 1, 0), stored_ev(ids + 2, 31, 1, 0)};
+    feed(ev, 2);
+    struct kvr_kvev_event rm = {.kind = KVR_KVEV_REMOVED, .hashes = &gone, .nhashes = 1};
+    strcpy(rm.medium, "GPU");
+    size_t mark = rec_nsent;
+    feed(&rm, 1);
+    struct kvr_wire_kv got[2];
+    int n = kv_events(mark, got, 2);
+    cr_assert(eq(int, n, 1), "the Removed reaches the routers");
+    cr_assert(eq(int, got[0].kind, KVR_WIRE_REMOVED));
+    cr_assert(eq(u32, got[0].nids, 1));
+    cr_assert(eq(u64, got[0].ids[0], 31));
+    free_kv(got, n);
+    cr_assert(eq(u64, s.kv_removed_blocks, 1));
+}
