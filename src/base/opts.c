@@ -271,12 +271,25 @@ void kvr_opts_print(const struct kvr_opt *table, size_t ntable, FILE *f)
     }
 }
 
+/* A refused value v of o as it may be shown: a secret not at all, URLs with their passwords
+ * redacted (a refused --nats was echoed with them). */
+static const char *shown(const struct kvr_opt *o, const char *v, char *buf, size_t len)
+{
+    if (o->secret)
+        return "...";
+    if (!o->urls)
+        return v;
+    kvr_url_redact(v, buf, len);
+    return buf;
+}
+
 /* "name: bad value 'v': takes ..." into why (a secret's value is not repeated). */
 static void refusal(const struct kvr_opt *o, const char *v, char *why, size_t len)
 {
-    char what[200];
+    char what[200], safe[1024];
     accepted(o, what, sizeof what);
-    snprintf(why, len, "%s: bad value '%.64s': takes %s", o->name, o->secret ? "..." : v, what);
+    snprintf(why, len, "%s: bad value '%.64s': takes %s", o->name, shown(o, v, safe, sizeof safe),
+             what);
 }
 
 /* One config-file line (comments and blanks already stripped); false on an error, why filled. */
@@ -357,13 +370,10 @@ static enum kvr_opts_result apply_flag(const struct kvr_opt *opts, size_t n, int
     else if (!v && *i + 1 < argc)
         v = argv[++*i];
     if (!v || !set_opt(o, v)) {
-        char what[200];
+        char what[200], safe[1024];
         accepted(o, what, sizeof what);
         fprintf(stderr, "%s: --%s %s%.64s\n", program, o->name,
-                v ? "has a bad value: " : "needs a value",
-                !v          ? ""
-                : o->secret ? "..."
-                            : v);
+                v ? "has a bad value: " : "needs a value", v ? shown(o, v, safe, sizeof safe) : "");
         fprintf(stderr, "%s: --%s takes %s\n", program, o->name, what);
         return KVR_OPTS_BAD;
     }

@@ -237,6 +237,37 @@ Test(natscfg, secrets_are_never_printed, .init = cr_redirect_stdout)
               "%s", out);
 }
 
+/* A --nats value refused (over 255 bytes) was echoed with its passwords, from a flag, the
+ * environment or a config file. */
+Test(natscfg, a_refused_url_shows_no_password, .init = cr_redirect_stderr)
+{
+    static struct kvr_nats_config c;
+    char urls[400] = "", path[64], line[440];
+    while (strlen(urls) < 300)
+        strcat(urls, "nats://bob:hunter2@h:1,");
+    char *argv[] = {"t", "--nats", urls};
+    cr_assert(eq(int, nats_parse(&c, 3, argv), KVR_OPTS_BAD));
+    setenv("KVR_NATS", urls, 1);
+    char *none[] = {"t"};
+    cr_assert(eq(int, nats_parse(&c, 1, none), KVR_OPTS_BAD));
+    unsetenv("KVR_NATS");
+    snprintf(path, sizeof path, "/tmp/kvr_natscfg_%d.conf", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert(f != NULL);
+    snprintf(line, sizeof line, "nats = %s\n", urls);
+    fputs(line, f);
+    fclose(f);
+    char *file[] = {"t", "--config", path};
+    cr_assert(eq(int, nats_parse(&c, 3, file), KVR_OPTS_BAD));
+    unlink(path);
+    fflush(stderr);
+    char err[4096] = "";
+    size_t n = fread(err, 1, sizeof err - 1, cr_get_redirected_stderr());
+    err[n] = 0;
+    cr_expect(strstr(err, "hunter2") == NULL, "%s", err);
+    cr_expect(strstr(err, "nats://bob:***@h:1") != NULL, "%s", err);
+}
+
 Test(natscfg, an_empty_nats_is_refused)
 {
     static struct kvr_nats_config c;
