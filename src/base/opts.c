@@ -111,12 +111,29 @@ static bool set_opt(const struct kvr_opt *o, const char *v)
     return false;
 }
 
+/* ns in units of unit ns (a power of ten), exactly: "1.5", never rounded to 6 digits. */
 static void format_duration(uint64_t ns, uint64_t unit, char *buf, size_t len)
 {
-    if (ns % unit == 0)
-        snprintf(buf, len, "%" PRIu64, ns / unit);
+    int digits = 0;
+    for (uint64_t u = unit; u > 1; u /= 10)
+        digits++;
+    uint64_t frac = ns % unit;
+    while (frac && frac % 10 == 0)
+        frac /= 10, digits--;
+    if (frac)
+        snprintf(buf, len, "%" PRIu64 ".%0*" PRIu64, ns / unit, digits, frac);
     else
-        snprintf(buf, len, "%.6g", (double)ns / (double)unit);
+        snprintf(buf, len, "%" PRIu64, ns / unit);
+}
+
+/* The shortest of %.6g .. %.17g that reads back as x: the value in force, not a rounding. */
+static void format_double(double x, char *buf, size_t len)
+{
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            return;
+    }
 }
 
 void kvr_url_redact(const char *urls, char *out, size_t len)
@@ -164,7 +181,7 @@ void kvr_opt_format(const struct kvr_opt *o, char *buf, size_t len)
         snprintf(buf, len, "%" PRIu64, *(const uint64_t *)o->ptr);
         break;
     case KVR_OPT_DOUBLE:
-        snprintf(buf, len, "%.6g", *(const double *)o->ptr);
+        format_double(*(const double *)o->ptr, buf, len);
         break;
     case KVR_OPT_BOOL:
         snprintf(buf, len, "%s", *(const bool *)o->ptr ? "true" : "false");

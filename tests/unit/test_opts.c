@@ -177,6 +177,19 @@ Test(opts, print_config_shows_the_values_in_force, .init = setup)
                             "loud = false\ncolour = green\n");
 }
 
+/* --print-config printed doubles and fractional durations to 6 digits: a request TTL of
+ * 123456.7 s showed as 123457, a 0.1234567 ratio as 0.123457 (not the values in force, and a
+ * config file made of it changed them). */
+Test(opts, print_config_shows_values_exactly, .init = setup)
+{
+    cr_redirect_stdout();
+    char *argv[] = {"t", "--ratio", "0.1234567", "--wait-ms", "1000.0001", "--print-config", NULL};
+    cr_assert(eq(int, parse(6, argv), KVR_OPTS_EXIT));
+    fflush(stdout);
+    cr_assert_stdout_eq_str("name = default-name\ncount = 3\nwait-ms = 1000.0001\n"
+                            "ratio = 0.1234567\nloud = false\ncolour = green\n");
+}
+
 Test(opts, help_shows_each_default, .init = setup)
 {
     cr_redirect_stdout();
