@@ -313,11 +313,11 @@ static void refusal(const struct kvr_opt *o, const char *v, char *why, size_t le
 static bool config_line(const struct kvr_opt *opts, size_t n, char *p, char *why, size_t len)
 {
     char *eq = strchr(p, '=');
-    if (!eq) {
+    size_t klen = strcspn(p, " \t=");
+    if (!eq || p + klen + strspn(p + klen, " \t") != eq) { /* "count 9 = 5" set count to 5 */
         snprintf(why, len, "not 'name = value'");
         return false;
     }
-    size_t klen = strcspn(p, " \t=");
     char *v = eq + 1 + strspn(eq + 1, " \t");
     size_t vl = strlen(v);
     while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
@@ -434,8 +434,10 @@ enum kvr_opts_result kvr_opts_parse(const struct kvr_opt *table, size_t ntable, 
         return KVR_OPTS_BAD;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
-            i++;
-            continue;
+            if (++i < argc)
+                continue;
+            fprintf(stderr, "%s: --config needs a value\n", program); /* was ignored */
+            return KVR_OPTS_BAD;
         }
         if (!strcmp(argv[i], "--print-config"))
             continue;

@@ -190,6 +190,25 @@ Test(opts, print_config_shows_values_exactly, .init = setup)
                             "ratio = 0.1234567\nloud = false\ncolour = green\n");
 }
 
+/* A --config with no path after it was skipped: the program ran without its config file. */
+Test(opts, a_config_flag_without_a_path_is_refused, .init = setup)
+{
+    char *argv[] = {"t", "--count", "4", "--config", NULL};
+    cr_assert(eq(int, parse(4, argv), KVR_OPTS_BAD));
+}
+
+/* Only blanks may stand between a key and its '=': "count 9 = 5" set count to 5. */
+Test(opts, a_config_key_with_more_after_it_is_refused, .init = setup)
+{
+    write_config("count 9 = 5\n");
+    char *argv[] = {"t", "--config", config_path, NULL};
+    cr_assert(eq(int, parse(3, argv), KVR_OPTS_BAD));
+    cr_assert(eq(u32, s.count, 3));
+    write_config("count\t= 5\n");
+    cr_assert(eq(int, parse(3, argv), KVR_OPTS_GO));
+    cr_assert(eq(u32, s.count, 5));
+}
+
 Test(opts, help_shows_each_default, .init = setup)
 {
     cr_redirect_stdout();
