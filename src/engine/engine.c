@@ -574,15 +574,16 @@ void kvr_engine_step_end(struct kvr_engine *e, uint64_t now)
                 continue;
             }
             r->decoding = true;
-            if (r->first_done) {
-                i++;
-                continue; /* a recomputed request resumes decoding */
+            if (!r->first_done) {
+                r->first_done = true;
+                r->first_token = r->last_token = now;
+                r->generated = 1;
+                if (e->sink.prefill_done)
+                    e->sink.prefill_done(e->sink.ctx, r->id);
+            } else { /* recomputed up to its last token: that position yields the next */
+                r->generated++;
+                token(e, r, now);
             }
-            r->first_done = true;
-            r->first_token = r->last_token = now;
-            r->generated = 1;
-            if (e->sink.prefill_done)
-                e->sink.prefill_done(e->sink.ctx, r->id);
         } else {
             r->generated++;
             token(e, r, now);

@@ -404,3 +404,58 @@ Test(engine, cancel_between_a_steps_begin_and_end)
     cr_assert(eq(u64, kvr_engine_step_begin(e, t + d), 0), "idle");
     kvr_engine_destroy(e);
 }
+
+static uint32_t tokens_of_2; /* tokens request 2 produced after its first */
+
+static void on_token_2(void *ctx, uint64_t id)
+{
+    (void)ctx;
+    tokens_of_2 += id == 2;
+}
+
+/*
+ * A request recomputed after a preemption computes its prompt and every token it had generated:
+ * the step that completes that prefill yields its next token, as a decode step would (vLLM
+ * samples at the end of the recomputation), rather than leaving it to one more step.
+ */
+Test(engine, a_recomputed_request_yields_a_token_at_the_end_of_its_recomputation)
+{
+    struct kvr_engine_config c;
+    kvr_engine_config_default(&c);
+    c.num_blocks = 10;
+    c.block_size = B;
+    c.watermark = 0;
+    struct kvr_engine_sink s = {.prefill_done = on_prefill, .token = on_token_2};
+    memset(&lg, 0, sizeof lg);
+    tokens_of_2 = 0;
+    kvr_status st;
+    struct kvr_engine *e = kvr_engine_create(&c, &s, &st);
+    cr_assert(e != NULL);
+    submit(e, 1, 100, 4, 4 * B, 12, 0); /* 4 + 4 prompt blocks, then one output block each ... */
+    submit(e, 2, 200, 4, 4 * B, 12, 0); /* ... and the next one preempts 2 (10 blocks) */
+    uint64_t t = 0;
+    bool preempted = false, checked = false;
+    for (int guard = 0; guard < 1000 && !checked; guard++) {
+        struct kvr_engine_progress p;
+        bool before = kvr_engine_progress(e, 2, &p) && p.running;
+        uint32_t generated = p.generated;
+        uint64_t d = kvr_engine_step_begin(e, t);
+        cr_assert(gt(u64, d, 0), "request 2 is recomputed before the engine goes idle");
+        bool after = kvr_engine_progress(e, 2, &p) && p.running;
+        preempted |= before && !after;
+        t += d;
+        uint32_t was = tokens_of_2;
+        kvr_engine_step_end(e, t);
+        if (preempted && !before && after) { /* readmitted: this step recomputes it whole */
+            cr_assert(eq(u32, tokens_of_2, was + 1), "its recomputation yields a token");
+            cr_assert(kvr_engine_progress(e, 2, &p));
+            cr_assert(eq(u32, p.generated, generated + 1));
+            checked = true;
+        }
+    }
+    cr_assert(preempted && checked);
+    drain(e, t);
+    cr_assert(eq(u32, tokens_of_2, 11), "12 output tokens, no more");
+    cr_assert(eq(int, lg.prefill, 2), "one first token each, none again after a recomputation");
+    kvr_engine_destroy(e);
+}
