@@ -93,8 +93,9 @@ static int load_workload(const struct kvr_run_config *c, struct kvr_workload *w,
                 path, (unsigned long long)line, KVR_WL_MAX_OUTPUT);
     else if (st != KVR_OK)
         fprintf(stderr, "kvsim run: cannot read %s: %s\n", path, kvr_status_str(st));
-    /* SOURCES.md: single-infinite-cache ceilings over 512-token blocks, whole traces */
-    if (!c->requests)
+    /* SOURCES.md: single-infinite-cache ceilings over 512-token blocks, the whole traces (the
+     * default ones: a --trace file of one's own has its own) */
+    if (!c->requests && !c->trace[0])
         *doc_ceiling = !strcmp(c->workload, "conversation") ? 0.366 : 0.640;
     if (st == KVR_OK)
         cut_outputs(w, c);

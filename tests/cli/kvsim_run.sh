@@ -22,6 +22,8 @@ for key in '"workload": "conversation"' '"workers": 4' '"seed": 7' '"results": \
   grep -q "$key" "$json" || fail "report.json lacks $key"
 done
 [ "$(grep -c '"policy"' "$json")" -eq 18 ] || fail "expected 9 policies x 2 loads"
+# the Mooncake traces' documented hit ceiling is theirs, not a --trace file's
+grep -q '"hit_ceiling_trace_doc"' "$json" && fail "a --trace file reported the documented trace's ceiling"
 grep -q "Ratio to the best baseline" "$out/a/report.md" || fail "report.md has no ratio table"
 
 "$kvsim" run --workload conversation --trace "$fixture" --workers 4 --policies kv,random \
