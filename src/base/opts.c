@@ -333,6 +333,25 @@ static bool config_line(const struct kvr_opt *opts, size_t n, char *p, char *why
     return false;
 }
 
+/* One line of f into buf (cap bytes, NUL-terminated, its newline dropped): 1, or 0 at the end of
+ * the file, -1 for a line over cap - 2 bytes (its tail would be read as a line of its own: a
+ * comment's tail as a setting), -2 for a NUL byte in it (fgets and strlen stopped there: a line
+ * cut short, and a file of NULs, /dev/zero, read forever). */
+static int config_getline(FILE *f, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int c;
+    while ((c = getc(f)) != EOF && c != '\n') {
+        if (c == 0)
+            return -2;
+        if (n + 2 >= cap)
+            return -1;
+        buf[n++] = (char)c;
+    }
+    buf[n] = 0;
+    return c == EOF && n == 0 ? 0 : 1;
+}
+
 static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -343,12 +362,14 @@ static enum kvr_opts_result read_config(const struct kvr_opt *opts, size_t n, co
     char line[1024];
     int lineno = 0;
     enum kvr_opts_result rc = KVR_OPTS_GO;
-    while (rc == KVR_OPTS_GO && fgets(line, sizeof line, f)) {
+    int got;
+    while (rc == KVR_OPTS_GO && (got = config_getline(f, line, sizeof line)) != 0) {
         lineno++;
-        size_t got = strlen(line);
-        if (got == sizeof line - 1 && line[got - 1] != '\n' && !feof(f)) {
-            /* its tail would be read as a line of its own (a comment's tail as a setting) */
-            fprintf(stderr, "%s:%d: a line over %zu bytes\n", path, lineno, sizeof line - 2);
+        if (got < 0) {
+            if (got == -1)
+                fprintf(stderr, "%s:%d: a line over %zu bytes\n", path, lineno, sizeof line - 2);
+            else
+                fprintf(stderr, "%s:%d: a NUL byte\n", path, lineno);
             rc = KVR_OPTS_BAD;
             break;
         }

@@ -209,6 +209,21 @@ Test(opts, a_config_key_with_more_after_it_is_refused, .init = setup)
     cr_assert(eq(u32, s.count, 5));
 }
 
+/* A NUL byte in a config line is refused: fgets and strlen stopped at it (the line cut short, its
+ * tail past the long-line check), and a file of NULs (/dev/zero) was read forever. */
+Test(opts, a_config_line_with_a_nul_byte_is_refused, .init = setup, .timeout = 10)
+{
+    FILE *f = fopen(config_path, "w");
+    cr_assert(f != NULL);
+    fwrite("count = 5\0\ncount = 6\n", 1, 22, f);
+    fclose(f);
+    char *argv[] = {"t", "--config", config_path, NULL};
+    cr_assert(eq(int, parse(3, argv), KVR_OPTS_BAD));
+    cr_assert(eq(u32, s.count, 3));
+    char *zero[] = {"t", "--config", "/dev/zero", NULL};
+    cr_assert(eq(int, parse(3, zero), KVR_OPTS_BAD));
+}
+
 Test(opts, help_shows_each_default, .init = setup)
 {
     cr_redirect_stdout();
