@@ -147,7 +147,8 @@ void kvr_workload_tokens(const struct kvr_workload *w, uint32_t i, uint32_t *out
 }
 
 /* The unsigned number after "key": in line; false when absent or malformed. */
-static bool json_uint(const char *line, const char *key, uint64_t *out)
+/* The number after key in line (at least 0, at most 1.8e19). */
+static bool json_num(const char *line, const char *key, double *out)
 {
     const char *p = strstr(line, key);
     if (!p)
@@ -159,8 +160,18 @@ static bool json_uint(const char *line, const char *key, uint64_t *out)
         return false;
     char *end;
     errno = 0;
-    double v = strtod(p, &end); /* timestamps may carry a fraction */
-    if (errno || end == p || v < 0 || v > 1.8e19)
+    double v = strtod(p, &end);
+    if (errno || end == p || !(v >= 0 && v <= 1.8e19))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* The same, a whole number (a length: 1583.5 tokens is no length). */
+static bool json_uint(const char *line, const char *key, uint64_t *out)
+{
+    double v;
+    if (!json_num(line, key, &v) || v != floor(v))
         return false;
     *out = (uint64_t)v;
     return true;
@@ -229,14 +240,15 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
         lineno++;
         if (strspn(line, " \t\r\n") == strlen(line))
             continue;
-        uint64_t ts, isl, osl;
+        double ts; /* milliseconds, a fraction kept */
+        uint64_t isl, osl;
         uint64_t first = w->nids;
         long nids;
-        if (!json_uint(line, "\"timestamp\"", &ts) || !json_uint(line, "\"input_length\"", &isl) ||
+        if (!json_num(line, "\"timestamp\"", &ts) || !json_uint(line, "\"input_length\"", &isl) ||
             !json_uint(line, "\"output_length\"", &osl) ||
             (nids = json_ids(line, &w->ids, &w->nids, &idcap)) < 0 || isl == 0 ||
             isl > UINT32_MAX || osl == 0 || osl > UINT32_MAX ||
-            ts > UINT64_MAX / 1000000ull || /* milliseconds that would wrap in nanoseconds */
+            ts >= (double)(UINT64_MAX / 1000000ull) || /* ms that would wrap in nanoseconds */
             (uint64_t)nids != (isl + KVR_TRACE_BLOCK - 1) / KVR_TRACE_BLOCK || first > UINT32_MAX) {
             st = KVR_ERR_MALFORMED;
             if (bad_line)
@@ -254,7 +266,7 @@ kvr_status kvr_workload_load_trace(struct kvr_workload *w, const char *name, con
             break;
         }
         struct kvr_wl_request *r = &w->reqs[w->nreqs++];
-        r->arrival_ns = ts * 1000000ull;
+        r->arrival_ns = (uint64_t)(ts * 1e6 + 0.5); /* under 2^64: checked above */
         r->isl = (uint32_t)isl;
         r->osl = (uint32_t)osl;
         r->family = (uint32_t)first;

@@ -246,6 +246,28 @@ Test(sim, malformed_traces_are_refused_with_the_line)
     cr_assert(eq(int, kvr_workload_load_trace(&w, "t", "/nonexistent/x", 0, 1, &bad), KVR_ERR_IO));
 }
 
+/* A timestamp's fraction of a millisecond is kept (it was cut: 900.9 ms arrived at 900), and a
+ * length with a fraction is no length. */
+Test(sim, trace_timestamps_keep_their_fraction)
+{
+    char path[] = "/tmp/kvr_trace_XXXXXX";
+    new_trace(path, "{\"timestamp\": 0.4, \"input_length\": 600, \"output_length\": 5, "
+                    "\"hash_ids\": [1, 2]}\n{\"timestamp\": 900.9, \"input_length\": 600, "
+                    "\"output_length\": 5, \"hash_ids\": [1, 3]}\n");
+    struct kvr_workload w;
+    uint64_t bad = 0;
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, &bad), KVR_OK));
+    cr_assert(eq(u64, w.reqs[1].arrival_ns - w.reqs[0].arrival_ns, 900500000));
+    kvr_workload_free(&w);
+    FILE *f = fopen(path, "w");
+    fputs(
+        "{\"timestamp\": 0, \"input_length\": 600.5, \"output_length\": 5, \"hash_ids\": [1, 2]}\n",
+        f);
+    fclose(f);
+    cr_assert(eq(int, kvr_workload_load_trace(&w, "t", path, 0, 1, &bad), KVR_ERR_MALFORMED));
+    remove(path);
+}
+
 Test(sim, trace_tokens_follow_hash_ids)
 {
     struct kvr_workload w;
