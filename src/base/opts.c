@@ -136,23 +136,37 @@ static void format_double(double x, char *buf, size_t len)
     }
 }
 
+/* Whether the URL list's next segment (after u[n], a ',') holds an '@' before any "://": the
+ * tail of a password holding a ',' (the list is split at commas first). */
+static bool password_goes_on(const char *u, size_t n)
+{
+    if (u[n] != ',')
+        return false;
+    const char *next = u + n + 1, *at = strchr(next, '@'), *scheme = strstr(next, "://");
+    size_t len = strcspn(next, ",");
+    return at && (size_t)(at - next) < len && (!scheme || scheme > at);
+}
+
 void kvr_url_redact(const char *urls, char *out, size_t len)
 {
     size_t at = 0;
     for (const char *u = urls; *u && at + 1 < len;) {
         size_t n = strcspn(u, ","), host = 0;
-        const char *scheme = strstr(u, "://");
+        const char *scheme = strstr(u, "://"), *first = memchr(u, '@', n);
         size_t from = scheme && (size_t)(scheme - u) < n ? (size_t)(scheme - u) + 3 : 0;
+        if (first && (size_t)(first - u) < from)
+            from = 0; /* "u:p@h://x": the '@' before the scheme's mark is the secret's end */
         const char *atsign = NULL; /* the last '@': nats.c takes a password with '@' in it */
         for (size_t i = from; i < n; i++)
             if (u[i] == '@')
                 atsign = u + i;
-        if (atsign) { /* user:password@ or token@: keep the user, never the secret */
-            size_t info = (size_t)(atsign - u) - from;
+        bool cut = !atsign && password_goes_on(u, n); /* "nats://u:pa,ss@h": "pa" is secret */
+        if (atsign || cut) { /* user:password@ or token@: keep the user, never the secret */
+            size_t info = (atsign ? (size_t)(atsign - u) : n) - from;
             const char *colon = memchr(u + from, ':', info);
             size_t keep = colon ? (size_t)(colon - u) + 1 : from;
             at += (size_t)snprintf(out + at, len - at, "%.*s***", (int)keep, u);
-            host = (size_t)(atsign - u);
+            host = atsign ? (size_t)(atsign - u) : n;
         }
         if (at < len)
             at += (size_t)snprintf(out + at, len - at, "%.*s%s", (int)(n - host), u + host,

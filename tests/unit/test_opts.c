@@ -284,6 +284,21 @@ Test(natscfg, secrets_are_never_printed, .init = cr_redirect_stdout)
               "%s", out);
 }
 
+/* Malformed lists show no part of a secret either: a password holding a ',' (the list is split
+ * at commas first: "pa" showed), an '@' before the scheme's "://" (shown whole). */
+Test(natscfg, a_malformed_url_list_shows_no_part_of_a_password)
+{
+    char out[256];
+    kvr_url_redact("nats://u:pa,ss@h:1", out, sizeof out);
+    cr_expect(eq(str, out, "nats://u:***,***@h:1"));
+    kvr_url_redact("u:p@h://x", out, sizeof out);
+    cr_expect(eq(str, out, "u:***@h://x"));
+    kvr_url_redact("nats://h:1,nats://bob:pw@h:2", out, sizeof out);
+    cr_expect(eq(str, out, "nats://h:1,nats://bob:***@h:2"), "a host's port is no password");
+    kvr_url_redact("nats://h:1,tok@h:2", out, sizeof out);
+    cr_expect(eq(str, out, "nats://h:***,***@h:2"), "the safe side, when a list reads both ways");
+}
+
 /* A --nats value refused (over 255 bytes) was echoed with its passwords, from a flag, the
  * environment or a config file. */
 Test(natscfg, a_refused_url_shows_no_password, .init = cr_redirect_stderr)
