@@ -107,14 +107,15 @@ static uint32_t take(struct kvr_client_req *q, const struct kvr_wire_response *r
 }
 
 /* Under mu: what the answer keeps of a chunk adding fresh tokens (or, text alone, text: a
- * stream without token ids) at now, until it is decided. */
+ * stream without token ids) at now, until it is decided. The first token is position 0's (or
+ * the text's): tokens held above a hole before it are not a first token a client could show. */
 static void keep(struct kvr_client *c, struct kvr_client_req *q, const struct kvr_wire_response *r,
                  uint32_t fresh, bool text, uint64_t now)
 {
     if (fresh || text) {
-        if (!q->t_first)
+        if (!q->t_first && (q->have || text))
             q->t_first = now;
-        else
+        else if (q->t_first)
             add_gap(c, (double)(now - q->t_last) / 1e6);
         q->t_last = now;
         q->ntok += fresh;

@@ -39,7 +39,8 @@
 /* One request as the client saw it. Times are kvr_now_ns() values. */
 struct kvr_client_req {
     uint64_t t_send;                    /* sent */
-    uint64_t t_first, t_last;           /* first and last chunk with new tokens, until decided */
+    uint64_t t_first, t_last;           /* position 0 came (or a text-only stream's text); the last
+                                           chunk with new tokens; until decided */
     uint64_t t_end;                     /* its first final chunk; 0: none yet */
     uint64_t t_final;                   /* decided */
     uint64_t t_cancel;                  /* a CancelRequest went out; 0: none */

@@ -12,7 +12,8 @@
  * - hop counts failed, timed-out and unanswered requests of both phases and exits 1;
  * - load (open loop) resends a stalled request while it still sends the later arrivals, not after
  *   the last one;
- * - the contract line says how many inbox messages nats.c dropped.
+ * - the contract line says how many inbox messages nats.c dropped;
+ * - load's time to first token is when position 0 came, not a later position held above it.
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
@@ -53,6 +54,8 @@ static struct {
     uint32_t distinct;   /* routed requests heard, a resend not counted */
     uint32_t copies;     /* routed requests heard, resends too */
     uint32_t resent_at;  /* distinct requests heard when drop_once came again (0: it did not) */
+    char late_first[64]; /* routed: this id's position 1 comes first, position 0 only 400 ms
+                            later (with the rest and the final, as a repeat from 0) */
 } fake = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void setup(void)
@@ -80,6 +83,22 @@ static void answer(const char *reply, const char *id, uint32_t max_tokens, kvr_s
                                .final = true,
                                .error = error,
                                .worker_id = error ? 0 : FAKE_WORKER};
+    if (reply && kvr_wire_encode_chunk(&b, &c) == KVR_OK)
+        natsConnection_Publish(fake.nc, reply, b.data, (int)b.len);
+    kvr_buf_free(&b);
+}
+
+/* A chunk of n tokens from position pos (final or not, no error) of worker FAKE_WORKER. */
+static void chunk(const char *reply, const char *id, uint32_t pos, uint32_t n, bool final)
+{
+    uint32_t tok[64] = {0};
+    struct kvr_buf b = {0};
+    struct kvr_wire_chunk c = {.request_id = id,
+                               .tokens = tok,
+                               .ntokens = n < 64 ? n : 64,
+                               .position = pos,
+                               .final = final,
+                               .worker_id = FAKE_WORKER};
     if (reply && kvr_wire_encode_chunk(&b, &c) == KVR_OK)
         natsConnection_Publish(fake.nc, reply, b.data, (int)b.len);
     kvr_buf_free(&b);
@@ -120,8 +139,14 @@ static void on_generate(natsConnection *c, natsSubscription *sub, natsMsg *m, vo
         KVR_OK) {
         pthread_mutex_lock(&fake.mu);
         kvr_status fate = routed_fate(r.request_id);
+        bool late_first = fake.late_first[0] && !strcmp(r.request_id, fake.late_first);
         pthread_mutex_unlock(&fake.mu);
-        if (fate != KVR_ERR_NOT_DELIVERED)
+        if (late_first) { /* position 0 lost on its way, repeated 400 ms later */
+            chunk(natsMsg_GetReply(m), r.request_id, 1, 1, false);
+            natsConnection_Flush(fake.nc);
+            h_sleep_ms(400);
+            chunk(natsMsg_GetReply(m), r.request_id, 0, r.max_tokens, true);
+        } else if (fate != KVR_ERR_NOT_DELIVERED)
             answer(natsMsg_GetReply(m), r.request_id, r.max_tokens, fate);
     }
     kvr_wire_request_free(&r);
@@ -359,5 +384,48 @@ Test(kvbench, load_resends_a_stalled_request_before_the_last_arrival)
               "the stalled request was resent after the last arrival (%u of %d "
               "requests heard by then), not while kvbench still sent",
               at, N);
+    h_end();
+}
+
+/* --- fix 4: the time to first token is when position 0 came, not a later position -------- */
+
+/* results[0]'s member path (ttft_ms.mean) of report.json in out_dir. */
+static double report_value(const char *out_dir, const char *path)
+{
+    char file[600];
+    snprintf(file, sizeof file, "%s/report.json", out_dir);
+    json_t *root = json_load_file(file, 0, NULL);
+    cr_assert(root != NULL, "no %s", file);
+    json_t *v = h_json_at(json_array_get(json_object_get(root, "results"), 0), path);
+    bool number = json_is_number(v);
+    cr_assert(number, "no %s in %s", path, file);
+    double x = json_number_value(v);
+    json_decref(root);
+    return x;
+}
+
+Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
+{
+    char trace[512], out[512];
+    h_tmpdir(dir, sizeof dir, "trace");
+    snprintf(trace, sizeof trace, "%s/trace.jsonl", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_trace(trace, 1, 0);
+    fake.stats_mode[0] = STATS_ALWAYS;
+    snprintf(fake.late_first, sizeof fake.late_first, "b1-0");
+    fake_start();
+    const char *args[] = {"--nats",    srv.url, "--workload",  "conversation", "--trace",
+                          trace,       "--out", out,           "--policies",   "kv",
+                          "--workers", "1",     "--log-level", "error",        NULL};
+    pid_t b = h_spawn("kvbench", args);
+    int st = h_wait(b, 60000);
+    fake_stop();
+    cr_expect(eq(int, st, 0), "kvbench --mode load exited %d", st);
+    cr_expect(h_log_has(b, "finished=1 failed=0"));
+    double ttft = report_value(out, "ttft_ms.mean"), e2e = report_value(out, "e2e_ms.mean");
+    cr_expect(ge(dbl, ttft, 400.0),
+              "time to first token %.1f ms: position 1 came at once, position 0 400 ms later",
+              ttft);
+    cr_expect(ge(dbl, e2e, ttft));
     h_end();
 }
