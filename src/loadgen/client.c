@@ -30,14 +30,18 @@ static void timed_wait(struct kvr_client *c, uint64_t ns)
     pthread_cond_timedwait(&c->cv, &c->mu, &ts);
 }
 
-/* Under mu. */
-static void add_gap(struct kvr_client *c, double ms)
+/* Under mu: a gap of ms in request q's stream. */
+static void add_gap(struct kvr_client *c, const struct kvr_client_req *q, double ms)
 {
-    if (c->ngaps == UINT32_MAX || !KVR_GROW(c->gaps, c->capgaps, c->ngaps + 1, 1024)) {
+    uint32_t n = c->ngaps;
+    if (n == UINT32_MAX || !KVR_GROW(c->gaps, c->capgaps, n + 1, 1024) ||
+        !KVR_GROW(c->gap_req, c->capgap_req, n + 1, 1024)) {
         c->gaps_dropped++;
         return;
     }
-    c->gaps[c->ngaps++] = ms;
+    c->gaps[n] = ms;
+    c->gap_req[n] = (uint32_t)(q - c->reqs);
+    c->ngaps++;
 }
 
 /* Under mu: the positions below end that q holds from its stream's worker. */
@@ -116,7 +120,7 @@ static void keep(struct kvr_client *c, struct kvr_client_req *q, const struct kv
         if (!q->t_first && (q->have || text))
             q->t_first = now;
         else if (q->t_first)
-            add_gap(c, (double)(now - q->t_last) / 1e6);
+            add_gap(c, q, (double)(now - q->t_last) / 1e6);
         q->t_last = now;
         q->ntok += fresh;
         if (c->wake_tokens && q->ntok >= c->wake_tokens && q->ntok - fresh < c->wake_tokens)
@@ -387,6 +391,7 @@ void kvr_client_destroy(struct kvr_client *c)
     pthread_mutex_destroy(&c->send_mu);
     free(c->reqs);
     free(c->gaps);
+    free(c->gap_req);
     kvr_buf_free(&c->buf);
     free(c);
 }
@@ -407,7 +412,8 @@ kvr_status kvr_client_begin(struct kvr_client *c, uint32_t n, bool closed,
     pthread_mutex_lock(&c->mu);
     kvr_status st = KVR_OK;
     uint32_t hint = gaps_hint < UINT32_MAX ? (uint32_t)gaps_hint : UINT32_MAX;
-    if (!KVR_GROW(c->reqs, c->cap, n, 64) || !KVR_GROW(c->gaps, c->capgaps, hint, 1024)) {
+    if (!KVR_GROW(c->reqs, c->cap, n, 64) || !KVR_GROW(c->gaps, c->capgaps, hint, 1024) ||
+        !KVR_GROW(c->gap_req, c->capgap_req, hint, 1024)) {
         st = KVR_ERR_NOMEM;
         n = 0;
     }

@@ -2,8 +2,8 @@
  * kvr_client: kvbench's side of the wire. It sends requests (request i of batch b has its replies
  * come to "<inbox>.<b>.<i>", so a straggler of an earlier batch is never taken for this one's) and
  * records, per request, when it was sent, its first and last chunk, its tokens, which worker
- * served it and how it ended, plus every inter-token gap of the batch. In closed loop each final
- * answer sends the next unsent request.
+ * served it and how it ended, plus every inter-token gap of the batch (and its request). In
+ * closed loop each final answer sends the next unsent request.
  *
  * Every stream is checked against the client contract (docs/protocol.md). Tokens are kept by
  * position: a repeat adds only what it covers anew, a chunk above what is held is kept and its
@@ -149,7 +149,9 @@ struct kvr_client {
     uint32_t wake_tokens;        /* also signal cv when a stream reaches this many; 0: never */
     bool closed;                 /* closed loop */
     double *gaps;                /* every inter-token gap of the batch, ms */
+    uint32_t *gap_req;           /* ... the request of each (capgap_req of them) */
     uint32_t ngaps, capgaps;     /* */
+    uint32_t capgap_req;         /* */
     uint64_t gaps_dropped;       /* gaps not recorded: memory was short */
     uint64_t bad_chunks;         /* answers of the batch that did not decode */
     uint64_t dropped_before;     /* the inbox's messages nats.c dropped before this batch */

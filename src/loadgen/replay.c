@@ -148,18 +148,35 @@ static void record(const struct replay *rp, uint32_t i, uint64_t t0, double ttft
                                     .itl_max_ms = NAN};
 }
 
+/* Whether q was answered in full: the requests every figure is of (the others fail). */
+static bool answered(const struct kvr_client_req *q)
+{
+    return q->done && !q->error && q->t_first;
+}
+
+/* Under the client's mu: the gaps of the requests answered, moved to the front of the client's
+ * (whose order is lost); how many. */
+static uint32_t answered_gaps(struct kvr_client *c)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < c->ngaps; k++)
+        if (c->gap_req[k] < c->n && answered(&c->reqs[c->gap_req[k]]))
+            c->gaps[n++] = c->gaps[k];
+    return n;
+}
+
 /* Under the client's mu: the run's records into res (ttft, e2e, itl, ids: room for every
  * request). A request's ITL is its mean gap, (last token - first token) / (tokens - 1), as
  * kvsim's per-request ITL (requests of two tokens or more). */
 static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, double *itl,
                   uint64_t *ids, struct kvr_sim_result *res)
 {
-    const struct kvr_client *c = rp->client;
+    struct kvr_client *c = rp->client;
     size_t nf = 0, nids = 0, nitl = 0;
     uint64_t cached = 0, isl = 0, toks = 0, last = t0;
     for (uint32_t i = 0; i < c->n; i++) {
         const struct kvr_client_req *q = &c->reqs[i];
-        if (!q->done || q->error || !q->t_first) {
+        if (!answered(q)) {
             res->rejected++;
             continue;
         }
@@ -181,7 +198,7 @@ static void tally(struct replay *rp, uint64_t t0, double *ttft, double *e2e, dou
     res->finished = (uint32_t)nf;
     res->ttft_ms = kvr_stat_of(ttft, nf);
     res->e2e_ms = kvr_stat_of(e2e, nf);
-    res->itl_ms = kvr_stat_of(c->gaps, c->ngaps);
+    res->itl_ms = kvr_stat_of(c->gaps, answered_gaps(c));
     res->itl_request_ms = kvr_stat_of(itl, nitl);
     res->hit_rate = isl ? (double)cached / (double)isl : 0;
     res->makespan_s = (double)(last - t0) / 1e9;

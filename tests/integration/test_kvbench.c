@@ -13,7 +13,8 @@
  * - load (open loop) resends a stalled request while it still sends the later arrivals, not after
  *   the last one;
  * - the contract line says how many inbox messages nats.c dropped;
- * - load's time to first token is when position 0 came, not a later position held above it.
+ * - load's time to first token is when position 0 came, not a later position held above it;
+ * - load's inter-token gaps are those of the requests answered, as its other figures.
  */
 #define _DEFAULT_SOURCE
 #include <criterion/criterion.h>
@@ -56,6 +57,8 @@ static struct {
     uint32_t resent_at;  /* distinct requests heard when drop_once came again (0: it did not) */
     char late_first[64]; /* routed: this id's position 1 comes first, position 0 only 400 ms
                             later (with the rest and the final, as a repeat from 0) */
+    char slow_fail[64];  /* routed: this id's token 0 comes at once, token 1 400 ms later, then
+                            an error final */
 } fake = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void setup(void)
@@ -140,8 +143,15 @@ static void on_generate(natsConnection *c, natsSubscription *sub, natsMsg *m, vo
         pthread_mutex_lock(&fake.mu);
         kvr_status fate = routed_fate(r.request_id);
         bool late_first = fake.late_first[0] && !strcmp(r.request_id, fake.late_first);
+        bool slow_fail = fake.slow_fail[0] && !strcmp(r.request_id, fake.slow_fail);
         pthread_mutex_unlock(&fake.mu);
-        if (late_first) { /* position 0 lost on its way, repeated 400 ms later */
+        if (slow_fail) { /* a 400 ms gap, then the stream fails */
+            chunk(natsMsg_GetReply(m), r.request_id, 0, 1, false);
+            natsConnection_Flush(fake.nc);
+            h_sleep_ms(400);
+            chunk(natsMsg_GetReply(m), r.request_id, 1, 1, false);
+            answer(natsMsg_GetReply(m), r.request_id, 0, KVR_ERR_OVERLOADED);
+        } else if (late_first) { /* position 0 lost on its way, repeated 400 ms later */
             chunk(natsMsg_GetReply(m), r.request_id, 1, 1, false);
             natsConnection_Flush(fake.nc);
             h_sleep_ms(400);
@@ -427,5 +437,33 @@ Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
               "time to first token %.1f ms: position 1 came at once, position 0 400 ms later",
               ttft);
     cr_expect(ge(dbl, e2e, ttft));
+    h_end();
+}
+
+/* --- fix 5: the inter-token latency leaves out the failed requests, as the other figures ---- */
+
+Test(kvbench, load_itl_leaves_out_the_gaps_of_a_failed_request)
+{
+    char trace[512], out[512];
+    h_tmpdir(dir, sizeof dir, "trace");
+    snprintf(trace, sizeof trace, "%s/trace.jsonl", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_trace(trace, 2, 0);
+    fake.stats_mode[0] = STATS_ALWAYS;
+    snprintf(fake.slow_fail, sizeof fake.slow_fail, "b1-1");
+    fake_start();
+    const char *args[] = {"--nats",    srv.url, "--workload",  "conversation", "--trace",
+                          trace,       "--out", out,           "--policies",   "kv",
+                          "--workers", "1",     "--log-level", "error",        NULL};
+    pid_t b = h_spawn("kvbench", args);
+    int st = h_wait(b, 60000);
+    fake_stop();
+    cr_expect(eq(int, st, 0), "kvbench --mode load exited %d", st);
+    cr_expect(h_log_has(b, "finished=1 failed=1"));
+    double itl = report_value(out, "itl_ms.p99");
+    cr_expect(lt(dbl, itl, 400.0),
+              "inter-token p99 %.1f ms: the 400 ms gap of the failed request, left out of its "
+              "time to first token and end-to-end latency",
+              itl);
     h_end();
 }
