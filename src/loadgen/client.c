@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "codec.h"
 #include "grow.h"
 #include "kvr/hash.h"
@@ -23,7 +24,7 @@
 static void timed_wait(struct kvr_client *c, uint64_t ns)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* the cv's clock: a wall clock's step stalls no wait */
     uint64_t t = (uint64_t)ts.tv_nsec + ns;
     ts.tv_sec += (time_t)(t / KVR_NS_PER_S);
     ts.tv_nsec = (long)(t % KVR_NS_PER_S);
@@ -339,7 +340,7 @@ struct kvr_client *kvr_client_create(const struct kvr_nats_config *net, kvr_stat
     }
     pthread_mutex_init(&c->send_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    kvr_cond_init_monotonic(&c->cv);
     kvr_status s = kvr_subject(c->subj_gen, sizeof c->subj_gen, prefix, ns, "generate") &&
                            kvr_subject(c->subj_cancel, sizeof c->subj_cancel, prefix, ns, "cancel")
                        ? KVR_OK
