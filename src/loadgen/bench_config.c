@@ -117,7 +117,9 @@ static size_t other_options(struct kvr_bench_config *c, struct kvr_opt *t, size_
             "hop: the worker to call directly (0: the first heartbeat's)"),
         OPT("hop-window", KVR_OPT_U32, &c->hop_window, 1, 1e6,
             "hop: requests in flight for max rate"),
-        OPT("hop-seconds", KVR_OPT_SEC, &c->hop_ns, 0, 3600, "hop: how long the max-rate phase"),
+        OPT("hop-seconds", KVR_OPT_SEC, &c->hop_ns, 0, 120,
+            "hop: how long the max-rate phase (a record of ~200 bytes for each of up to 100,000 "
+            "requests a second is held)"),
         OPT("digest-wait-ms", KVR_OPT_MS, &c->digest_wait_ns, 0, 0,
             "digest: how long to collect the routers' answers"),
         OPT("trials", KVR_OPT_U32, &c->trials, 1, 1e6,

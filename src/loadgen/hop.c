@@ -260,6 +260,11 @@ int kvr_hop_run(const struct kvr_bench_config *cfg, struct kvr_client *client)
         latencies(&h);
         max_rate(&h, (uint32_t)total);
         rc = print_result(&h);
+    } else { /* it exited 1 saying nothing */
+        fprintf(stderr,
+                "kvbench: no memory for %" PRIu64 " request records (--requests %u, "
+                "--hop-seconds %" PRIu64 ")\n",
+                total, h.n, secs);
     }
     kvr_client_end(client);
     free(h.routed);

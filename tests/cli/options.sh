@@ -33,6 +33,10 @@ for want in '--mode load|hop|digest .*(default load)' '--resend-ms MS .*(default
 done
 "$kvbench" --mode direct >/dev/null 2>&1
 [ $? -eq 2 ] || fail "kvbench --mode direct without --engine-url: not exit 2"
+# hop holds a record per request it could send (100,000 a second): an hour asked ~72 GB and
+# exited 1 saying nothing
+"$kvbench" --mode hop --hop-seconds 3600 >/dev/null 2>&1
+[ $? -eq 2 ] || fail "kvbench --hop-seconds 3600: not exit 2"
 
 # --print-config: the settings in force, without running anything (no --workload needed)
 cfg=$("$kvsim" run --print-config) || fail "kvsim run --print-config exited $?"
