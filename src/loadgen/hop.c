@@ -34,6 +34,7 @@ struct hop {
     uint32_t errors, unanswered;    /* ... of them ended by an error, never decided */
     struct kvr_contract contract;   /* ... what its streams broke of the contract */
     uint64_t rate_ns;               /* ... its length */
+    uint64_t rate_elapsed_ns;       /* ... to its last final, when that came after it */
     struct kvr_routers_poll *polls; /* [2]: the routers' $SRV.STATS around that phase */
     struct kvr_routers_run routers; /* ... their difference (CPU seconds, decisions) */
 };
@@ -127,6 +128,14 @@ static void max_rate(struct hop *h, uint32_t total)
     for (uint64_t wait_end = kvr_now_ns() + HOP_WAIT_NS;
          sent - first > kvr_client_done(c) && kvr_now_ns() < wait_end;)
         kvr_sleep_ns(KVR_NS_PER_MS);
+    /* the rate's time: the phase, or to the last final when answers came after it (the drain's
+     * wait: dividing by the phase alone overstated a slow fleet's rate by up to a window) */
+    uint64_t last = end;
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = first; i < sent; i++)
+        last = c->reqs[i].t_end > last ? c->reqs[i].t_end : last;
+    pthread_mutex_unlock(&c->mu);
+    h->rate_elapsed_ns = last - t0;
     kvr_client_contract(c, first, sent, &h->contract);
     h->sent = h->contract.requests;
     h->unanswered = h->contract.unanswered;
@@ -224,7 +233,8 @@ static int print_result(struct hop *h)
     printf("routed_p50_us=%.0f direct_p50_us=%.0f routed_p99_us=%.0f direct_p99_us=%.0f "
            "ratio_p50=%.3f routed_max_rps=%.0f",
            rp50, dp50, rp99, dp99, dp50 > 0 ? rp50 / dp50 : 0,
-           secs > 0 ? (double)h->contract.finished / secs : 0);
+           h->rate_elapsed_ns ? (double)h->contract.finished * 1e9 / (double)h->rate_elapsed_ns
+                              : 0);
     print_router_cpu(h);
     printf("\n");
     char line[768], why[160];
