@@ -43,7 +43,13 @@ case "$ENGINE" in sim | standin) ;; *) echo "ENGINE must be sim or standin, not 
 bin=build/src
 source bench/lib.sh # run (the logs), pids, log_value, start_nats
 
+bench_pid=""
 stop_all() {
+  # kvbench first, if the script was stopped while it ran
+  if [ -n "$bench_pid" ]; then
+    kill -TERM "$bench_pid" 2>/dev/null || true
+    wait "$bench_pid" 2>/dev/null || true
+  fi
   # routers first (they drain their queues), then workers (they finish what they hold), then NATS
   for sig_group in kvrouter kvworker kvengine; do
     for p in "${pids[@]}"; do
@@ -56,6 +62,8 @@ stop_all() {
   cleanup # the server last
 }
 trap stop_all EXIT
+trap 'exit 130' INT # at once, also while waiting for kvbench (below)
+trap 'exit 143' TERM
 
 echo "== starting nats-server on 127.0.0.1 (logs in $run)"
 start_nats -c deploy/nats.conf -m -1
@@ -105,6 +113,12 @@ case "$WORKLOAD" in
 esac
 outs=$([ "$MAX_TOKENS" = 0 ] && echo "the workload's outputs" || echo "$MAX_TOKENS output tokens each")
 echo "== kvbench: $WORKLOAD, $REQUESTS requests, $load, $outs; policies $POLICIES"
+# In the background, waited for: a SIGTERM or SIGINT to this script (timeout, a supervisor, Ctrl-C)
+# runs stop_all at once, which stops kvbench too; in the foreground, kvbench ran on after a SIGTERM
+# against the stopped fleet.
 "$bin/kvbench" --nats "$url" --workload "$WORKLOAD" --requests "$REQUESTS" \
   --concurrency "$CONCURRENCY" --rate-scale "$rate_scale" --max-tokens "$MAX_TOKENS" \
-  --policies "$POLICIES" --out "$OUT"
+  --policies "$POLICIES" --out "$OUT" &
+bench_pid=$!
+wait "$bench_pid" # set -e: its exit status is the script's
+bench_pid=""
