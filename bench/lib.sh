@@ -30,9 +30,11 @@ wait_log() {
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
 
 # Start nats-server on a free 127.0.0.1 port, with extra options "$@" (e.g. -c FILE, -m -1 for a
-# monitoring port); sets url, nats_pid, and monitor when it has a monitoring port.
+# monitoring port); sets url, nats_pid, and monitor when it has a monitoring port. In a session of
+# its own: a Ctrl-C reaches the daemons and not the server, which cleanup stops last (stopped by the
+# terminal's SIGINT with them, it left the workers draining for their 60 s with nothing to send to).
 start_nats() {
-  nats-server "$@" -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
+  setsid nats-server "$@" -a 127.0.0.1 -p -1 --ports_file_dir "$run" >"$run/nats.log" 2>&1 &
   nats_pid=$!
   pids+=($nats_pid)
   local ports=
