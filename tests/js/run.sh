@@ -3,7 +3,7 @@
 # its packages with `npm ci` (from package-lock.json) when node_modules is missing or older than
 # the lock file, then runs every tests/js/*.test.js with Node's test runner. Each test file starts
 # its own fleet (nats-server on 127.0.0.1, routers and workers from KVR_BUILD, default the
-# repository's build/, i.e. /work/main/build) and stops it at its end. The last lines are the counts: "pass N", "fail M".
+# repository's build/) and stops it at its end. The last lines are the counts: "pass N", "fail M".
 #   KVR_BUILD=DIR       the build directory holding src/kvrouter and src/kvworker
 #   KVR_JS_TRIALS=N     trials of each resend timing (default 20)
 #   KVR_JS_KEEP=1       keep each fleet's logs (their directory is printed)
@@ -27,7 +27,7 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   npm ci --no-audit --no-fund --loglevel=error
 fi
 
-# default: this repository's build/ (/work/main/build in the main work tree)
+# default: this repository's build/, wherever it is checked out
 KVR_BUILD=${KVR_BUILD:-$(cd ../.. && pwd)/build}
 export KVR_BUILD
 files=()

@@ -1,6 +1,6 @@
 // A real fleet for the conformance suite: one nats-server on 127.0.0.1 (a free port, max_payload
 // 8MB, from a config file in a temp dir), routers and workers from the build directory
-// (KVR_BUILD, default the repository's build/: /work/main/build). Everything started here is
+// (KVR_BUILD, default the repository's build/). Everything started here is
 // killed by stop(), and at the latest when this process exits (also on failure or a signal).
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
@@ -12,7 +12,7 @@ import { connect } from "@nats-io/transport-node";
 import { Svcm } from "@nats-io/services";
 import { pb, encode, decode } from "./proto.js";
 
-// KVR_BUILD, else this repository's build/ (/work/main/build in the main work tree)
+// KVR_BUILD, else this repository's build/, wherever it is checked out
 export const BUILD = process.env.KVR_BUILD ||
   path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../../build");
 
