@@ -414,15 +414,16 @@ static double report_value(const char *out_dir, const char *path)
     return x;
 }
 
-Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
+/* kvbench --mode load of a trace of n requests against the fake router (its faults set by the
+ * caller), its report into out (len bytes); its pid, once it exited (0 expected). */
+static pid_t load_against_fake(int n, char *out, size_t len)
 {
-    char trace[512], out[512];
+    char trace[512];
     h_tmpdir(dir, sizeof dir, "trace");
     snprintf(trace, sizeof trace, "%s/trace.jsonl", dir);
-    snprintf(out, sizeof out, "%s/out", dir);
-    write_trace(trace, 1, 0);
+    snprintf(out, len, "%s/out", dir);
+    write_trace(trace, n, 0);
     fake.stats_mode[0] = STATS_ALWAYS;
-    snprintf(fake.late_first, sizeof fake.late_first, "b1-0");
     fake_start();
     const char *args[] = {"--nats",    srv.url, "--workload",  "conversation", "--trace",
                           trace,       "--out", out,           "--policies",   "kv",
@@ -431,6 +432,14 @@ Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
     int st = h_wait(b, 60000);
     fake_stop();
     cr_expect(eq(int, st, 0), "kvbench --mode load exited %d", st);
+    return b;
+}
+
+Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
+{
+    char out[512];
+    snprintf(fake.late_first, sizeof fake.late_first, "b1-0");
+    pid_t b = load_against_fake(1, out, sizeof out);
     cr_expect(h_log_has(b, "finished=1 failed=0"));
     double ttft = report_value(out, "ttft_ms.mean"), e2e = report_value(out, "e2e_ms.mean");
     cr_expect(ge(dbl, ttft, 400.0),
@@ -444,21 +453,9 @@ Test(kvbench, load_ttft_waits_for_position_0_when_a_later_one_comes_first)
 
 Test(kvbench, load_itl_leaves_out_the_gaps_of_a_failed_request)
 {
-    char trace[512], out[512];
-    h_tmpdir(dir, sizeof dir, "trace");
-    snprintf(trace, sizeof trace, "%s/trace.jsonl", dir);
-    snprintf(out, sizeof out, "%s/out", dir);
-    write_trace(trace, 2, 0);
-    fake.stats_mode[0] = STATS_ALWAYS;
+    char out[512];
     snprintf(fake.slow_fail, sizeof fake.slow_fail, "b1-1");
-    fake_start();
-    const char *args[] = {"--nats",    srv.url, "--workload",  "conversation", "--trace",
-                          trace,       "--out", out,           "--policies",   "kv",
-                          "--workers", "1",     "--log-level", "error",        NULL};
-    pid_t b = h_spawn("kvbench", args);
-    int st = h_wait(b, 60000);
-    fake_stop();
-    cr_expect(eq(int, st, 0), "kvbench --mode load exited %d", st);
+    pid_t b = load_against_fake(2, out, sizeof out);
     cr_expect(h_log_has(b, "finished=1 failed=1"));
     double itl = report_value(out, "itl_ms.p99");
     cr_expect(lt(dbl, itl, 400.0),

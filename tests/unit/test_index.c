@@ -363,6 +363,18 @@ KVR_TEST_END(index, a_walk_visits_its_last_entry_refreshed, end)
         cr_assert(eq(u32, visits[id], 1), "engine id %llu", (unsigned long long)id);
 }
 
+/* lru[0], the guesses, in expiry order: what kvr_index_expire and prune read it as. */
+static void assert_expiry_order(void)
+{
+    uint64_t last = 0;
+    for (uint32_t h = ix.lru[0].head; h != KVR_NIL;) {
+        const struct kvr_index_entry *e = kvr_pool_get(&ix.entries, h);
+        cr_assert(ge(u64, e->expires, last), "lru[0] in expiry order");
+        last = e->expires;
+        h = e->lru.next;
+    }
+}
+
 /* A guess imported from a peer (its TTL left, the peer's) after this router's own guesses of
  * longer life (decisions made during a snapshot) expires at its time, not at theirs: lru[0] stays
  * in expiry order whatever order the guesses come in. */
@@ -378,13 +390,7 @@ KVR_TEST_END(index, an_imported_guess_expires_at_its_time_behind_longer_ones, en
     cr_assert(eq(int, kvr_index_import(&ix, 1, peer[0], false, 0, 20 * NS), KVR_OK));
     cr_assert(eq(int, kvr_index_import(&ix, 1, peer[1], false, 0, 40 * NS), KVR_OK));
     cr_assert(eq(int, kvr_index_import(&ix, 2, peer[0], false, 0, 200 * NS), KVR_OK));
-    uint64_t last = 0;
-    for (uint32_t h = ix.lru[0].head; h != KVR_NIL;) {
-        const struct kvr_index_entry *e = kvr_pool_get(&ix.entries, h);
-        cr_assert(ge(u64, e->expires, last), "lru[0] in expiry order");
-        last = e->expires;
-        h = e->lru.next;
-    }
+    assert_expiry_order();
     kvr_index_expire(&ix, 30 * NS);
     cr_assert(eq(u32, kvr_index_entries(&ix), 5), "the guess of 20 s is gone at 30 s");
     cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 1));
@@ -409,13 +415,7 @@ KVR_TEST_END(index, an_imported_guess_behind_many_takes_the_expiry_it_stops_at, 
         cr_assert(eq(int, kvr_index_touch(&ix, 0, &nodes[i], 1, i * NS), KVR_OK));
     }
     cr_assert(eq(int, kvr_index_import(&ix, 1, peer[0], false, 0, 30 * NS), KVR_OK));
-    uint64_t last = 0;
-    for (uint32_t h = ix.lru[0].head; h != KVR_NIL;) {
-        const struct kvr_index_entry *e = kvr_pool_get(&ix.entries, h);
-        cr_assert(ge(u64, e->expires, last), "lru[0] in expiry order");
-        last = e->expires;
-        h = e->lru.next;
-    }
+    assert_expiry_order();
     kvr_index_expire(&ix, 125 * NS); /* ours of 0..5 s go; the import, now 125 s, with them */
     cr_assert(eq(u32, kvr_index_worker_blocks(&ix, 1), 0));
     cr_assert(eq(u32, kvr_index_entries(&ix), 64));
