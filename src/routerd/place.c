@@ -13,6 +13,13 @@
 #include "log.h"
 #include "send.h"
 
+/* Whether p may go to another worker: this router's own (it holds the client's bytes), not
+ * cancelled by its client, and placed fewer than KVR_PLACE_MAX_AGAIN times. */
+static bool may_place_again(const struct kvr_pending *p)
+{
+    return p && !p->origin && p->raw && !p->cancelled && p->attempts < KVR_PLACE_MAX_AGAIN;
+}
+
 void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
@@ -20,8 +27,7 @@ void kvr_place_forward_failed(struct kvr_rd *rd, uint64_t key, kvr_status st)
     /* too large fails the same way anywhere; anything else is the connection's trouble of the
      * moment: place it again at the next tick, once nats.c has seen the cut (it buffers what is
      * published while it reconnects; sent again at once, the forward meets the same dead socket) */
-    bool again = st != KVR_ERR_TOO_LARGE && p && !p->origin && p->raw && !p->cancelled &&
-                 p->attempts < KVR_PLACE_MAX_AGAIN;
+    bool again = st != KVR_ERR_TOO_LARGE && may_place_again(p);
     char id[128];
     kvr_log(again ? KVR_LOG_WARN : KVR_LOG_ERROR, "forward_failed",
             "request=\"%s\" worker=%" PRIu64 " error=\"%s\" placed_again=%s",
@@ -104,8 +110,7 @@ static void ended(struct kvr_rd *rd, struct kvr_pending *p, const struct kvr_rd_
     if (!p)
         return;
     bool never_started = ev->status == KVR_ERR_NOT_DELIVERED || ev->kind == KVR_EV_FAILED;
-    if (!p->origin && p->raw && !p->cancelled && p->attempts < KVR_PLACE_MAX_AGAIN &&
-        never_started && kvr_pending_place_later(&rd->pend, p) == KVR_OK)
+    if (never_started && may_place_again(p) && kvr_pending_place_later(&rd->pend, p) == KVR_OK)
         return; /* it never started: another worker can take it (unless its client cancelled) */
     char id[128];
     kvr_log(KVR_LOG_WARN, "request_failed", "request=\"%s\" worker=%" PRIu64 " error=\"%s\"",
