@@ -1,6 +1,6 @@
 /*
  * The wire codec: protobuf (proto/kvrouter/v1/kvrouter.proto) to plain C and back. Only the codec's
- * own files (codec.c, codec_fleet.c) include the generated *.pb-c.h; everything else speaks the
+ * own files (codec*.c) include the generated *.pb-c.h; everything else speaks the
  * structs below. Encoders write into a growable kvr_buf. Pure and thread-safe: no shared state
  * (the allocation-failure injection for tests is per thread).
  *
