@@ -9,7 +9,10 @@
  * until the index holds ~1M entries; 2,000 requests (a family prefix plus unique tokens) are
  * routed and left in flight. Then each measured iteration routes a new such prompt and frees it.
  * Prints one key=value line per case and the 1024/64-worker median ratio per prompt and block
- * size. Usage: bench_decision [--quick | --group TOKENS BLOCK | --case TOKENS BLOCK WORKERS]
+ * size. median_ns and p99_ns time a decision with its free (what docs/benchmarks.md tabulates);
+ * route_median_ns and route_p99_ns the decision alone, what a request waits for (its free comes
+ * when it ends).
+ * Usage: bench_decision [--quick | --group TOKENS BLOCK | --case TOKENS BLOCK WORKERS]
  * (--quick: fewer iterations and a 256k-entry index; --group: one prompt and block size;
  * --case: one case, for profiling). KVR_BENCH_CPUTIME=1 in the environment times each decision
  * with the thread's CPU clock instead of CLOCK_MONOTONIC (same output; on a shared, loaded
@@ -148,21 +151,25 @@ static int setup(struct bench *b)
 }
 
 struct result {
-    uint64_t *ns;   /* samples */
-    uint32_t n;     /* samples taken */
-    uint64_t total; /* sum of samples */
+    uint64_t *ns;    /* samples: a decision and its free */
+    uint64_t *route; /* the same samples' decisions alone */
+    uint32_t n;      /* samples taken */
+    uint64_t total;  /* sum of ns */
 };
 
-/* One timed decision and its free on b; returns 0, or -1 when the router refused. */
-static int one_decision(struct bench *b, uint32_t *t, uint64_t id, uint64_t *dt)
+/* One timed decision and its free on b (*dt; *route: the decision alone); returns 0, or -1 when
+ * the router refused. */
+static int one_decision(struct bench *b, uint32_t *t, uint64_t id, uint64_t *dt, uint64_t *route)
 {
     fill_prompt(b, t, (uint32_t)kvr_rng_below(&b->rng, FAMILIES));
     struct kvr_request q = {.id = id, .tokens = t, .ntokens = b->tokens, .max_tokens = 256};
     struct kvr_decision d;
     uint64_t t0 = now_ns();
     kvr_status st = kvr_router_route(b->r, &q, 0, &d);
+    uint64_t t1 = now_ns();
     kvr_router_done(b->r, id);
     *dt = now_ns() - t0;
+    *route = t1 - t0;
     if (st != KVR_OK || d.queued) { /* a queued request measures no decision */
         fprintf(stderr, "bench_decision: route failed: %s\n",
                 st == KVR_OK ? "queued" : kvr_status_str(st));
@@ -176,11 +183,14 @@ static void report(const struct bench *b, struct result *res)
     struct kvr_router_stats s;
     kvr_router_stats(b->r, &s);
     qsort(res->ns, res->n, sizeof *res->ns, cmp_u64);
+    qsort(res->route, res->n, sizeof *res->route, cmp_u64);
+    size_t p99 = (size_t)res->n * 99 / 100;
     printf("tokens=%u block=%u workers=%u median_ns=%" PRIu64 " p99_ns=%" PRIu64
-           " per_sec=%.0f index_entries=%u inflight=%u nodes=%u memory_mb=%.1f\n",
-           b->tokens, b->block, b->workers, res->ns[res->n / 2], res->ns[(size_t)res->n * 99 / 100],
+           " per_sec=%.0f index_entries=%u inflight=%u nodes=%u memory_mb=%.1f"
+           " route_median_ns=%" PRIu64 " route_p99_ns=%" PRIu64 "\n",
+           b->tokens, b->block, b->workers, res->ns[res->n / 2], res->ns[p99],
            1e9 * res->n / (double)res->total, s.index_entries, s.inflight, s.nodes,
-           s.memory_bytes / 1048576.0);
+           s.memory_bytes / 1048576.0, res->route[res->n / 2], res->route[p99]);
     fflush(stdout);
 }
 
@@ -226,7 +236,8 @@ static int run_group(uint32_t tokens, uint32_t block, const uint32_t *workers, i
     for (int c = 0; c < ncases && rc == 0; c++) {
         b[c] = (struct bench){tokens, block, workers[c], index_entries, NULL, NULL, 0, {{0}}};
         res[c].ns = malloc((size_t)iters * sizeof *res[c].ns);
-        if (!res[c].ns || setup(&b[c])) {
+        res[c].route = malloc((size_t)iters * sizeof *res[c].route);
+        if (!res[c].ns || !res[c].route || setup(&b[c])) {
             fprintf(stderr, "bench_decision: set-up failed for tokens=%u block=%u workers=%u\n",
                     tokens, block, workers[c]);
             rc = -1;
@@ -237,9 +248,10 @@ static int run_group(uint32_t tokens, uint32_t block, const uint32_t *workers, i
     for (uint32_t done = 0; done < warm + iters && rc == 0; done += BATCH) {
         for (int c = 0; c < ncases && rc == 0; c++) {
             for (uint32_t k = 0; k < BATCH && done + k < warm + iters && rc == 0; k++) {
-                uint64_t dt;
-                rc = one_decision(&b[c], t, id++, &dt);
+                uint64_t dt, route;
+                rc = one_decision(&b[c], t, id++, &dt, &route);
                 if (done + k >= warm) {
+                    res[c].route[res[c].n] = route;
                     res[c].ns[res[c].n++] = dt;
                     res[c].total += dt;
                 }
@@ -254,6 +266,7 @@ static int run_group(uint32_t tokens, uint32_t block, const uint32_t *workers, i
         kvr_router_destroy(b[c].r);
         free(b[c].family);
         free(res[c].ns);
+        free(res[c].route);
     }
     free(t);
     return rc;
