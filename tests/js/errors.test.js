@@ -10,13 +10,18 @@ import {
   Stream, generate, select, prompt, freshSeed, rid, streamProblems, problemsMessage, sleep,
   ERR_HEADER, ERR_TEXT_HEADER,
 } from "./lib/client.js";
+import { BUSY_WORKER_ARGS, fillWorkers, releaseFillers } from "./lib/busy.js";
 
 const NS = "err";
 const EMPTY = "empty"; // routers, no worker
 const LOST = "lost"; // a worker of it is killed
 const NOBODY = "nobody"; // nothing serves it
+const SMALL = "small"; // workers of 64 KV blocks, routers that wait 1 s for a busy one
 const h = useFleet("errors", [
   { ns: NS, routers: ["err-r1", "err-r2"], workers: [501, 502] },
+  { ns: SMALL, routers: ["small-r1", "small-r2"], workers: [521, 522],
+    routerArgs: ["--block-size", "16", "--busy-threshold", "0.5", "--queue-timeout-ms", "1000"],
+    workerArgs: BUSY_WORKER_ARGS },
   { ns: EMPTY, routers: ["empty-r1", "empty-r2"], workers: [] },
   { ns: LOST, routers: ["lost-r1", "lost-r2"], workers: [511, 512] },
 ]);
@@ -190,6 +195,38 @@ test("no workers: ERR_NO_WORKERS (6), on generate and on select", T, async () =>
   await expectError(6, { ns: EMPTY, req: ok() });
   const { resp } = await select(h.nc, EMPTY, ok(), false);
   assert.equal(resp.error_code, 6, `select with no worker: ERR_NO_WORKERS (6), got ${resp.error_code} "${resp.error}"`);
+});
+
+test("every worker busy past the queue timeout: ERR_OVERLOADED (7), from the router", T, async () => {
+  // fillers of 640 prompt and 350 output tokens: 62 of the 64 blocks at their end, so they fit
+  const { fillers, confirmed } = await fillWorkers(h.nc, SMALL, 2, 350);
+  let s;
+  try {
+    assert.ok(confirmed, "precondition (the test's set-up): selects see every worker busy");
+    s = await expectError(7, { ns: SMALL, req: ok() });
+  } finally {
+    await releaseFillers(h.nc, SMALL, fillers);
+  }
+});
+
+test("a request its worker could never hold: ERR_FULL (13), from the worker, the text names the figures", T, async () => {
+  // 1,000 prompt and 100 output tokens: 69 blocks of 16, on workers of 64
+  const req = ok({ token_ids: prompt(1000, freshSeed()), max_tokens: 100 });
+  const s = generate(h.nc, SMALL, req);
+  await s.waitFinal(10000, "the final ERR_FULL chunk");
+  await sleep(300);
+  s.close();
+  const p = streamProblems(s, { requestId: req.request_id });
+  const f = s.final;
+  if (f) {
+    if (f.error_code !== 13) p.push(`error_code must be 13 (ERR_FULL), got ${f.error_code} "${f.error}"`);
+    if (s.chunks.length !== 1) p.push(`a request refused before any token gets one chunk, got ${s.chunks.length}`);
+    if (!["521", "522"].includes(f.worker_id)) p.push(`the worker refuses it: worker_id 521 or 522, got ${f.worker_id}`);
+    if (!f.error.includes("69")) p.push(`the text states the blocks needed (69), got "${f.error}"`);
+    const m = s.msgs.find((x) => x.chunk && x.chunk.final);
+    if (m.errCode !== "13") p.push(`header ${ERR_HEADER} must be 13, got "${m.errCode || ""}"`);
+  }
+  assert.ok(p.length === 0, problemsMessage("a request over its worker's KV pool", p, s));
 });
 
 test("worker lost: kill -9 the worker mid-stream, the final ERR_WORKER_LOST (17) names it", T, async (t) => {
