@@ -161,6 +161,23 @@ kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t
     return KVR_OK;
 }
 
+bool kvr_codec_nul_in(const void *buf, size_t len, uint32_t field, uint32_t sub)
+{
+    const uint8_t *p = buf, *end = p + len;
+    while (p < end) {
+        uint64_t f;
+        const uint8_t *body;
+        size_t blen;
+        if (!next_field(&p, end, &f, &body, &blen))
+            return false;
+        if (f != field || !body)
+            continue;
+        if (sub ? kvr_codec_nul_in(body, blen, sub, 0) : memchr(body, 0, blen) != NULL)
+            return true;
+    }
+    return false;
+}
+
 kvr_status kvr_codec_pack(struct kvr_buf *b, const ProtobufCMessage *m)
 {
     size_t n = protobuf_c_message_get_packed_size(m);
@@ -275,8 +292,10 @@ static kvr_status take_request(const Kvrouter__V1__GenerateRequest *m,
 static kvr_status request_done(kvr_status st, struct kvr_wire_request *out)
 {
     if (st != KVR_OK) {
-        struct kvr_wire_request keep = {
-            .request_id = out->request_id, .got = out->got, .limit = out->limit};
+        struct kvr_wire_request keep = {.request_id = out->request_id,
+                                        .got = out->got,
+                                        .limit = out->limit,
+                                        .invalid = out->invalid};
         free(out->tokens);
         *out = keep;
     }
@@ -307,6 +326,8 @@ const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st
     }
     if (unit && r && r->limit)
         snprintf(buf, len, "%" PRIu64 " %s, the limit is %" PRIu64, r->got, unit, r->limit);
+    else if (st == KVR_ERR_INVALID && r && r->invalid)
+        snprintf(buf, len, "%s", r->invalid);
     else if (len)
         buf[0] = 0;
     return buf;
@@ -459,6 +480,24 @@ static bool fast_generate(const void *buf, size_t len, const struct kvr_wire_lim
     return true;
 }
 
+/* The field numbers the NUL check follows (proto/kvrouter/v1/kvrouter.proto). */
+#define GENERATE_REQUEST_ID 1u /* GenerateRequest.request_id */
+#define NESTED_REQUEST      1u /* WorkerGenerate.request, SelectRequest.request */
+
+/* st, or KVR_ERR_INVALID if the request in buf (field `field` of it, else buf itself) holds an id
+ * with a NUL byte: protobuf-c cut it there, and two of a client's requests would read as one
+ * (kvr_codec_nul_in). Never on the fast path, which takes printable ids alone. */
+static kvr_status refuse_nul_id(kvr_status st, const void *buf, size_t len, uint32_t field,
+                                struct kvr_wire_request *out)
+{
+    bool nul = field ? kvr_codec_nul_in(buf, len, field, GENERATE_REQUEST_ID)
+                     : kvr_codec_nul_in(buf, len, GENERATE_REQUEST_ID, 0);
+    if (st != KVR_OK || !nul)
+        return st;
+    out->invalid = "request_id holds a NUL byte";
+    return KVR_ERR_INVALID;
+}
+
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
                                     struct kvr_wire_request *out)
 {
@@ -483,7 +522,7 @@ kvr_status kvr_wire_decode_generate_pb(const void *buf, size_t len,
         kvr_codec_unpack(&a, &kvrouter__v1__generate_request__descriptor, buf, len, &why);
     if (!m)
         return why;
-    kvr_status st = take_request(m, lim, out);
+    kvr_status st = refuse_nul_id(take_request(m, lim, out), buf, len, 0, out);
     kvrouter__v1__generate_request__free_unpacked(m, &a.pc);
     return request_done(st, out);
 }
@@ -511,6 +550,7 @@ kvr_status kvr_wire_decode_worker_generate(const void *buf, size_t len,
         st = take_request(m->request, lim, out);
     if (st == KVR_OK && m->request_key == 0)
         st = KVR_ERR_INVALID;
+    st = refuse_nul_id(st, buf, len, NESTED_REQUEST, out);
     if (st == KVR_OK && m->deadline_ms) /* what a router left of it; a client's direct forward
                                             (after a select) carries its own in its request */
         out->deadline_ms = m->deadline_ms;
@@ -532,7 +572,8 @@ kvr_status kvr_wire_decode_select(const void *buf, size_t len, const struct kvr_
     if (!m)
         return why;
     *book = m->book;
-    kvr_status st = take_request(m->request, lim, out);
+    kvr_status st =
+        refuse_nul_id(take_request(m->request, lim, out), buf, len, NESTED_REQUEST, out);
     kvrouter__v1__select_request__free_unpacked(m, &a.pc);
     return request_done(st, out);
 }

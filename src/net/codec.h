@@ -140,6 +140,7 @@ struct kvr_wire_request {
     struct kvr_overrides ov; /* the policy already parsed */
     uint32_t deadline_ms;    /* 0: none (a WorkerGenerate's: what is left of it) */
     uint64_t got, limit;     /* on a limit error: the value sent and the limit it passed */
+    const char *invalid;     /* on KVR_ERR_INVALID: what the protocol does not allow (static) */
 };
 void kvr_wire_request_free(struct kvr_wire_request *r);
 
@@ -154,7 +155,8 @@ const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st
  * zero key), out->request_id is still set so the error can name it, out->got and out->limit hold
  * the figures of a limit passed, and the rest of out is zeroed; the caller frees out in every
  * case. Over kvr_wire_request_cap(lim) bytes: KVR_ERR_TOO_LARGE; a request id over
- * KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG (neither with a request id).
+ * KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG (neither with a request id); a request id holding a NUL
+ * byte: KVR_ERR_INVALID (out->invalid says so; its request_id is the id up to that byte).
  */
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
                                     struct kvr_wire_request *out);
@@ -302,7 +304,8 @@ struct kvr_wire_cancel {
 };
 kvr_status kvr_wire_encode_cancel(struct kvr_buf *b, const char *request_id, const char *reply);
 /* A request id over KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG; a reply over KVR_REPLY_MAX:
- * KVR_ERR_REPLY_TOO_LONG; an empty reply: KVR_ERR_NO_REPLY. */
+ * KVR_ERR_REPLY_TOO_LONG; an empty reply: KVR_ERR_NO_REPLY; either holding a NUL byte:
+ * KVR_ERR_INVALID. */
 kvr_status kvr_wire_decode_cancel(const void *buf, size_t len, struct kvr_wire_cancel *out);
 void kvr_wire_cancel_free(struct kvr_wire_cancel *c);
 

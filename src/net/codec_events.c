@@ -455,6 +455,9 @@ kvr_status kvr_wire_decode_cancel(const void *buf, size_t len, struct kvr_wire_c
     }
     if (st == KVR_OK && !out->reply[0])
         st = KVR_ERR_NO_REPLY;
+    /* either cut short at a NUL byte would name another request (kvr_codec_nul_in) */
+    if (st == KVR_OK && (kvr_codec_nul_in(buf, len, 1, 0) || kvr_codec_nul_in(buf, len, 2, 0)))
+        st = KVR_ERR_INVALID;
     kvrouter__v1__cancel_request__free_unpacked(m, &a.pc);
     if (st != KVR_OK)
         kvr_wire_cancel_free(out);

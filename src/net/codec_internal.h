@@ -67,6 +67,14 @@ char *kvr_codec_str(char *s);
  */
 kvr_status kvr_codec_count(const void *buf, size_t len, uint32_t field, uint32_t sub, size_t *n);
 
+/*
+ * Whether a top-level occurrence of the length-delimited field `field` of the message in buf
+ * (sub 0), or of field `sub` inside one, holds a NUL byte: protobuf-c hands a string on as a C
+ * string, which such a byte cuts short ("a\0b" and "a\0c" would both read as "a"). False when
+ * the framing is broken (protobuf-c has refused the message then).
+ */
+bool kvr_codec_nul_in(const void *buf, size_t len, uint32_t field, uint32_t sub);
+
 /* An error's text with its figures into buf: "prompt too long: 9 tokens, the limit is 8" (detail
  * NULL or empty: the status's text alone). Returns buf. */
 char *kvr_codec_error_text(char *buf, size_t len, kvr_status st, const char *detail);

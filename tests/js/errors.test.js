@@ -108,6 +108,14 @@ test("limits are inclusive: a 256-byte request_id and a 1024-byte reply subject 
   assert.ok(p.length === 0, problemsMessage("a request at the id and reply limits", p, s));
 });
 
+test("a request_id holding a NUL byte: ERR_INVALID (2), generate and select", T, async () => {
+  await expectError(2, { req: ok({ request_id: `${rid("nul")}\u0000tail` }), texts: ["NUL"], sameId: false });
+  const { resp } = await select(h.nc, NS, ok({ request_id: `${rid("nul")}\u0000tail` }), true);
+  assert.equal(resp.error_code, 2, `select: ERR_INVALID (2), got ${resp.error_code} "${resp.error}"`);
+  assert.ok(resp.error.includes("NUL"), `the text says why, got "${resp.error}"`);
+  assert.equal(resp.request_key, "0", "nothing booked");
+});
+
 test("override out of range: ERR_BAD_OVERRIDE (31)", T, async () => {
   await expectError(31, { req: ok({ overrides: { has_overlap_weight: true, overlap_weight: -1 } }) });
   await expectError(31, { req: ok({ overrides: { has_temperature: true, temperature: 2e6 } }) });

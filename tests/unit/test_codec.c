@@ -1605,3 +1605,61 @@ Test(codec, refusals_are_logged_at_their_level_and_a_flood_in_few_lines)
     cr_assert(eq(u64, r.by_code[KVR_ERR_NO_REPLY], 1001));
     kvr_reply_free(&r);
 }
+
+/* A GenerateRequest{request_id id[0..n), token_ids [1, 2], max_tokens 4}, written by hand: the
+ * library's encoder cannot write a NUL byte into a string. */
+static void raw_generate(struct kvr_buf *b, const char *id, size_t n)
+{
+    b->len = 0;
+    put_len(b, 1, id, n);
+    put_len(b, 2, "\x01\x02", 2);
+    put_varint(b, 3 << 3);
+    put_varint(b, 4);
+}
+
+Test(codec, a_request_id_holding_a_nul_byte_is_invalid)
+{
+    struct kvr_buf g = {0}, w = {0};
+    struct kvr_wire_request r;
+    char why[128];
+    raw_generate(&g, "a\0b", 3); /* protobuf-c reads "a": "a\0c" would be the same request */
+    cr_assert(eq(int, kvr_wire_decode_generate(g.data, g.len, &lim, &r), KVR_ERR_INVALID));
+    cr_assert(eq(str, (char *)kvr_wire_request_why(&r, KVR_ERR_INVALID, why, sizeof why),
+                 "request_id holds a NUL byte"));
+    cr_assert(eq(str, r.request_id, "a"), "the id as far as it reads names the error");
+    kvr_wire_request_free(&r);
+    /* the same request nested in a select and in a forward */
+    put_len(&w, 1, g.data, g.len);
+    cr_assert(eq(int, dec_select(w.data, w.len), KVR_ERR_INVALID));
+    put_varint(&w, 2 << 3); /* request_key 9 */
+    put_varint(&w, 9);
+    cr_assert(eq(int, dec_worker_generate(w.data, w.len), KVR_ERR_INVALID));
+    /* without the NUL all three are served; a NUL elsewhere (a token 0) is no concern */
+    raw_generate(&g,
+                 "a\x01"
+                 "b",
+                 3);
+    cr_assert(eq(int, dec_generate(g.data, g.len), KVR_OK));
+    raw_generate(&g, "ab", 2);
+    put_len(&g, 2, "\x00", 1);
+    cr_assert(eq(int, dec_generate(g.data, g.len), KVR_OK));
+    w.len = 0;
+    put_len(&w, 1, g.data, g.len);
+    cr_assert(eq(int, dec_select(w.data, w.len), KVR_OK));
+    put_varint(&w, 2 << 3);
+    put_varint(&w, 9);
+    cr_assert(eq(int, dec_worker_generate(w.data, w.len), KVR_OK));
+    /* a cancel naming its request or its reply subject with a NUL byte */
+    struct kvr_wire_cancel c;
+    for (int bad = 0; bad < 3; bad++) {
+        w.len = 0;
+        put_len(&w, 1, bad == 1 ? "a\0b" : "ab", 3 - (bad != 1));
+        put_len(&w, 2, bad == 2 ? "_INBOX.x\0y" : "_INBOX.x", bad == 2 ? 10 : 8);
+        cr_assert(
+            eq(int, kvr_wire_decode_cancel(w.data, w.len, &c), bad ? KVR_ERR_INVALID : KVR_OK),
+            "cancel %d", bad);
+        kvr_wire_cancel_free(&c);
+    }
+    kvr_buf_free(&g);
+    kvr_buf_free(&w);
+}
