@@ -120,6 +120,9 @@ struct kvr_router *kvr_router_create(const struct kvr_router_config *cfg, kvr_st
         s = kvr_active_init(&r->act, &r->tab, cfg->block_size, 256);
     if (s == KVR_OK)
         s = kvr_early_init(&r->early, 65536, 60ull * 1000000000ull);
+    if (s == KVR_OK)
+        s = kvr_map_init(&r->qids, 16);
+    r->qown_min = UINT64_MAX;
     if (s != KVR_OK) {
         kvr_router_destroy(r);
         r = NULL;
@@ -135,6 +138,7 @@ void kvr_router_destroy(struct kvr_router *r)
     if (!r)
         return;
     kvr__router_queue_free(r);
+    kvr_map_free(&r->qids);
     kvr_active_free(&r->act);
     kvr_early_free(&r->early);
     kvr_pshare_free(&r->psh);

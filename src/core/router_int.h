@@ -71,6 +71,8 @@ struct kvr_router {
     struct queued *qhead;        /* requests waiting for a worker that is not busy */
     struct queued *qtail;        /* */
     uint32_t qlen;               /* */
+    struct kvr_map qids;         /* the waiting requests' ids (values unused) */
+    uint64_t qown_min;           /* no waiting request's own deadline is before this */
     struct kvr_router_stats st;  /* counters (gauges are filled in by kvr_router_stats) */
     uint64_t last_now;           /* the latest time a call brought (for calls without one) */
 };

@@ -4,10 +4,12 @@
  * tick) places them oldest first until one still finds every worker busy; a request past its
  * deadline is rejected (KVR_ERR_DEADLINE when it was the request's own, else KVR_ERR_OVERLOADED),
  * and every waiting request is rejected at once with KVR_ERR_NO_WORKERS when no worker is left.
- * Either outcome is reported as a PLACED or REJECTED event. Invariant:
- * qlen counts the list from qhead to qtail, and qhead is NULL exactly when qtail is. FIFO order is
- * never broken: a new request waits whenever others do. Single-threaded: the router's state
- * thread.
+ * Either outcome is reported as a PLACED or REJECTED event. A request with a deadline of its own
+ * earlier than the head's leaves at that deadline from wherever it waits (sweep_deadlines), not
+ * when the head does. Invariants: qlen counts the list from qhead to qtail, and qhead is NULL
+ * exactly when qtail is; qids holds exactly the listed ids; no own deadline of a request behind
+ * the head is before qown_min. FIFO order is never broken: a new request waits whenever others do.
+ * Single-threaded: the router's state thread.
  */
 #include <assert.h>
 #include <stdlib.h>
@@ -34,6 +36,20 @@ static void free_queued(struct queued *q)
     free(q);
 }
 
+/* Unlink q, which follows prev (NULL: q is the head), and forget its id; the caller frees it. */
+static void unlink_queued(struct kvr_router *r, struct queued *prev, struct queued *q)
+{
+    if (prev)
+        prev->next = q->next;
+    else
+        r->qhead = q->next;
+    if (r->qtail == q)
+        r->qtail = prev;
+    r->qlen--;
+    kvr_map_del(&r->qids, q->id);
+    assert((r->qhead == NULL) == (r->qlen == 0));
+}
+
 void kvr__router_queue_free(struct kvr_router *r)
 {
     while (r->qhead) {
@@ -47,43 +63,58 @@ void kvr__router_queue_free(struct kvr_router *r)
 
 bool kvr__router_is_queued(const struct kvr_router *r, uint64_t id)
 {
-    for (const struct queued *q = r->qhead; q; q = q->next)
-        if (q->id == id)
-            return true;
-    return false;
+    return kvr_map_get(&r->qids, id) != KVR_NIL; /* every route asks, the queue may be long */
 }
 
 bool kvr__router_unqueue(struct kvr_router *r, uint64_t id)
 {
+    if (!kvr__router_is_queued(r, id))
+        return false;
     struct queued *prev = NULL;
     for (struct queued *q = r->qhead; q; prev = q, q = q->next) {
-        if (q->id != id)
-            continue;
-        if (prev)
-            prev->next = q->next;
-        else
-            r->qhead = q->next;
-        if (r->qtail == q)
-            r->qtail = prev;
-        r->qlen--;
-        assert((r->qhead == NULL) == (r->qlen == 0));
-        free_queued(q);
-        return true;
+        if (q->id == id) {
+            unlink_queued(r, prev, q);
+            free_queued(q);
+            return true;
+        }
     }
+    assert(!"a listed id is in the list");
     return false;
 }
 
-/* Unlink the oldest waiting request; the caller frees it. */
-static struct queued *pop_head(struct kvr_router *r)
+/* Reject q as what its wait ended in (st), counted and reported; then free it. */
+static void reject(struct kvr_router *r, struct queued *q, kvr_status st)
 {
-    struct queued *q = r->qhead;
-    assert(q && r->qlen > 0);
-    r->qhead = q->next;
-    if (!r->qhead)
-        r->qtail = NULL;
-    r->qlen--;
-    assert((r->qhead == NULL) == (r->qlen == 0));
-    return q;
+    r->st.rejected++;
+    r->st.overloaded += st == KVR_ERR_OVERLOADED;
+    kvr__router_emit(r, KVR_EV_REJECTED, q->id, 0, st, NULL);
+    free_queued(q);
+}
+
+/*
+ * The head still waits: reject every request behind it whose own deadline has passed (the
+ * queue timeout, the same for all, passes in arrival order, so only an own deadline can come
+ * before the head's), and note the earliest own deadline left. A walk of the queue, only when an
+ * own deadline has passed: each removes one request at least.
+ */
+static void sweep_deadlines(struct kvr_router *r, uint64_t now)
+{
+    if (now < r->qown_min)
+        return;
+    uint64_t next = UINT64_MAX;
+    struct queued *prev = r->qhead;
+    for (struct queued *q = prev->next; q; q = prev->next) {
+        if (!q->own_deadline) {
+            prev = q;
+        } else if (q->deadline <= now) {
+            unlink_queued(r, prev, q);
+            reject(r, q, KVR_ERR_DEADLINE);
+        } else {
+            next = q->deadline < next ? q->deadline : next;
+            prev = q;
+        }
+    }
+    r->qown_min = next; /* the head's own deadline is the drain's to see */
 }
 
 void kvr__router_drain(struct kvr_router *r, uint64_t now)
@@ -97,25 +128,24 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
         kvr_status st = KVR_ERR_OVERLOADED;
         if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
             st = kvr__router_decide(r, &p, now, true, &d);
-        if (st == KVR_ERR_OVERLOADED && q->deadline > now)
+        if (st == KVR_ERR_OVERLOADED && q->deadline > now) {
+            sweep_deadlines(r, now);
             return;
+        }
         if (st == KVR_ERR_OVERLOADED && q->own_deadline)
             st = KVR_ERR_DEADLINE;
+        unlink_queued(r, NULL, q);
         if (st != KVR_OK) {
-            r->st.rejected++;
-            r->st.overloaded += st == KVR_ERR_OVERLOADED;
+            reject(r, q, st);
+            continue;
         }
-        pop_head(r);
-        if (st == KVR_OK) {
-            r->st.decisions++;
-            r->st.routed_blocks += d.prompt_blocks;
-            r->st.routed_overlap += d.overlap_blocks;
-            kvr__router_emit(r, KVR_EV_PLACED, q->id, d.worker_id, KVR_OK, &d);
-        } else {
-            kvr__router_emit(r, KVR_EV_REJECTED, q->id, 0, st, NULL);
-        }
+        r->st.decisions++;
+        r->st.routed_blocks += d.prompt_blocks;
+        r->st.routed_overlap += d.overlap_blocks;
+        kvr__router_emit(r, KVR_EV_PLACED, q->id, d.worker_id, KVR_OK, &d);
         free_queued(q);
     }
+    r->qown_min = UINT64_MAX; /* none waits */
 }
 
 kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now)
@@ -123,11 +153,14 @@ kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uin
     if (r->qlen >= r->cfg.queue_max)
         return KVR_ERR_OVERLOADED;
     struct queued *q = calloc(1, sizeof *q);
-    if (!q)
+    if (!q || kvr_map_put(&r->qids, p->id, 0) != KVR_OK) {
+        free(q);
         return KVR_ERR_NOMEM;
+    }
     if (p->nblocks) {
         q->seq = malloc((size_t)p->nblocks * sizeof *q->seq);
         if (!q->seq) {
+            kvr_map_del(&r->qids, p->id);
             free(q);
             return KVR_ERR_NOMEM;
         }
@@ -138,6 +171,7 @@ kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uin
     if (p->deadline && p->deadline < q->deadline) {
         q->deadline = p->deadline;
         q->own_deadline = true;
+        r->qown_min = q->deadline < r->qown_min ? q->deadline : r->qown_min;
     }
     q->first_hash = p->first_hash;
     q->nblocks = p->nblocks;

@@ -150,3 +150,34 @@ test("deadline_ms while queued: one final ERR_DEADLINE (26), no token", T, async
   p.push(...tooEarly(s, req, t0));
   assert.ok(p.length === 0, problemsMessage("deadline_ms 600 while queued", p, s));
 });
+
+test("deadline_ms while queued behind a request without one: its final comes at its deadline, not when the other leaves", T, async () => {
+  // fillers of 350 output tokens: they hold the workers far longer than the 600 ms deadline
+  const { fillers, confirmed } = await fillWorkers(h.nc, BUSY, 2, 350);
+  const head = { request_id: rid("queued-head"), token_ids: prompt(32, freshSeed()), max_tokens: 8 };
+  const req = { request_id: rid("deadline-behind"), token_ids: prompt(32, freshSeed()), max_tokens: 8,
+    deadline_ms: 600 };
+  let a, s;
+  let fillersEnded = -1;
+  try {
+    a = generate(h.nc, BUSY, head);
+    await sleep(100);
+    s = generate(h.nc, BUSY, req);
+    await s.waitFinal(20000, `the final ERR_DEADLINE chunk of a request queued behind another ` +
+      `(every worker busy; selects confirmed it: ${confirmed})`);
+    fillersEnded = fillers.filter((f) => f.final).length;
+    await sleep(300);
+  } finally {
+    await releaseFillers(h.nc, BUSY, fillers);
+    if (a) await a.waitFinal(15000, "the request ahead, once the workers are free").catch(() => {});
+  }
+  s.close();
+  if (a) a.close();
+  const p = endedProblems(s, req, ERR_DEADLINE);
+  if (s.chunks.length !== 1) p.push(`a request that waited past its deadline gets exactly one chunk, the final, got ${s.chunks.length}`);
+  if (fillersEnded !== 0) {
+    p.push(`its final came only after ${fillersEnded} of the 2 requests holding the workers ended: ` +
+      "it waited for the request ahead of it to leave the queue, past its own deadline");
+  }
+  assert.ok(p.length === 0, problemsMessage("deadline_ms 600 behind a waiting request", p, s));
+});

@@ -529,6 +529,44 @@ Test(router, busy_workers_queue_then_place_or_reject)
     free(t3);
 }
 
+Test(router, a_waiting_request_past_its_own_deadline_leaves_from_behind_the_head)
+{
+    cfg.busy_threshold = 0.5;
+    cfg.queue_timeout_ns = 5 * NS;
+    make();
+    join(1, 8); /* busy above 4 blocks */
+    uint32_t *t1 = prompt(0, 0, 1, 5 * B), *t2 = prompt(0, 0, 2, B);
+    struct kvr_decision d;
+    cr_assert(eq(int, route(1, t1, 5 * B, &d), KVR_OK));
+    cr_assert(eq(int, route(2, t2, B, &d), KVR_OK));
+    cr_assert(d.queued, "the head waits for the queue timeout (5 s)");
+    for (uint64_t id = 3; id <= 5; id++) { /* behind it: own deadlines of 1 s, 3 s and none */
+        struct kvr_request q = {
+            .id = id, .tokens = t2, .ntokens = B, .deadline = id == 5 ? 0 : (id == 3 ? 1 : 3) * NS};
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        cr_assert(d.queued);
+    }
+    kvr_router_tick(r, 2 * NS);
+    cr_assert(eq(int, ev.rejected, 1), "rejected at its deadline, not when the head leaves");
+    cr_assert(eq(u64, ev.last_id, 3));
+    cr_assert(eq(int, ev.last_status, KVR_ERR_DEADLINE));
+    kvr_router_tick(r, 4 * NS);
+    cr_assert(eq(int, ev.rejected, 2));
+    cr_assert(eq(u64, ev.last_id, 4));
+    struct kvr_router_stats s;
+    kvr_router_stats(r, &s);
+    cr_assert(eq(u32, s.queue_len, 2), "the head and the one without a deadline still wait");
+    cr_assert(eq(int, route(3, t2, B, &d), KVR_OK), "its id is free again");
+    cr_assert(d.queued);
+    cr_assert(eq(int, route(5, t2, B, &d), KVR_ERR_DUPLICATE), "a waiting id is in use");
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    kvr_router_tick(r, 4 * NS + 1);
+    cr_assert(eq(int, ev.placed, 3), "the rest placed in their order");
+    cr_assert(eq(u64, ev.last_id, 3));
+    free(t1);
+    free(t2);
+}
+
 Test(router, full_queue_answers_overloaded_at_once)
 {
     cfg.busy_threshold = 0.5;
