@@ -1,7 +1,7 @@
 /*
  * The operators' HTTP server on libmicrohttpd. No request body is ever read (see handle); the
  * server's own state is set before its threads start and read-only after, except what its error
- * log keeps, under its mutex.
+ * log keeps and its connections' clocks, under its mutex.
  */
 #include "httpd.h"
 
@@ -13,21 +13,39 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
 #include "clock.h"
 #include "log.h"
 
+/*
+ * An open connection's clock (its libmicrohttpd socket context), in the server's list from
+ * libmicrohttpd's notice that it started to the one that it closed, which comes before its socket
+ * is closed: under the server's mutex, the reaper never shuts a socket number down that another
+ * connection took since.
+ */
+struct conn_clock {
+    int fd;                         /* its socket */
+    uint64_t since_ns;              /* accepted, or its last request handled (kvr_now_ns) */
+    struct conn_clock *prev, *next; /* in kvr_httpd.conns */
+};
+
 struct kvr_httpd {
     struct MHD_Daemon *mhd;       /* owned; its threads call the hooks */
     struct kvr_httpd_hooks hooks; /* a copy of the daemon's */
     uint16_t port;                /* the bound port */
+    uint64_t timeout_ns;          /* a request arrives whole within this, or is cut */
+    pthread_t reaper;             /* cuts the connections past it (reap) */
+    pthread_cond_t reap_cv;       /* wakes the reaper: a connection came, or the stop */
     pthread_mutex_t lock;         /* guards the fields below */
     bool starting;                /* MHD_start_daemon is running: keep its first error */
     char start_err[160];          /* the first error libmicrohttpd logged while starting */
     uint64_t logged_ns;           /* when its last error was logged (kvr_now_ns), 0: never */
     uint64_t log_skipped;         /* errors not logged since */
+    struct conn_clock *conns;     /* the open connections */
+    bool stopping;                /* the reaper ends */
 };
 
 /* --- addresses ------------------------------------------------------------------------------- */
@@ -214,6 +232,101 @@ static enum MHD_Result answer(const struct kvr_httpd *s, struct MHD_Connection *
     }
 }
 
+/* --- connections that take too long ---------------------------------------------------------- */
+
+/*
+ * libmicrohttpd's timeout counts idle time only: a client sending its request a byte at a time,
+ * each within it, held its connection for as long as it went on, and max_connections such clients
+ * kept every probe out. So each connection has a clock, set when it is accepted and when one of
+ * its requests has arrived whole (handle), and the reaper shuts down the socket of one whose clock
+ * is timeout_s old: libmicrohttpd reads its end and closes it. A slow reader of an answer is cut
+ * the same way, timeout_s after its request.
+ */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct kvr_httpd *s = cls;
+    struct conn_clock *c = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *i =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!i || !(c = calloc(1, sizeof *c)))
+            return; /* untracked: the idle timeout alone bounds it */
+        c->fd = i->connect_fd;
+        c->since_ns = kvr_now_ns();
+        pthread_mutex_lock(&s->lock);
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        pthread_cond_signal(&s->reap_cv);
+        pthread_mutex_unlock(&s->lock);
+        *socket_context = c;
+    } else if (c) { /* closed: its socket is closed after this returns */
+        pthread_mutex_lock(&s->lock);
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        pthread_mutex_unlock(&s->lock);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* A request of conn arrived whole: its clock starts again. */
+static void heard(struct kvr_httpd *s, struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn_clock *c = i ? i->socket_context : NULL;
+    if (!c)
+        return;
+    pthread_mutex_lock(&s->lock);
+    c->since_ns = kvr_now_ns();
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The reaper's thread: asleep while there is no connection, else awake every 100 ms. */
+static void *reap(void *arg)
+{
+    struct kvr_httpd *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        struct timespec until = kvr_deadline_ms(100);
+        if (s->conns)
+            pthread_cond_timedwait(&s->reap_cv, &s->lock, &until);
+        else
+            pthread_cond_wait(&s->reap_cv, &s->lock);
+        uint64_t now = kvr_now_ns();
+        for (struct conn_clock *c = s->conns; c; c = c->next)
+            if (now - c->since_ns >= s->timeout_ns) {
+                shutdown(c->fd, SHUT_RDWR);
+                c->since_ns = now; /* once: libmicrohttpd closes it soon */
+            }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+static void reaper_stop(struct kvr_httpd *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    pthread_cond_signal(&s->reap_cv);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->reaper, NULL);
+}
+
+static void server_free(struct kvr_httpd *s)
+{
+    pthread_cond_destroy(&s->reap_cv);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
 /*
  * libmicrohttpd's access handler. Refusals (404, 405) and requests with a body are answered on
  * the first call, with the headers: libmicrohttpd then closes the connection without reading
@@ -225,7 +338,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                               size_t *upload_size, void **req_cls)
 {
     static int seen; /* *req_cls after the first call */
-    const struct kvr_httpd *s = cls;
+    struct kvr_httpd *s = cls;
+    heard(s, conn);
     enum route r = route_of(s, url ? url : "");
     if (r == ROUTE_NONE)
         return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
@@ -307,7 +421,8 @@ static bool start_mhd(struct kvr_httpd *s, const struct addr *a, const struct kv
         MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)&a->ss, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)KVR_HTTPD_THREADS, MHD_OPTION_CONNECTION_LIMIT, c->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, c->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, memory,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, c->max_connections, MHD_OPTION_END);
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, c->max_connections, MHD_OPTION_NOTIFY_CONNECTION,
+        on_connection, s, MHD_OPTION_END);
     return s->mhd != NULL;
 }
 
@@ -329,6 +444,14 @@ kvr_status kvr_httpd_start(const struct kvr_httpd_config *c, const struct kvr_ht
             snprintf(why, len, "http server: out of memory");
         return KVR_ERR_NOMEM;
     }
+    kvr_cond_init_monotonic(&s->reap_cv);
+    s->timeout_ns = (uint64_t)eff.timeout_s * KVR_NS_PER_S;
+    if (pthread_create(&s->reaper, NULL, reap, s)) {
+        server_free(s);
+        if (len)
+            snprintf(why, len, "http server: no thread");
+        return KVR_ERR_NOMEM;
+    }
     s->hooks = *h;
     s->starting = true;
     bool started = start_mhd(s, &a, &eff);
@@ -341,8 +464,8 @@ kvr_status kvr_httpd_start(const struct kvr_httpd_config *c, const struct kvr_ht
             snprintf(why, len, "http server: cannot listen on %s: %s",
                      kvr_log_safe(shown, sizeof shown, c->addr),
                      s->start_err[0] ? s->start_err : "libmicrohttpd refused to start");
-        pthread_mutex_destroy(&s->lock);
-        free(s);
+        reaper_stop(s);
+        server_free(s);
         return KVR_ERR_IO;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
@@ -360,9 +483,9 @@ void kvr_httpd_stop(struct kvr_httpd *s)
 {
     if (!s)
         return;
-    MHD_stop_daemon(s->mhd);
-    pthread_mutex_destroy(&s->lock);
-    free(s);
+    MHD_stop_daemon(s->mhd); /* every connection closed: the reaper's list is empty */
+    reaper_stop(s);
+    server_free(s);
 }
 
 kvr_status kvr_httpd_serve(const char *addr, const struct kvr_httpd_hooks *h,

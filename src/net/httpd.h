@@ -4,16 +4,21 @@
  *
  * Threads: libmicrohttpd's own, a pool of KVR_HTTPD_THREADS polling threads (epoll) started by
  * kvr_httpd_start and joined by kvr_httpd_stop; two, so one slow callback (a scrape waiting for
- * the daemon's lock) does not hold a probe on another connection. Idle, they sleep in epoll_wait
- * with no timeout: no CPU. The hooks are called on those threads, possibly two at once.
+ * the daemon's lock) does not hold a probe on another connection; and a reaper of ours (below).
+ * Idle, they sleep in epoll_wait with no timeout and the reaper in a wait that only a new
+ * connection ends: no CPU. The hooks are called on the pool's threads, possibly two at once.
  *
  * Bounds: at most max_connections connections (the next wait in the listen backlog until one
  * closes), each closed after timeout_s seconds without traffic (an unfinished request too: even
- * half-closed by its client, it stays until then), at most max_request_bytes of request line and
- * headers (beyond that libmicrohttpd answers 414 or 431 and closes). A body is never read: a
- * request announcing one is answered at once and its connection closed; others keep theirs
- * (HTTP/1.1 keep-alive, as Prometheus scrapes). Unknown paths are 404, other methods on the
- * three paths 405 (Allow: GET, HEAD). libmicrohttpd's errors are logged at most once a second.
+ * half-closed by its client, it stays until then); and each request must arrive whole within
+ * timeout_s of its connection's start or of the previous request on it (its answer then has as
+ * long to be read): the reaper cuts a slower client, however steadily it trickles its bytes
+ * (libmicrohttpd's timeout counts idle time only), so slow clients keep no probe out for longer
+ * than that. At most max_request_bytes of request line and headers (beyond that libmicrohttpd
+ * answers 414 or 431 and closes). A body is never read: a request announcing one is answered at
+ * once and its connection closed; others keep theirs (HTTP/1.1 keep-alive, as Prometheus scrapes).
+ * Unknown paths are 404, other methods on the three paths 405 (Allow: GET, HEAD). libmicrohttpd's
+ * errors are logged at most once a second.
  */
 #ifndef KVR_HTTPD_H
 #define KVR_HTTPD_H
@@ -54,7 +59,7 @@ struct kvr_httpd_hooks {
 struct kvr_httpd_config {
     const char *addr;         /* "HOST:PORT" (kvr_httpd_check_addr); borrowed for the call */
     unsigned max_connections; /* at once; 0: KVR_HTTPD_MAX_CONNECTIONS */
-    unsigned timeout_s;       /* a connection idle this long is closed; 0: KVR_HTTPD_TIMEOUT_S */
+    unsigned timeout_s; /* idle this long, or a request this slow: closed; 0: KVR_HTTPD_TIMEOUT_S */
     size_t max_request_bytes; /* request line and headers; 0: KVR_HTTPD_REQUEST_BYTES */
 };
 

@@ -568,6 +568,42 @@ Test(httpd, connection_limit_and_idle_timeout)
     cr_assert(le(dbl, now_s() - t0, 5.0));
 }
 
+/* Sends one byte of an endless request every 300 ms, for 9 s at most or until the server cuts
+ * it (the idle timeout never sees it idle). */
+static void *trickle(void *arg)
+{
+    int fd = dial(*(uint16_t *)arg);
+    const char req[] = "GET /healthz HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    for (size_t i = 0; i < 30 && send(fd, req + i, 1, MSG_NOSIGNAL) == 1; i++)
+        nanosleep(&(struct timespec){0, 300000000}, NULL);
+    close(fd);
+    return NULL;
+}
+
+/* A client that sends its request a byte at a time, each within the idle timeout, held its
+ * connection as long as it went on: two such clients kept the probes of a 2-connection server out
+ * for as long as they trickled (9 s here; 64 of them, one byte every 9 s, would keep a daemon's
+ * liveness probe out for good). A request must now arrive whole within the timeout. */
+Test(httpd, a_client_trickling_its_request_is_cut_at_the_timeout)
+{
+    kvr_httpd_stop(srv);
+    srv = start(
+        &(struct kvr_httpd_config){.addr = "127.0.0.1:0", .max_connections = 2, .timeout_s = 1},
+        &hooks);
+    port = kvr_httpd_port(srv);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert(eq(int, pthread_create(&t[i], NULL, trickle, &port), 0));
+    nanosleep(&(struct timespec){0, 300000000}, NULL); /* both slots taken */
+    double t0 = now_s();
+    fetch("GET", "/healthz", &r);
+    double waited = now_s() - t0;
+    cr_assert(eq(int, r.code, 200), "no answer after %.3f s", waited);
+    cr_assert(lt(dbl, waited, 3.0), "a probe waited %.3f s behind trickling clients", waited);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+}
+
 /* --- threads and CPU ------------------------------------------------------------------------- */
 
 static void *slow_scrape(void *arg)
