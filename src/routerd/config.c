@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "codec.h"
 #include "httpd.h"
 #include "kvr/policy.h"
 #include "log.h"
@@ -207,6 +208,19 @@ kvr_status kvr_rd_config_check(struct kvr_rd_config *c, char *why, size_t len)
     }
     if (c->metrics_addr[0] && kvr_httpd_check_addr(c->metrics_addr, why, len) != KVR_OK)
         return KVR_ERR_INVALID;
+    /* a decision carries a hash per prompt block, and peers decode KVR_WIRE_DECISION_BLOCKS_MAX
+     * at most: a longer prompt's decision, gossiped or in a snapshot page, every peer refuses */
+    uint64_t blocks = c->core.block_size ? c->core.max_prompt_tokens / c->core.block_size : 0;
+    if (blocks > KVR_WIRE_DECISION_BLOCKS_MAX) {
+        snprintf(why, len,
+                 "--max-prompt-tokens %u is %llu blocks of --block-size %u, more than the %u a "
+                 "decision carries to the other routers: at most %llu tokens",
+                 c->core.max_prompt_tokens, (unsigned long long)blocks, c->core.block_size,
+                 KVR_WIRE_DECISION_BLOCKS_MAX,
+                 (unsigned long long)KVR_WIRE_DECISION_BLOCKS_MAX * c->core.block_size +
+                     c->core.block_size - 1);
+        return KVR_ERR_INVALID;
+    }
     if (c->heartbeat_min_ns > c->heartbeat_max_ns) { /* the clamp would take max alone */
         snprintf(why, len, "--heartbeat-min-ms (%.0f) is above --heartbeat-max-ms (%.0f)",
                  (double)c->heartbeat_min_ns / KVR_NS_PER_MS,

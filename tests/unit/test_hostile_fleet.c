@@ -428,6 +428,57 @@ Test(hostile_fleet, names_from_the_command_line_are_one_token_each)
 }
 
 /*
+ * Every decision carries one hash per prompt block, and a peer decodes at most
+ * KVR_WIRE_DECISION_BLOCKS_MAX of them: a router was started with any --max-prompt-tokens up to
+ * 2^24 and --block-size down to 1, and then gossiped the decision of each prompt past that many
+ * blocks in a message every peer refused (at block size 64 and 4,194,368 tokens: 65,537 hashes,
+ * 622 KB, KVR_ERR_TOO_LARGE, so its peers never knew of the booking, and a snapshot page holding
+ * it was refused whole). Such a configuration is refused at start; what is taken fits.
+ */
+Test(hostile_fleet, a_prompt_limit_past_what_a_decision_carries_is_refused_at_start)
+{
+    static const struct {
+        uint32_t block_size, max_prompt_tokens;
+        bool ok;
+    } cases[] = {
+        {64, 1u << 20, true},                                /* the defaults: 16,384 blocks */
+        {16, 1u << 20, true},                                /* engines.md's: 65,536 */
+        {64, KVR_WIRE_DECISION_BLOCKS_MAX * 64, true},       /* 65,536 */
+        {64, KVR_WIRE_DECISION_BLOCKS_MAX * 64 + 64, false}, /* 65,537 */
+        {1, 1u << 20, false},                                /* SGLang's own page size */
+        {64, 1u << 24, false},                               /* the option's largest */
+    };
+    struct kvr_buf b = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct kvr_rd_config rc;
+        kvr_rd_config_default(&rc);
+        rc.core.block_size = cases[i].block_size;
+        rc.core.max_prompt_tokens = cases[i].max_prompt_tokens;
+        char why[256] = "";
+        kvr_status st = kvr_rd_config_check(&rc, why, sizeof why);
+        cr_assert(eq(int, st, cases[i].ok ? KVR_OK : KVR_ERR_INVALID), "block size %u, %u tokens",
+                  cases[i].block_size, cases[i].max_prompt_tokens);
+        if (!cases[i].ok) {
+            cr_assert(not(eq(ptr, strstr(why, "--max-prompt-tokens"), NULL)), "%s", why);
+            continue;
+        }
+        /* the decision of the longest prompt taken is one a peer takes */
+        uint32_t n = cases[i].max_prompt_tokens / cases[i].block_size;
+        uint64_t *h = calloc(n, sizeof *h);
+        cr_assert(h != NULL);
+        struct kvr_request_record rec = {77, 5, h, n, cases[i].max_prompt_tokens, 0, false, 0, 8};
+        cr_assert(eq(
+            int, kvr_wire_encode_gossip_decision(&b, "r2", 1, 1, &rec, "_INBOX.x", "c", "r2", 1, 0),
+            KVR_OK));
+        struct kvr_wire_gossip g;
+        cr_assert(eq(int, kvr_wire_decode_gossip(b.data, b.len, &g), KVR_OK), "%u hashes", n);
+        kvr_wire_gossip_free(&g);
+        free(h);
+    }
+    kvr_buf_free(&b);
+}
+
+/*
  * A flood of Queued notices (a forger on the gossip subjects: one per made-up client id) holds at
  * most 65,536 pending entries (the rest counted, not kept), so the table keeps room for real
  * requests; each is forgotten once its wait and four hellos are over.
