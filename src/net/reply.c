@@ -27,20 +27,20 @@ void kvr_reply_count(struct kvr_reply *r, uint64_t elapsed_ns)
     kvr_prom_hist_observe(&r->latency, elapsed_ns);
 }
 
-/* Whether one more refusal line may be written now (KVR_REPLY_LOG_PER_S a second); else it is
- * counted as suppressed. */
-static bool log_allowed(struct kvr_reply *r)
+bool kvr_log_gate_pass(struct kvr_log_gate *g, uint64_t *left)
 {
     uint64_t now = kvr_now_ns();
-    if (now - r->log_second_ns >= KVR_NS_PER_S) {
-        r->log_second_ns = now;
-        r->log_lines = 0;
+    if (now - g->second_ns >= KVR_NS_PER_S) {
+        g->second_ns = now;
+        g->lines = 0;
     }
-    if (r->log_lines >= KVR_REPLY_LOG_PER_S) {
-        r->log_suppressed++;
+    if (g->lines >= KVR_REPLY_LOG_PER_S) {
+        g->suppressed++;
         return false;
     }
-    r->log_lines++;
+    g->lines++;
+    *left = g->suppressed;
+    g->suppressed = 0;
     return true;
 }
 
@@ -51,12 +51,12 @@ static void count_error(struct kvr_reply *r, kvr_status st, bool dropped, const 
     r->by_code[(unsigned)st < KVR_REPLY_CODES ? (unsigned)st : KVR_ERR_INVALID]++;
     r->last = st;
     enum kvr_log_level level = dropped ? KVR_LOG_WARN : KVR_LOG_INFO;
-    if (!kvr_log_enabled(level) || !log_allowed(r))
+    uint64_t n;
+    if (!kvr_log_enabled(level) || !kvr_log_gate_pass(&r->log, &n))
         return;
     char id[128], left[40] = "";
-    if (r->log_suppressed)
-        snprintf(left, sizeof left, " suppressed=%" PRIu64, r->log_suppressed);
-    r->log_suppressed = 0;
+    if (n)
+        snprintf(left, sizeof left, " suppressed=%" PRIu64, n);
     kvr_log(level, dropped ? "request_dropped" : "request_refused",
             "endpoint=%s request=\"%s\" error=\"%s\" code=%d%s%s", r->endpoint,
             kvr_log_safe(id, sizeof id, request_id ? request_id : ""), kvr_status_str(st), (int)st,

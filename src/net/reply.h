@@ -12,6 +12,7 @@
 #ifndef KVR_REPLY_H
 #define KVR_REPLY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "buf.h"
@@ -27,6 +28,19 @@ enum kvr_reply_slots { KVR_STATUS_LIST(KVR_REPLY_SLOT) KVR_REPLY_CODES };
 
 #define KVR_REPLY_LOG_PER_S 10 /* request_refused and request_dropped lines a second, at most */
 
+/* Lines of one kind that anyone can cause, one per message: at most KVR_REPLY_LOG_PER_S a second
+ * are written, the next one written saying how many were left out. Zeroed to start; not
+ * thread-safe: the owner's lock covers it. */
+struct kvr_log_gate {
+    uint64_t second_ns;  /* when the second whose lines `lines` counts began */
+    uint32_t lines;      /* lines written in it */
+    uint64_t suppressed; /* lines left out since the last one written */
+};
+
+/* Whether one more line may be written now: then *left is how many were left out since the last
+ * one written (and the count starts again); else this one is counted as left out. */
+bool kvr_log_gate_pass(struct kvr_log_gate *g, uint64_t *left);
+
 struct kvr_reply {
     const char *endpoint;              /* "generate", "select": logs and stats (borrowed) */
     uint64_t worker_id;                /* set in the chunks a worker sends; 0 for a router */
@@ -38,9 +52,7 @@ struct kvr_reply {
     uint64_t processing_ns;            /* time spent deciding, for $SRV.STATS */
     struct kvr_prom_hist latency;      /* ... and its distribution, for the metrics */
     kvr_status last;                   /* the last error */
-    uint64_t log_second_ns;            /* when the second whose lines log_lines counts began */
-    uint32_t log_lines;                /* refusal lines written in it */
-    uint64_t log_suppressed;           /* refusal lines left out since the last one written */
+    struct kvr_log_gate log;           /* request_refused and request_dropped lines */
     struct kvr_buf buf;                /* encoding scratch (owned) */
 };
 

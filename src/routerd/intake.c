@@ -282,15 +282,19 @@ void kvr_intake_cancel(struct kvr_rd *rd, const void *data, size_t len)
 {
     struct kvr_wire_cancel c;
     kvr_status st = kvr_wire_decode_cancel(data, len, &c);
+    uint64_t left = 0;
     pthread_mutex_lock(&rd->mu);
     rd->n.cancels++;
     if (st == KVR_OK)
         cancel(rd, kvr_pending_key(c.reply, c.request_id), kvr_now_ns());
     else
         rd->n.cancels_bad++;
+    /* anyone may publish cancels, and every router hears them: a line per bad one was a flood */
+    bool logged = st != KVR_OK && kvr_log_gate_pass(&rd->cancel_log, &left);
     pthread_mutex_unlock(&rd->mu);
-    if (st != KVR_OK)
-        kvr_log(KVR_LOG_WARN, "cancel_dropped", "bytes=%zu error=\"%s\"", len, kvr_status_str(st));
+    if (logged)
+        kvr_log(KVR_LOG_WARN, "cancel_dropped", "bytes=%zu error=\"%s\" suppressed=%" PRIu64, len,
+                kvr_status_str(st), left);
     kvr_wire_cancel_free(&c);
     kvr_rd_flush(rd);
 }
