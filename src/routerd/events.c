@@ -345,10 +345,13 @@ void kvr_events_on_message(struct kvr_rd *rd, const char *subject, const void *d
     }
     counted = kvr_events_bad(st);
     rd->ev_errors += counted;
+    /* whoever may publish on the events subjects could write a line per message */
+    uint64_t left = 0;
+    bool logged = counted && kvr_log_gate_pass(&rd->event_log, &left);
     kvr_rd_unlock_flush(rd);
-    if (counted) {
+    if (logged) {
         char safe[160];
-        kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\"",
-                kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(st));
+        kvr_log(KVR_LOG_WARN, "event_dropped", "subject=\"%s\" error=\"%s\" suppressed=%" PRIu64,
+                kvr_log_safe(safe, sizeof safe, subject), kvr_status_str(st), left);
     }
 }

@@ -485,19 +485,24 @@ void kvr_fleet_on_gossip(struct kvr_rd *rd, const char *subject, const void *dat
         st = KVR_ERR_INVALID;
     }
     pthread_mutex_lock(&rd->mu);
-    if (st != KVR_OK)
+    uint64_t left = 0;
+    bool logged = false;
+    if (st != KVR_OK) {
         rd->fleet->bad++;
-    else if (!strcmp(m.router_id, rd->cfg->id))
+        logged = kvr_log_gate_pass(&rd->gossip_log, &left); /* a line per message: a flood */
+    } else if (!strcmp(m.router_id, rd->cfg->id)) {
         own_gossip(rd, &m);
-    else
+    } else {
         apply_gossip(rd, &m, len);
+    }
     pthread_mutex_unlock(&rd->mu);
     char safe[160];
-    if (st != KVR_OK)
-        kvr_log(KVR_LOG_WARN, "gossip_dropped", "subject=\"%s\" bytes=%zu error=\"%s\"",
+    if (logged)
+        kvr_log(KVR_LOG_WARN, "gossip_dropped",
+                "subject=\"%s\" bytes=%zu error=\"%s\" suppressed=%" PRIu64,
                 kvr_log_safe(safe, sizeof safe, subject ? subject : ""), len,
-                forged ? "router id is not the subject's" : kvr_status_str(st));
-    else
+                forged ? "router id is not the subject's" : kvr_status_str(st), left);
+    if (st == KVR_OK)
         kvr_wire_gossip_free(&m);
     kvr_rd_flush(rd);
 }

@@ -104,6 +104,8 @@ struct kvr_rd {
     struct kvr_reply generate;        /* the generate endpoint's answers and counters, under mu */
     struct kvr_reply select;          /* the select endpoint's, under mu */
     struct kvr_log_gate cancel_log;   /* cancel_dropped lines (anyone's to cause), under mu */
+    struct kvr_log_gate event_log;    /* event_dropped lines, under mu */
+    struct kvr_log_gate gossip_log;   /* gossip_dropped lines, under mu */
     struct kvr_wire_limits lim;       /* decoding limits (constant after init) */
     struct kvr_fleet *fleet;          /* replication (fleet.c), under mu */
     struct kvr_kept kept;             /* ended requests' reply subjects (rebinds), under mu */

@@ -615,9 +615,12 @@ void kvr_worker_on_cancel(struct kvr_worker *w, const void *data, size_t len)
     kvr_status st = kvr_wire_decode_worker_cancel(data, len, &c);
     uint64_t now = kvr_now_ns();
     pthread_mutex_lock(&w->mu);
+    uint64_t left;
     if (st != KVR_OK) {
         w->c.bad_cancels++;
-        kvr_log(KVR_LOG_WARN, "cancel_dropped", "error=\"%s\"", kvr_status_str(st));
+        if (kvr_log_gate_pass(&w->cancel_log, &left)) /* whoever may publish there: a flood */
+            kvr_log(KVR_LOG_WARN, "cancel_dropped", "error=\"%s\" suppressed=%" PRIu64,
+                    kvr_status_str(st), left);
     } else if (!w->clashed) {
         cancel(w, &c, now);
     }

@@ -240,6 +240,7 @@ struct kvr_worker {
     uint32_t nbatch;                                 /* */
     uint64_t batch_due;                              /* when they go (monotonic ns) */
     struct kvr_reply generate;                       /* its answers and error counts, under mu */
+    struct kvr_log_gate cancel_log;                  /* cancel_dropped lines, under mu */
     struct kvr_wk_counters c;                        /* under mu */
     uint64_t event_seq;                              /* KV event sequence number, under mu */
     uint64_t clash_logged;             /* the last other instance logged (older side), under mu */

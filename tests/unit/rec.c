@@ -7,11 +7,16 @@
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <sched.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "clock.h"
 #include "codec.h"
+#include "log.h"
+#include "reply.h"
 
 struct rec_sent rec_sent[REC_MAX];
 size_t rec_nsent;
@@ -135,4 +140,69 @@ void rec_order_run(int nthreads, int each, pthread_mutex_t *mu, struct kvr_outbo
         cr_assert(eq(int, pthread_create(&t[i], NULL, order_thread, &r), 0));
     for (int i = 0; i < nthreads; i++)
         pthread_join(t[i], NULL);
+}
+
+const uint8_t rec_junk[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                              0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
+/* --- what a test logs ------------------------------------------------------------------------ */
+
+static int saved_fd = -1;
+static char log_path[64];
+static char log_text[1 << 20];
+
+void rec_log_begin(const char *name, enum kvr_log_level level)
+{
+    snprintf(log_path, sizeof log_path, "/tmp/kvr_test_log_%d.log", (int)getpid());
+    fflush(stderr);
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert(fd >= 0, "cannot write %s", log_path);
+    saved_fd = dup(2);
+    dup2(fd, 2);
+    close(fd);
+    kvr_log_init(name, level);
+}
+
+const char *rec_log_end(const char *name)
+{
+    fflush(stderr);
+    dup2(saved_fd, 2);
+    close(saved_fd);
+    saved_fd = -1;
+    kvr_log_init(name, KVR_LOG_ERROR);
+    FILE *f = fopen(log_path, "r");
+    size_t n = f ? fread(log_text, 1, sizeof log_text - 1, f) : 0;
+    if (f)
+        fclose(f);
+    log_text[n] = 0;
+    unlink(log_path);
+    return log_text;
+}
+
+uint32_t rec_log_lines(const char *text, const char *what, uint64_t *suppressed)
+{
+    uint32_t n = 0;
+    *suppressed = 0;
+    for (const char *l = strstr(text, what); l; l = strstr(l + 1, what)) {
+        n++;
+        const char *eol = strchr(l, '\n'), *s = strstr(l, "suppressed=");
+        if (s && (!eol || s < eol))
+            *suppressed += strtoull(s + strlen("suppressed="), NULL, 10);
+    }
+    return n;
+}
+
+void rec_log_flood(void (*send)(void *ctx), void *ctx, const char *name, const char *what)
+{
+    rec_log_begin(name, KVR_LOG_DEBUG);
+    for (int i = 0; i < 1000; i++)
+        send(ctx);
+    kvr_sleep_ns(1100 * KVR_NS_PER_MS);
+    send(ctx); /* a second later: the count of those left out */
+    const char *text = rec_log_end(name);
+    uint64_t left;
+    uint32_t lines = rec_log_lines(text, what, &left);
+    cr_assert(le(u32, lines, 2 * KVR_REPLY_LOG_PER_S), "%u %s lines for 1,001 messages", lines,
+              what);
+    cr_assert(eq(u64, lines + left, 1001), "every message is a line or counted in one");
 }

@@ -14,6 +14,7 @@
 
 #include "buf.h"
 #include "kvr/status.h"
+#include "log.h"
 #include "outbox.h"
 
 /* One message as published. */
@@ -36,6 +37,21 @@ kvr_status rec_record(void *ctx, const struct kvr_outmsg *m);
 void rec_truncate(size_t mark);
 /* Free every message recorded (rec_nsent = 0). */
 void rec_reset(void);
+
+/* Catch what this process logs (stderr) from level on until rec_log_end (kvr_log_init(name));
+ * rec_log_end puts stderr back at error level and returns the text (until the next call). */
+void rec_log_begin(const char *name, enum kvr_log_level level);
+const char *rec_log_end(const char *name);
+/* Lines of text holding what, and the sum of their suppressed=N. */
+uint32_t rec_log_lines(const char *text, const char *what, uint64_t *suppressed);
+/* A flood anyone could send, each message a line `what` unless gated (reply.h's kvr_log_gate):
+ * send(ctx) 1,000 times, then once more a second later. Asserts that at most
+ * 2 * KVR_REPLY_LOG_PER_S lines were written and that they and the suppressed=N they carry
+ * account for all 1,001. */
+void rec_log_flood(void (*send)(void *ctx), void *ctx, const char *name, const char *what);
+
+/* 16 bytes of 0xff: no message of the protocol (a truncated varint). */
+extern const uint8_t rec_junk[16];
 
 /* Messages to subject since index from; the last one in *last (may be NULL). */
 int rec_count(const char *subject, size_t from, const struct rec_sent **last);

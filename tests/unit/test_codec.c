@@ -5,12 +5,10 @@
  */
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "clock.h"
 #include "codec.h"
@@ -18,6 +16,7 @@
 #include "kvr/rng.h"
 #include "kvrouter.pb-c.h" /* the ErrorCode enum, to check it against kvr_status */
 #include "log.h"
+#include "rec.h"
 #include "reply.h" /* a refusal's answer is a chunk this codec encodes */
 
 static const struct kvr_wire_limits lim = {1000, 500};
@@ -1531,50 +1530,9 @@ Test(codec, kv_fast_path_answers_as_protobuf_does)
 
 /* --- refusals in the logs (reply.c) --------------------------------------------------------- */
 
-static char log_path[64];
-static int log_saved = -1;
-
-/* stderr into a file from now on, logging from level. */
-static void log_begin(enum kvr_log_level level)
+static void no_reply(void *ctx)
 {
-    snprintf(log_path, sizeof log_path, "/tmp/kvr_codec_log_%d", (int)getpid());
-    fflush(stderr);
-    int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    cr_assert(fd >= 0);
-    log_saved = dup(2);
-    dup2(fd, 2);
-    close(fd);
-    kvr_log_init("test_codec", level);
-}
-
-/* What was logged since log_begin (static). */
-static const char *log_end(void)
-{
-    static char text[1 << 20];
-    fflush(stderr);
-    dup2(log_saved, 2);
-    close(log_saved);
-    FILE *f = fopen(log_path, "r");
-    cr_assert(f != NULL);
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    unlink(log_path);
-    text[n] = 0;
-    return text;
-}
-
-/* Lines of text holding what, and the sum of their suppressed=N. */
-static uint32_t log_lines(const char *text, const char *what, uint64_t *suppressed)
-{
-    uint32_t n = 0;
-    *suppressed = 0;
-    for (const char *l = strstr(text, what); l; l = strstr(l + 1, what)) {
-        n++;
-        const char *eol = strchr(l, '\n'), *s = strstr(l, "suppressed=");
-        if (s && (!eol || s < eol))
-            *suppressed += strtoull(s + strlen("suppressed="), NULL, 10);
-    }
-    return n;
+    kvr_reply_error(ctx, NULL, NULL, "x", KVR_ERR_NO_REPLY);
 }
 
 /* A request without a reply subject is a warning: it was never written at --log-level warn (the
@@ -1584,23 +1542,14 @@ Test(codec, refusals_are_logged_at_their_level_and_a_flood_in_few_lines)
 {
     struct kvr_reply r;
     kvr_reply_init(&r, "generate", 0);
-    log_begin(KVR_LOG_WARN);
+    rec_log_begin("test_codec", KVR_LOG_WARN);
     kvr_reply_error(&r, NULL, NULL, "a", KVR_ERR_NO_REPLY);
-    const char *text = log_end();
+    const char *text = rec_log_end("test_codec");
     cr_assert(strstr(text, "level=warn") && strstr(text, "msg=request_dropped"),
               "a dropped request is a warning at --log-level warn: %s", text);
 
     kvr_reply_init(&r, "generate", 0);
-    log_begin(KVR_LOG_INFO);
-    for (int i = 0; i < 1000; i++)
-        kvr_reply_error(&r, NULL, NULL, "x", KVR_ERR_NO_REPLY);
-    kvr_sleep_ns(1100 * KVR_NS_PER_MS);
-    kvr_reply_error(&r, NULL, NULL, "y", KVR_ERR_NO_REPLY); /* a second later: the count */
-    text = log_end();
-    uint64_t left;
-    uint32_t lines = log_lines(text, "msg=request_dropped", &left);
-    cr_assert(le(u32, lines, 3 * KVR_REPLY_LOG_PER_S), "%u lines for 1,001 requests", lines);
-    cr_assert(eq(u64, lines + left, 1001), "every request is a line or counted in one");
+    rec_log_flood(no_reply, &r, "test_codec", "msg=request_dropped");
     cr_assert(eq(u64, r.dropped, 1001));
     cr_assert(eq(u64, r.by_code[KVR_ERR_NO_REPLY], 1001));
     kvr_reply_free(&r);

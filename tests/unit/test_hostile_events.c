@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "fleet.h"
 #include "kvr/hash.h"
 #include "kvrouter.pb-c.h"
@@ -446,4 +447,20 @@ Test(hostile_events, a_batch_is_applied_as_its_events_alone_or_refused_whole)
     cr_assert(eq(u64, hr_stat("data.bad_events"), 5), "not bad, only late");
     cr_assert(kvr_pending_find(&hr_rd.pend, k2) != NULL, "the second still on");
     kvr_buf_free(&b);
+}
+
+/* Whoever may publish on the events subjects (without NATS permissions, anyone) wrote a warning
+ * line per message that did not decode: 1,001 lines for 1,001. Now at most KVR_REPLY_LOG_PER_S a
+ * second, the next one written saying how many were left out; every one is counted. */
+static void bad_heartbeat(void *ctx)
+{
+    (void)ctx;
+    hr_event("kv.default.ev.7.hb", rec_junk, sizeof rec_junk);
+}
+
+Test(hostile_events, a_flood_of_bad_events_is_logged_in_few_lines)
+{
+    uint64_t before = hr_stat("data.bad_events");
+    rec_log_flood(bad_heartbeat, NULL, "test_hostile", "msg=event_dropped");
+    cr_assert(eq(u64, hr_stat("data.bad_events"), before + 1001), "every one counted");
 }

@@ -590,3 +590,17 @@ Test(hostile_fleet, a_silent_peer_that_a_request_names_keeps_no_new_router_out)
     cr_assert(not(eq(ptr, p, NULL)), "the request's origin is kept");
     cr_assert(eq(ptr, (void *)kvr_pending_find(&hr_rd.pend, 777)->origin, p));
 }
+
+/* The same for gossip that does not decode: a line each, 1,001 for 1,001, before. */
+static void junk_gossip(void *ctx)
+{
+    (void)ctx;
+    hr_on_gossip("peer", rec_junk, sizeof rec_junk);
+}
+
+Test(hostile_fleet, a_flood_of_junk_gossip_is_logged_in_few_lines)
+{
+    uint64_t before = hr_stat("data.replication.gossip_bad");
+    rec_log_flood(junk_gossip, NULL, "test_hostile", "msg=gossip_dropped");
+    cr_assert(eq(u64, hr_stat("data.replication.gossip_bad"), before + 1001), "every one counted");
+}

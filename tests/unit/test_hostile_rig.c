@@ -6,14 +6,12 @@
 
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "api.h"
 #include "clock.h"
@@ -198,36 +196,14 @@ void hr_hello(const char *peer, uint64_t epoch, uint64_t seq)
 
 /* --- stderr ---------------------------------------------------------------------------------- */
 
-static int saved_fd = -1;
-static char log_path[64];
-static char log_text[1 << 20];
-
 void hr_log_begin(void)
 {
-    snprintf(log_path, sizeof log_path, "/tmp/kvr_hostile_%d.log", (int)getpid());
-    fflush(stderr);
-    int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    cr_assert(fd >= 0, "cannot write %s", log_path);
-    saved_fd = dup(2);
-    dup2(fd, 2);
-    close(fd);
-    kvr_log_init("test_hostile", KVR_LOG_DEBUG);
+    rec_log_begin("test_hostile", KVR_LOG_DEBUG);
 }
 
 const char *hr_log_end(void)
 {
-    fflush(stderr);
-    dup2(saved_fd, 2);
-    close(saved_fd);
-    saved_fd = -1;
-    kvr_log_init("test_hostile", KVR_LOG_ERROR);
-    FILE *f = fopen(log_path, "r");
-    size_t n = f ? fread(log_text, 1, sizeof log_text - 1, f) : 0;
-    if (f)
-        fclose(f);
-    log_text[n] = 0;
-    unlink(log_path);
-    return log_text;
+    return rec_log_end("test_hostile");
 }
 
 bool hr_log_lines_whole(const char *text)

@@ -365,3 +365,16 @@ Test(hostile_worker, hellos_and_rebinds_that_name_nothing_change_nothing)
     cr_assert(eq(u64, w.c.rebinds_bad, 2), "counted (rebinds_bad)");
     cr_assert(eq(sz, rec_nsent, mark + 1), "nothing said");
 }
+
+/* A worker's cancel subject is its routers' to publish on (anyone's without NATS permissions):
+ * each cancel that did not decode was a warning line, 1,001 for 1,001. */
+static void bad_cancel(void *ctx)
+{
+    kvr_worker_on_cancel(ctx, rec_junk, sizeof rec_junk);
+}
+
+Test(hostile_worker, a_flood_of_bad_cancels_is_logged_in_few_lines)
+{
+    rec_log_flood(bad_cancel, &w, "test_hostile_worker", "msg=cancel_dropped");
+    cr_assert(eq(u64, w.c.bad_cancels, 1001), "every one counted");
+}
