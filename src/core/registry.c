@@ -81,6 +81,7 @@ kvr_status kvr_registry_add(struct kvr_registry *g, uint64_t id, uint32_t *out)
     g->hot[slot] = (struct kvr_worker_hot){0.0, INFINITY}; /* no capacity announced yet */
     g->order_ids[g->nlive] = id;
     g->order[g->nlive++] = slot;
+    g->largest_stale = true;
     assert(g->ids.count == g->nlive);
     *out = slot;
     return KVR_OK;
@@ -110,6 +111,7 @@ void kvr_registry_remove(struct kvr_registry *g, uint32_t slot)
     kvr_map_del(&g->ids, g->by_slot[slot].id);
     memset(&g->by_slot[slot], 0, sizeof g->by_slot[slot]);
     memset(&g->hot[slot], 0, sizeof g->hot[slot]);
+    g->largest_stale = true;
     assert(g->ids.count == g->nlive);
 }
 
@@ -118,6 +120,7 @@ void kvr_registry_sync_hot(struct kvr_registry *g, uint32_t slot, double busy_th
     const struct kvr_worker *w = &g->by_slot[slot];
     assert(slot < g->nslots && w->id != 0);
     struct kvr_worker_hot *h = &g->hot[slot];
+    g->largest_stale |= h->inv_capacity != w->inv_capacity;
     h->inv_capacity = w->inv_capacity;
     if (w->draining)
         h->busy_blocks = -1.0; /* every count of blocks is above it */
@@ -125,4 +128,19 @@ void kvr_registry_sync_hot(struct kvr_registry *g, uint32_t slot, double busy_th
         h->busy_blocks = busy_threshold * (double)w->capacity_blocks;
     else
         h->busy_blocks = INFINITY;
+}
+
+double kvr_registry_largest(struct kvr_registry *g)
+{
+    if (!g->largest_stale)
+        return g->largest;
+    double most = 0;
+    for (uint32_t i = 0; i < g->nlive && most < INFINITY; i++) {
+        const struct kvr_worker *w = &g->by_slot[g->order[i]];
+        double c = w->capacity_blocks ? (double)w->capacity_blocks : INFINITY;
+        most = c > most ? c : most;
+    }
+    g->largest = most;
+    g->largest_stale = false;
+    return most;
 }

@@ -36,6 +36,26 @@ static inline uint32_t reuse_of(const struct kvr_router *r, uint32_t slot)
     return r->hits[slot] > r->overlap[slot] ? r->hits[slot] : r->overlap[slot];
 }
 
+/*
+ * The KV blocks prompt p needs at once with its whole output, as a worker counts them before it
+ * takes a request: a worker whose pool cannot hold them refuses it (ERR_FULL). On a fleet of
+ * unequal workers such a request goes only to those whose announced capacity holds it; when none
+ * does (or none says so truly), the policy chooses as if it fitted and the worker says, as
+ * before: 0, which every worker holds.
+ */
+static double need_blocks(struct kvr_router *r, const struct prompt *p)
+{
+    uint32_t B = r->cfg.block_size;
+    double need = (double)(((uint64_t)p->ntokens + p->max_tokens + B - 1) / B);
+    return need <= kvr_registry_largest(&r->reg) ? need : 0;
+}
+
+/* Whether a worker of inv_capacity (0: unknown, taken to hold anything) holds need blocks. */
+static inline bool holds(double need, double inv_capacity)
+{
+    return need * inv_capacity <= 1.0 + 1e-9; /* need == capacity: 1, give or take a rounding */
+}
+
 static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
     const struct kvr_active_worker *aw = &r->act.w[slot];
@@ -56,6 +76,7 @@ struct pricer {
     const uint32_t *overlap, *hits, *counts;
     const double *pload; /* per slot: the prefill booked there lately (kvr_pshare) */
     uint64_t req_blocks, busy_prefill;
+    double need; /* need_blocks: a worker that cannot hold it is not eligible */
     uint32_t ntokens;
     uint32_t block_size;
 };
@@ -78,11 +99,12 @@ static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct flee
     pr->block_size = r->cfg.block_size;
     pr->req_blocks = p->nblocks + (p->ntokens % pr->block_size ? 1 : 0);
     pr->busy_prefill = r->cfg.busy_prefill_tokens;
+    pr->need = r->need;
     pr->ntokens = p->ntokens;
 }
 
 /* The time model's price of the worker in slot (walk done: overlap and hits filled), and whether
- * it is busy (worker_busy, from the locals). */
+ * it is not eligible: busy (worker_busy, from the locals), or too small to hold the request. */
 static inline __attribute__((always_inline)) double
 price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *memo,
       const struct fleet_prefix *f, uint32_t slot, bool *busy)
@@ -93,7 +115,8 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
     uint64_t prefill = aw->prefill + (cached < pr->ntokens ? pr->ntokens - cached : 0);
     uint64_t decode = aw->blocks + pr->req_blocks - hit;
     *busy = (double)aw->blocks > pr->hot[slot].busy_blocks ||
-            (pr->busy_prefill && aw->prefill > pr->busy_prefill);
+            (pr->busy_prefill && aw->prefill > pr->busy_prefill) ||
+            !holds(pr->need, pr->hot[slot].inv_capacity);
     return time_cost(&pr->k, aw, &pr->hot[slot], &pr->counts[slot], prefill, decode,
                      reuse_terms(r, memo, reuse, pr->ntokens, f), pr->pload[slot]);
 }
@@ -101,10 +124,11 @@ price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *m
 /*
  * Price every live worker for prompt p whose walk resolved `walked` nodes (r->overlap, r->hits
  * and r->nodes filled): costs in registry order (the order of reg.order and reg.order_ids), and
- * the workers that are not busy listed in eligible. ow is the overlap weight in force. Returns how
- * many are eligible. This loop is the O(workers) part of a decision that needs every price, so it
- * reads only compact per-slot arrays (never the registry's worker records), and the time model's
- * terms that depend only on a worker's reuse are computed once per distinct reuse (reuse_terms).
+ * the workers that are neither busy nor too small for it listed in eligible. ow is the overlap
+ * weight in force. Returns how many are eligible. This loop is the O(workers) part of a decision
+ * that needs every price, so it reads only compact per-slot arrays (never the registry's worker
+ * records), and the time model's terms that depend only on a worker's reuse are computed once per
+ * distinct reuse (reuse_terms).
  */
 static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, uint32_t walked,
                       uint64_t now)
@@ -132,6 +156,7 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
     }
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
+    double need = r->need;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = order[i];
         const struct kvr_active_worker *aw = &r->act.w[slot];
@@ -142,7 +167,7 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
         r->costs[i] = ow / B * (double)prefill + (double)decode;
         r->eligible[neligible] = i;
-        neligible += !worker_busy(r, slot);
+        neligible += !worker_busy(r, slot) && holds(need, r->reg.hot[slot].inv_capacity);
     }
     return neligible;
 }
@@ -487,6 +512,7 @@ kvr_status kvr__router_decide(struct kvr_router *r, const struct prompt *p, uint
                                         &r->walk_act, r->hits, r->nodes);
     assert(walked <= p->nblocks);
     bool pruned = may_prune(r, p, policy, temp, do_book), full = false;
+    r->need = need_blocks(r, p);
     uint32_t slot = KVR_NIL;
     double cost = 0;
     if (pruned) {

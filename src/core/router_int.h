@@ -68,6 +68,7 @@ struct kvr_router {
     uint32_t cap_blocks;         /* room in seq and nodes */
     uint64_t *seq;               /* the current prompt's sequence hashes */
     uint32_t *nodes;             /* the current prompt's block table nodes */
+    double need;                 /* the current prompt's need_blocks (router_decision.c) */
     struct queued *qhead;        /* requests waiting for a worker that is not busy */
     struct queued *qtail;        /* */
     uint32_t qlen;               /* */

@@ -567,12 +567,79 @@ Test(router, a_waiting_request_past_its_own_deadline_leaves_from_behind_the_head
     free(t2);
 }
 
+/* A worker refuses a request whose prompt and output it cannot hold at once (ERR_FULL): on a fleet
+ * of unequal workers such a request went to the small one as readily as to the big one (under the
+ * blocks formula, which ties the two, to the first in join order: the small one). */
+static void only_the_workers_that_hold_it(bool small_chosen)
+{
+    make();
+    join(1, 8);
+    join(2, 64);
+    uint32_t *t = prompt(1, 4 * B, 0, 2 * B);
+    uint64_t local[6], seq[6]; /* the small one caches the first 4 of its 6 blocks */
+    kvr_hash_prompt(t, 6 * B, B, local, seq);
+    struct kvr_kv_block blocks[4];
+    for (int i = 0; i < 4; i++)
+        blocks[i] = (struct kvr_kv_block){(uint64_t)i + 1, local[i]};
+    cr_assert(eq(int, kvr_router_kv_stored(r, 1, NULL, blocks, 4), KVR_OK));
+    struct kvr_decision d;
+    struct kvr_request q = {.tokens = t, .ntokens = 6 * B, .max_tokens = 4 * B}; /* 10 blocks */
+    for (q.id = 1; q.id <= 20; q.id++) {
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        cr_assert(eq(u64, d.worker_id, 2), "request %" PRIu64 ": only worker 2 holds 10 blocks",
+                  q.id);
+        cr_assert(eq(int, kvr_router_done(r, q.id), KVR_OK));
+    }
+    q.max_tokens = 2 * B; /* 8 blocks: both hold it */
+    bool small = false;
+    for (q.id = 21; q.id <= 40; q.id++) {
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        small |= d.worker_id == 1;
+        cr_assert(eq(int, kvr_router_done(r, q.id), KVR_OK));
+    }
+    /* the blocks formula ties the two; the time model prices the small one's fuller pool */
+    cr_assert(eq(int, small, small_chosen), "the small worker takes what it holds, if cheaper");
+    /* 65 blocks: no worker says it holds it; chosen as if it fitted, its worker refuses it */
+    q.max_tokens = 59 * B;
+    bool small_too = false;
+    for (q.id = 41; q.id <= 60; q.id++) {
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        small_too |= d.worker_id == 1;
+        cr_assert(eq(int, kvr_router_done(r, q.id), KVR_OK));
+    }
+    cr_assert(eq(int, small_too, small_chosen), "chosen by the policy alone");
+    join(3, 0); /* a worker that did not say: taken to hold anything, so the only one for it */
+    for (q.id = 61; q.id <= 80; q.id++) {
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        cr_assert(eq(u64, d.worker_id, 3));
+        cr_assert(eq(int, kvr_router_done(r, q.id), KVR_OK));
+    }
+    free(t);
+}
+
+Test(router, a_request_goes_only_to_workers_that_can_hold_it)
+{
+    only_the_workers_that_hold_it(true);
+}
+
+Test(router, a_request_goes_only_to_workers_that_can_hold_it_time_model)
+{
+    cfg.cost_model = KVR_COST_TIME; /* its price of the small one's full pool avoided it already */
+    only_the_workers_that_hold_it(false);
+}
+
+Test(router, a_request_goes_only_to_workers_that_can_hold_it_round_robin)
+{
+    cfg.policy = KVR_POLICY_ROUND_ROBIN; /* no price at all: half went to the small one */
+    only_the_workers_that_hold_it(true);
+}
+
 Test(router, full_queue_answers_overloaded_at_once)
 {
     cfg.busy_threshold = 0.5;
     cfg.queue_max = 1;
     make();
-    join(1, 2);
+    join(1, 6); /* busy above 3 blocks; holds the 4 of each request */
     uint32_t *t = prompt(0, 0, 1, 4 * B);
     struct kvr_decision d;
     cr_assert(eq(int, route(1, t, 4 * B, &d), KVR_OK));
