@@ -130,6 +130,12 @@ void kvr_oai_scratch_free(struct kvr_oai_scratch *s)
     memset(s, 0, sizeof *s);
 }
 
+void kvr_oai_scratch_release(struct kvr_oai_scratch *s)
+{
+    json_decref(s->root);
+    s->root = NULL;
+}
+
 kvr_status kvr_oai_chunk_parse(struct kvr_oai_scratch *s, const char *data, size_t len,
                                struct kvr_oai_chunk *out, char *why, size_t whylen)
 {

@@ -22,21 +22,25 @@
 struct kvr_oai_scratch {
     uint32_t *ids;                   /* token ids of the last chunk, owned */
     uint32_t cap;                    /* entries allocated in ids */
-    void *root;                      /* the parsed JSON of the last chunk (json_t), owned */
+    void *root;                      /* the parsed JSON of the last chunk (json_t), owned;
+                                        NULL once released */
     char finish[KVR_OAI_FINISH_MAX]; /* the last chunk's finish_reason, made safe */
     bool has_choice;                 /* the last chunk had a choice (not usage only) */
 };
 
 /*
  * Parse one chunk (data[0..len), any bytes) into *out, which then points into s and stays
- * valid until the next parse or kvr_oai_scratch_free; out->n_tokens is left 0 (the caller
- * counts tokens: it knows the stream's previous usage). KVR_OK; KVR_ERR_IO when the chunk is
- * an engine error (why: "engine error: <its message>"); KVR_ERR_MALFORMED with why saying
- * what is wrong; KVR_ERR_NOMEM. why (whylen bytes) is printable ASCII.
+ * valid until the next parse, kvr_oai_scratch_release or kvr_oai_scratch_free; out->n_tokens is
+ * left 0 (the caller counts tokens: it knows the stream's previous usage). KVR_OK; KVR_ERR_IO when
+ * the chunk is an engine error (why: "engine error: <its message>"); KVR_ERR_MALFORMED with why
+ * saying what is wrong; KVR_ERR_NOMEM. why (whylen bytes) is printable ASCII.
  */
 kvr_status kvr_oai_chunk_parse(struct kvr_oai_scratch *s, const char *data, size_t len,
                                struct kvr_oai_chunk *out, char *why, size_t whylen);
 void kvr_oai_scratch_free(struct kvr_oai_scratch *s);
+/* Drop the last chunk's parsed JSON (~38 bytes a number: many times its text), once its out is
+ * no longer used, so that a stream waiting for its next chunk keeps none of it. */
+void kvr_oai_scratch_release(struct kvr_oai_scratch *s);
 
 /*
  * The message of an error body (body[0..len), any bytes) into out (outlen bytes, printable

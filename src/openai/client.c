@@ -269,6 +269,7 @@ static bool on_event(void *ud, const char *data, size_t len)
     c->rx_pending = 0;
     pthread_mutex_unlock(&c->lock);
     c->hooks.chunk(c->hooks.ctx, s->key, &ch);
+    kvr_oai_scratch_release(&s->scratch); /* a stream waiting keeps no parsed chunk */
     return true;
 }
 

@@ -12,6 +12,7 @@
 #include "../../criterion_end.h"
 #include <arpa/inet.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -819,6 +820,43 @@ KVR_TEST_END(client, ten_megabyte_event, end)
     getrusage(RUSAGE_SELF, &ru);
     cr_assert(lt(long, ru.ru_maxrss, 200L * 1024), "resident memory stays small (kB)");
     cr_assert(tsrv_wait_closed(srv, 1, WAIT_MS));
+}
+
+/* Heap bytes in use (every arena, and the blocks malloc maps on its own). */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* A stream's last chunk is not kept parsed once its hook returned: jansson's tree costs ~38
+ * bytes a number, so 4 streams that each got a 512 kB chunk (an engine's prompt echo, or any
+ * field it adds) and then waited held ~9 MB each, for as long as their engine stayed silent
+ * (the idle timeout: 600 s in the adapter), far past the bound of one event a stream. */
+KVR_TEST_END(client, a_delivered_chunk_is_not_kept_parsed, end)
+{
+    enum { STREAMS = 4, ZEROS = 256 * 1024 };
+    static char body[2 * ZEROS + 256];
+    size_t n = (size_t)snprintf(body, sizeof body, "%s",
+                                "data: {\"choices\":[{\"text\":\"a\",\"token_ids\":[5]}],"
+                                "\"prompt_token_ids\":[");
+    for (unsigned i = 0; i < ZEROS; i++)
+        n += (size_t)snprintf(body + n, sizeof body - n, i ? ",0" : "0");
+    n += (size_t)snprintf(body + n, sizeof body - n, "]}\n\n");
+    tsrv_set_raw(srv, body, n);
+    client((struct kvr_oai_config){.return_token_ids = true});
+    barrier(140); /* the client's thread and its connections set up */
+    size_t before = heap_in_use();
+    for (uint64_t k = 141; k < 141 + STREAMS; k++) /* each then silent, open */
+        cr_assert(eq(int, submit(k, TS_RAW, 0, 0, 1, 0), KVR_OK));
+    for (uint64_t k = 141; k < 141 + STREAMS; k++)
+        cr_assert(wait_chunks(k, 1));
+    barrier(150); /* every hook of theirs returned */
+    size_t held = heap_in_use() - before;
+    /* what may stay: each stream's parser buffer and the server's copy of the event, each
+     * at most twice its size (buffers grow by doubling); parsed, it held 24 times its size */
+    cr_assert(lt(sz, held, (size_t)STREAMS * 6 * n), "%zu bytes held for %u streams of %zu", held,
+              (unsigned)STREAMS, n);
 }
 
 /* ---- creation, the model ---- */
