@@ -68,6 +68,7 @@ struct kvr_adapter {
     uint64_t last_batch_ns;      /* when the last batch came (monotonic ns; 0: never) */
     double start_time;           /* the engine's process_start_time_seconds; 0: not known */
     uint64_t warned_other_at;    /* the last kv_batch_dropped */
+    uint64_t warned_metrics_at;  /* the last engine_metrics_failed */
     uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
     struct kvr_wk_adapter_stats s;              /* */
 };
@@ -266,6 +267,20 @@ static void restarted(struct kvr_adapter *ad, const struct kvr_engine_metrics *m
     ad->start_time = m->start_time;
 }
 
+/* Under mu: the engine answers its /health but its /metrics failed with st (an error status, a
+ * text with no sample, too large): the load in the heartbeats is the last read, so say so. */
+static void metrics_failed(struct kvr_adapter *ad, kvr_status st, uint64_t now)
+{
+    ad->s.metrics_failed++;
+    if (ad->warned_metrics_at && now - ad->warned_metrics_at < WARN_EVERY_NS)
+        return;
+    ad->warned_metrics_at = now;
+    kvr_log(KVR_LOG_WARN, "engine_metrics_failed",
+            "url=%s/metrics error=\"%s\" failed=%" PRIu64
+            " action=\"heartbeats keep the last waiting requests and KV usage read\"",
+            ad->w->cfg->adapter.url, kvr_status_str(st), ad->s.metrics_failed);
+}
+
 /* Read the engine once: its metrics, else its health. Takes the worker's mutex. */
 static void probe(struct kvr_adapter *ad)
 {
@@ -283,6 +298,8 @@ static void probe(struct kvr_adapter *ad)
         restarted(ad, &m);
     }
     bool down = health != KVR_OK;
+    if (st != KVR_OK && !down)
+        metrics_failed(ad, st, now);
     if (down != ad->down) {
         ad->down = down;
         if (down) {

@@ -118,6 +118,10 @@ static void adapter(struct kvr_prom *p, const struct figures *f)
     gauge(p, "kvworker_adapter_streams", "Streams open to the engine.", (double)a->streams);
     counter(p, "kvworker_adapter_engine_downs_total", "Times the engine stopped answering.",
             a->engine_downs);
+    counter(p, "kvworker_adapter_engine_metrics_failed_total",
+            "Reads of the engine's /metrics that failed (a status, no sample) while it answered: "
+            "the heartbeats keep the last load read.",
+            a->metrics_failed);
     counter(p, "kvworker_adapter_kv_batches_total", "KV-event batches applied.", a->kv_batches);
     counter(p, "kvworker_adapter_kv_stored_blocks_total", "Blocks the engine announced stored.",
             a->kv_stored_blocks);

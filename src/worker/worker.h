@@ -174,6 +174,7 @@ struct kvr_wk_adapter_stats {
     uint64_t kv_gap_fill_ns;     /* the last filled gap: from seeing it to delivering past it */
     uint64_t chunks_without_ids; /* engine chunks without token ids */
     uint64_t engine_downs;       /* times the engine stopped answering */
+    uint64_t metrics_failed;     /* reads of its /metrics that failed while it answered */
     uint64_t streams;            /* streams open to the engine */
     uint64_t client_cpu_ns;      /* CPU time of the HTTP client's thread */
     bool down;                   /* the engine does not answer now */

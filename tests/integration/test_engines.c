@@ -351,6 +351,43 @@ Test(engines, a_prompt_of_200k_tokens_streams_though_its_first_chunk_echoes_it)
     h_end();
 }
 
+/* An engine that answers its /health but not its /metrics (an error status, a text without a
+ * sample) leaves the heartbeats with the last load read: that is counted and said (it once went
+ * unnoticed, the load frozen without a word), while the engine stays up (no drain). */
+Test(engines, an_engine_whose_metrics_fail_is_counted_and_said)
+{
+    struct tsrv *t = tsrv_start();
+    tsrv_set_get(t, "/health", 200, "text/plain", "");
+    tsrv_set_get(t, "/metrics", 200, "text/plain",
+                 "vllm:num_requests_waiting{model_name=\"m\"} 3\n");
+    tsrv_set_get(t, "/v1/models", 200, "application/json", "{\"data\":[{\"id\":\"m\"}]}");
+    const char *extra[] = {"--engine",
+                           "openai",
+                           "--engine-url",
+                           tsrv_url(t),
+                           "--block-size",
+                           ENGINE_BS,
+                           "--engine-metrics-ms",
+                           "100",
+                           "--metrics-addr",
+                           "127.0.0.1:0",
+                           NULL};
+    pid_t w = h_worker(srv.url, "1", 1, 100, extra);
+    int port = h_http_port(w, 10000);
+    const char *failed = "kvworker_adapter_engine_metrics_failed_total";
+    h_sleep_ms(500); /* five reads that answered */
+    cr_assert(eq(dbl, metric(port, failed), 0));
+    tsrv_set_get(t, "/metrics", 500, "application/json", "{\"error\":\"broken\"}");
+    cr_assert(ge(dbl, until_metric(port, failed, 2, 5000), 2));
+    tsrv_set_get(t, "/metrics", 200, "text/plain", "# nothing\n");
+    double n = metric(port, failed);
+    cr_assert(gt(dbl, until_metric(port, failed, n + 2, 5000), n + 1), "a text with no sample");
+    cr_expect(eq(dbl, metric(port, "kvworker_adapter_engine_up"), 1), "the engine is up");
+    cr_expect(h_log_has(w, "msg=engine_metrics_failed"));
+    h_end();
+    tsrv_stop(t);
+}
+
 Test(engines, an_engine_counting_more_tokens_than_max_tokens_fails_the_stream)
 {
     /* an engine (or whatever answers in its place) whose usage jumps to 20 million tokens for a
