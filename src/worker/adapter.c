@@ -40,6 +40,7 @@
 #include "kvzmq.h"
 #include "log.h"
 #include "openai.h"
+#include "opts.h"
 #include "signals.h"
 #include "utf8.h"
 #include "worker.h"
@@ -71,6 +72,7 @@ struct kvr_adapter {
     uint64_t warned_metrics_at;  /* the last engine_metrics_failed */
     uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
     struct kvr_wk_adapter_stats s;              /* */
+    char url[KVR_OPT_STR_MAX]; /* the engine's URL as logs show it: no password (kvr_url_redact) */
 };
 
 /* --- the engine's streams (the client's thread) ---------------------------------------------- */
@@ -254,8 +256,7 @@ static void restarted(struct kvr_adapter *ad, const struct kvr_engine_metrics *m
         return;
     if (ad->start_time && m->start_time != ad->start_time) {
         kvr_log(KVR_LOG_WARN, "engine_restarted",
-                "url=%s action=\"this worker's cache is cleared in the routers\"",
-                ad->w->cfg->adapter.url);
+                "url=%s action=\"this worker's cache is cleared in the routers\"", ad->url);
         if (ad->sub) { /* its sequence starts again: from 0, not from the old one's; the
                           subscriber's reset clears what it learnt */
             kvr_kvsub_rewind(ad->sub);
@@ -278,7 +279,7 @@ static void metrics_failed(struct kvr_adapter *ad, kvr_status st, uint64_t now)
     kvr_log(KVR_LOG_WARN, "engine_metrics_failed",
             "url=%s/metrics error=\"%s\" failed=%" PRIu64
             " action=\"heartbeats keep the last waiting requests and KV usage read\"",
-            ad->w->cfg->adapter.url, kvr_status_str(st), ad->s.metrics_failed);
+            ad->url, kvr_status_str(st), ad->s.metrics_failed);
 }
 
 /* Read the engine once: its metrics, else its health. Takes the worker's mutex. */
@@ -306,9 +307,9 @@ static void probe(struct kvr_adapter *ad)
             ad->s.engine_downs++;
             kvr_log(KVR_LOG_ERROR, "engine_down",
                     "url=%s error=\"%s\" action=\"draining: routers send nothing new here\"",
-                    a->url, kvr_status_str(health));
+                    ad->url, kvr_status_str(health));
         } else { /* it may have restarted: what it cached is gone */
-            kvr_log(KVR_LOG_INFO, "engine_up", "url=%s", a->url);
+            kvr_log(KVR_LOG_INFO, "engine_up", "url=%s", ad->url);
             kvr__wk_kvfeed_cleared(&ad->feed);
         }
     }
@@ -435,7 +436,9 @@ static kvr_status await_engine(const struct kvr_wk_config *cfg)
             return st;
         if (!logged || now - logged >= STARTUP_LOG_NS) {
             logged = now;
-            kvr_log(KVR_LOG_INFO, "engine_waiting", "url=%s error=\"%s\"", cfg->adapter.url,
+            char shown[KVR_OPT_STR_MAX];
+            kvr_url_redact(cfg->adapter.url, shown, sizeof shown);
+            kvr_log(KVR_LOG_INFO, "engine_waiting", "url=%s error=\"%s\"", shown,
                     kvr_status_str(st));
         }
         kvr_sleep_ns(100 * KVR_NS_PER_MS);
@@ -482,6 +485,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
     if (!ad)
         return KVR_ERR_NOMEM;
     ad->w = w;
+    kvr_url_redact(a->url, ad->url, sizeof ad->url);
     kvr__wk_kvfeed_init(&ad->feed, w, &ad->s);
     pthread_mutex_init(&ad->pm, NULL);
     kvr_cond_init_monotonic(&ad->pcv);
@@ -490,7 +494,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
     w->capacity = cfg->engine.num_blocks;
     kvr_status st = await_engine(cfg);
     if (st != KVR_OK) {
-        kvr_log(KVR_LOG_ERROR, "engine_unreachable", "url=%s error=\"%s\"", a->url,
+        kvr_log(KVR_LOG_ERROR, "engine_unreachable", "url=%s error=\"%s\"", ad->url,
                 kvr_status_str(st));
         return st;
     }
@@ -525,11 +529,11 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
         kvr_log(KVR_LOG_WARN, "kv_events_off",
                 "url=%s action=\"no --kv-events: routers learn this worker's cache from their "
                 "decisions (approximate mode for it)\"",
-                a->url);
+                ad->url);
     }
     char model[256]; /* the engine's to name: a quote in it would forge log fields */
     kvr_log(KVR_LOG_INFO, "engine_ready",
-            "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u", a->url,
+            "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u", ad->url,
             kvr_log_safe(model, sizeof model, kvr_oai_model(ad->oai)),
             a->kv_events[0] ? a->kv_events : "none", w->capacity, cfg->engine.block_size);
     if (pthread_create(&ad->poller, NULL, poll_main, ad)) /* it writes w->capacity under mu */

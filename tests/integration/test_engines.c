@@ -361,10 +361,12 @@ Test(engines, an_engine_whose_metrics_fail_is_counted_and_said)
     tsrv_set_get(t, "/metrics", 200, "text/plain",
                  "vllm:num_requests_waiting{model_name=\"m\"} 3\n");
     tsrv_set_get(t, "/v1/models", 200, "application/json", "{\"data\":[{\"id\":\"m\"}]}");
+    char url[128]; /* with a password (a proxy's basic auth): no log line shows it */
+    snprintf(url, sizeof url, "http://bob:hunter2@%s", tsrv_url(t) + strlen("http://"));
     const char *extra[] = {"--engine",
                            "openai",
                            "--engine-url",
-                           tsrv_url(t),
+                           url,
                            "--block-size",
                            ENGINE_BS,
                            "--engine-metrics-ms",
@@ -384,6 +386,7 @@ Test(engines, an_engine_whose_metrics_fail_is_counted_and_said)
     cr_assert(gt(dbl, until_metric(port, failed, n + 2, 5000), n + 1), "a text with no sample");
     cr_expect(eq(dbl, metric(port, "kvworker_adapter_engine_up"), 1), "the engine is up");
     cr_expect(h_log_has(w, "msg=engine_metrics_failed"));
+    cr_expect(not(h_log_has(w, "hunter2")), "the engine's URL is logged without its password");
     h_end();
     tsrv_stop(t);
 }
