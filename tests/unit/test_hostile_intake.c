@@ -180,6 +180,33 @@ Test(hostile_intake, odd_but_valid_generates_are_served)
     kvr_buf_free(&b);
 }
 
+/* A client's request "a" streams on its inbox; its "a\0b", sent there too, is refused
+ * ERR_INVALID. protobuf-c reads that id as "a", and the refusal named it so: the client read a
+ * final ERR_INVALID chunk for "a", its request still streaming. The refusal names no request. */
+Test(hostile_intake, a_nul_id_refused_names_no_other_request)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    struct kvr_buf b = {0};
+    request(&b, "a", 64, 8, NULL);
+    kvr_intake_generate(&hr_rd, "_INBOX.one", b.data, b.len);
+    cr_assert(eq(int, hr_count("kv.default.worker.1.generate", 0, NULL), 1), "a is placed");
+    request(&b, "aXb", 64, 8, NULL);
+    char *x = memchr(b.data, 'X', b.len);
+    cr_assert(x != NULL);
+    *x = 0; /* "a\0b": the library's encoder cannot write it */
+    size_t mark = hr_nsent;
+    kvr_intake_generate(&hr_rd, "_INBOX.one", b.data, b.len);
+    const struct hr_sent *m = NULL;
+    cr_assert(eq(int, hr_count("_INBOX.one", mark, &m), 1), "one answer");
+    cr_assert(eq(u32, hr_error_in(m), KVR_ERR_INVALID));
+    struct kvr_wire_response r;
+    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
+    cr_assert(eq(str, r.request_id ? r.request_id : "", ""),
+              "the refusal names no request, not the client's \"a\": got \"%s\"", r.request_id);
+    kvr_wire_response_free(&r);
+    kvr_buf_free(&b);
+}
+
 /* One select of data at reply: the SelectResponse's error code (asserted: exactly one answer). */
 static uint32_t select_code(const char *row, const char *reply, const void *data, size_t len)
 {
