@@ -120,7 +120,8 @@ void kvr_registry_sync_hot(struct kvr_registry *g, uint32_t slot, double busy_th
     const struct kvr_worker *w = &g->by_slot[slot];
     assert(slot < g->nslots && w->id != 0);
     struct kvr_worker_hot *h = &g->hot[slot];
-    g->largest_stale |= h->inv_capacity != w->inv_capacity;
+    /* a capacity, or a drain begun or ended (hot's -1: draining until now), moves the largest */
+    g->largest_stale |= h->inv_capacity != w->inv_capacity || (h->busy_blocks < 0) != w->draining;
     h->inv_capacity = w->inv_capacity;
     if (w->draining)
         h->busy_blocks = -1.0; /* every count of blocks is above it */
@@ -137,6 +138,8 @@ double kvr_registry_largest(struct kvr_registry *g)
     double most = 0;
     for (uint32_t i = 0; i < g->nlive && most < INFINITY; i++) {
         const struct kvr_worker *w = &g->by_slot[g->order[i]];
+        if (w->draining)
+            continue; /* takes nothing new: a request it alone holds would wait for its end */
         double c = w->capacity_blocks ? (double)w->capacity_blocks : INFINITY;
         most = c > most ? c : most;
     }

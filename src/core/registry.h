@@ -48,9 +48,9 @@ struct kvr_registry {
     uint32_t nlive;             /* live workers */
     uint32_t max_workers;       /* bound on live workers */
     uint64_t index_blocks;      /* sum of the live workers' index_blocks, blocks */
-    double largest;             /* the largest capacity of a live worker, blocks (INFINITY when
-                                   one announced none), when largest_stale is false */
-    bool largest_stale;         /* a join, a leave or a capacity changed since */
+    double largest;             /* the largest capacity of a live worker not draining, blocks
+                                   (INFINITY when one announced none), when largest_stale is false */
+    bool largest_stale;         /* a join, a leave, a capacity or a drain changed since */
 };
 
 kvr_status kvr_registry_init(struct kvr_registry *g, uint32_t max_workers);
@@ -79,8 +79,9 @@ void kvr_registry_set_index_blocks(struct kvr_registry *g, uint32_t slot, uint64
  */
 void kvr_registry_sync_hot(struct kvr_registry *g, uint32_t slot, double busy_threshold);
 
-/* The largest KV pool of a live worker, blocks: INFINITY when one has not announced its own, 0
- * with none live. Recomputed (O(workers)) only after a join, a leave or a change of capacity. */
+/* The largest KV pool of a live worker that is not draining (one that drains takes nothing new),
+ * blocks: INFINITY when one has not announced its own, 0 with none. Recomputed (O(workers)) only
+ * after a join, a leave, a change of capacity or a drain begun or ended. */
 double kvr_registry_largest(struct kvr_registry *g);
 
 /* Whether the worker in slot is busy by its blocks: what worker_busy tests of the record. */

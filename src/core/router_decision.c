@@ -40,8 +40,9 @@ static inline uint32_t reuse_of(const struct kvr_router *r, uint32_t slot)
  * The KV blocks prompt p needs at once with its whole output, as a worker counts them before it
  * takes a request: a worker whose pool cannot hold them refuses it (ERR_FULL). On a fleet of
  * unequal workers such a request goes only to those whose announced capacity holds it; when none
- * does (or none says so truly), the policy chooses as if it fitted and the worker says, as
- * before: 0, which every worker holds.
+ * that takes requests does (one that drains does not: the request would wait for its end, and
+ * every request behind it), or none says so truly, the policy chooses as if it fitted and the
+ * worker says, as before: 0, which every worker holds.
  */
 static double need_blocks(struct kvr_router *r, const struct prompt *p)
 {

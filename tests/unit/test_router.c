@@ -634,6 +634,43 @@ Test(router, a_request_goes_only_to_workers_that_can_hold_it_round_robin)
     only_the_workers_that_hold_it(true);
 }
 
+/* A draining worker takes nothing new: while the only worker that holds a request drains, the
+ * request is chosen as when no worker holds it (its worker answers ERR_FULL at once). It waited
+ * instead, for the queue timeout (ERR_OVERLOADED) or the drain's end, and every request behind it
+ * with it, though the other worker was free for them. Once the drain ends, the big worker is
+ * again the only one for it. */
+Test(router, a_draining_worker_holds_no_request_up)
+{
+    make();
+    join(1, 8);
+    join(2, 64);
+    struct kvr_worker_info info = {.id = 2, .block_size = B, .capacity_blocks = 64};
+    info.draining = true;
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
+    uint32_t *t = prompt(0, 0, 1, 6 * B);
+    struct kvr_request q = {.id = 1, .tokens = t, .ntokens = 6 * B, .max_tokens = 4 * B};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(not(d.queued), "10 blocks, worker 2 drains: chosen as if it fitted, not waiting");
+    cr_assert(eq(u64, d.worker_id, 1));
+    q.id = 2;
+    q.max_tokens = B; /* 7 blocks: worker 1 holds it */
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(not(d.queued), "a request worker 1 holds does not wait behind one");
+    cr_assert(eq(u64, d.worker_id, 1));
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    cr_assert(eq(int, kvr_router_done(r, 2), KVR_OK));
+    info.draining = false; /* back: again the only one for 10 blocks */
+    cr_assert(eq(int, kvr_router_worker_seen(r, &info, 0), KVR_OK));
+    q.max_tokens = 4 * B;
+    for (q.id = 3; q.id <= 12; q.id++) {
+        cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+        cr_assert(eq(u64, d.worker_id, 2), "request %" PRIu64 ": only worker 2 holds it", q.id);
+        cr_assert(eq(int, kvr_router_done(r, q.id), KVR_OK));
+    }
+    free(t);
+}
+
 Test(router, full_queue_answers_overloaded_at_once)
 {
     cfg.busy_threshold = 0.5;
