@@ -227,7 +227,8 @@ struct kvr_candidate {
     uint32_t waiting;        /* its own queue length, from its last load report */
     double kv_usage;         /* its own KV utilisation, from its last load report */
     double cost;             /* kv cost (lower is better), computed for every policy */
-    bool busy;               /* skipped as busy */
+    bool busy;               /* skipped: busy, or its announced capacity cannot hold the
+                                request's prompt and max_tokens at once */
 };
 
 struct kvr_decision {

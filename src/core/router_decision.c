@@ -362,7 +362,9 @@ static void fill_candidates(struct kvr_router *r, const struct prompt *p)
         c->waiting = w->waiting;
         c->kv_usage = w->kv_usage;
         c->cost = r->costs[i];
-        c->busy = worker_busy(r, slot);
+        /* skipped: busy, or its pool cannot hold the request (score's rule, the view says why
+         * the cheapest may not be chosen) */
+        c->busy = worker_busy(r, slot) || !holds(r->need, r->reg.hot[slot].inv_capacity);
     }
 }
 

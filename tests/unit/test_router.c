@@ -634,6 +634,29 @@ Test(router, a_request_goes_only_to_workers_that_can_hold_it_round_robin)
     only_the_workers_that_hold_it(true);
 }
 
+/* The full view of a decision (a select's candidates, kvsim explain) marks the workers it skipped:
+ * one too small for the request was skipped but shown as eligible, so the cheapest candidate not
+ * busy was not the one chosen, and nothing said why. */
+Test(router, the_full_view_marks_a_worker_too_small_as_skipped)
+{
+    make();
+    join(1, 8);
+    join(2, 64);
+    uint32_t *t = prompt(0, 0, 1, 6 * B);
+    struct kvr_request q = {
+        .id = 1, .tokens = t, .ntokens = 6 * B, .max_tokens = 4 * B, .explain = true};
+    struct kvr_decision d;
+    cr_assert(eq(int, kvr_router_select(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 2), "10 blocks: only worker 2 holds them");
+    cr_assert(d.candidates != NULL);
+    cr_assert(eq(u32, d.ncandidates, 2));
+    for (uint32_t i = 0; i < 2; i++)
+        cr_assert(eq(int, d.candidates[i].busy, d.candidates[i].worker_id == 1),
+                  "worker %" PRIu64 " skipped: %d", d.candidates[i].worker_id,
+                  d.candidates[i].busy);
+    free(t);
+}
+
 /* A draining worker takes nothing new: while the only worker that holds a request drains, the
  * request is chosen as when no worker holds it (its worker answers ERR_FULL at once). It waited
  * instead, for the queue timeout (ERR_OVERLOADED) or the drain's end, and every request behind it
