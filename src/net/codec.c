@@ -486,7 +486,7 @@ static bool fast_generate(const void *buf, size_t len, const struct kvr_wire_lim
 
 /* st, or KVR_ERR_INVALID if the request in buf (field `field` of it, else buf itself) holds an id
  * with a NUL byte: protobuf-c cut it there, and two of a client's requests would read as one
- * (kvr_codec_nul_in). The refusal names no request: the id as far as it reads ("a" of "a\0b")
+ * (kvr_codec_nul_in). No refusal of it names a request: the id as far as it reads ("a" of "a\0b")
  * may be another request of the same client, which would read the refusal as its own final.
  * Never on the fast path, which takes printable ids alone. */
 static kvr_status refuse_nul_id(kvr_status st, const void *buf, size_t len, uint32_t field,
@@ -494,11 +494,13 @@ static kvr_status refuse_nul_id(kvr_status st, const void *buf, size_t len, uint
 {
     bool nul = field ? kvr_codec_nul_in(buf, len, field, GENERATE_REQUEST_ID)
                      : kvr_codec_nul_in(buf, len, GENERATE_REQUEST_ID, 0);
-    if (st != KVR_OK || !nul)
+    if (!nul)
+        return st;
+    free(out->request_id); /* whatever the answer (max_tokens 0 too), it names no request */
+    out->request_id = NULL;
+    if (st != KVR_OK)
         return st;
     out->invalid = "request_id holds a NUL byte";
-    free(out->request_id);
-    out->request_id = NULL;
     return KVR_ERR_INVALID;
 }
 

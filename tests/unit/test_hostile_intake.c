@@ -204,6 +204,17 @@ Test(hostile_intake, a_nul_id_refused_names_no_other_request)
     cr_assert(eq(str, r.request_id ? r.request_id : "", ""),
               "the refusal names no request, not the client's \"a\": got \"%s\"", r.request_id);
     kvr_wire_response_free(&r);
+    /* refused for another reason first (max_tokens 0): no "a" either */
+    request(&b, "aXb", 64, 0, NULL);
+    *(char *)memchr(b.data, 'X', b.len) = 0;
+    mark = hr_nsent;
+    kvr_intake_generate(&hr_rd, "_INBOX.one", b.data, b.len);
+    cr_assert(eq(int, hr_count("_INBOX.one", mark, &m), 1), "one answer");
+    cr_assert(eq(u32, hr_error_in(m), KVR_ERR_MAX_TOKENS_ZERO));
+    cr_assert(eq(int, kvr_wire_decode_response(m->data, m->len, &r), KVR_OK));
+    cr_assert(eq(str, r.request_id ? r.request_id : "", ""),
+              "max_tokens 0: the refusal names no request, got \"%s\"", r.request_id);
+    kvr_wire_response_free(&r);
     kvr_buf_free(&b);
 }
 
