@@ -104,20 +104,24 @@ static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct flee
     pr->ntokens = p->ntokens;
 }
 
-/* The time model's price of the worker in slot (walk done: overlap and hits filled), and whether
- * it is not eligible: busy (worker_busy, from the locals), or too small to hold the request. */
+/* Why a worker is not eligible for a request: 0 when it is. */
+enum skip { SKIP_BUSY = 1, SKIP_SMALL = 2 /* not busy, but its pool cannot hold the request */ };
+
+/* The time model's price of the worker in slot (walk done: overlap and hits filled), and why it
+ * is not eligible (*skip): busy (worker_busy, from the locals), or too small to hold the request.
+ */
 static inline __attribute__((always_inline)) double
 price(const struct kvr_router *r, const struct pricer *pr, struct reuse_terms *memo,
-      const struct fleet_prefix *f, uint32_t slot, bool *busy)
+      const struct fleet_prefix *f, uint32_t slot, unsigned *skip)
 {
     const struct kvr_active_worker *aw = &pr->aws[slot];
     uint32_t reuse = reuse_of(r, slot), hit = pr->hits[slot];
     uint64_t cached = (uint64_t)reuse * pr->block_size;
     uint64_t prefill = aw->prefill + (cached < pr->ntokens ? pr->ntokens - cached : 0);
     uint64_t decode = aw->blocks + pr->req_blocks - hit;
-    *busy = (double)aw->blocks > pr->hot[slot].busy_blocks ||
-            (pr->busy_prefill && aw->prefill > pr->busy_prefill) ||
-            !holds(pr->need, pr->hot[slot].inv_capacity);
+    bool busy = (double)aw->blocks > pr->hot[slot].busy_blocks ||
+                (pr->busy_prefill && aw->prefill > pr->busy_prefill);
+    *skip = busy ? SKIP_BUSY : holds(pr->need, pr->hot[slot].inv_capacity) ? 0 : SKIP_SMALL;
     return time_cost(&pr->k, aw, &pr->hot[slot], &pr->counts[slot], prefill, decode,
                      reuse_terms(r, memo, reuse, pr->ntokens, f), pr->pload[slot]);
 }
@@ -143,21 +147,24 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         pricer_init(&pr, memo, &f, r, p, ow, walked, now);
         const uint32_t n = r->reg.nlive;
         double *costs = r->costs;
-        uint32_t *eligible = r->eligible;
+        uint32_t *eligible = r->eligible, small = 0;
         for (uint32_t i = 0; i < n; i++) {
             uint32_t slot = order[i];
             assert(r->overlap[slot] <= walked && r->hits[slot] <= walked); /* the walk stops
                                                                               where both do */
-            bool busy;
-            costs[i] = price(r, &pr, memo, &f, slot, &busy);
+            unsigned skip;
+            costs[i] = price(r, &pr, memo, &f, slot, &skip);
             eligible[neligible] = i;
-            neligible += !busy;
+            neligible += !skip;
+            small += skip == SKIP_SMALL;
         }
+        r->small_free = small;
         return neligible;
     }
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
     double need = r->need;
+    r->small_free = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = order[i];
         const struct kvr_active_worker *aw = &r->act.w[slot];
@@ -168,7 +175,9 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
         r->costs[i] = ow / B * (double)prefill + (double)decode;
         r->eligible[neligible] = i;
-        neligible += !worker_busy(r, slot) && holds(need, r->reg.hot[slot].inv_capacity);
+        bool busy = worker_busy(r, slot), fits = holds(need, r->reg.hot[slot].inv_capacity);
+        neligible += !busy && fits;
+        r->small_free += !busy && !fits;
     }
     return neligible;
 }
@@ -194,6 +203,7 @@ struct pruned {
     double chosen_cost;        /* its price */
     uint32_t avoided;          /* the eligible worker to avoid, KVR_NIL when not seen */
     double avoided_cost;       /* its price */
+    uint32_t small_free;       /* workers offered that were only too small (SKIP_SMALL) */
 };
 
 /* Price the worker in slot and offer it to the pick. */
@@ -201,10 +211,12 @@ static inline __attribute__((always_inline)) void
 offer(struct kvr_router *r, const struct prompt *p, const struct pricer *pr,
       struct reuse_terms *memo, const struct fleet_prefix *f, uint32_t slot, struct pruned *pk)
 {
-    bool busy;
-    double c = price(r, pr, memo, f, slot, &busy);
-    if (busy)
+    unsigned skip;
+    double c = price(r, pr, memo, f, slot, &skip);
+    if (skip) {
+        pk->small_free += skip == SKIP_SMALL;
         return;
+    }
     if (p->avoid && r->reg.by_slot[slot].id == p->avoid) {
         pk->avoided = slot;
         pk->avoided_cost = c;
@@ -333,6 +345,7 @@ static uint32_t pick_pruned(struct kvr_router *r, const struct prompt *p, double
             break;
         offer(r, p, &pr, memo, &f, slot, &pk);
     }
+    r->small_free = pk.small_free; /* none chosen: every worker was offered */
     if (pk.chosen == KVR_NIL && pk.avoided != KVR_NIL) {
         *cost = pk.avoided_cost;
         return pk.avoided;
@@ -627,14 +640,15 @@ kvr_status kvr_router_route(struct kvr_router *r, const struct kvr_request *req,
         return refuse(r, KVR_ERR_DUPLICATE);
     if (r->reg.nlive == 0)
         return refuse(r, KVR_ERR_NO_WORKERS);
-    if (r->qhead) /* others are waiting already: keep their order */
+    bool sized = false;
+    if (r->qhead && r->qsized < r->qlen) /* others wait for any worker: keep their order */
         st = KVR_ERR_OVERLOADED;
     else if (kvr_active_count(&r->act) >= r->cfg.max_inflight)
         st = KVR_ERR_OVERLOADED;
-    else
-        st = kvr__router_decide(r, &p, now, true, out);
+    else if ((st = kvr__router_decide(r, &p, now, true, out)) == KVR_ERR_OVERLOADED)
+        sized = r->small_free > 0; /* it waits for a larger worker, holding up no other */
     if (st == KVR_ERR_OVERLOADED && r->cfg.queue_max) {
-        st = kvr__router_enqueue(r, &p, now);
+        st = kvr__router_enqueue(r, &p, now, sized);
         if (st == KVR_OK) {
             queued_decision(out, req->id);
             return KVR_OK;

@@ -69,11 +69,14 @@ struct kvr_router {
     uint64_t *seq;               /* the current prompt's sequence hashes */
     uint32_t *nodes;             /* the current prompt's block table nodes */
     double need;                 /* the current prompt's need_blocks (router_decision.c) */
+    uint32_t small_free;         /* its decision: workers not busy but too small for it; on
+                                    KVR_ERR_OVERLOADED, whether smaller requests could go now */
     struct queued *qhead;        /* requests waiting for a worker that is not busy */
     struct queued *qtail;        /* */
     uint32_t qlen;               /* */
     struct kvr_map qids;         /* the waiting requests' ids (values unused) */
     uint64_t qown_min;           /* no waiting request's own deadline is before this */
+    uint32_t qsized;             /* waiting requests that hold up none behind them (sized) */
     struct kvr_router_stats st;  /* counters (gauges are filled in by kvr_router_stats) */
     uint64_t last_now;           /* the latest time a call brought (for calls without one) */
 };
@@ -127,10 +130,13 @@ kvr_status kvr__router_book(struct kvr_router *r, uint64_t id, uint32_t slot, co
 
 /* router_queue.c */
 
-/* Queue p until a worker is free or its deadline passes. KVR_ERR_OVERLOADED when full. */
-kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now);
+/* Queue p until a worker is free or its deadline passes (sized: its decision found only workers
+ * too small for it free). KVR_ERR_OVERLOADED when full. */
+kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now,
+                               bool sized);
 
-/* Place or reject waiting requests, oldest first, until one finds every worker busy. */
+/* Place or reject waiting requests, oldest first, until one finds every worker that could take it
+ * busy (past those only larger workers could take, DRAIN_PAST_MAX at most). */
 void kvr__router_drain(struct kvr_router *r, uint64_t now);
 
 /* Whether request id is waiting. */

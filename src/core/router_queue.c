@@ -27,8 +27,12 @@ struct queued {
     uint32_t ntokens;        /* */
     uint32_t max_tokens;     /* */
     struct kvr_overrides ov; /* */
+    bool sized;              /* its last try found the workers that hold it busy and smaller ones
+                                free: it holds up no request behind it (counted in qsized) */
     struct queued *next;     /* FIFO */
 };
+
+#define DRAIN_PAST_MAX 16 /* requests waiting for a large worker one drain tries and passes */
 
 static void free_queued(struct queued *q)
 {
@@ -46,8 +50,15 @@ static void unlink_queued(struct kvr_router *r, struct queued *prev, struct queu
     if (r->qtail == q)
         r->qtail = prev;
     r->qlen--;
+    r->qsized -= q->sized;
     kvr_map_del(&r->qids, q->id);
-    assert((r->qhead == NULL) == (r->qlen == 0));
+    assert((r->qhead == NULL) == (r->qlen == 0) && r->qsized <= r->qlen);
+}
+
+static void set_sized(struct kvr_router *r, struct queued *q, bool sized)
+{
+    r->qsized = r->qsized - q->sized + sized;
+    q->sized = sized;
 }
 
 void kvr__router_queue_free(struct kvr_router *r)
@@ -117,24 +128,39 @@ static void sweep_deadlines(struct kvr_router *r, uint64_t now)
     r->qown_min = next; /* the head's own deadline is the drain's to see */
 }
 
+/*
+ * Oldest first. A request that still finds every worker that could take it busy stops the drain
+ * (the order is kept), unless smaller workers were free for it (sized): only a worker large
+ * enough will do, and those behind it are tried, DRAIN_PAST_MAX such requests passed at most.
+ */
 void kvr__router_drain(struct kvr_router *r, uint64_t now)
 {
-    while (r->qhead) {
-        struct queued *q = r->qhead;
+    struct queued *prev = NULL;
+    uint32_t passed = 0;
+    for (struct queued *q = r->qhead, *next; q; q = next) {
+        next = q->next;
         struct kvr_overrides ov = q->ov;
         struct prompt p = {q->id, q->seq, q->nblocks, q->ntokens, q->first_hash,
                            &ov,   false,  0,          0,          q->max_tokens};
         struct kvr_decision d;
         kvr_status st = KVR_ERR_OVERLOADED;
-        if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight)
+        bool sized = false;
+        if (q->deadline > now && kvr_active_count(&r->act) < r->cfg.max_inflight) {
             st = kvr__router_decide(r, &p, now, true, &d);
+            sized = st == KVR_ERR_OVERLOADED && r->small_free > 0;
+        }
         if (st == KVR_ERR_OVERLOADED && q->deadline > now) {
-            sweep_deadlines(r, now);
-            return;
+            set_sized(r, q, sized);
+            if (!sized || ++passed >= DRAIN_PAST_MAX) {
+                sweep_deadlines(r, now);
+                return;
+            }
+            prev = q;
+            continue;
         }
         if (st == KVR_ERR_OVERLOADED && q->own_deadline)
             st = KVR_ERR_DEADLINE;
-        unlink_queued(r, NULL, q);
+        unlink_queued(r, prev, q);
         if (st != KVR_OK) {
             reject(r, q, st);
             continue;
@@ -145,10 +171,12 @@ void kvr__router_drain(struct kvr_router *r, uint64_t now)
         kvr__router_emit(r, KVR_EV_PLACED, q->id, d.worker_id, KVR_OK, &d);
         free_queued(q);
     }
-    r->qown_min = UINT64_MAX; /* none waits */
+    if (!r->qhead)
+        r->qown_min = UINT64_MAX; /* none waits */
 }
 
-kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now)
+kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uint64_t now,
+                               bool sized)
 {
     if (r->qlen >= r->cfg.queue_max)
         return KVR_ERR_OVERLOADED;
@@ -174,6 +202,8 @@ kvr_status kvr__router_enqueue(struct kvr_router *r, const struct prompt *p, uin
         r->qown_min = q->deadline < r->qown_min ? q->deadline : r->qown_min;
     }
     q->first_hash = p->first_hash;
+    q->sized = sized;
+    r->qsized += sized;
     q->nblocks = p->nblocks;
     q->ntokens = p->ntokens;
     q->max_tokens = p->max_tokens;

@@ -694,6 +694,41 @@ Test(router, a_draining_worker_holds_no_request_up)
     free(t);
 }
 
+/* A request only a busy large worker holds waits for it, but holds up no request behind it that a
+ * free smaller worker takes: with the first waiting, by the FIFO rule every later one waited
+ * too, the small worker idle. */
+Test(router, a_request_waiting_for_a_large_worker_holds_up_no_smaller_one)
+{
+    cfg.busy_threshold = 0.5;
+    make();
+    join(1, 8);  /* busy above 4 blocks */
+    join(2, 64); /* busy above 32 */
+    uint32_t *big = prompt(0, 0, 1, 40 * B), *t = prompt(0, 0, 2, 6 * B);
+    struct kvr_decision d;
+    struct kvr_request q = {.id = 1, .tokens = big, .ntokens = 40 * B, .max_tokens = B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(eq(u64, d.worker_id, 2), "41 blocks: only worker 2 holds them");
+    q = (struct kvr_request){.id = 2, .tokens = t, .ntokens = 6 * B, .max_tokens = 4 * B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(d.queued, "10 blocks: worker 2 holds them but is busy");
+    q = (struct kvr_request){.id = 3, .tokens = t, .ntokens = 5 * B, .max_tokens = B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(not(d.queued), "6 blocks behind it: worker 1 is free for them");
+    cr_assert(eq(u64, d.worker_id, 1));
+    kvr_router_tick(r, NS);
+    cr_assert(eq(int, ev.placed, 0), "the large one still waits");
+    q = (struct kvr_request){.id = 4, .tokens = t, .ntokens = 2 * B, .max_tokens = B};
+    cr_assert(eq(int, kvr_router_route(r, &q, 0, &d), KVR_OK));
+    cr_assert(d.queued, "both workers busy: it waits, behind the large one");
+    cr_assert(eq(int, kvr_router_done(r, 1), KVR_OK));
+    kvr_router_tick(r, 2 * NS);
+    cr_assert(eq(int, ev.placed, 2), "worker 2 free: both go, in their order");
+    cr_assert(eq(u64, ev.last_id, 4));
+    cr_assert(eq(u64, ev.last_worker, 2));
+    free(big);
+    free(t);
+}
+
 Test(router, full_queue_answers_overloaded_at_once)
 {
     cfg.busy_threshold = 0.5;
