@@ -45,9 +45,9 @@ const char *rec_log_end(const char *name);
 /* Lines of text holding what, and the sum of their suppressed=N. */
 uint32_t rec_log_lines(const char *text, const char *what, uint64_t *suppressed);
 /* A flood anyone could send, each message a line `what` unless gated (reply.h's kvr_log_gate):
- * send(ctx) 1,000 times, then once more a second later. Asserts that at most
- * 2 * KVR_REPLY_LOG_PER_S lines were written and that they and the suppressed=N they carry
- * account for all 1,001. */
+ * send(ctx) 1,000 times, then once more a second later. Asserts that at most KVR_REPLY_LOG_PER_S
+ * lines were written for each second the 1,000 touched, one more after, and that they and the
+ * suppressed=N they carry account for all 1,001. */
 void rec_log_flood(void (*send)(void *ctx), void *ctx, const char *name, const char *what);
 
 /* 16 bytes of 0xff: no message of the protocol (a truncated varint). */
