@@ -35,7 +35,7 @@ Test(fleet, a_request_streams_its_tokens)
 {
     h_router(srv.url, "r1", NULL);
     h_worker(srv.url, "1", 50, 200, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     struct h_result r = h_ask(nc, GEN, "stream", 1, 0, 300, 20, 10000);
     cr_assert(r.final, "the final chunk arrived");
     cr_assert(eq(u32, r.error_code, 0));
@@ -54,7 +54,7 @@ Test(fleet, shared_prefixes_stick_and_load_spreads)
         snprintf(id, sizeof id, "%d", i);
         h_worker(srv.url, id, 20, 200, NULL);
     }
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     h_sleep_ms(500); /* every worker has announced itself */
     uint64_t first = 0;
     for (int i = 0; i < 6; i++) { /* one after another, sharing a 2,048-token prefix */
@@ -95,7 +95,7 @@ Test(fleet, a_killed_worker_fails_its_clients_within_seconds)
     h_router(srv.url, "r1", NULL);
     pid_t w1 = h_worker(srv.url, "1", 1, 500, NULL);
     pid_t w2 = h_worker(srv.url, "2", 1, 500, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     struct h_req q[4];
     uint64_t wid[4];
     for (int i = 0; i < 4; i++) { /* long generations: 3,000 tokens at real speed */
@@ -165,7 +165,7 @@ Test(fleet, bad_input_gets_errors_and_the_router_keeps_serving)
     cr_assert(r.final);
     cr_assert(eq(u32, r.error_code, KVR_ERR_NO_WORKERS), "no workers: an error at once");
     h_worker(srv.url, "1", 50, 200, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     /* "no workers" so far: that one, and the probes sent before the worker had joined */
     json_t *before = h_stats(nc, 2000);
     uint8_t garbage[64];
@@ -353,11 +353,11 @@ Test(fleet, a_router_restart_is_survived)
 {
     pid_t r1 = h_router(srv.url, "r1", NULL);
     h_worker(srv.url, "1", 50, 200, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     h_signal(r1, SIGTERM);
     cr_assert(eq(int, h_wait(r1, 10000), 0));
     h_router(srv.url, "r1b", NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     struct h_result r = h_ask(nc, GEN, "after-restart", 9, 0, 256, 5, 5000);
     cr_assert(r.final && r.error_code == 0);
     h_end();
@@ -367,7 +367,7 @@ Test(fleet, a_nats_server_restart_is_survived)
 {
     h_router(srv.url, "r1", NULL);
     h_worker(srv.url, "1", 50, 200, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     int port = srv.port;
     natsConnection_Destroy(nc);
     nc = NULL;
@@ -477,7 +477,7 @@ Test(fleet, selects_and_generates_at_once_are_all_answered)
     h_router(srv.url, "r1", NULL);
     h_worker(srv.url, "1", 50, 200, NULL);
     h_worker(srv.url, "2", 50, 200, NULL);
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     enum { N = 200 };
     static struct h_req q[N];
     natsSubscription *answers = NULL;
@@ -571,7 +571,7 @@ Test(fleet, lifecycle_events_in_batches_book_and_free_as_alone)
     h_until_router(nc, 10000);
     h_worker(srv.url, "1", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
     h_worker(srv.url, "2", 50, 20000, (const char *[]){"--event-batch-ms", "5", NULL});
-    h_until_served(nc, GEN, 0, 5000);
+    h_until_served(nc, GEN, 0, 15000);
     h_sleep_ms(500); /* both have announced themselves */
     enum { N = 40 };
     struct h_req q[N];
