@@ -496,8 +496,9 @@ static kvr_status refuse_nul_id(kvr_status st, const void *buf, size_t len, uint
                      : kvr_codec_nul_in(buf, len, GENERATE_REQUEST_ID, 0);
     if (!nul)
         return st;
-    free(out->request_id); /* whatever the answer (max_tokens 0 too), it names no request */
-    out->request_id = NULL;
+    if (out->request_id) /* whatever the answer (max_tokens 0 too), it names no request: emptied
+                            in place, so a readable request's error still has its (empty) id */
+        out->request_id[0] = 0;
     if (st != KVR_OK)
         return st;
     out->invalid = "request_id holds a NUL byte";

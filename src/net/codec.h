@@ -156,8 +156,8 @@ const char *kvr_wire_request_why(const struct kvr_wire_request *r, kvr_status st
  * the figures of a limit passed, and the rest of out is zeroed; the caller frees out in every
  * case. Over kvr_wire_request_cap(lim) bytes: KVR_ERR_TOO_LARGE; a request id over
  * KVR_REQUEST_ID_MAX: KVR_ERR_ID_TOO_LONG (neither with a request id); a request id holding a NUL
- * byte: KVR_ERR_INVALID (out->invalid says so), and no request id with this error or any other:
- * the id up to that byte may name another request.
+ * byte: KVR_ERR_INVALID (out->invalid says so), and its request id empty with this error or any
+ * other: the id up to that byte may name another request.
  */
 kvr_status kvr_wire_decode_generate(const void *buf, size_t len, const struct kvr_wire_limits *lim,
                                     struct kvr_wire_request *out);
