@@ -57,12 +57,24 @@ static inline bool holds(double need, double inv_capacity)
     return need * inv_capacity <= 1.0 + 1e-9; /* need == capacity: 1, give or take a rounding */
 }
 
+/* Why a worker is not eligible for a request: 0 when it is. */
+enum skip { SKIP_BUSY = 1, SKIP_SMALL = 2 /* not busy, but its pool cannot hold the request */ };
+
 static bool worker_busy(const struct kvr_router *r, uint32_t slot)
 {
     const struct kvr_active_worker *aw = &r->act.w[slot];
     if (kvr_registry_busy_blocks(&r->reg, slot, aw->blocks)) /* draining, or its blocks */
         return true;
     return r->cfg.busy_prefill_tokens && aw->prefill > r->cfg.busy_prefill_tokens;
+}
+
+/* Why the worker in slot is not eligible for the current prompt (r->need): the rule score and
+ * price apply, for the paths that read the registry's records. */
+static unsigned skip_of(const struct kvr_router *r, uint32_t slot)
+{
+    if (worker_busy(r, slot))
+        return SKIP_BUSY;
+    return holds(r->need, r->reg.hot[slot].inv_capacity) ? 0 : SKIP_SMALL;
 }
 
 /*
@@ -103,9 +115,6 @@ static void pricer_init(struct pricer *pr, struct reuse_terms *memo, struct flee
     pr->need = r->need;
     pr->ntokens = p->ntokens;
 }
-
-/* Why a worker is not eligible for a request: 0 when it is. */
-enum skip { SKIP_BUSY = 1, SKIP_SMALL = 2 /* not busy, but its pool cannot hold the request */ };
 
 /* The time model's price of the worker in slot (walk done: overlap and hits filled), and why it
  * is not eligible (*skip): busy (worker_busy, from the locals), or too small to hold the request.
@@ -163,7 +172,6 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
     }
     uint32_t B = r->cfg.block_size;
     uint64_t req_blocks = p->nblocks + (p->ntokens % B ? 1 : 0);
-    double need = r->need;
     r->small_free = 0;
     for (uint32_t i = 0; i < r->reg.nlive; i++) {
         uint32_t slot = order[i];
@@ -175,9 +183,9 @@ static uint32_t score(struct kvr_router *r, const struct prompt *p, double ow, u
         uint64_t decode = aw->blocks + req_blocks - r->hits[slot];
         r->costs[i] = ow / B * (double)prefill + (double)decode;
         r->eligible[neligible] = i;
-        bool busy = worker_busy(r, slot), fits = holds(need, r->reg.hot[slot].inv_capacity);
-        neligible += !busy && fits;
-        r->small_free += !busy && !fits;
+        unsigned skip = skip_of(r, slot);
+        neligible += !skip;
+        r->small_free += skip == SKIP_SMALL;
     }
     return neligible;
 }
@@ -377,7 +385,7 @@ static void fill_candidates(struct kvr_router *r, const struct prompt *p)
         c->cost = r->costs[i];
         /* skipped: busy, or its pool cannot hold the request (score's rule, the view says why
          * the cheapest may not be chosen) */
-        c->busy = worker_busy(r, slot) || !holds(r->need, r->reg.hot[slot].inv_capacity);
+        c->busy = skip_of(r, slot) != 0;
     }
 }
 

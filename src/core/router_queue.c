@@ -1,15 +1,17 @@
 /*
  * The router's request queue: requests that found every worker busy wait here, in arrival order,
  * each with a copy of its prompt's sequence hashes and a deadline. Draining (on every route and
- * tick) places them oldest first until one still finds every worker busy; a request past its
- * deadline is rejected (KVR_ERR_DEADLINE when it was the request's own, else KVR_ERR_OVERLOADED),
- * and every waiting request is rejected at once with KVR_ERR_NO_WORKERS when no worker is left.
- * Either outcome is reported as a PLACED or REJECTED event. A request with a deadline of its own
- * earlier than the head's leaves at that deadline from wherever it waits (sweep_deadlines), not
- * when the head does. Invariants: qlen counts the list from qhead to qtail, and qhead is NULL
- * exactly when qtail is; qids holds exactly the listed ids; no own deadline of a request behind
- * the head is before qown_min. FIFO order is never broken: a new request waits whenever others do.
- * Single-threaded: the router's state thread.
+ * tick) places them oldest first until one still finds every worker that could take it busy; a
+ * request past its deadline is rejected (KVR_ERR_DEADLINE when it was the request's own, else
+ * KVR_ERR_OVERLOADED), and every waiting request is rejected at once with KVR_ERR_NO_WORKERS when
+ * no worker is left. Either outcome is reported as a PLACED or REJECTED event. A request with a
+ * deadline of its own earlier than the head's leaves at that deadline from wherever it waits
+ * (sweep_deadlines), not when the head does. Order is kept among requests that wait for any
+ * worker: a new request waits whenever one of those does. A request that waits only for a worker
+ * large enough, smaller ones being free (sized), holds up none behind it. Invariants: qlen counts
+ * the list from qhead to qtail, and qhead is NULL exactly when qtail is; qids holds exactly the
+ * listed ids; qsized counts the sized ones; no own deadline of a request behind the head is
+ * before qown_min. Single-threaded: the router's state thread.
  */
 #include <assert.h>
 #include <stdlib.h>
