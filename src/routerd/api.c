@@ -79,6 +79,7 @@ static json_t *core_data(struct kvr_rd *rd)
         {"publish_failed", atomic_load_explicit(&rd->sink.failed, memory_order_relaxed)},
         {"core_events_lost", rd->deferred_lost},
         {"resends_after_end", rd->n.resends_after_end},
+        {"resends_worker_gone", rd->n.resends_worker_gone},
         {"resends_after_error", rd->n.resends_after_error},
         {"repeats_asked", rd->n.repeats_asked},
         {"cancels", rd->n.cancels},

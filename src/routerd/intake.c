@@ -36,9 +36,21 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
             rd->fleet->resends++;
         else
             rd->n.resends_after_end++;
-        bool asked = kvr_rebind_repeat(rd, p, key, reply, now);
+        uint64_t gone = 0;
+        enum kvr_repeat rep = kvr_rebind_repeat(rd, p, key, reply, now, &gone);
+        if (rep == KVR_REPEAT_GONE) {
+            /* its worker left with the stream (drained and exited, or written off): the client
+             * lacks it and nobody can repeat it, so it is told to try again, as when a worker
+             * dies mid-stream (and a resend that crosses this answer is ignored, kvr_recent) */
+            struct kvr_reply_why why = {.worker_id = gone};
+            kvr_reply_fail(&rd->generate, &rd->out, reply, id, KVR_ERR_WORKER_LOST, &why);
+            kvr_fleet_answered(rd, key, KVR_ERR_WORKER_LOST, now);
+            rd->n.resends_worker_gone++;
+        }
         kvr_log(KVR_LOG_DEBUG, p ? "resend_absorbed" : "resend_after_end",
-                "key=%016" PRIx64 " repeat_asked=%s", key, asked ? "true" : "false");
+                "key=%016" PRIx64 " repeat_asked=%s worker_gone=%s", key,
+                rep == KVR_REPEAT_ASKED ? "true" : "false",
+                rep == KVR_REPEAT_GONE ? "true" : "false");
         return true;
     }
     if (!r)

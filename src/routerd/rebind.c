@@ -34,26 +34,35 @@ static void rebind_subject(const struct kvr_rd *rd, uint64_t wid, char *subject,
     snprintf(subject, len, "%s%" PRIu64 ".rebind", rd->subj_worker, wid);
 }
 
-bool kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
-                       const char *reply, uint64_t now)
+enum kvr_repeat kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
+                                  const char *reply, uint64_t now, uint64_t *gone)
 {
     uint64_t wid = 0;
     const struct kvr_kept_item *it = p ? NULL : kvr_kept_find(&rd->kept, key);
-    if (p && p->reply && !strcmp(p->reply, reply))
+    if (p && p->reply && !strcmp(p->reply, reply)) {
         wid = p->worker_id; /* 0 while queued: nothing streamed yet */
-    else if (it && now - it->at <= KVR_REPEAT_KEPT_NS && !strcmp(it->reply, reply))
+    } else if (it && now - it->at <= KVR_REPEAT_KEPT_NS && !strcmp(it->reply, reply)) {
         wid = it->worker_id;
+        uint64_t blocks, prefill;
+        uint32_t inflight;
+        if (kvr_router_worker_load(rd->core, wid, &blocks, &prefill, &inflight) ==
+            KVR_ERR_UNKNOWN_WORKER) { /* (a pending request's worker is known: it leaves
+                                         with the requests on it failed) */
+            *gone = wid;
+            return KVR_REPEAT_GONE;
+        }
+    }
     if (!wid)
-        return false;
+        return KVR_REPEAT_NONE;
     char subject[600];
     rebind_subject(rd, wid, subject, sizeof subject);
     if (kvr_wire_encode_worker_rebind(&rd->buf, key, rd->cfg->id, true) != KVR_OK) {
         rd->out.dropped++;
-        return false;
+        return KVR_REPEAT_NONE;
     }
     kvr_outbox_add_request(&rd->out, subject, reply, rd->buf.data, rd->buf.len);
     rd->n.repeats_asked++;
-    return true;
+    return KVR_REPEAT_ASKED;
 }
 
 kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,

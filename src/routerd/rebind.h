@@ -27,6 +27,13 @@
 /* Under mu: p ended on its worker at now; keep its reply subject (taken from p) for a rebind. */
 void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
 
+/* What became of a client's resend (kvr_rebind_repeat). */
+enum kvr_repeat {
+    KVR_REPEAT_NONE,  /* nobody was asked: not in flight here, or ended too long ago */
+    KVR_REPEAT_ASKED, /* its worker was asked to publish the stream again */
+    KVR_REPEAT_GONE,  /* it ended lately on a worker that has left since: nobody can repeat it */
+};
+
 /*
  * Under mu: the client resent key (reply: its reply subject). A client resends when its stream
  * made no progress for 2 s (nothing came, a gap stayed open, or it stopped short of its final):
@@ -34,11 +41,12 @@ void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
  * knew the inbox, a slow consumer's drops; docs/protocol.md). So ask the worker that has it to
  * publish the stream again (a WorkerRebind with repeat, the client's reply as its reply): while
  * it is in flight on a worker (pending here with that reply), or for KVR_REPEAT_KEPT_NS after it
- * ended. false when neither.
+ * ended, unless that worker left the fleet since (drained and exited, or written off): then
+ * KVR_REPEAT_GONE, its id in *gone, for the caller to answer the client. p: key's pending entry
+ * here, or NULL (then the kept reply subjects are looked at).
  */
-/* p: key's pending entry here, or NULL (then the kept reply subjects are looked at). */
-bool kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
-                       const char *reply, uint64_t now);
+enum kvr_repeat kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p, uint64_t key,
+                                  const char *reply, uint64_t now, uint64_t *gone);
 
 /* Under mu: worker wid's RebindAsk data[0..len): queue a WorkerRebind for each key booked on it. */
 kvr_status kvr_rebind_on_ask(struct kvr_rd *rd, uint64_t wid, const void *data, size_t len,

@@ -37,6 +37,7 @@ struct kvr_fleet; /* fleet.h: replication */
 /* What the daemon counts about its clients' requests beyond the endpoints' replies. */
 struct kvr_rd_counts {
     uint64_t resends_after_end;    /* resends of requests that had ended (a repeat asked, or not) */
+    uint64_t resends_worker_gone;  /* ... whose worker had left: answered ERR_WORKER_LOST */
     uint64_t resends_after_error;  /* resends that crossed an error answer (ignored) */
     uint64_t repeats_asked;        /* ... for which the worker was asked to repeat the stream */
     uint64_t cancels;              /* CancelRequests received */

@@ -246,6 +246,49 @@ Test(contract, a_stream_lost_whole_comes_again_on_a_resend)
     h_end();
 }
 
+/* The router's count `key` of its $SRV.STATS data (the first endpoint's). */
+static uint64_t router_stat(const char *key)
+{
+    json_t *stats = h_stats(nc, 2000);
+    char path[96];
+    snprintf(path, sizeof path, "data.%s", key);
+    uint64_t v = h_json_u64(h_endpoint(stats, "generate"), path);
+    json_decref(stats);
+    return v;
+}
+
+/* A stream lost whole whose worker then left (drained and exited, as in a rolling restart):
+ * nobody can repeat it, so the resend is answered at once with a final ERR_WORKER_LOST naming
+ * that worker, and the client tries again, instead of resending into silence until it gives up. */
+Test(contract, a_stream_lost_whole_whose_worker_left_is_answered_worker_lost)
+{
+    h_router(srv.url, "ra", NULL);
+    pid_t w = h_worker(srv.url, "1", 20, 200, NULL);
+    h_until_served(nc, GEN, 1, 15000);
+    natsSubscription *dones = NULL;
+    struct stream s;
+    send_unheard(&s, "kv.default.ev.*.done", &dones, "left-after", 4343, 24);
+    cr_assert(done_of(dones, 24, 20000), "the request never ended on its worker");
+    h_sub_close(nc, dones);
+    h_signal(w, SIGTERM); /* nothing in flight: it drains at once and exits */
+    cr_assert(eq(int, h_wait(w, 10000), 0));
+    uint64_t until = h_now_ms() + 10000; /* its silence (3 heartbeats) tells the router */
+    while (router_stat("workers_left") < 1 && h_now_ms() < until)
+        h_sleep_ms(100);
+    cr_assert(eq(u64, router_stat("workers_left"), 1), "the router never saw the worker leave");
+    listen_now(&s);
+    uint64_t t0 = h_now_ms();
+    send_again(&s); /* nothing came: the client resends, within 10 s of the end */
+    finish(&s, 3000, 300);
+    cr_assert(eq(u32, s.finals, 1), "no final chunk: the resend went unanswered");
+    cr_assert(eq(u32, s.code, KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, s.worker, 1), "the final chunk names the worker that left");
+    fprintf(stderr, "  a stream lost whole, its worker gone: worker lost after %llu ms\n",
+            (unsigned long long)(s.final_ms - t0));
+    cr_assert(eq(u64, router_stat("resends_worker_gone"), 1));
+    h_end();
+}
+
 /* Wait (at most ms) on sub (kv.default.ev.*.tokens) until one request took n output blocks. */
 static bool output_blocks(natsSubscription *sub, uint32_t n, int ms)
 {
