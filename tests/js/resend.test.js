@@ -4,6 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { useFleet } from "./lib/setup.js";
+import { svc, waitUntil } from "./lib/fleet.js";
 import {
   generate, publishGenerate, prompt, freshSeed, rid, streamProblems, sleep,
 } from "./lib/client.js";
@@ -20,8 +21,11 @@ const QUIET_MS = 500; // after the final chunk: anything more is a violation
 const OVER = "rover"; // busy workers and a short queue timeout: waiting ends "overloaded"
 const OVER_ROUTER_ARGS = [...BUSY_ROUTER_ARGS.slice(0, -2), "--queue-timeout-ms", "400"];
 
+const GONE = "rgone"; // its one worker drains and exits after a request
+
 const h = useFleet("resend", [
   { ns: NS, routers: ["rsnd-r1", "rsnd-r2"], workers: [401, 402] },
+  { ns: GONE, routers: ["rgone-r1", "rgone-r2"], workers: [431] },
   { ns: BUSY, routers: ["rbusy-r1", "rbusy-r2"], workers: [411, 412],
     routerArgs: BUSY_ROUTER_ARGS, workerArgs: BUSY_WORKER_ARGS },
   { ns: OVER, routers: ["rover-r1", "rover-r2"], workers: [421],
@@ -231,6 +235,40 @@ test(`resend after the final chunk: the stream again, once, ${TRIALS} trials`, T
     if (p.length) throw new Error(p.join("; "));
     return { s, req, pre: true };
   });
+});
+
+// A resend after the final chunk whose worker has left the fleet since (drained and exited, as
+// in a rolling restart): nobody can repeat the stream, so the router answers the resend with a
+// final ERR_WORKER_LOST (17) naming that worker, through either router (docs/protocol.md
+// "Resending"); a client that had the stream ignores it, one that lacked it tries again.
+test("resend after the final chunk, its worker gone: a final ERR_WORKER_LOST (17) naming it", TT, async (t) => {
+  const req = small("rgn", { max_tokens: 8 });
+  const s = generate(h.nc, GONE, req);
+  await s.waitFinal(10000);
+  const wid = s.final.worker_id;
+  const entry = h.fleet.procs.find((x) => x.name === `kvworker-${GONE}-${wid}`);
+  assert.ok(entry, `the stream's worker_id (${wid}) is the worker started (431)`);
+  await h.fleet.kill(entry, "SIGTERM"); // nothing in flight: it drains at once and exits
+  await waitUntil(async () => {
+    const rs = (await svc(h.nc, "stats", "kvrouter"))
+      .filter((r) => String(r.metadata?.router_id || "").startsWith(`${GONE}-`));
+    const left = rs.map((r) => r.endpoints.find((e) => e.name === "generate").data.workers_left);
+    return rs.length === 2 && left.every((n) => n >= 1);
+  }, 10000, `both ${GONE} routers counting worker ${wid} gone (workers_left)`, 100);
+  const n = s.msgs.length;
+  const t0 = Date.now();
+  publishGenerate(h.nc, GONE, s);
+  await s.waitFor((x) => x.msgs.length > n, 5000, "an answer to the resend");
+  t.diagnostic(`the resend was answered after ${Date.now() - t0} ms`);
+  await sleep(QUIET_MS);
+  const extra = s.msgs.slice(n).map((m) => m.chunk);
+  const p = [];
+  if (extra.length !== 1) p.push(`one answer to the resend, got ${extra.length} message(s)`);
+  const f = extra[0] || {};
+  if (!f.final || f.error_code !== 17) p.push(`a final ERR_WORKER_LOST (17), got final ${f.final}, code ${f.error_code} "${f.error}"`);
+  if (f.worker_id !== wid) p.push(`it names the worker that left (${wid}), got ${f.worker_id}`);
+  if (f.request_id !== req.request_id) p.push(`it carries request_id "${req.request_id}", got "${f.request_id}"`);
+  assert.ok(p.length === 0, p.join("; ") + `: ${s.summary()}`);
 });
 
 // A resend that crossed a final error on its way (sent before the error arrived) is taken for
