@@ -72,7 +72,8 @@ uint64_t kvr_kvev_id_of_digest(uint64_t id)
 
 /* The fields of one event, wherever they came from (positions or names); NULL when absent. */
 struct fields {
-    const msgpack_object *hashes, *parent, *tokens, *block_size, *lora, *medium, *group, *extra;
+    const msgpack_object *hashes, *parent, *tokens, *block_size, *lora, *medium, *group, *extra,
+        *kind;
 };
 
 static bool is_str(const msgpack_object *o, const char *s)
@@ -106,20 +107,23 @@ static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *
         if (a->size == 0)
             return false;
         *tag = tag_of(&a->ptr[0]);
-        const msgpack_object *at[9] = {0};
-        for (uint32_t i = 1; i < a->size && i < 9; i++)
+        const msgpack_object *at[11] = {0};
+        for (uint32_t i = 1; i < a->size && i < 11; i++)
             at[i] = &a->ptr[i];
-        if (*tag == TAG_STORED) {
+        if (*tag == TAG_STORED) { /* BlockStored's field order; at[7] is lora_name */
             f->hashes = at[1];
             f->parent = at[2];
             f->tokens = at[3];
             f->block_size = at[4];
             f->lora = at[5];
             f->medium = at[6];
-            f->extra = at[8]; /* after lora_name, in BlockStored's field order */
-        } else if (*tag == TAG_REMOVED) {
+            f->extra = at[8];
+            f->group = at[9];
+            f->kind = at[10];
+        } else if (*tag == TAG_REMOVED) { /* no kind: vLLM names a group's kind on its Stored */
             f->hashes = at[1];
             f->medium = at[2];
+            f->group = at[3];
         }
         return *tag != TAG_BAD;
     }
@@ -148,10 +152,13 @@ static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *
             f->group = v;
         else if (is_str(k, "extra_keys"))
             f->extra = v;
+        else if (is_str(k, "kv_cache_spec_kind"))
+            f->kind = v;
     }
     *tag = tag_of(type);
     if (*tag == TAG_REMOVED) {
-        struct fields r = {.hashes = f->hashes, .medium = f->medium, .group = f->group};
+        struct fields r = {
+            .hashes = f->hashes, .medium = f->medium, .group = f->group, .kind = f->kind};
         *f = r;
     } else if (*tag != TAG_STORED) {
         memset(f, 0, sizeof *f);
@@ -230,6 +237,24 @@ static bool extra_of(const msgpack_object *x, struct kvr_kvev_event *ev)
     return true;
 }
 
+/* A text field (medium, kv_cache_spec_kind): nil or absent leaves out[] empty; a string is kept
+ * up to cap - 1 bytes, longer ones cut; clean makes every byte that is not printable ASCII a '?'
+ * (a NUL among them too, so the text compares whole); false when it is not a string. */
+static bool text_of(const msgpack_object *o, char *out, size_t cap, bool clean)
+{
+    if (is_nil(o))
+        return true;
+    if (o->type != MSGPACK_OBJECT_STR)
+        return false;
+    size_t n = o->via.str.size < cap - 1 ? o->via.str.size : cap - 1;
+    memcpy(out, o->via.str.ptr, n);
+    out[n] = '\0';
+    for (size_t i = 0; clean && i < n; i++)
+        if (out[i] < 0x20 || out[i] > 0x7e)
+            out[i] = '?';
+    return true;
+}
+
 /* Fill one known event from its fields; hashes and tokens are written at *hp and *tp. */
 static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kvev_event *ev,
                              uint64_t *hp, uint32_t *tp, uint32_t *seen)
@@ -247,15 +272,9 @@ static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kv
     for (uint32_t i = 0; i < nh; i++)
         if (!hash_of(&f->hashes->via.array.ptr[i], &hp[i], seen))
             return KVR_ERR_MALFORMED;
-    if (f->medium && !is_nil(f->medium)) {
-        if (f->medium->type != MSGPACK_OBJECT_STR)
-            return KVR_ERR_MALFORMED;
-        size_t n = f->medium->via.str.size;
-        if (n > KVR_KVEV_MEDIUM_CAP - 1)
-            n = KVR_KVEV_MEDIUM_CAP - 1;
-        memcpy(ev->medium, f->medium->via.str.ptr, n);
-        ev->medium[n] = '\0';
-    }
+    if (!text_of(f->medium, ev->medium, sizeof ev->medium, false) ||
+        !text_of(f->kind, ev->spec_kind, sizeof ev->spec_kind, true))
+        return KVR_ERR_MALFORMED;
     if (!is_nil(f->group)) {
         if (!int_of(f->group, &ev->group_idx))
             return KVR_ERR_MALFORMED;
@@ -547,15 +566,16 @@ static void pack_hashes(msgpack_packer *pk, const struct kvr_kvev_event *e,
         pack_hash(pk, e->hashes[i], form);
 }
 
-static void pack_medium(msgpack_packer *pk, const char *medium)
+/* A text field of cap bytes (medium, kv_cache_spec_kind): nil when empty. */
+static void pack_text(msgpack_packer *pk, const char *s, size_t cap)
 {
-    size_t n = strnlen(medium, KVR_KVEV_MEDIUM_CAP);
+    size_t n = strnlen(s, cap);
     if (n == 0) {
         msgpack_pack_nil(pk);
         return;
     }
     msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, medium, n);
+    msgpack_pack_str_body(pk, s, n);
 }
 
 static void pack_stored_values(msgpack_packer *pk, const struct kvr_kvev_event *e,
@@ -586,6 +606,25 @@ static void pack_stored_values(msgpack_packer *pk, const struct kvr_kvev_event *
         msgpack_pack_nil(pk);
 }
 
+/* A map event's group keys: "group_idx" when has_group, "kv_cache_spec_kind" when spec_kind is
+ * not "" (vLLM's order); group_keys counts them. */
+static size_t group_keys(const struct kvr_kvev_event *e)
+{
+    return (e->has_group ? 1u : 0u) + (e->spec_kind[0] ? 1u : 0u);
+}
+
+static void pack_group(msgpack_packer *pk, const struct kvr_kvev_event *e)
+{
+    if (e->has_group) {
+        pack_cstr(pk, "group_idx");
+        msgpack_pack_int64(pk, e->group_idx);
+    }
+    if (e->spec_kind[0]) {
+        pack_cstr(pk, "kv_cache_spec_kind");
+        pack_text(pk, e->spec_kind, sizeof e->spec_kind);
+    }
+}
+
 static kvr_status pack_event(msgpack_packer *pk, const struct kvr_kvev_event *e,
                              const struct kvr_kvev_encoding *how)
 {
@@ -598,45 +637,39 @@ static kvr_status pack_event(msgpack_packer *pk, const struct kvr_kvev_event *e,
     switch (e->kind) {
     case KVR_KVEV_STORED:
         if (map) {
-            msgpack_pack_map(pk, 8 + (e->has_group ? 1 : 0));
+            msgpack_pack_map(pk, 8 + group_keys(e));
             pack_cstr(pk, "type");
             pack_cstr(pk, "BlockStored");
             pack_stored_values(pk, e, how->hashes, true);
             pack_cstr(pk, "medium");
-            pack_medium(pk, e->medium);
+            pack_text(pk, e->medium, sizeof e->medium);
             pack_cstr(pk, "lora_name");
             msgpack_pack_nil(pk);
-            if (e->has_group) {
-                pack_cstr(pk, "group_idx");
-                msgpack_pack_int64(pk, e->group_idx);
-            }
+            pack_group(pk, e);
         } else {
             msgpack_pack_array(pk, old ? 6 : 7);
             pack_cstr(pk, "BlockStored");
             pack_stored_values(pk, e, how->hashes, false);
             if (!old)
-                pack_medium(pk, e->medium);
+                pack_text(pk, e->medium, sizeof e->medium);
         }
         return KVR_OK;
     case KVR_KVEV_REMOVED:
         if (map) {
-            msgpack_pack_map(pk, 3 + (e->has_group ? 1 : 0));
+            msgpack_pack_map(pk, 3 + group_keys(e));
             pack_cstr(pk, "type");
             pack_cstr(pk, "BlockRemoved");
             pack_cstr(pk, "block_hashes");
             pack_hashes(pk, e, how->hashes);
             pack_cstr(pk, "medium");
-            pack_medium(pk, e->medium);
-            if (e->has_group) {
-                pack_cstr(pk, "group_idx");
-                msgpack_pack_int64(pk, e->group_idx);
-            }
+            pack_text(pk, e->medium, sizeof e->medium);
+            pack_group(pk, e);
         } else {
             msgpack_pack_array(pk, old ? 2 : 3);
             pack_cstr(pk, "BlockRemoved");
             pack_hashes(pk, e, how->hashes);
             if (!old)
-                pack_medium(pk, e->medium);
+                pack_text(pk, e->medium, sizeof e->medium);
         }
         return KVR_OK;
     case KVR_KVEV_CLEARED:

@@ -9,16 +9,19 @@
  *   - batch [ts, events] or [ts, events, dp_rank|nil], or more trailing elements (ignored); a map
  *     {"ts", "events", "data_parallel_rank"?} as well; ts a float or an integer;
  *   - ["BlockStored", block_hashes, parent|nil, token_ids, block_size, lora_id|nil, medium|nil,
- *     lora_name, extra_keys, ...] (BlockStored's field order) where every element after the tag
- *     may be left out from the end (msgspec omit_defaults) and further elements are ignored;
- *     the older shape named its 5th element num_toks_per_block (same place, same meaning);
- *   - ["BlockRemoved", block_hashes, medium|nil, ...], ["AllBlocksCleared", ...];
+ *     lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...] (BlockStored's field order)
+ *     where every element after the tag may be left out from the end (msgspec omit_defaults)
+ *     and further elements (kv_cache_spec_sliding_window, ...) are ignored; the older shape
+ *     named its 5th element num_toks_per_block (same place, same meaning);
+ *   - ["BlockRemoved", block_hashes, medium|nil, group_idx, ...], ["AllBlocksCleared", ...]
+ *     (vLLM names a group's kind on its BlockStored only: none is read from a Removed array);
  *   - the same as maps: keys "type", "block_hashes", "parent_block_hash", "token_ids",
- *     "block_size" (or "num_toks_per_block"), "lora_id", "medium", "extra_keys", "group_idx";
- *     unknown keys are ignored, absent keys take the defaults below;
+ *     "block_size" (or "num_toks_per_block"), "lora_id", "medium", "extra_keys", "group_idx",
+ *     "kv_cache_spec_kind" (a Removed's too, should an engine send it); unknown keys are
+ *     ignored, absent keys take the defaults below;
  *   - an event with any other tag is skipped and counted (batch.unknown_events), not an error.
  * Defaults when left out: hashes and tokens empty, parent none, lora none, medium "", group none,
- * extra_keys none, block_size = ntokens / nhashes (0 when both are 0).
+ * kind "", extra_keys none, block_size = ntokens / nhashes (0 when both are 0).
  *
  * Block hashes (and a parent hash) are integers or byte strings on the wire, mapped to one u64
  * engine id (struct kvr_kvev_event.hashes):
@@ -33,7 +36,8 @@
  *     the field is optional); extra_keys nil or an array, one entry per block, each nil (tokens
  *     alone) or anything else (keyed by more: has_extra, nplain; a short list's missing entries
  *     count as keyed); medium a string or nil (kept up to KVR_KVEV_MEDIUM_CAP - 1 bytes,
- *     longer ones truncated, never an error);
+ *     longer ones truncated, never an error); kv_cache_spec_kind a string or nil (the same, up
+ *     to KVR_KVEV_SPEC_CAP - 1 bytes, every byte that is not printable ASCII kept as '?');
  *   - a Stored event's token count must be exactly nhashes * block_size (vLLM and SGLang only
  *     ever store full blocks): anything else makes the whole batch malformed, because an index
  *     built from mis-cut blocks is worse than a batch counted as bad;
@@ -65,6 +69,7 @@
 #define KVR_KVEV_MAX_TOKENS 1048576u    /* default token ids per batch (all events) */
 #define KVR_KVEV_MAX_BYTES  (16u << 20) /* default largest payload, bytes */
 #define KVR_KVEV_MEDIUM_CAP 32u         /* medium text kept, with its NUL */
+#define KVR_KVEV_SPEC_CAP   32u         /* kv_cache_spec_kind text kept, with its NUL */
 #define KVR_KVEV_DIGEST_LEN 32u         /* bytes of the encoder's byte-string hashes */
 
 /* Caller-given bounds of one decode; 0 in a field means its KVR_KVEV_MAX_* default. */
@@ -95,9 +100,13 @@ struct kvr_kvev_event {
     bool has_extra;      /* Stored: a block has extra_keys (multimodal ids, LoRA name,
                             cache_salt, prompt embeds): its hash is not of its tokens alone */
     uint32_t nplain;     /* Stored, when has_extra: the blocks before the first with them */
-    bool has_group;      /* Stored, Removed: a map event's group_idx (hybrid models, vLLM) */
+    bool has_group;      /* Stored, Removed: group_idx was an integer: the KV cache group
+                            (vLLM: one per kind of layer of a hybrid model) */
     int64_t group_idx;   /* when has_group */
-    char medium[KVR_KVEV_MEDIUM_CAP]; /* Stored, Removed: "GPU", "CPU", ...; "" when nil/absent */
+    char medium[KVR_KVEV_MEDIUM_CAP];  /* Stored, Removed: "GPU", "CPU", ...; "" when nil/absent */
+    char spec_kind[KVR_KVEV_SPEC_CAP]; /* Stored (a map Removed): the group's kv_cache_spec_kind,
+                                          "full_attention", "sliding_window", "mamba", ...
+                                          (printable ASCII); "" when nil/absent */
 };
 
 /* Where the decoder met the layouts (bits of struct kvr_kvev_batch.seen), for stats and logs. */
@@ -163,8 +172,10 @@ enum kvr_kvev_layout {
                                 lora], Removed [tag, hashes]: no medium */
     KVR_KVEV_LAYOUT_MAP = 2, /* maps (current vLLM): {"type", "block_hashes",
                                 "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                "medium", "lora_name": nil, "group_idx" when has_group},
-                                Removed {"type", "block_hashes", "medium", "group_idx"?},
+                                "medium", "lora_name": nil, "group_idx" when has_group,
+                                "kv_cache_spec_kind" when spec_kind is not ""},
+                                Removed {"type", "block_hashes", "medium", "group_idx"?,
+                                "kv_cache_spec_kind"?},
                                 Cleared {"type"}; the batch stays an array */
 };
 

@@ -3,9 +3,9 @@
  * Checks what kvevents.h promises: an error leaves the batch zeroed; a success obeys the limits
  * and the shape rules (a Stored event holds nhashes * block_size tokens, medium is a C string)
  * and survives kvr_kvev_encode in four forms, decoding again to the same values (ids kept by the
- * integer forms, medium dropped by the old layout, group kept by the map layout only); a tight
- * decode succeeds only where the wide one does, and must succeed when the batch fits; the same
- * decode with one of its allocations failing says KVR_ERR_NOMEM or what it said before. Any
+ * integer forms, medium dropped by the old layout, group and kind kept by the map layout only); a
+ * tight decode succeeds only where the wide one does, and must succeed when the batch fits; the
+ * same decode with one of its allocations failing says KVR_ERR_NOMEM or what it said before. Any
  * failed check aborts; ASan reports leaks on every path.
  */
 #include <stdio.h>
@@ -45,6 +45,9 @@ static void check_shape(const struct kvr_kvev_batch *b, const struct kvr_kvev_li
         FUZZ_CHECK(e->nhashes == 0 || e->hashes);
         FUZZ_CHECK(e->ntokens == 0 || e->tokens);
         FUZZ_CHECK(memchr(e->medium, '\0', sizeof e->medium) != NULL);
+        FUZZ_CHECK(memchr(e->spec_kind, '\0', sizeof e->spec_kind) != NULL);
+        for (const char *k = e->spec_kind; *k; k++)
+            FUZZ_CHECK(*k >= 0x20 && *k <= 0x7e);
         if (e->kind == KVR_KVEV_STORED) {
             FUZZ_CHECK((uint64_t)e->nhashes * e->block_size == e->ntokens);
             FUZZ_CHECK(e->block_size > 0 || e->nhashes == 0);
@@ -52,7 +55,8 @@ static void check_shape(const struct kvr_kvev_batch *b, const struct kvr_kvev_li
             FUZZ_CHECK(e->ntokens == 0 && !e->has_parent && !e->has_lora);
         }
         if (e->kind == KVR_KVEV_CLEARED)
-            FUZZ_CHECK(e->nhashes == 0 && e->medium[0] == '\0' && !e->has_group);
+            FUZZ_CHECK(e->nhashes == 0 && e->medium[0] == '\0' && !e->has_group &&
+                       e->spec_kind[0] == '\0');
         nh += e->nhashes;
         nt += e->ntokens;
     }
@@ -100,9 +104,10 @@ static void same(const struct kvr_kvev_batch *b, const struct kvr_kvev_batch *c,
             FUZZ_CHECK(strcmp(x->medium, y->medium) == 0);
         if (how->layout == KVR_KVEV_LAYOUT_MAP && x->kind != KVR_KVEV_CLEARED)
             FUZZ_CHECK(x->has_group == y->has_group &&
-                       (!x->has_group || x->group_idx == y->group_idx));
+                       (!x->has_group || x->group_idx == y->group_idx) &&
+                       strcmp(x->spec_kind, y->spec_kind) == 0);
         else
-            FUZZ_CHECK(!y->has_group);
+            FUZZ_CHECK(!y->has_group && y->spec_kind[0] == '\0');
     }
 }
 

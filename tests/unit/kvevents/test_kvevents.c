@@ -174,6 +174,10 @@ static void check_event(const char *name, size_t i, const struct kvr_kvev_event 
     cr_assert(eq(str, (char *)e->medium, (char *)json_string_value(json_object_get(x, "medium"))),
               "%s event %zu medium", name, i);
     memcpy(enc->medium, e->medium, sizeof enc->medium);
+    cr_assert(
+        eq(str, (char *)e->spec_kind, (char *)json_string_value(json_object_get(x, "spec_kind"))),
+        "%s event %zu spec_kind", name, i);
+    memcpy(enc->spec_kind, e->spec_kind, sizeof enc->spec_kind);
 }
 
 static void check_encode(const char *name, json_t *how, const struct kvr_kvev_batch *b,
@@ -348,6 +352,10 @@ static void random_batch(struct kvr_kvev_batch *b)
             hp[k] = (rnd() & 1) ? rnd() : rnd() % 1000;
         hp += e->nhashes;
         strcpy(e->medium, media[rnd() % 4]);
+        static const char *kinds[] = {"", "full_attention", "sliding_window", "mamba"};
+        e->has_group = rnd() & 1;
+        e->group_idx = e->has_group ? (int64_t)(rnd() % 4) : 0;
+        strcpy(e->spec_kind, kinds[rnd() % 4]);
         if (e->kind == KVR_KVEV_REMOVED)
             continue;
         e->block_size = e->nhashes ? (uint32_t)(1 + rnd() % 16) : 0;
@@ -401,6 +409,10 @@ static void same_after(const struct kvr_kvev_batch *a, const struct kvr_kvev_bat
         cr_assert(eq(i64, x->lora_id, y->lora_id));
         const char *m = how->layout == KVR_KVEV_LAYOUT_OLD ? "" : x->medium;
         cr_assert(eq(str, (char *)y->medium, (char *)m));
+        bool map = how->layout == KVR_KVEV_LAYOUT_MAP; /* arrays keep neither group nor kind */
+        cr_assert(eq(int, y->has_group, map && x->has_group));
+        cr_assert(eq(i64, y->group_idx, map ? x->group_idx : 0));
+        cr_assert(eq(str, (char *)y->spec_kind, (char *)(map ? x->spec_kind : "")));
     }
 }
 
