@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "clock.h"
@@ -160,4 +161,158 @@ Test(kvfeed, every_removed_goes_on_after_a_block_announced_twice)
     cr_assert(eq(u64, got[0].ids[0], 31));
     free_kv(got, n);
     cr_assert(eq(u64, s.kv_removed_blocks, 1));
+}
+
+/* --- KV cache groups (hybrid models) ---------------------------------------------------------- */
+
+/* ev as a block of KV cache group g, its kind as vLLM names it on a Stored ("" none). */
+static struct kvr_kvev_event in_group(struct kvr_kvev_event ev, int64_t g, const char *kind)
+{
+    ev.has_group = true;
+    ev.group_idx = g;
+    snprintf(ev.spec_kind, sizeof ev.spec_kind, "%s", kind);
+    return ev;
+}
+
+static struct kvr_kvev_event removed_ev(uint64_t *ids, uint32_t n)
+{
+    struct kvr_kvev_event e = {.kind = KVR_KVEV_REMOVED, .hashes = ids, .nhashes = n};
+    strcpy(e.medium, "GPU");
+    return e;
+}
+
+/* The kinds of the KvEvents published since mark ("S3 R1 C": a Stored of 3 blocks, a Removed of
+ * one, a Cleared), and the engine ids they name in ids (at most 16). */
+static void published(size_t mark, char *kinds, size_t len, uint64_t *ids)
+{
+    struct kvr_wire_kv got[8];
+    int n = kv_events(mark, got, 8), at = 0;
+    kinds[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t used = strlen(kinds);
+        const char *sep = i ? " " : "";
+        if (got[i].kind == KVR_WIRE_STORED) {
+            snprintf(kinds + used, len - used, "%sS%u", sep, got[i].nblocks);
+            for (uint32_t k = 0; k < got[i].nblocks && at < 16; k++)
+                ids[at++] = got[i].blocks[k].engine_id;
+        } else if (got[i].kind == KVR_WIRE_REMOVED) {
+            snprintf(kinds + used, len - used, "%sR%u", sep, got[i].nids);
+            for (uint32_t k = 0; k < got[i].nids && at < 16; k++)
+                ids[at++] = got[i].ids[k];
+        } else {
+            snprintf(kinds + used, len - used, "%sC", sep);
+        }
+    }
+    free_kv(got, n);
+}
+
+/* n events through the feed as one batch; what reached the routers, as published() says. */
+static void feed_seen(struct kvr_kvev_event *ev, uint32_t n, char kinds[64], uint64_t ids[16])
+{
+    size_t mark = rec_nsent;
+    feed(ev, n);
+    published(mark, kinds, 64, ids);
+}
+
+/* A hybrid model (gpt-oss: sliding-window layers in group 0, full attention in group 1) stores a
+ * prompt's blocks in both groups; the window then evicts the old blocks of group 0 while group 1
+ * still holds them. The first group's Removed took them out of the routers' index: a prefix the
+ * engine could reuse was priced as not cached. */
+Test(kvfeed, a_sliding_window_groups_early_removed_keeps_the_full_attention_prefix)
+{
+    uint64_t ids[8], early[2] = {41, 42}, later = 41;
+    struct kvr_kvev_event ev[2] = {in_group(stored_ev(ids, 41, 3, 0), 0, "sliding_window"),
+                                   in_group(stored_ev(ids + 4, 41, 3, 0), 1, "full_attention")};
+    char kinds[64];
+    uint64_t got[16];
+    feed_seen(ev, 2, kinds, got);
+    cr_assert(eq(str, kinds, "S3"), "group 1's blocks alone, once");
+    cr_assert(eq(u64, got[0], 41));
+    cr_assert(eq(u64, s.kv_skipped_group, 3));
+
+    struct kvr_kvev_event rm = in_group(removed_ev(early, 2), 0, ""); /* vLLM: no kind */
+    feed_seen(&rm, 1, kinds, got);
+    cr_assert(eq(str, kinds, ""), "the window's eviction leaves the prefix indexed");
+    cr_assert(eq(u64, s.kv_skipped_group, 5));
+    cr_assert(eq(u64, s.kv_removed_blocks, 0));
+
+    rm = in_group(removed_ev(&later, 1), 1, ""); /* the full-attention group evicts it */
+    feed_seen(&rm, 1, kinds, got);
+    cr_assert(eq(str, kinds, "R1"));
+    cr_assert(eq(u64, got[0], 41));
+}
+
+/* vLLM's subclasses of full attention count as full attention; the lowest full group is
+ * followed; an untrusted kind that only starts like one (the decoder makes a NUL '?') does not;
+ * a group past the 64 learnt is never followed. */
+Test(kvfeed, the_lowest_full_attention_group_is_followed)
+{
+    uint64_t ids[16];
+    struct kvr_kvev_event ev[5] = {
+        in_group(stored_ev(ids, 51, 1, 0), 0, "mamba"),
+        in_group(stored_ev(ids + 2, 52, 1, 0), 1, "full_attention???junk"),
+        in_group(stored_ev(ids + 4, 53, 1, 0), 2, "sink_full_attention"),
+        in_group(stored_ev(ids + 6, 54, 1, 0), 3, "mla_attention"),
+        in_group(stored_ev(ids + 8, 55, 1, 0), 64, "full_attention"),
+    };
+    char kinds[64];
+    uint64_t got[16];
+    feed_seen(ev, 5, kinds, got);
+    cr_assert(eq(str, kinds, "S1"));
+    cr_assert(eq(u64, got[0], 53), "group 2, the lowest of full attention");
+    cr_assert(eq(u64, s.kv_skipped_group, 4));
+    cr_assert(eq(int, f.followed, 2));
+}
+
+/* group_idx without a kind (vLLM from March to April 2026, or a model of one group): group 0 is
+ * followed, so its Stored and Removed pair up; events without group_idx go on as before. */
+Test(kvfeed, without_kinds_group_zero_is_followed)
+{
+    uint64_t ids[8], gone[2] = {61, 71};
+    struct kvr_kvev_event ev[3] = {in_group(stored_ev(ids, 61, 2, 0), 0, ""),
+                                   in_group(stored_ev(ids + 2, 61, 2, 0), 1, ""),
+                                   stored_ev(ids + 4, 71, 1, 0)};
+    char kinds[64];
+    uint64_t got[16];
+    feed_seen(ev, 3, kinds, got);
+    cr_assert(eq(str, kinds, "S2 S1"));
+    cr_assert(eq(u64, got[0], 61));
+    cr_assert(eq(u64, got[2], 71));
+    struct kvr_kvev_event rm[3] = {in_group(removed_ev(gone, 1), 1, ""),
+                                   in_group(removed_ev(gone, 1), 0, ""), removed_ev(gone + 1, 1)};
+    feed_seen(rm, 3, kinds, got);
+    cr_assert(eq(str, kinds, "R1 R1"), "group 1's skipped, group 0's and the groupless go on");
+    cr_assert(eq(u64, s.kv_skipped_group, 3));
+}
+
+/* A full-attention group named after group 0's blocks went on (its first Stored came in a later
+ * batch): group 0's Removed will be skipped from now on, so what it announced is cleared in the
+ * routers before group 2's blocks go on. AllBlocksCleared keeps the kinds (the same engine); an
+ * engine gone (restart, gap) has them learnt again. */
+Test(kvfeed, a_full_attention_group_named_later_clears_what_group_zero_announced)
+{
+    uint64_t ids[8];
+    struct kvr_kvev_event a = in_group(stored_ev(ids, 81, 2, 0), 0, "sliding_window");
+    char kinds[64];
+    uint64_t got[16];
+    feed_seen(&a, 1, kinds, got);
+    cr_assert(eq(str, kinds, "S2"), "no full attention group known yet: group 0");
+
+    struct kvr_kvev_event b = in_group(stored_ev(ids + 2, 91, 1, 0), 2, "full_attention");
+    feed_seen(&b, 1, kinds, got);
+    cr_assert(eq(str, kinds, "C S1"));
+    cr_assert(eq(u64, got[0], 91));
+
+    struct kvr_kvev_event c[2] = {{.kind = KVR_KVEV_CLEARED},
+                                  in_group(stored_ev(ids + 4, 95, 1, 0), 0, "")};
+    feed_seen(c, 2, kinds, got);
+    cr_assert(eq(str, kinds, "C"), "after AllBlocksCleared group 2 is still the one followed");
+
+    pthread_mutex_lock(&w.mu);
+    kvr__wk_kvfeed_cleared(&f); /* the engine restarted: another model may be served */
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w); /* its Cleared */
+    feed_seen(&c[1], 1, kinds, got);
+    cr_assert(eq(str, kinds, "S1"));
+    cr_assert(eq(u64, got[0], 95));
 }
