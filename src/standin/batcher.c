@@ -4,6 +4,7 @@
  */
 #include "batcher.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,11 @@ struct kvr_se_event {
     uint32_t token_at;       /* Stored: tokens[token_at .. + n * block_size) */
     bool has_parent;         /* Stored */
     uint64_t parent;         /* */
+    int group;               /* hybrid: its KV cache group (GROUP_SW, GROUP_FULL); else -1 */
 };
+
+#define GROUP_SW   0 /* hybrid: the sliding-window group, which evicts a block once stored */
+#define GROUP_FULL 1 /* hybrid: the full-attention group, which evicts as the engine does */
 
 kvr_status kvr_se_batcher_init(struct kvr_se_batcher *b, const struct kvr_kvev_encoding *how,
                                const struct kvr_se_batch_limits *lim, uint32_t block_size,
@@ -73,6 +78,11 @@ static bool view(struct kvr_se_batcher *b)
         }
         if (e->kind != KVR_KVEV_CLEARED)
             memcpy(w->medium, "GPU", 4);
+        w->has_group = e->group >= 0;
+        w->group_idx = e->group;
+        if (e->kind == KVR_KVEV_STORED && e->group >= 0) /* vLLM names it on a Stored */
+            snprintf(w->spec_kind, sizeof w->spec_kind, "%s",
+                     e->group == GROUP_SW ? "sliding_window" : "full_attention");
     }
     return true;
 }
@@ -117,7 +127,8 @@ static uint32_t room(const struct kvr_se_batcher *b, enum kvr_kvev_kind kind, ui
 
 /* A new pending event of kind with n blocks: its record, the arrays grown for it; NULL when
  * memory ran out. */
-static struct kvr_se_event *push(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, uint32_t n)
+static struct kvr_se_event *push(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, uint32_t n,
+                                 int group)
 {
     uint32_t nt = kind == KVR_KVEV_STORED ? n * b->block_size : 0;
     if (!KVR_GROW(b->ev, b->capev, b->nev + 1, 16) ||
@@ -125,19 +136,20 @@ static struct kvr_se_event *push(struct kvr_se_batcher *b, enum kvr_kvev_kind ki
         (nt && !KVR_GROW(b->tokens, b->captokens, b->ntokens + nt, 1024)))
         return NULL;
     struct kvr_se_event *e = &b->ev[b->nev++];
-    *e = (struct kvr_se_event){kind, b->nhashes, n, b->ntokens, false, 0};
+    *e = (struct kvr_se_event){kind, b->nhashes, n, b->ntokens, false, 0, group};
     b->nhashes += n;
     b->ntokens += nt;
     return e;
 }
 
 /*
- * Add an event of kind over hashes[0..n) (and tokens, for Stored), cut into pieces that fit a
- * batch, flushing full batches on the way. Blocks that could not go in (memory) are counted as
- * dropped.
+ * Add an event of kind over hashes[0..n) (and tokens, for Stored) of KV cache group (-1: none),
+ * cut into pieces that fit a batch, flushing full batches on the way. Blocks that could not go
+ * in (memory) are counted as dropped.
  */
-static void add(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, const uint64_t *parent,
-                const uint64_t *hashes, const uint32_t *const *tokens, uint32_t n)
+static void add(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, int group,
+                const uint64_t *parent, const uint64_t *hashes, const uint32_t *const *tokens,
+                uint32_t n)
 {
     uint32_t done = 0;
     for (;;) {
@@ -148,7 +160,7 @@ static void add(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, const uint64_
             kvr_se_batcher_flush(b);
             continue;
         }
-        struct kvr_se_event *e = push(b, kind, k);
+        struct kvr_se_event *e = push(b, kind, k, group);
         if (!e)
             break;
         const uint64_t *p = done ? &hashes[done - 1] : parent;
@@ -169,17 +181,24 @@ static void add(struct kvr_se_batcher *b, enum kvr_kvev_kind kind, const uint64_
 void kvr_se_batcher_stored(struct kvr_se_batcher *b, const uint64_t *parent, const uint64_t *hashes,
                            const uint32_t *const *tokens, uint32_t n)
 {
-    if (n)
-        add(b, KVR_KVEV_STORED, parent, hashes, tokens, n);
+    if (!n)
+        return;
+    if (!b->hybrid) {
+        add(b, KVR_KVEV_STORED, -1, parent, hashes, tokens, n);
+        return;
+    }
+    add(b, KVR_KVEV_STORED, GROUP_SW, parent, hashes, tokens, n);
+    add(b, KVR_KVEV_STORED, GROUP_FULL, parent, hashes, tokens, n);
+    add(b, KVR_KVEV_REMOVED, GROUP_SW, NULL, hashes, NULL, n); /* its window past them */
 }
 
 void kvr_se_batcher_removed(struct kvr_se_batcher *b, const uint64_t *ids, uint32_t n)
 {
     if (n)
-        add(b, KVR_KVEV_REMOVED, NULL, ids, NULL, n);
+        add(b, KVR_KVEV_REMOVED, b->hybrid ? GROUP_FULL : -1, NULL, ids, NULL, n);
 }
 
 void kvr_se_batcher_cleared(struct kvr_se_batcher *b)
 {
-    add(b, KVR_KVEV_CLEARED, NULL, NULL, NULL, 0);
+    add(b, KVR_KVEV_CLEARED, -1, NULL, NULL, NULL, 0);
 }

@@ -6,6 +6,11 @@
  * given) is cut into several batches, and a BlockStored too long for one batch into several
  * events, each piece's parent the last block of the piece before, so the chain stays whole.
  * Every Stored event carries its blocks' token ids, block_size, lora_id nil and medium "GPU".
+ * A hybrid batcher plays vLLM serving a hybrid model (full attention beside sliding-window
+ * layers): every block is stored by KV cache group 0 ("sliding_window") and group 1
+ * ("full_attention"), each event naming its group_idx and each Stored its kind; group 0 then
+ * removes it at once (a window shorter than a block: the earliest eviction there can be), group 1
+ * when the engine evicts it. Only the map layout writes groups (kvevents.h).
  *
  * Memory: the pending step's events, at most one batch's worth before it is emitted. Pure data
  * apart from emit; one owner (kvengine's state mutex).
@@ -35,6 +40,7 @@ struct kvr_se_event; /* a pending event (batcher.c) */
 struct kvr_se_batcher {
     struct kvr_kvev_encoding how;   /* the wire form */
     struct kvr_se_batch_limits lim; /* effective, no zero */
+    bool hybrid;                    /* events of two KV cache groups (above); set after init */
     uint32_t block_size;            /* tokens per block */
     kvr_se_emit_fn emit;            /* */
     void *ctx;                      /* emit's */

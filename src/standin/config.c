@@ -72,6 +72,12 @@ size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
             "process, so they change with a restart, as vLLM's do)"),
         CHOICE("kv-layout", &c->kv_layout, layout_names,
                "KV event shape: arrays with medium (new), without (old), or maps"),
+        {.name = "kv-hybrid",
+         .type = KVR_OPT_BOOL,
+         .ptr = &c->kv_hybrid,
+         .help = "KV events as vLLM serving a hybrid model sends them: each block stored by a "
+                 "sliding-window group 0, which removes it at once, and a full-attention group 1 "
+                 "(needs --kv-layout map)"},
         CHOICE("metrics-style", &c->metrics_style, style_names,
                "which engine /metrics names follow (sglang adds /get_server_info)"),
         CHOICE("error-shape", &c->error_shape, shape_names,
@@ -123,6 +129,8 @@ kvr_status kvr_se_config_check(const struct kvr_se_config *c, char *why, size_t 
         bad = "--kv-replay needs --kv-events";
     else if (c->kv_topic[0] && !c->kv_events[0])
         bad = "--kv-topic needs --kv-events";
+    else if (c->kv_hybrid && c->kv_layout != KVR_SE_LAYOUT_MAP)
+        bad = "--kv-hybrid needs --kv-layout map (vLLM's KV cache groups in map events)";
     if (bad) {
         snprintf(why, len, "%s", bad);
         return KVR_ERR_INVALID;

@@ -40,6 +40,7 @@ struct kvr_se_config {
     uint64_t kv_hash_seed;           /* block ids on the wire are mixed with it; 0: a random
                                         one per process (as vLLM's hashes change with a restart) */
     int kv_layout;                   /* enum kvr_se_kv_layout */
+    bool kv_hybrid;                  /* KV events of a hybrid model's two groups (batcher.h) */
     int metrics_style;               /* enum kvr_se_style */
     int error_shape;                 /* enum kvr_se_error_shape */
     bool test_hooks;                 /* serve POST /test/... */

@@ -288,6 +288,7 @@ static kvr_status open_pub(struct kvr_se_state *st, char *why, size_t len)
                                     cfg->kv_layout != KVR_SE_LAYOUT_OLD};
     kvr_status err =
         kvr_se_batcher_init(&st->batcher, &how, NULL, cfg->engine.block_size, publish, st);
+    st->batcher.hybrid = cfg->kv_hybrid;
     if (err != KVR_OK) {
         snprintf(why, len, "KV events: --block-size %u does not fit a batch",
                  cfg->engine.block_size);

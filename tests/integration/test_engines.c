@@ -669,6 +669,38 @@ Test(engines, every_wire_form_of_kv_events_and_metrics_is_read)
     h_end();
 }
 
+/* vLLM serving a hybrid model announces each block twice, from its sliding-window group 0 and
+ * its full-attention group 1 (map events with group_idx, the kind on each Stored); the window
+ * then evicts group 0's copy, here at once. The adapter took a block out of the router's index
+ * at the first group's Removed, so the index stayed empty while the engine cached every prefix:
+ * it follows the full-attention group now, and counts group 0's blocks as skipped. */
+Test(engines, a_hybrid_models_sliding_window_evictions_leave_its_prefixes_indexed)
+{
+    static const char *const hybrid[] = {"--kv-layout", "map", "--kv-hybrid", NULL};
+    struct engine e;
+    engine_start_with(&e, true, "20", hybrid);
+    adapter_start(&e, "1");
+    pid_t r = router();
+    int rport = h_http_port(r, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    for (int p = 0; p < 4; p++) {
+        char id[16];
+        snprintf(id, sizeof id, "hy%d", p);
+        struct got g = ask(id, 70000u * (uint32_t)(p + 1), 0, 320, 2);
+        cr_assert(g.final && g.error_code == 0, "request %d: error %u", p, g.error_code);
+    }
+    double cached = metric(e.port, "kvengine_engine_cached_blocks");
+    cr_assert(ge(dbl, cached, 4 * 20), "the engine caches %g blocks", cached);
+    double entries = until_metric(rport, "kvrouter_index_entries", cached, 5000);
+    cr_expect(eq(dbl, entries, cached), "the router holds %g of the engine's %g blocks", entries,
+              cached);
+    double stored = metric(e.metrics, "kvworker_adapter_kv_stored_blocks_total");
+    double skipped = metric(e.metrics, "kvworker_adapter_kv_skipped_blocks_total{why=\"group\"}");
+    cr_expect(eq(dbl, skipped, 2 * stored), "group 0's %g Stored and Removed blocks: %g skipped",
+              stored, skipped);
+    h_end();
+}
+
 Test(engines, an_engine_silent_on_its_kv_events_endpoint_is_found_out)
 {
     /* the engine publishes no KV events, but the adapter was told to expect them: once a request

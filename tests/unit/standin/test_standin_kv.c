@@ -146,6 +146,47 @@ Test(batcher, one_step_is_one_batch_in_order)
     kvr_se_batcher_free(&b);
 }
 
+/* A hybrid engine (--kv-hybrid): each block stored by the sliding-window group 0 and the
+ * full-attention group 1 (vLLM's map events, the kind on each Stored), then removed by group 0
+ * at once; the engine's own evictions are group 1's. */
+Test(batcher, a_hybrid_engine_stores_in_two_groups_and_the_window_evicts_at_once)
+{
+    struct kvr_kvev_encoding how = {KVR_KVEV_HASH_UINT, KVR_KVEV_LAYOUT_MAP, true};
+    struct kvr_se_batcher b;
+    cr_assert(eq(int, kvr_se_batcher_init(&b, &how, NULL, 2, record, NULL), KVR_OK));
+    b.hybrid = true;
+    kvr_se_batcher_begin(&b, 1);
+    store_run(&b, NULL, 2, 2);
+    uint64_t gone = 1;
+    kvr_se_batcher_removed(&b, &gone, 1);
+    kvr_se_batcher_cleared(&b);
+    kvr_se_batcher_flush(&b);
+    cr_assert(eq(sz, ngot, 1));
+    const struct kvr_kvev_batch *g = &got[0];
+    cr_assert(eq(u32, g->nevents, 5));
+    static const struct {
+        enum kvr_kvev_kind kind;
+        int64_t group;
+        const char *spec;
+    } want[5] = {{KVR_KVEV_STORED, 0, "sliding_window"},
+                 {KVR_KVEV_STORED, 1, "full_attention"},
+                 {KVR_KVEV_REMOVED, 0, ""},
+                 {KVR_KVEV_REMOVED, 1, ""},
+                 {KVR_KVEV_CLEARED, -1, ""}};
+    for (int i = 0; i < 5; i++) {
+        const struct kvr_kvev_event *e = &g->events[i];
+        cr_assert(eq(int, e->kind, want[i].kind), "event %d", i);
+        cr_assert(eq(int, e->has_group, want[i].group >= 0), "event %d", i);
+        cr_assert(eq(i64, e->group_idx, want[i].group >= 0 ? want[i].group : 0), "event %d", i);
+        cr_assert(eq(str, (char *)e->spec_kind, (char *)want[i].spec), "event %d", i);
+    }
+    cr_assert(eq(u32, g->events[0].nhashes, 2));
+    cr_assert(eq(u32, g->events[1].ntokens, 4));
+    cr_assert(eq(u32, g->events[2].nhashes, 2), "the window keeps nothing");
+    cr_assert(eq(u64, g->events[3].hashes[0], 1));
+    kvr_se_batcher_free(&b);
+}
+
 /* The Stored pieces across every batch received: hashes 1..n in order, each piece's parent the
  * block before it. */
 static void check_chain(uint32_t n, uint32_t bs, const uint64_t *parent)

@@ -122,6 +122,10 @@ Test(proc, help_and_bad_options)
     cr_assert(eq(int, exit_status(20000), 2));
     cr_assert(ne(ptr, strstr(log_text, "--kv-replay needs --kv-events"), NULL), "%s", log_text);
     teardown();
+    spawn((const char *const[]){"--kv-hybrid", NULL}); /* groups are in map events only */
+    cr_assert(eq(int, exit_status(20000), 2));
+    cr_assert(ne(ptr, strstr(log_text, "--kv-hybrid needs --kv-layout map"), NULL), "%s", log_text);
+    teardown();
     spawn((const char *const[]){"--listen", "localhost:80", NULL});
     cr_assert(eq(int, exit_status(20000), 2));
 }
