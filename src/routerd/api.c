@@ -94,6 +94,8 @@ static json_t *core_data(struct kvr_rd *rd)
         {"recent_evicted", rd->recent.evicted},
         {"early_cancels", rd->early_cancels.n},
         {"early_cancels_evicted", rd->early_cancels.evicted},
+        {"early_dones", rd->early_dones.n},
+        {"early_dones_evicted", rd->early_dones.evicted},
         {"stalls", rd->stalls},
         {"ends_from_heartbeats", rd->n.ends_from_heartbeats},
         {"event_batches", rd->n.event_batches},

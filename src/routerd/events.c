@@ -138,13 +138,20 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
      * again, 3 s later: one sooner crossed the error (kvr_fleet_answered). Nor when the fleet
      * had answered it with an error already (its worker written off while cut off, the done
      * sent before it heard the stop and flushed when its connection came back): that error was
-     * its client's final, and the same request 3 s later a new attempt, not a resend to ignore */
-    const struct kvr_recent_item *r = p ? NULL : kvr_recent_find(&rd->recent, key, now);
+     * its client's final, and the same request 3 s later a new attempt, not a resend to ignore.
+     * The end of a request this router did not hold and knows no end of (a peer's whose decision
+     * is still on its way, or a key made up by whoever may publish on this worker's subjects) is
+     * remembered apart: a flood of dones for made-up keys evicts only its like, never the ends of
+     * the requests this router held (whose resends would be generated a second time) */
+    struct kvr_recent *t = &rd->recent;
+    const struct kvr_recent_item *r = p ? NULL : kvr_rd_ended(rd, key, now, &t);
+    if (!p && !r)
+        t = &rd->early_dones;
     bool answered = r && r->kind == KVR_RECENT_FAILED;
     if (!answered && status == KVR_OK)
-        kvr_recent_put(&rd->recent, key, KVR_RECENT_ENDED, KVR_OK, false, now);
+        kvr_recent_put(t, key, KVR_RECENT_ENDED, KVR_OK, false, now);
     else if (!answered && status != KVR_ERR_SUPERSEDED) /* cancelled, deadline: as ended */
-        kvr_fleet_answered(rd, key, status, now);
+        kvr_fleet_answered_in(t, key, status, now);
     kvr_log(KVR_LOG_DEBUG, "request_ended",
             "key=%016" PRIx64 " worker=%" PRIu64 " status=%d known=%s", key, wid, (int)status,
             p ? "true" : "false");

@@ -374,7 +374,7 @@ void kvr_fleet_import(struct kvr_rd *rd, const struct kvr_wire_decision *d, uint
         return;
     }
     const struct kvr_recent_item *ended =
-        known ? NULL : kvr_recent_find(&rd->recent, d->rec.request_id, now);
+        known ? NULL : kvr_rd_ended(rd, d->rec.request_id, now, NULL);
     if (ended && ended->kind == KVR_RECENT_ENDED) {
         /* a decision for a request that ended here already. Not started: a paused router placed
          * a copy it found in its socket; its client has its answer, so the copy is stopped
@@ -579,11 +579,16 @@ static void tell(struct kvr_rd *rd, const struct kvr_pending *p, kvr_status st)
     kvr_reply_fail(&rd->generate, &rd->out, p->reply, p->request_id, st, &why);
 }
 
-void kvr_fleet_answered(struct kvr_rd *rd, uint64_t key, kvr_status st, uint64_t now)
+void kvr_fleet_answered_in(struct kvr_recent *t, uint64_t key, kvr_status st, uint64_t now)
 {
     bool ended = st == KVR_ERR_CANCELLED || st == KVR_ERR_DEADLINE;
-    kvr_recent_put(&rd->recent, key, ended ? KVR_RECENT_ENDED : KVR_RECENT_FAILED,
-                   ended ? KVR_OK : st, false, now);
+    kvr_recent_put(t, key, ended ? KVR_RECENT_ENDED : KVR_RECENT_FAILED, ended ? KVR_OK : st, false,
+                   now);
+}
+
+void kvr_fleet_answered(struct kvr_rd *rd, uint64_t key, kvr_status st, uint64_t now)
+{
+    kvr_fleet_answered_in(&rd->recent, key, st, now);
 }
 
 void kvr_fleet_failed(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)

@@ -119,6 +119,9 @@ void kvr_fleet_unqueued(struct kvr_rd *rd, struct kvr_pending *p, kvr_status st)
  * for as long as an ended request's.
  */
 void kvr_fleet_answered(struct kvr_rd *rd, uint64_t key, kvr_status st, uint64_t now);
+/* The same into table t (rd->recent for kvr_fleet_answered; a worker's refusal of a request
+ * this router did not hold goes into rd->early_dones, events.c). */
+void kvr_fleet_answered_in(struct kvr_recent *t, uint64_t key, kvr_status st, uint64_t now);
 
 /* Under mu: peer's Queued notice q, heard at now (queued.c). */
 void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,

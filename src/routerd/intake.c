@@ -25,9 +25,10 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
                         uint64_t now)
 {
     const struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
-    const struct kvr_recent_item *r = p ? NULL : kvr_recent_find(&rd->recent, key, now);
+    struct kvr_recent *in = NULL; /* the table r is in */
+    const struct kvr_recent_item *r = p ? NULL : kvr_rd_ended(rd, key, now, &in);
     if (!p && !r)
-        r = kvr_recent_find(&rd->early_cancels, key, now);
+        r = kvr_recent_find(in = &rd->early_cancels, key, now);
     if (p || (r && r->kind == KVR_RECENT_ENDED)) {
         /* the same client and id: a resend of a request the fleet has in flight (its answer goes
          * to the same inbox), or of one that ended (its client lacks the stream, or has it and
@@ -62,7 +63,7 @@ static bool seen_before(struct kvr_rd *rd, uint64_t key, const char *reply, cons
          * the worker events too): a resend read 3 s after the answer may have waited for longer
          * than that in the socket, sent before its client had the answer (an overloaded run on
          * two cores: loops 20-27 s behind, 115-135 requests answered and then streamed) */
-        if (kvr_recent_age(&rd->recent, r, now) >= rd->cfg->crossing_ns + rd->events_behind_ns)
+        if (kvr_recent_age(in, r, now) >= rd->cfg->crossing_ns + rd->events_behind_ns)
             return false;
         rd->n.resends_after_error++;
         kvr_log(KVR_LOG_DEBUG, "resend_after_error", "key=%016" PRIx64 " error=\"%s\"", key,
@@ -267,7 +268,7 @@ static void cancel(struct kvr_rd *rd, uint64_t key, uint64_t now)
 {
     struct kvr_pending *p = kvr_pending_find(&rd->pend, key);
     if (!p) {
-        if (!kvr_recent_find(&rd->recent, key, now)) /* not ended: it may be on its way here */
+        if (!kvr_rd_ended(rd, key, now, NULL)) /* not ended: it may be on its way here */
             kvr_recent_put(&rd->early_cancels, key, KVR_RECENT_CANCELLED, KVR_ERR_CANCELLED, false,
                            now);
         return;

@@ -197,6 +197,19 @@ static void core(struct kvr_prom *p, const struct kvr_rd *rd)
                    (double)rd->events_behind_ns / 1e9);
 }
 
+/* What the router remembers of requests it no longer holds, forgotten early: a table was full. */
+static void recent_evicted(struct kvr_prom *p, const struct kvr_rd *rd)
+{
+    kvr_prom_family(p, "kvrouter_recent_evicted_total", KVR_PROM_COUNTER,
+                    "Keys forgotten before their 60 s because their table was full, by table: "
+                    "ended (requests this router held, or answered: a resend of one is routed "
+                    "again), dones (dones of requests it did not hold: a peer's, or made up), "
+                    "cancels (cancels before their request).");
+    kvr_prom_u64(p, &(struct kvr_prom_label){"table", "ended"}, 1, rd->recent.evicted);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"table", "dones"}, 1, rd->early_dones.evicted);
+    kvr_prom_u64(p, &(struct kvr_prom_label){"table", "cancels"}, 1, rd->early_cancels.evicted);
+}
+
 /* Messages lost on their way out: not made (memory), or refused by NATS. */
 static void losses(struct kvr_prom *p, struct kvr_rd *rd)
 {
@@ -278,6 +291,7 @@ kvr_status kvr_rd_metrics(struct kvr_rd *rd, struct kvr_prom *p)
         return KVR_ERR_TIMEOUT; /* the decision path is stuck: 503, and /readyz says so */
     endpoints(p, rd);
     core(p, rd);
+    recent_evicted(p, rd);
     losses(p, rd);
     if (rd->fleet)
         replication(p, rd);

@@ -81,8 +81,7 @@ void kvr_fleet_on_queued(struct kvr_rd *rd, const struct kvr_peer *peer,
         }
         return;
     }
-    if (p || kvr_recent_find(&rd->recent, key, now) ||
-        kvr_recent_find(&rd->early_cancels, key, now))
+    if (p || kvr_rd_ended(rd, key, now, NULL) || kvr_recent_find(&rd->early_cancels, key, now))
         return; /* known here: decisions settle who serves it (the earlier, a placed one first) */
     if (rd->pend.nnotices >= QUEUED_HELD_MAX ||
         kvr_pending_add(&rd->pend, key, q->reply, q->request_id, NULL, 0, &p) != KVR_OK) {

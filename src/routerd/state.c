@@ -58,6 +58,7 @@ kvr_status kvr_rd_init(struct kvr_rd *rd, const struct kvr_rd_config *cfg, struc
     kvr_pending_init(&rd->pend, c.max_inflight + c.queue_max + (1u << 16));
     kvr_recent_init(&rd->recent, KVR_RECENT_MAX, KVR_RECENT_TTL_NS);
     kvr_recent_init(&rd->early_cancels, KVR_RD_EARLY_CANCELS, KVR_RECENT_TTL_NS);
+    kvr_recent_init(&rd->early_dones, KVR_RD_EARLY_DONES, KVR_RECENT_TTL_NS);
     kvr_kvlog_init(&rd->kvlog, cfg->kv_replay_ns, 0, 0);
     kvr_reply_init(&rd->generate, "generate", 0);
     kvr_reply_init(&rd->select, "select", 0);
@@ -76,6 +77,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     kvr_kept_free(&rd->kept);
     kvr_recent_free(&rd->recent);
     kvr_recent_free(&rd->early_cancels);
+    kvr_recent_free(&rd->early_dones);
     kvr_kvseq_free(&rd->kvseq);
     kvr_kvlog_free(&rd->kvlog);
     kvr_outbox_free(&rd->out);
@@ -142,6 +144,18 @@ void kvr_rd_flush(struct kvr_rd *rd)
 void kvr_rd_unlock_flush(struct kvr_rd *rd)
 {
     send_rounds(rd);
+}
+
+const struct kvr_recent_item *kvr_rd_ended(struct kvr_rd *rd, uint64_t key, uint64_t now,
+                                           struct kvr_recent **in)
+{
+    struct kvr_recent *t = &rd->recent;
+    const struct kvr_recent_item *r = kvr_recent_find(t, key, now);
+    if (!r)
+        r = kvr_recent_find(t = &rd->early_dones, key, now);
+    if (in)
+        *in = t;
+    return r;
 }
 
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len)

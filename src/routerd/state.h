@@ -80,6 +80,9 @@ struct kvr_rd_held {
 #define KVR_RD_HELD_BYTES_MAX (256u << 20)
 
 #define KVR_RD_EARLY_CANCELS 16384u /* cancels before their request remembered, at most */
+/* dones for requests this router did not hold remembered, at most: as many as the core keeps
+ * events before their decision (early.h) */
+#define KVR_RD_EARLY_DONES 65536u
 
 struct kvr_rd {
     const struct kvr_rd_config *cfg; /* must outlive the state */
@@ -96,6 +99,10 @@ struct kvr_rd {
     struct kvr_recent early_cancels;  /* cancels before their request, under mu: apart, so a
                                          flood of cancels (anyone's to send, each router hears
                                          all) evicts only its like, never what ended */
+    struct kvr_recent early_dones;    /* dones (and refusals) of requests this router did not
+                                         hold: a peer's whose decision is still on its way, or
+                                         made up; under mu: apart from `recent`, so a flood of
+                                         dones for made-up keys evicts only its like */
     struct kvr_rd_counts n;           /* under mu */
     uint64_t max_request_bytes;       /* a request its forward cannot carry is refused (0: no
                                          check); from the connection's max_payload */
@@ -162,6 +169,15 @@ void kvr_rd_flush(struct kvr_rd *rd);
 /* The same from inside mu, which it releases first (one lock round less per message): the end of
  * a handler's critical section. */
 void kvr_rd_unlock_flush(struct kvr_rd *rd);
+
+/*
+ * Under mu: what this router remembers of the end of request key at now (kvr_recent.h): in
+ * rd->recent (the requests it held or answered), else in rd->early_dones (dones of requests it
+ * did not hold); NULL when neither. *in (when in is not NULL): the table it was found in, for
+ * kvr_recent_age. Borrowed until the next put into that table.
+ */
+const struct kvr_recent_item *kvr_rd_ended(struct kvr_rd *rd, uint64_t key, uint64_t now,
+                                           struct kvr_recent **in);
 
 /* Under mu: hold a KV event back while a snapshot is applied; false when not holding. */
 bool kvr_rd_hold(struct kvr_rd *rd, uint64_t worker_id, const void *data, size_t len);

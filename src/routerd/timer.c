@@ -172,6 +172,7 @@ void kvr_timer_tick_seen(struct kvr_rd *rd, uint64_t now, const struct kvr_timer
     kvr_fleet_tick(rd, now); /* hellos even when blind: its requests are still in good hands */
     kvr_recent_expire(&rd->recent, now);
     kvr_recent_expire(&rd->early_cancels, now);
+    kvr_recent_expire(&rd->early_dones, now);
     pthread_mutex_unlock(&rd->mu);
     kvr_rd_flush(rd);
 }

@@ -325,6 +325,59 @@ Test(hostile_events, still_open_a_forged_done_ends_a_live_request)
     cr_assert(eq(int, hr_count("kv.default.worker.1.rebind", 0, NULL), 1));
 }
 
+/* Worker 1's done for each key of [first, first + n), status st, in one EventBatch. */
+static void dones_batched(uint64_t first, uint32_t n, kvr_status st)
+{
+    struct kvr_wire_event *ev = calloc(n, sizeof *ev);
+    for (uint32_t i = 0; i < n; i++) {
+        ev[i].kind = KVR_WIRE_EV_DONE;
+        ev[i].u.done = (struct kvr_wire_done){1, first + i, (uint32_t)st, 1};
+    }
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_batch(&b, 1, ev, n), KVR_OK));
+    hr_event("kv.default.ev.1.batch", b.data, b.len);
+    kvr_buf_free(&b);
+    free(ev);
+}
+
+/* Anyone who may publish on a worker's events subject could send dones for made-up keys: each was
+ * remembered with the ends of this router's own requests (a done may come before its decision's
+ * gossip), so 65,536 of them evicted every one, and a client's resend of a request that had ended
+ * was generated a second time. They are remembered apart now, and evict only their like. */
+Test(hostile_events, a_flood_of_dones_for_made_up_keys_does_not_make_a_router_forget_what_ended)
+{
+    hr_heartbeat(1, 4096, NULL, 0, 1000);
+    hr_generate("_INBOX.e", "ended", 1, 128, 8);
+    hr_done(1, kvr_pending_key("_INBOX.e", "ended"), 8);
+    cr_assert(eq(u32, hr_rd.pend.n, 0), "it ended");
+    struct kvr_buf b = {0};
+    const uint64_t first = 1u << 20;                /* made-up keys from here on */
+    for (uint32_t i = 0; i < KVR_RECENT_MAX; i++) { /* a worker's refusal every 4th */
+        kvr_status st = i % 4 == 3 ? KVR_ERR_NOMEM : KVR_OK;
+        cr_assert(eq(int, kvr_wire_encode_done(&b, 1, first + i, st, 1), KVR_OK));
+        hr_event("kv.default.ev.1.done", b.data, b.len);
+    }
+    for (uint32_t k = 0; k < 4; k++) /* and in batches, 256 a batch */
+        dones_batched(first + KVR_RECENT_MAX + 256 * k, 256, KVR_OK);
+    kvr_buf_free(&b);
+    size_t mark = hr_nsent;
+    hr_generate("_INBOX.e", "ended", 1, 128, 8); /* its resend */
+    cr_assert(eq(int, hr_count("kv.default.worker.1.generate", mark, NULL), 0), "not placed again");
+    cr_assert(eq(u64, hr_stat("data.resends_after_end"), 1));
+    cr_assert(eq(u64, hr_stat("data.recent_evicted"), 0), "nothing that ended here forgotten");
+    cr_assert(eq(u64, hr_stat("data.early_dones"), KVR_RD_EARLY_DONES), "bounded");
+    cr_assert(
+        eq(u64, hr_stat("data.early_dones_evicted"), KVR_RECENT_MAX + 1024 - KVR_RD_EARLY_DONES));
+    cr_assert(eq(u64, hr_stat("data.bad_events"), 0), "dones of a known worker: not bad");
+    /* what they are kept for still holds for the last of them: a decision that comes after its
+     * done is refused, as a peer's request's done can overtake its decision's gossip */
+    uint64_t h[2] = {11, 12};
+    struct kvr_request_record rec = {first + KVR_RECENT_MAX + 1023, 1, h, 2, 128, 0, true, 0, 0};
+    hr_gossip("peer", 5, 1, &rec, "_INBOX.late", "peer");
+    cr_assert(eq(u64, hr_stat("data.replication.already_known"), 1));
+    cr_assert(eq(u32, hr_rd.pend.n, 0));
+}
+
 /* A RebindAsk of worker wid for n keys, on worker sub's subject. */
 static void rebind_ask(uint64_t wid, uint64_t sub, const uint64_t *keys, uint32_t n)
 {
