@@ -694,6 +694,8 @@ void kvr_fleet_stats(struct kvr_rd *rd, json_t *obj)
         {"pages_received", g->pages_received},
         {"snapshots_served", g->snapshots_served},
         {"snapshots_served_partial", g->snapshots_served_partial},
+        {"snapshots_served_cut", g->snapshots_served_cut},
+        {"snapshots_incomplete", g->snapshots_incomplete},
         {"held_dropped", rd->held_dropped},
         {"resends", g->resends},
         {"resyncs", g->resyncs},

@@ -53,7 +53,7 @@ struct kvr_fleet {
     bool syncing;                     /* a snapshot is awaited */
     bool resync;                      /* a later snapshot: it replaces the index on arrival */
     bool keep_index;                  /* ... unless its sender's index has holes too (sync.c) */
-    uint32_t partial_answers;         /* resyncs in a row answered so (sync.c) */
+    uint32_t partial_answers;         /* snapshots in a row whose index had holes (sync.c) */
     uint64_t resync_retry_at;         /* ask another peer then (0: no) */
     uint64_t sync_token;              /* the awaited snapshot's token */
     uint64_t sync_asked_ns;           /* when it was asked (kvr_now_ns) */
@@ -75,7 +75,9 @@ struct kvr_fleet {
     uint64_t pages_sent, pages_received, snapshots_served; /* */
     uint64_t resends, resyncs, orphans_answered;           /* */
     uint64_t snapshots_served_partial, resyncs_kept_index; /* indexes with holes (sync.c) */
-    uint64_t kv_replayed;     /* KV events applied again after a resync replaced the index */
+    uint64_t snapshots_served_cut; /* ... served so: the walk stopped (the state kept changing) */
+    uint64_t snapshots_incomplete; /* ... taken as they came (a cut walk; at start-up any) */
+    uint64_t kv_replayed;          /* KV events applied again after a resync replaced the index */
     uint64_t placed_anew;     /* a peer's own decision replaced by its placing again elsewhere */
     uint64_t reconcile_waits; /* heartbeats whose worker had forwards waiting: nothing judged */
     uint64_t queued_sent;     /* Queued notices sent (queued here, released unplaced) */

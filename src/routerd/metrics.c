@@ -274,6 +274,14 @@ static void replication(struct kvr_prom *p, const struct kvr_rd *rd)
     kvr_prom_counter(p, "kvrouter_replication_snapshots_served_partial_total",
                      "Snapshots served while this router's own index had holes (marked so).",
                      g->snapshots_served_partial);
+    kvr_prom_counter(p, "kvrouter_replication_snapshots_served_cut_total",
+                     "Snapshots whose walk stopped before the end, the state changing under it "
+                     "(their last page marked: the index sent has holes).",
+                     g->snapshots_served_cut);
+    kvr_prom_counter(p, "kvrouter_replication_snapshots_incomplete_total",
+                     "Snapshots taken as they came though their index had holes (a walk cut short; "
+                     "at start-up, a sender's index with holes): a peer is asked again.",
+                     g->snapshots_incomplete);
     kvr_prom_gauge(p, "kvrouter_peers", "Peer routers known.", g->npeers);
     kvr_prom_gauge(p, "kvrouter_peers_alive", "Peer routers heard within 3.5 hellos.",
                    (double)alive);

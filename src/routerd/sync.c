@@ -20,8 +20,9 @@
  * one message should hold for about a millisecond at most (KVR_WIRE_PAGE_ITEMS_MAX) */
 #define SYNC_PAGE_ITEMS KVR_WIRE_PAGE_ITEMS_MAX
 #define SYNC_TRIES      2
-/* a resync answered by a peer whose index has holes too is asked again of another (any serving
- * peer may be picked: it is random) after this long, this many times in a row at most */
+/* a snapshot whose index has holes (its sender's has, or its walk was cut short) is asked again
+ * of a peer (any serving peer may be picked: it is random) after this long, this many times in a
+ * row at most */
 #define SYNC_PARTIAL_RETRY_NS (1000 * KVR_NS_PER_MS)
 #define SYNC_PARTIAL_TRIES    3
 
@@ -78,13 +79,15 @@ static void pager_key(struct pager *pg, uint64_t key)
 
 /*
  * Under mu: whether this router knows its index misses KV events: its events connection is down,
- * or came back and the catch-up is due; numbered events never came; or it is taking a snapshot
- * itself (or never took one). Its snapshots say so: an asker with an index of its own keeps it.
+ * or came back and the catch-up is due; numbered events never came; it is taking a snapshot
+ * itself (or never took one), or its last one had holes and it asks again soon. Its snapshots
+ * say so: an asker with an index of its own keeps it.
  */
 static bool index_has_holes(const struct kvr_rd *rd)
 {
     const struct kvr_fleet *g = rd->fleet;
-    return rd->blind || rd->resync_at || rd->kv_gap || g->syncing || !g->synced;
+    return rd->blind || rd->resync_at || rd->kv_gap || g->syncing || !g->synced ||
+           g->resync_retry_at;
 }
 
 /*
@@ -96,7 +99,8 @@ static bool index_has_holes(const struct kvr_rd *rd)
  * slices the state changes (kvr_router_export_begin says how the walks take it): the asker holds
  * the KV events and hears the decisions that come meanwhile, as with a snapshot taken at once, and
  * refuses a record of a request that ended there. A walk chasing items made active again stops at
- * SNAP_VISITS_FACTOR times what there was at its start.
+ * SNAP_VISITS_FACTOR times what there was at its start (cut): what it had not visited yet is never
+ * sent, so its last page says the index has holes, and the asker asks again (answered).
  */
 #define SNAP_SLICE_ITEMS   KVR_WIRE_PAGE_ITEMS_MAX
 #define SNAP_SLICE_BYTES   (64u * 1024u)
@@ -138,6 +142,8 @@ static void snapshot_slice(struct kvr_rd *rd, struct pager *pg, struct snapshot 
             s->done = s->cut = true;
     }
     if (s->done) {
+        pg->page.index_partial |= s->cut; /* cut: not the whole index */
+        rd->fleet->snapshots_served_cut += s->cut;
         pager_flush(pg, true);
         rd->fleet->snapshots_served++;
     }
@@ -155,7 +161,9 @@ static void snapshot_serve(struct kvr_rd *rd, struct pager *pg, struct snapshot 
         kvr_outbox_flush(&pg->out, &rd->sink, NULL);
     }
     if (s->cut)
-        kvr_log(KVR_LOG_WARN, "snapshot_cut", "visits=%llu (the state kept changing under it)",
+        kvr_log(KVR_LOG_WARN, "snapshot_cut",
+                "visits=%llu reason=\"the state kept changing under it\" action=\"the last page "
+                "says the index has holes: the asker asks again\"",
                 (unsigned long long)s->visits);
 }
 
@@ -319,25 +327,41 @@ static void resync_answered(struct kvr_rd *rd, bool partial)
     }
 }
 
-/* Under mu: the last page of the awaited snapshot is in. */
-static void answered(struct kvr_rd *rd)
+/*
+ * Under mu: the last page of the awaited snapshot is in; holes: it says the index sent has holes
+ * (its sender's index has them, or the sender's walk was cut short: kvr_sync_on_page). A resync
+ * whose first page said so kept this router's own index (resync_answered); any other answer with
+ * holes was taken as it came (a resync's index replaced at its first page, which said nothing of
+ * a cut to come; a start-up snapshot's, whatever it said). Either way a peer is asked again
+ * later, SYNC_PARTIAL_TRIES answers with holes in a row at most.
+ */
+static void answered(struct kvr_rd *rd, bool holes)
 {
     struct kvr_fleet *g = rd->fleet;
     bool kept = g->keep_index;
     g->keep_index = false;
     finish(rd, true);
-    if (!kept) {
+    if (!kept && !holes) {
         g->partial_answers = 0;
         return;
     }
-    g->resyncs_kept_index++;
+    if (kept)
+        g->resyncs_kept_index++;
+    else
+        g->snapshots_incomplete++;
     bool again = ++g->partial_answers < SYNC_PARTIAL_TRIES;
     g->resync_retry_at = again ? kvr_now_ns() + SYNC_PARTIAL_RETRY_NS : 0;
     if (!again)
         g->partial_answers = 0;
-    kvr_log(KVR_LOG_WARN, "resync_index_kept",
-            "reason=\"the peer's index has holes too\" action=\"%s\"",
-            again ? "ask a peer again in 1 s" : "none: KV events fill this index in");
+    const char *action = again ? "ask a peer again in 1 s" : "none: KV events fill this index in";
+    if (kept)
+        kvr_log(KVR_LOG_WARN, "resync_index_kept",
+                "reason=\"the peer's index has holes too\" action=\"%s\"", action);
+    else
+        kvr_log(KVR_LOG_WARN, "snapshot_incomplete",
+                "reason=\"the snapshot's index has holes (its walk was cut short, or its sender's "
+                "index has them)\" kept=\"what came\" action=\"%s\"",
+                action);
 }
 
 void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
@@ -358,8 +382,8 @@ void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len)
         g->bad++;
     } else {
         g->pages_received++;
-        if (ours && head.last)
-            answered(rd);
+        if (ours && head.last) /* index_partial on a last page only: the walk was cut */
+            answered(rd, head.index_partial);
     }
     pthread_mutex_unlock(&rd->mu);
     kvr_rd_flush(rd);
@@ -423,7 +447,7 @@ void kvr_sync_tick(struct kvr_rd *rd, uint64_t now)
         finish(rd, false);
     if (g->resync_retry_at && now >= g->resync_retry_at) {
         g->resync_retry_at = 0;
-        kvr_sync_resync(rd, "the last peer's index had holes");
+        kvr_sync_resync(rd, "the last snapshot's index had holes");
     }
 }
 

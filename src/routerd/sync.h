@@ -25,14 +25,16 @@ void kvr_sync_on_page(struct kvr_rd *rd, const void *data, size_t len);
 
 /*
  * At start, after the warm-up (without mu; blocks): ask a serving peer for a snapshot and wait
- * (sync_timeout, twice at most) until it is applied; with nobody to ask, go on at once.
+ * (sync_timeout, twice at most) until it is applied; with nobody to ask, go on at once. An answer
+ * whose index has holes is taken as it came, and a peer asked again 1 s later (kvr_sync_tick).
  */
 void kvr_sync_start(struct kvr_rd *rd);
 
 /* Under mu: the events connection came back, or KV events were missed (reason, logged): take a
- * snapshot again (its index replaces ours, unless the peer's has holes too: then ours is kept and
- * another peer asked 1 s later, three times in a row at most). false: nobody to ask (gossip off,
- * no serving peer, a snapshot already coming). */
+ * snapshot again (its index replaces ours, unless the peer's has holes too: then ours is kept;
+ * either way, as when its walk was cut short and its last page says so, a peer is asked again
+ * 1 s later, three answers with holes in a row at most). false: nobody to ask (gossip off, no
+ * serving peer, a snapshot already coming). */
 bool kvr_sync_resync(struct kvr_rd *rd, const char *reason);
 
 /* Under mu: a resync that got no answer in time is given up (gossip and heartbeats fill in); one

@@ -2091,6 +2091,139 @@ Test(routerd, two_snapshots_at_once_each_have_every_entry)
     cr_assert(eq(u64, rd.fleet->snapshots_served, 2));
 }
 
+/* --- a snapshot whose walk is cut short ------------------------------------------------------ */
+
+/* Router "b", asking router r1 (rd) for its snapshot: a second daemon state in this process. */
+static struct kvr_rd_config asker_cfg;
+static struct kvr_rd asker;
+
+/* Start b: worker 1 known, router r1 heard serving, its own index entries from worker 1's
+ * event storing blocks 900-903. */
+static void asker_start(void)
+{
+    asker_cfg = cfg;
+    strcpy(asker_cfg.id, "b");
+    asker_cfg.kv_replay_ns = 0; /* what b applied before its ask is not applied again */
+    cr_assert(eq(
+        int, kvr_rd_init(&asker, &asker_cfg, (struct kvr_sink){.publish = rec_record, .ctx = NULL}),
+        KVR_OK));
+    cr_assert(eq(int, kvr_fleet_create(&asker), KVR_OK));
+    asker.fleet->synced = true;
+    asker.serving = true;
+    struct rec_event e = rec_heartbeat(1, 4096, NULL, 0, 10000, 0);
+    kvr_events_on_message(&asker, e.subject, e.b.data, e.b.len);
+    struct kvr_kv_block blocks[4] = {{900, 900}, {901, 901}, {902, 902}, {903, 903}};
+    cr_assert(eq(int, kvr_wire_encode_stored(&e.b, 1, 1, NULL, blocks, 4), KVR_OK));
+    kvr_events_on_message(&asker, "kv.default.ev.1.kv", e.b.data, e.b.len);
+    cr_assert(eq(int, kvr_wire_encode_gossip_hello(&e.b, "r1", rd.fleet->epoch, 0, true), KVR_OK));
+    kvr_fleet_on_gossip(&asker, "kv.default.router.gossip.r1", e.b.data, e.b.len);
+    kvr_buf_free(&e.b);
+}
+
+static void asker_stop(void)
+{
+    kvr_fleet_destroy(&asker);
+    kvr_rd_free(&asker);
+}
+
+static uint32_t entries_of(struct kvr_rd *r)
+{
+    struct kvr_router_stats s;
+    kvr_router_stats(r->core, &s);
+    return s.index_entries;
+}
+
+/* While set, every page r1 publishes to b has r1's worker 1 store its 80 chains again (their
+ * entries move to the end of the index's order, so the walk meets them again). */
+static bool churning, in_churn;
+static uint64_t churn_seq = 80; /* worker 1's KV events numbered on from its 80 chains */
+
+static kvr_status sink_churning(void *ctx, const struct kvr_outmsg *m)
+{
+    kvr_status st = rec_record(ctx, m);
+    if (churning && !in_churn && !strcmp(m->subject, "kv.default.router.pages.b")) {
+        in_churn = true; /* the events' handler publishes through this sink too */
+        for (uint32_t i = 0; i < 80; i++)
+            kv_stored(1, ++churn_seq, 100000 + 16 * i, 16);
+        in_churn = false;
+    }
+    return st;
+}
+
+/* b asks r1 (after the tick at `tick`, or at once when 0), r1 serves it, b takes the pages. The
+ * pages' heads in *first and *last; how many. */
+static int asked_and_served(uint64_t tick, struct kvr_wire_page_head *first,
+                            struct kvr_wire_page_head *last)
+{
+    size_t mark = rec_nsent;
+    pthread_mutex_lock(&asker.mu);
+    if (tick)
+        kvr_sync_tick(&asker, tick);
+    else
+        cr_assert(kvr_sync_resync(&asker, "a test"));
+    pthread_mutex_unlock(&asker.mu);
+    kvr_rd_flush(&asker);
+    const struct rec_sent *ask = NULL;
+    cr_assert(eq(int, rec_count("kv.default.router.sync.r1", mark, &ask), 1), "b asked r1");
+    kvr_sync_on_request(&rd, "kv.default.router.pages.b", ask->data, ask->len);
+    int n = 0;
+    for (size_t i = mark; i < rec_nsent; i++) {
+        if (strcmp(rec_sent[i].subject, "kv.default.router.pages.b"))
+            continue;
+        cr_assert(eq(int,
+                     kvr_wire_decode_page(rec_sent[i].data, rec_sent[i].len, NULL, NULL, NULL,
+                                          n ? last : first),
+                     KVR_OK));
+        if (!n++)
+            *last = *first;
+        kvr_sync_on_page(&asker, rec_sent[i].data, rec_sent[i].len);
+    }
+    return n;
+}
+
+/* A snapshot served while the state keeps changing under it stops its walk (at twice the items it
+ * began with) before it has sent the whole index. Its last page said nothing of it: its asker took
+ * it for the whole index and asked nobody again, its index short of entries until they were
+ * stored again. The last page says the index has holes now; the asker keeps what came, and asks
+ * again a second later. */
+Test(routerd, a_snapshot_cut_short_says_so_and_its_asker_asks_again)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;
+    cfg.sync_timeout_ns = 60 * KVR_NS_PER_S;
+    restart();
+    heartbeat(1, 4096, NULL, 0, 10000);
+    for (uint32_t i = 0; i < 80; i++) /* 1,280 entries: pages of 512 */
+        kv_stored(1, i + 1, 100000 + 16 * i, 16);
+    cr_assert(eq(u32, index_entries(), 1280));
+    asker_start();
+    cr_assert(eq(u32, entries_of(&asker), 4));
+    rd.sink.publish = sink_churning;
+    churning = true;
+    struct kvr_wire_page_head first, last;
+    int pages = asked_and_served(0, &first, &last);
+    churning = false;
+    uint32_t got = entries_of(&asker);
+    cr_assert(lt(u32, got, 1280), "entries never sent");
+    cr_assert(gt(int, pages, 1));
+    cr_assert(not(first.index_partial), "r1's own index is whole");
+    cr_assert(last.last && last.index_partial, "the last page says the index sent has holes");
+    cr_assert(not(asker.fleet->syncing));
+    cr_assert(not(eq(u64, asker.fleet->resync_retry_at, 0)), "b asks again");
+    cr_assert(gt(u32, got, 4), "b took what came in place of its own (%u)", got);
+    cr_assert(eq(u64, asker.fleet->snapshots_incomplete, 1));
+    cr_assert(eq(u64, asker.fleet->resyncs_kept_index, 0));
+    cr_assert(eq(u64, rd.fleet->snapshots_served_cut, 1), "the walk was cut");
+    /* a second later, r1 not churning: the whole index */
+    pages = asked_and_served(asker.fleet->resync_retry_at, &first, &last);
+    cr_assert(not(last.index_partial));
+    cr_assert(eq(u32, entries_of(&asker), 1280));
+    cr_assert(eq(u64, asker.fleet->snapshots_incomplete, 1));
+    cr_assert(eq(u64, asker.fleet->resync_retry_at, 0));
+    cr_assert(eq(u64, rd.fleet->snapshots_served_cut, 1));
+    cr_assert(eq(u64, rd.fleet->snapshots_served, 2));
+    asker_stop();
+}
+
 /* Ticks of 100 ms from *t on until this router asks the peer for a snapshot: its token. */
 static uint64_t tick_until_asked(uint64_t *t)
 {
@@ -2180,6 +2313,99 @@ Test(routerd, a_resync_answered_from_an_index_with_holes_keeps_its_own)
     cr_assert(eq(u32, index_entries(), 3), "replaced");
     cr_assert(eq(u64, rd.fleet->resyncs, 4));
     cr_assert(eq(u64, rd.fleet->resyncs_kept_index, 3));
+}
+
+/* The peer's answer to token in two pages whose walk was cut short: entries of worker 1 from
+ * engine id `first` on, n1 in the first page (which says nothing of holes) and n2 in the last
+ * (which says the index sent has holes). */
+static void answer_cut(uint64_t token, uint64_t first, uint32_t n1, uint32_t n2)
+{
+    struct kvr_page p;
+    kvr_page_init(&p);
+    struct kvr_buf b = {0};
+    for (uint32_t page = 0; page < 2; page++) {
+        for (uint32_t i = 0; i < (page ? n2 : n1); i++) {
+            struct kvr_index_record e = {1, first, true, first, 0};
+            first++;
+            cr_assert(eq(int, kvr_page_add_entry(&p, &e), KVR_OK));
+        }
+        p.index_partial = page == 1;
+        cr_assert(eq(int, kvr_page_encode(&p, &b, page == 1, token), KVR_OK));
+        kvr_sync_on_page(&rd, b.data, b.len);
+    }
+    kvr_buf_free(&b);
+    kvr_page_free(&p);
+}
+
+/* The token of the snapshot asked of the peer (set by sink_noting_ask, which records too). */
+static _Atomic uint64_t asked_token;
+
+static kvr_status sink_noting_ask(void *ctx, const struct kvr_outmsg *m)
+{
+    kvr_status st = rec_record(ctx, m);
+    struct kvr_wire_sync q;
+    if (!strcmp(m->subject, "kv.default.router.sync.peer") &&
+        kvr_wire_decode_sync(m->data, m->len, &q) == KVR_OK) {
+        atomic_store(&asked_token, q.token);
+        kvr_wire_sync_free(&q);
+    }
+    return st;
+}
+
+static void *sync_start(void *arg)
+{
+    (void)arg;
+    kvr_sync_start(&rd); /* waits for its snapshot */
+    return NULL;
+}
+
+/* A snapshot whose index has holes is taken as it came and a peer asked again a second later,
+ * three such answers in a row at most: at start-up (which has no index of its own to keep: it
+ * took such an answer and asked nobody again), and after, as a resync whose first page said
+ * nothing of the cut its last page tells; a one-page answer that says so is one from an index
+ * with holes (the resync keeps its own index). */
+Test(routerd, a_snapshot_with_holes_is_taken_and_asked_again_three_times_at_most)
+{
+    cfg.hello_ns = 500 * KVR_NS_PER_MS;
+    cfg.sync_timeout_ns = 60 * KVR_NS_PER_S;
+    cfg.kv_replay_ns = 0;
+    restart();
+    heartbeat(1, 4096, NULL, 0, 10000);
+    peer_hello();
+    rd.fleet->synced = false; /* starting */
+    rd.sink.publish = sink_noting_ask;
+    atomic_store(&asked_token, 0);
+    pthread_t starting;
+    cr_assert(eq(int, pthread_create(&starting, NULL, sync_start, NULL), 0));
+    uint64_t token = 0;
+    for (int i = 0; i < 5000 && !(token = atomic_load(&asked_token)); i++)
+        kvr_sleep_ns(KVR_NS_PER_MS);
+    cr_assert(not(eq(u64, token, 0)), "a snapshot asked at start-up");
+    answer_cut(token, 900, 3, 2);
+    pthread_join(starting, NULL);
+    rd.sink.publish = rec_record;
+    cr_assert(rd.fleet->synced);
+    cr_assert(eq(u32, index_entries(), 5), "what came is taken");
+    cr_assert(not(eq(u64, rd.fleet->resync_retry_at, 0)), "asked again");
+    cr_assert(eq(u64, rd.fleet->snapshots_incomplete, 1));
+    cr_assert(snapshot_served().index_partial, "meanwhile its own snapshots say it has holes");
+    uint64_t t = kvr_now_ns();
+    answer_cut(tick_until_asked(&t), 910, 3, 1); /* a resync: the first page replaced the index */
+    cr_assert(eq(u32, index_entries(), 4));
+    cr_assert(eq(u64, rd.fleet->snapshots_incomplete, 2));
+    cr_assert(not(eq(u64, rd.fleet->resync_retry_at, 0)));
+    answer(tick_until_asked(&t), 2, true); /* one page, with holes: its own index kept */
+    cr_assert(eq(u32, index_entries(), 4));
+    cr_assert(eq(u64, rd.fleet->resyncs_kept_index, 1));
+    cr_assert(eq(u64, rd.fleet->resync_retry_at, 0), "three in a row: let go");
+    size_t mark = rec_nsent;
+    ticks(t + 100 * KVR_NS_PER_MS, t + 3 * KVR_NS_PER_S);
+    cr_assert(eq(int, rec_count("kv.default.router.sync.peer", mark, NULL), 0));
+    cr_assert(eq(u64, rd.fleet->resyncs, 2));
+    cr_assert(not(snapshot_served().index_partial));
+    char *text = metrics_text();
+    cr_assert(strstr(text, "\nkvrouter_replication_snapshots_incomplete_total 2\n") != NULL);
+    free(text);
 }
 
 /* Worker 1's KV event number seq removing the block of engine id `gone`. */
