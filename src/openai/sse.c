@@ -8,6 +8,7 @@
 #include <string.h>
 
 #define SSE_DEFAULT_EVENT (1u << 20)
+#define SSE_KEEP_BYTES    (64u * 1024u) /* event room kept between events; a larger one is freed */
 
 enum line_kind {
     LINE_START, /* nothing seen on this line yet */
@@ -119,6 +120,8 @@ static kvr_status line_end(struct kvr_sse *p, kvr_sse_event_fn fn, void *ctx)
     p->data.data[len] = 0;
     if (!fn(ctx, (const char *)p->data.data, len))
         p->stopped = true;
+    if (p->data.cap > SSE_KEEP_BYTES) /* one large event does not hold its room for good */
+        kvr_buf_free(&p->data);
     return KVR_OK;
 }
 

@@ -6,7 +6,9 @@
  * comment lines (`:`) and the other fields (event, id, retry) are ignored; a leading UTF-8 BOM
  * is skipped. An event whose data passes max_event bytes, or a line longer than max_event plus
  * a field name, is an error (KVR_ERR_TOO_LARGE) and nothing is allocated past that bound;
- * comment lines are never buffered. Pure and single-threaded: one parser per stream.
+ * comment lines are never buffered, and the room of an event over 64 KiB is freed once it is
+ * handed over (a stream keeps what its usual events need, not its largest). Pure and
+ * single-threaded: one parser per stream.
  */
 #ifndef KVR_SSE_H
 #define KVR_SSE_H

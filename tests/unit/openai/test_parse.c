@@ -39,6 +39,15 @@ static bool on_event(void *ctx, const char *data, size_t len)
     return !(e->stop_after && e->n == e->stop_after);
 }
 
+/* Takes a large event: checks its length only (ctx: unused). */
+static bool on_big(void *ctx, const char *data, size_t len)
+{
+    (void)ctx;
+    cr_assert(eq(sz, len, 300000 - 8));
+    cr_assert(eq(int, data[0], 'x'));
+    return true;
+}
+
 static void feed_all(const char *in, size_t n, size_t max, struct events *e)
 {
     struct kvr_sse p;
@@ -180,6 +189,27 @@ Test(sse, bound)
     cr_assert(eq(int, kvr_sse_feed(&p, "\ndata: ok\n\n", 11, on_event, &e), KVR_OK));
     cr_assert(eq(str, e.text, "ok|"));
     cr_assert(le(sz, p.data.cap, 256));
+    kvr_sse_free(&p);
+}
+
+/* A large event's room is freed once it is handed over; a small one's is kept for the next. */
+Test(sse, a_large_event_does_not_keep_its_room)
+{
+    struct kvr_sse p;
+    kvr_sse_init(&p, 0);
+    struct events e = {0};
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: small\n\n", 13, on_event, &e), KVR_OK));
+    size_t small = p.data.cap;
+    cr_assert(gt(sz, small, 0), "a small event's room is kept");
+    static char big[300000];
+    memcpy(big, "data: ", 6);
+    memset(big + 6, 'x', sizeof big - 8);
+    memcpy(big + sizeof big - 2, "\n\n", 2);
+    struct events quiet = {0};
+    cr_assert(eq(int, kvr_sse_feed(&p, big, sizeof big, on_big, NULL), KVR_OK));
+    cr_assert(le(sz, p.data.cap, 64 * 1024), "%zu bytes kept after a 300 KB event", p.data.cap);
+    cr_assert(eq(int, kvr_sse_feed(&p, "data: next\n\n", 12, on_event, &quiet), KVR_OK));
+    cr_assert(eq(str, quiet.text, "next|"));
     kvr_sse_free(&p);
 }
 
