@@ -349,7 +349,8 @@ kvr_status kvr_oai_health(const char *base_url, long timeout_ms)
     kvr_buf_free(&body);
     if (st != KVR_OK)
         return st;
-    return code == 200 ? KVR_OK : code == 503 ? KVR_ERR_OVERLOADED : KVR_ERR_IO;
+    /* any success (a proxy in front may answer 204 No Content); 503 while loading */
+    return code >= 200 && code < 300 ? KVR_OK : code == 503 ? KVR_ERR_OVERLOADED : KVR_ERR_IO;
 }
 
 static bool printable(const char *s, size_t n)

@@ -278,9 +278,9 @@ kvr_status kvr_oai_metrics_parse(const char *text, size_t len, struct kvr_engine
 kvr_status kvr_oai_server_info_parse(const char *json, size_t len, struct kvr_engine_metrics *out);
 
 /*
- * GET base_url/health: KVR_OK on HTTP 200; KVR_ERR_WORKER_LOST (refused), KVR_ERR_TIMEOUT,
- * KVR_ERR_OVERLOADED (503), KVR_ERR_IO (other statuses, other errors), KVR_ERR_INVALID.
- * timeout_ms: 0 is 5000.
+ * GET base_url/health: KVR_OK on HTTP 2xx (a proxy may answer 204); KVR_ERR_WORKER_LOST (refused),
+ * KVR_ERR_TIMEOUT, KVR_ERR_OVERLOADED (503), KVR_ERR_IO (other statuses, other errors),
+ * KVR_ERR_INVALID. timeout_ms: 0 is 5000.
  */
 kvr_status kvr_oai_health(const char *base_url, long timeout_ms);
 

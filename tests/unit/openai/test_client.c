@@ -945,6 +945,10 @@ KVR_TEST_END(client, engine_metrics_over_http, end)
     cr_assert(eq(int, kvr_oai_health(url, 2000), KVR_ERR_IO)); /* 404 */
     tsrv_set_get(srv, "/health", 200, "text/plain", "");
     cr_assert(eq(int, kvr_oai_health(url, 2000), KVR_OK));
+    tsrv_set_get(srv, "/health", 204, "text/plain", ""); /* a proxy's No Content: up too */
+    cr_assert(eq(int, kvr_oai_health(url, 2000), KVR_OK));
+    tsrv_set_get(srv, "/health", 302, "text/plain", ""); /* a redirect (to a login page): not */
+    cr_assert(eq(int, kvr_oai_health(url, 2000), KVR_ERR_IO));
     tsrv_set_get(srv, "/health", 503, "text/plain", "loading");
     cr_assert(eq(int, kvr_oai_health(url, 2000), KVR_ERR_OVERLOADED));
     cr_assert(eq(int, kvr_oai_health(closed, 2000), KVR_ERR_WORKER_LOST));
