@@ -267,6 +267,7 @@ static kvr_status heartbeat(struct kvr_rd *rd, uint64_t wid, struct kvr_wire_hea
     bool was_approximate = kvr_router_worker_approximate(rd->core, wid);
     st = kvr_router_worker_seen(rd->core, &h.info, now);
     if (st == KVR_OK) {
+        kvr_rebind_worker_seen(rd, wid, h.instance, now);
         if (h.interval_ms && ms > rd->hb_interval_ms)
             rd->hb_interval_ms = (uint32_t)ms;
         ended_listed(rd, wid, h.ended, h.nended, now);

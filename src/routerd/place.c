@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "fleet.h"
 #include "log.h"
+#include "rebind.h"
 #include "send.h"
 
 /* Whether p may go to another worker: this router's own (it holds the client's bytes), not
@@ -150,6 +151,7 @@ static void handle(struct kvr_rd *rd, const struct kvr_rd_deferred *ev)
         break;
     case KVR_EV_WORKER_LEFT:
         kvr_log(KVR_LOG_WARN, "worker_left", "worker=%" PRIu64, ev->worker_id);
+        kvr_rebind_worker_left(rd, ev->worker_id);
         break;
     }
 }

@@ -6,9 +6,77 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <uthash.h>
 
 #include "codec.h"
+
+/* A worker's process as this router knows it: since when (monotonic ns) it is the one heard. */
+struct kvr_rd_incarnation {
+    uint64_t wid, instance, since;
+    UT_hash_handle hh;
+};
+
+static void forget(struct kvr_rd *rd, struct kvr_rd_incarnation *it)
+{
+    HASH_DEL(rd->procs, it);
+    free(it);
+    rd->nprocs--;
+}
+
+void kvr_rebind_worker_seen(struct kvr_rd *rd, uint64_t wid, uint64_t instance, uint64_t now)
+{
+    struct kvr_rd_incarnation *it, *tmp;
+    HASH_FIND(hh, rd->procs, &wid, sizeof wid, it);
+    if (it) {
+        if (it->instance != instance) {
+            it->instance = instance;
+            it->since = now;
+        }
+        return;
+    }
+    if (rd->nprocs >= rd->cfg->core.max_workers) /* a worker's leave lost: the gone go */
+        HASH_ITER(hh, rd->procs, it, tmp)
+        {
+            if (kvr_router_worker_load(rd->core, it->wid, NULL, NULL, NULL) != KVR_OK)
+                forget(rd, it);
+        }
+    if (rd->nprocs >= rd->cfg->core.max_workers || !(it = malloc(sizeof *it)))
+        return; /* (its resends then judged by the registry alone) */
+    *it = (struct kvr_rd_incarnation){.wid = wid, .instance = instance, .since = now};
+    HASH_ADD(hh, rd->procs, wid, sizeof it->wid, it);
+    rd->nprocs++;
+}
+
+void kvr_rebind_worker_left(struct kvr_rd *rd, uint64_t wid)
+{
+    struct kvr_rd_incarnation *it;
+    HASH_FIND(hh, rd->procs, &wid, sizeof wid, it);
+    if (it)
+        forget(rd, it);
+}
+
+void kvr_rd_procs_free(struct kvr_rd *rd)
+{
+    struct kvr_rd_incarnation *it, *tmp;
+    HASH_ITER(hh, rd->procs, it, tmp)
+    {
+        forget(rd, it);
+    }
+}
+
+/* Whether worker wid is still the process that ended a request at `at`: in the fleet, and heard
+ * from the same process since (none recorded: the registry alone says). */
+static bool still_there(struct kvr_rd *rd, uint64_t wid, uint64_t at)
+{
+    if (kvr_router_worker_load(rd->core, wid, NULL, NULL, NULL) == KVR_ERR_UNKNOWN_WORKER)
+        return false; /* (a pending request's worker is known: it leaves with the requests on it
+                         failed) */
+    struct kvr_rd_incarnation *it;
+    HASH_FIND(hh, rd->procs, &wid, sizeof wid, it);
+    return !it || it->since <= at;
+}
 
 void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now)
 {
@@ -43,11 +111,7 @@ enum kvr_repeat kvr_rebind_repeat(struct kvr_rd *rd, const struct kvr_pending *p
         wid = p->worker_id; /* 0 while queued: nothing streamed yet */
     } else if (it && now - it->at <= KVR_REPEAT_KEPT_NS && !strcmp(it->reply, reply)) {
         wid = it->worker_id;
-        uint64_t blocks, prefill;
-        uint32_t inflight;
-        if (kvr_router_worker_load(rd->core, wid, &blocks, &prefill, &inflight) ==
-            KVR_ERR_UNKNOWN_WORKER) { /* (a pending request's worker is known: it leaves
-                                         with the requests on it failed) */
+        if (!still_there(rd, wid, it->at)) {
             *gone = wid;
             return KVR_REPEAT_GONE;
         }

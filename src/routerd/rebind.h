@@ -27,6 +27,16 @@
 /* Under mu: p ended on its worker at now; keep its reply subject (taken from p) for a rebind. */
 void kvr_rebind_keep(struct kvr_rd *rd, struct kvr_pending *p, uint64_t now);
 
+/*
+ * Under mu: worker wid's heartbeat, applied at now, came from process `instance` (random per
+ * process). A worker first heard, or heard from another process than before (restarted under the
+ * same id before its silence wrote it off), is a new incarnation from now on: the streams kept for
+ * a resend of what ended on it earlier went with the process that ended them (kvr_rebind_repeat).
+ */
+void kvr_rebind_worker_seen(struct kvr_rd *rd, uint64_t wid, uint64_t instance, uint64_t now);
+/* Under mu: worker wid left the fleet; a worker of that id heard again is a new incarnation. */
+void kvr_rebind_worker_left(struct kvr_rd *rd, uint64_t wid);
+
 /* What became of a client's resend (kvr_rebind_repeat). */
 enum kvr_repeat {
     KVR_REPEAT_NONE,  /* nobody was asked: not in flight here, or ended too long ago */
@@ -41,7 +51,8 @@ enum kvr_repeat {
  * knew the inbox, a slow consumer's drops; docs/protocol.md). So ask the worker that has it to
  * publish the stream again (a WorkerRebind with repeat, the client's reply as its reply): while
  * it is in flight on a worker (pending here with that reply), or for KVR_REPEAT_KEPT_NS after it
- * ended, unless that worker left the fleet since (drained and exited, or written off): then
+ * ended, unless that worker left the fleet since (drained and exited, or written off), or is
+ * another incarnation of it (restarted under the same id: kvr_rebind_worker_seen): then
  * KVR_REPEAT_GONE, its id in *gone, for the caller to answer the client. p: key's pending entry
  * here, or NULL (then the kept reply subjects are looked at).
  */

@@ -75,6 +75,7 @@ void kvr_rd_free(struct kvr_rd *rd)
     kvr_router_destroy(rd->core);
     kvr_pending_clear(&rd->pend);
     kvr_kept_free(&rd->kept);
+    kvr_rd_procs_free(rd);
     kvr_recent_free(&rd->recent);
     kvr_recent_free(&rd->early_cancels);
     kvr_recent_free(&rd->early_dones);

@@ -32,7 +32,8 @@
 #include "recent.h"
 #include "reply.h"
 
-struct kvr_fleet; /* fleet.h: replication */
+struct kvr_fleet;          /* fleet.h: replication */
+struct kvr_rd_incarnation; /* rebind.c: a worker's process */
 
 /* What the daemon counts about its clients' requests beyond the endpoints' replies. */
 struct kvr_rd_counts {
@@ -117,6 +118,8 @@ struct kvr_rd {
     struct kvr_wire_limits lim;       /* decoding limits (constant after init) */
     struct kvr_fleet *fleet;          /* replication (fleet.c), under mu */
     struct kvr_kept kept;             /* ended requests' reply subjects (rebinds), under mu */
+    struct kvr_rd_incarnation *procs; /* the workers' processes, by id (rebind.c), under mu */
+    uint32_t nprocs;                  /* */
     struct kvr_rd_deferred *deferred; /* core events to handle, under mu */
     uint32_t ndeferred, capdeferred;  /* */
     uint64_t deferred_lost;           /* core events lost to memory shortage (logged) */
@@ -169,6 +172,9 @@ void kvr_rd_flush(struct kvr_rd *rd);
 /* The same from inside mu, which it releases first (one lock round less per message): the end of
  * a handler's critical section. */
 void kvr_rd_unlock_flush(struct kvr_rd *rd);
+
+/* Free the workers' processes known (rebind.c, whose kvr_rebind_worker_seen records them). */
+void kvr_rd_procs_free(struct kvr_rd *rd);
 
 /*
  * Under mu: what this router remembers of the end of request key at now (kvr_recent.h): in

@@ -860,6 +860,71 @@ Test(routerd, a_resend_after_the_end_asks_its_worker_for_a_repeat)
     cr_assert(eq(int, rec_count("kv.default.worker.1.generate", mark, NULL), 1));
 }
 
+/* Heartbeat h of worker h.info.id (block size 64, capacity 4096), on its subject. */
+static void heartbeat_as(struct kvr_wire_heartbeat h)
+{
+    h.info.block_size = 64;
+    h.info.capacity_blocks = 4096;
+    struct kvr_buf b = {0};
+    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
+    event_in(h.info.id, "hb", &b);
+}
+
+/* Worker wid's heartbeat (a 1 ms interval) from its process `instance`. */
+static void heartbeat_of(uint64_t wid, uint64_t instance)
+{
+    heartbeat_as(
+        (struct kvr_wire_heartbeat){.info = {.id = wid}, .interval_ms = 1, .instance = instance});
+}
+
+/* The answer on reply since mark, if it is the one final ERR_WORKER_LOST naming worker wid and
+ * nothing went to that worker's rebind subject. */
+static void answered_worker_lost(const char *reply, size_t mark, uint64_t wid)
+{
+    const struct rec_sent *m = NULL;
+    cr_assert(eq(int, rec_count("kv.default.worker.1.rebind", mark, NULL), 0), "nobody to ask");
+    cr_assert(eq(int, rec_count(reply, mark, &m), 1), "the resend is answered");
+    struct kvr_wire_response r = chunk(m);
+    cr_assert(r.final);
+    cr_assert(eq(u32, r.error_code, KVR_ERR_WORKER_LOST));
+    cr_assert(eq(u64, r.worker_id, wid));
+    kvr_wire_response_free(&r);
+}
+
+/* A worker that left and came back under the same id (a rolling restart) is another process: the
+ * streams kept for a resend went with the one that ended them, and a repeat asked of the new one
+ * is counted there as bad, in silence. Its registry entry alone said nothing of it (back before
+ * its silence wrote it off, or written off and joined again), so the client resent into silence
+ * until it gave up; it is answered ERR_WORKER_LOST naming the worker, as when the worker is gone.
+ * The same process heard again is still asked for the repeat. */
+Test(routerd, a_resend_after_the_end_whose_worker_restarted_is_answered_worker_lost)
+{
+    heartbeat_of(1, 0xa);
+    generate("_INBOX.r", "fast", 1, 128);
+    generate("_INBOX.r", "slow", 2, 128);
+    worker_done(1, kvr_pending_key("_INBOX.r", "fast"));
+    worker_done(1, kvr_pending_key("_INBOX.r", "slow"));
+    heartbeat_of(1, 0xa); /* the same process */
+    size_t mark = rec_nsent;
+    generate("_INBOX.r", "fast", 1, 128);
+    cr_assert(eq(int, rec_count("kv.default.worker.1.rebind", mark, NULL), 1), "asked to repeat");
+    /* restarted before its silence told (3.2 intervals) */
+    heartbeat_of(1, 0xb);
+    mark = rec_nsent;
+    generate("_INBOX.r", "fast", 1, 128);
+    answered_worker_lost("_INBOX.r", mark, 1);
+    /* written off, then back: a new process */
+    kvr_sleep_ns(10 * KVR_NS_PER_MS);
+    kvr_timer_tick(&rd, kvr_now_ns(), true, false);
+    cr_assert(
+        eq(int, kvr_router_worker_load(rd.core, 1, NULL, NULL, NULL), KVR_ERR_UNKNOWN_WORKER));
+    heartbeat_of(1, 0xc);
+    mark = rec_nsent;
+    generate("_INBOX.r", "slow", 2, 128);
+    answered_worker_lost("_INBOX.r", mark, 1);
+    cr_assert(eq(u64, rd.n.resends_worker_gone, 2));
+}
+
 Test(routerd, a_cancel_reaches_the_worker_or_the_queue_or_waits_for_its_request)
 {
     busy_above_half();
@@ -1779,15 +1844,8 @@ Test(routerd, kv_events_a_worker_numbered_but_never_came_call_for_a_snapshot)
 /* Worker wid's heartbeat saying its last KV event sent was number seq. */
 static void heartbeat_numbered(uint64_t wid, uint64_t seq)
 {
-    struct kvr_wire_heartbeat h = {.info = {.id = wid, .block_size = 64, .capacity_blocks = 4096},
-                                   .interval_ms = 1000,
-                                   .last_event_seq = seq};
-    struct kvr_buf b = {0};
-    cr_assert(eq(int, kvr_wire_encode_heartbeat(&b, &h), KVR_OK));
-    char subject[64];
-    snprintf(subject, sizeof subject, "kv.default.ev.%llu.hb", (unsigned long long)wid);
-    kvr_events_on_message(&rd, subject, b.data, b.len);
-    kvr_buf_free(&b);
+    heartbeat_as((struct kvr_wire_heartbeat){
+        .info = {.id = wid}, .interval_ms = 1000, .last_event_seq = seq});
 }
 
 Test(routerd, kv_events_lost_at_the_end_show_in_the_next_heartbeat)
