@@ -229,6 +229,7 @@ struct kvr_candidate {
     double cost;             /* kv cost (lower is better), computed for every policy */
     bool busy;               /* skipped: busy, or its announced capacity cannot hold the
                                 request's prompt and max_tokens at once */
+    bool too_small;          /* skipped for the latter (busy is set too) */
 };
 
 struct kvr_decision {

@@ -385,7 +385,9 @@ static void fill_candidates(struct kvr_router *r, const struct prompt *p)
         c->cost = r->costs[i];
         /* skipped: busy, or its pool cannot hold the request (score's rule, the view says why
          * the cheapest may not be chosen) */
-        c->busy = skip_of(r, slot) != 0;
+        unsigned skip = skip_of(r, slot);
+        c->busy = skip != 0;
+        c->too_small = skip == SKIP_SMALL;
     }
 }
 

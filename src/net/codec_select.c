@@ -84,6 +84,7 @@ static kvr_status fill_candidates(Kvrouter__V1__SelectResponse *m, const struct 
             c.decode_blocks = d->candidates[i].decode_blocks;
             c.inflight = d->candidates[i].inflight;
             c.busy = d->candidates[i].busy;
+            c.too_small = d->candidates[i].too_small;
         }
         (*cand)[j] = c;
         ptrs[j] = &(*cand)[j];

@@ -170,7 +170,10 @@ static void print_decision(const struct run *run, uint32_t i, const struct kvr_d
         printf("    %c worker %-3" PRIu64 " overlap %4u  prefill %7" PRIu64 " tok  decode %6" PRIu64
                " blk  inflight %3u  cost %9.1f%s\n",
                k->worker_id == d->worker_id ? '*' : ' ', k->worker_id, k->overlap_blocks,
-               k->prefill_tokens, k->decode_blocks, k->inflight, k->cost, k->busy ? "  busy" : "");
+               k->prefill_tokens, k->decode_blocks, k->inflight, k->cost,
+               k->too_small ? "  too small"
+               : k->busy    ? "  busy"
+                            : "");
     }
     print_why(d, run->o->block_size);
 }

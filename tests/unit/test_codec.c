@@ -1110,7 +1110,8 @@ Test(codec, a_select_answer_over_a_large_fleet_fits_one_message)
                                          .prefill_tokens = UINT64_MAX,
                                          .decode_blocks = UINT64_MAX,
                                          .inflight = UINT32_MAX,
-                                         .busy = true};
+                                         .busy = true,
+                                         .too_small = i % 3 == 0};
     }
     struct kvr_decision d = {.worker_id = wids[N - 1],
                              .ncandidates = N,
@@ -1127,6 +1128,11 @@ Test(codec, a_select_answer_over_a_large_fleet_fits_one_message)
         cr_assert(eq(u32, m->weighed, N));
         cr_assert(eq(sz, m->n_candidates, KVR_WIRE_CANDIDATES_LISTED));
         cr_assert(eq(u64, m->candidates[0]->worker_id, wids[N - 1]), "the chosen worker first");
+        for (uint32_t j = 0; j < m->n_candidates; j++) { /* each says why it was skipped */
+            uint64_t i = UINT64_MAX - m->candidates[j]->worker_id;
+            cr_assert(m->candidates[j]->busy);
+            cr_assert(eq(int, m->candidates[j]->too_small, i % 3 == 0), "worker index %" PRIu64, i);
+        }
         for (uint32_t j = 1; j < m->n_candidates; j++) {
             uint64_t want = d.costs ? 0 : wids[j - 1]; /* registry order */
             if (d.costs && j >= 2)

@@ -650,10 +650,14 @@ Test(router, the_full_view_marks_a_worker_too_small_as_skipped)
     cr_assert(eq(u64, d.worker_id, 2), "10 blocks: only worker 2 holds them");
     cr_assert(d.candidates != NULL);
     cr_assert(eq(u32, d.ncandidates, 2));
-    for (uint32_t i = 0; i < 2; i++)
+    for (uint32_t i = 0; i < 2; i++) {
         cr_assert(eq(int, d.candidates[i].busy, d.candidates[i].worker_id == 1),
                   "worker %" PRIu64 " skipped: %d", d.candidates[i].worker_id,
                   d.candidates[i].busy);
+        cr_assert(eq(int, d.candidates[i].too_small, d.candidates[i].worker_id == 1),
+                  "worker %" PRIu64 " too small: %d", d.candidates[i].worker_id,
+                  d.candidates[i].too_small);
+    }
     free(t);
 }
 
