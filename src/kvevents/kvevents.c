@@ -73,7 +73,7 @@ uint64_t kvr_kvev_id_of_digest(uint64_t id)
 /* The fields of one event, wherever they came from (positions or names); NULL when absent. */
 struct fields {
     const msgpack_object *hashes, *parent, *tokens, *block_size, *lora, *medium, *group, *extra,
-        *kind;
+        *kind, *meta, *salt;
 };
 
 static bool is_str(const msgpack_object *o, const char *s)
@@ -110,13 +110,16 @@ static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *
         const msgpack_object *at[11] = {0};
         for (uint32_t i = 1; i < a->size && i < 11; i++)
             at[i] = &a->ptr[i];
-        if (*tag == TAG_STORED) { /* BlockStored's field order; at[7] is lora_name */
+        if (*tag == TAG_STORED) { /* BlockStored's field order */
             f->hashes = at[1];
             f->parent = at[2];
             f->tokens = at[3];
             f->block_size = at[4];
             f->lora = at[5];
             f->medium = at[6];
+            /* at[7]: vLLM's lora_name (a string, not read), or SGLang's metadata map */
+            if (at[7] && at[7]->type != MSGPACK_OBJECT_STR)
+                f->meta = at[7];
             f->extra = at[8];
             f->group = at[9];
             f->kind = at[10];
@@ -154,6 +157,10 @@ static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *
             f->extra = v;
         else if (is_str(k, "kv_cache_spec_kind"))
             f->kind = v;
+        else if (is_str(k, "cache_salt"))
+            f->salt = v;
+        else if (is_str(k, "metadata"))
+            f->meta = v;
     }
     *tag = tag_of(type);
     if (*tag == TAG_REMOVED) {
@@ -237,10 +244,43 @@ static bool extra_of(const msgpack_object *x, struct kvr_kvev_event *ev)
     return true;
 }
 
+/* A cache_salt value: nil (or absent) is none; a string, of any length, salts the event
+ * (SGLang keys every salt that is not None apart, "" too); anything else is malformed. */
+static bool salt_value(const msgpack_object *o, bool *salted)
+{
+    if (is_nil(o))
+        return true;
+    if (o->type != MSGPACK_OBJECT_STR)
+        return false;
+    *salted = true;
+    return true;
+}
+
+/* Stored: SGLang's cache_salt, a field of its map events, or in a metadata map ({"cache_salt",
+ * "session_id", ...}: other keys ignored) at BlockStored's array position 7 or under "metadata".
+ * Metadata nil or absent is none; neither nil nor a map is malformed. The salt is never kept:
+ * ev->has_salt only. */
+static bool salt_of(const struct fields *f, struct kvr_kvev_event *ev)
+{
+    if (!salt_value(f->salt, &ev->has_salt))
+        return false;
+    const msgpack_object *m = f->meta;
+    if (is_nil(m))
+        return true;
+    if (m->type != MSGPACK_OBJECT_MAP)
+        return false;
+    for (uint32_t i = 0; i < m->via.map.size; i++)
+        if (is_str(&m->via.map.ptr[i].key, "cache_salt") &&
+            !salt_value(&m->via.map.ptr[i].val, &ev->has_salt))
+            return false;
+    return true;
+}
+
 /* A text field (medium, kv_cache_spec_kind): nil or absent leaves out[] empty; a string is kept
- * up to cap - 1 bytes, longer ones cut; clean makes every byte that is not printable ASCII a '?'
- * (a NUL among them too, so the text compares whole); false when it is not a string. */
-static bool text_of(const msgpack_object *o, char *out, size_t cap, bool clean)
+ * up to cap - 1 bytes, longer ones cut, every byte that is not printable ASCII made a '?' (a NUL
+ * among them too, so the text compares whole: "GPU\0x" is not "GPU"); false when it is not a
+ * string. */
+static bool text_of(const msgpack_object *o, char *out, size_t cap)
 {
     if (is_nil(o))
         return true;
@@ -249,7 +289,7 @@ static bool text_of(const msgpack_object *o, char *out, size_t cap, bool clean)
     size_t n = o->via.str.size < cap - 1 ? o->via.str.size : cap - 1;
     memcpy(out, o->via.str.ptr, n);
     out[n] = '\0';
-    for (size_t i = 0; clean && i < n; i++)
+    for (size_t i = 0; i < n; i++)
         if (out[i] < 0x20 || out[i] > 0x7e)
             out[i] = '?';
     return true;
@@ -272,8 +312,8 @@ static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kv
     for (uint32_t i = 0; i < nh; i++)
         if (!hash_of(&f->hashes->via.array.ptr[i], &hp[i], seen))
             return KVR_ERR_MALFORMED;
-    if (!text_of(f->medium, ev->medium, sizeof ev->medium, false) ||
-        !text_of(f->kind, ev->spec_kind, sizeof ev->spec_kind, true))
+    if (!text_of(f->medium, ev->medium, sizeof ev->medium) ||
+        !text_of(f->kind, ev->spec_kind, sizeof ev->spec_kind))
         return KVR_ERR_MALFORMED;
     if (!is_nil(f->group)) {
         if (!int_of(f->group, &ev->group_idx))
@@ -313,7 +353,7 @@ static kvr_status fill_event(enum tag tag, const struct fields *f, struct kvr_kv
             return KVR_ERR_MALFORMED;
         ev->has_lora = true;
     }
-    return extra_of(f->extra, ev) ? KVR_OK : KVR_ERR_MALFORMED;
+    return extra_of(f->extra, ev) && salt_of(f, ev) ? KVR_OK : KVR_ERR_MALFORMED;
 }
 
 /* The batch's own fields: ts, the events array, the rank (NULL when absent). */

@@ -9,19 +9,23 @@
  *   - batch [ts, events] or [ts, events, dp_rank|nil], or more trailing elements (ignored); a map
  *     {"ts", "events", "data_parallel_rank"?} as well; ts a float or an integer;
  *   - ["BlockStored", block_hashes, parent|nil, token_ids, block_size, lora_id|nil, medium|nil,
- *     lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...] (BlockStored's field order)
+ *     lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...] (vLLM's BlockStored field order)
  *     where every element after the tag may be left out from the end (msgspec omit_defaults)
  *     and further elements (kv_cache_spec_sliding_window, ...) are ignored; the older shape
- *     named its 5th element num_toks_per_block (same place, same meaning);
+ *     named its 5th element num_toks_per_block (same place, same meaning); at position 7, where
+ *     vLLM has lora_name (a string or nil, not read), SGLang's salted BlockStored
+ *     (BlockStoredWithMetadata, sglang PR 30827) has a metadata map {"cache_salt": str,
+ *     "session_id"?: str};
  *   - ["BlockRemoved", block_hashes, medium|nil, group_idx, ...], ["AllBlocksCleared", ...]
  *     (vLLM names a group's kind on its BlockStored only: none is read from a Removed array);
  *   - the same as maps: keys "type", "block_hashes", "parent_block_hash", "token_ids",
  *     "block_size" (or "num_toks_per_block"), "lora_id", "medium", "extra_keys", "group_idx",
- *     "kv_cache_spec_kind" (a Removed's too, should an engine send it); unknown keys are
- *     ignored, absent keys take the defaults below;
+ *     "kv_cache_spec_kind" (a Removed's too, should an engine send it), a Stored's
+ *     "cache_salt" (SGLang since PR 37482) and "metadata" (a map as at position 7); unknown keys
+ *     are ignored, absent keys take the defaults below;
  *   - an event with any other tag is skipped and counted (batch.unknown_events), not an error.
  * Defaults when left out: hashes and tokens empty, parent none, lora none, medium "", group none,
- * kind "", extra_keys none, block_size = ntokens / nhashes (0 when both are 0).
+ * kind "", extra_keys none, no salt, block_size = ntokens / nhashes (0 when both are 0).
  *
  * Block hashes (and a parent hash) are integers or byte strings on the wire, mapped to one u64
  * engine id (struct kvr_kvev_event.hashes):
@@ -36,8 +40,11 @@
  *     the field is optional); extra_keys nil or an array, one entry per block, each nil (tokens
  *     alone) or anything else (keyed by more: has_extra, nplain; a short list's missing entries
  *     count as keyed); medium a string or nil (kept up to KVR_KVEV_MEDIUM_CAP - 1 bytes,
- *     longer ones truncated, never an error); kv_cache_spec_kind a string or nil (the same, up
- *     to KVR_KVEV_SPEC_CAP - 1 bytes, every byte that is not printable ASCII kept as '?');
+ *     longer ones truncated, never an error, every byte that is not printable ASCII kept as '?',
+ *     a NUL too, so "GPU\0x" is not "GPU"); kv_cache_spec_kind a string or nil (the same, up
+ *     to KVR_KVEV_SPEC_CAP - 1 bytes); a Stored's position 7 nil, a string (vLLM's lora_name) or
+ *     a map, "metadata" nil or a map, and a "cache_salt" there or among a map event's fields nil
+ *     (none) or a string (has_salt; its text is never kept);
  *   - a Stored event's token count must be exactly nhashes * block_size (vLLM and SGLang only
  *     ever store full blocks): anything else makes the whole batch malformed, because an index
  *     built from mis-cut blocks is worse than a batch counted as bad;
@@ -100,10 +107,13 @@ struct kvr_kvev_event {
     bool has_extra;      /* Stored: a block has extra_keys (multimodal ids, LoRA name,
                             cache_salt, prompt embeds): its hash is not of its tokens alone */
     uint32_t nplain;     /* Stored, when has_extra: the blocks before the first with them */
+    bool has_salt;       /* Stored: SGLang's cache_salt was given (a string, "" too): every block
+                            is keyed by it, not by its tokens alone (kvr_kvev_encode writes none) */
     bool has_group;      /* Stored, Removed: group_idx was an integer: the KV cache group
                             (vLLM: one per kind of layer of a hybrid model) */
     int64_t group_idx;   /* when has_group */
-    char medium[KVR_KVEV_MEDIUM_CAP];  /* Stored, Removed: "GPU", "CPU", ...; "" when nil/absent */
+    char medium[KVR_KVEV_MEDIUM_CAP];  /* Stored, Removed: "GPU", "CPU", ... (printable ASCII);
+                                          "" when nil/absent */
     char spec_kind[KVR_KVEV_SPEC_CAP]; /* Stored (a map Removed): the group's kv_cache_spec_kind,
                                           "full_attention", "sliding_window", "mamba", ...
                                           (printable ASCII); "" when nil/absent */

@@ -1,12 +1,13 @@
 /*
  * kvr_kvev_decode (src/kvevents/kvevents.h): an engine's KV-event batch (msgpack, vLLM/SGLang).
  * Checks what kvevents.h promises: an error leaves the batch zeroed; a success obeys the limits
- * and the shape rules (a Stored event holds nhashes * block_size tokens, medium is a C string)
- * and survives kvr_kvev_encode in four forms, decoding again to the same values (ids kept by the
- * integer forms, medium dropped by the old layout, group and kind kept by the map layout only); a
- * tight decode succeeds only where the wide one does, and must succeed when the batch fits; the
- * same decode with one of its allocations failing says KVR_ERR_NOMEM or what it said before. Any
- * failed check aborts; ASan reports leaks on every path.
+ * and the shape rules (a Stored event holds nhashes * block_size tokens, medium and kind are
+ * printable C strings, only a Stored is salted) and survives kvr_kvev_encode in four forms,
+ * decoding again to the same values (ids kept by the integer forms, medium dropped by the old
+ * layout, group and kind kept by the map layout only); a tight decode succeeds only where the wide
+ * one does, and must succeed when the batch fits; the same decode with one of its allocations
+ * failing says KVR_ERR_NOMEM or what it said before. Any failed check aborts; ASan reports leaks
+ * on every path.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,11 +49,13 @@ static void check_shape(const struct kvr_kvev_batch *b, const struct kvr_kvev_li
         FUZZ_CHECK(memchr(e->spec_kind, '\0', sizeof e->spec_kind) != NULL);
         for (const char *k = e->spec_kind; *k; k++)
             FUZZ_CHECK(*k >= 0x20 && *k <= 0x7e);
+        for (const char *m = e->medium; *m; m++)
+            FUZZ_CHECK(*m >= 0x20 && *m <= 0x7e);
         if (e->kind == KVR_KVEV_STORED) {
             FUZZ_CHECK((uint64_t)e->nhashes * e->block_size == e->ntokens);
             FUZZ_CHECK(e->block_size > 0 || e->nhashes == 0);
         } else {
-            FUZZ_CHECK(e->ntokens == 0 && !e->has_parent && !e->has_lora);
+            FUZZ_CHECK(e->ntokens == 0 && !e->has_parent && !e->has_lora && !e->has_salt);
         }
         if (e->kind == KVR_KVEV_CLEARED)
             FUZZ_CHECK(e->nhashes == 0 && e->medium[0] == '\0' && !e->has_group &&

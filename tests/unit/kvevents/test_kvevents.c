@@ -178,6 +178,8 @@ static void check_event(const char *name, size_t i, const struct kvr_kvev_event 
         eq(str, (char *)e->spec_kind, (char *)json_string_value(json_object_get(x, "spec_kind"))),
         "%s event %zu spec_kind", name, i);
     memcpy(enc->spec_kind, e->spec_kind, sizeof enc->spec_kind);
+    cr_assert(eq(int, e->has_salt, json_is_true(json_object_get(x, "salt"))),
+              "%s event %zu has_salt", name, i);
 }
 
 static void check_encode(const char *name, json_t *how, const struct kvr_kvev_batch *b,
