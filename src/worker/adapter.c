@@ -14,9 +14,10 @@
  * - the engine's KV events (msgpack batches over ZeroMQ; src/kvevents) become KvEvents: the
  *   engine's block hash is the engine id, kvrouter's own hash is computed from the event's token
  *   ids at the block size (kvfeed.c); a gap the replay socket cannot fill, or a restarted engine,
- *   clears this worker's cache in the routers. Blocks of a LoRA adapter, with extra_keys, or on
- *   another medium than the GPU are skipped (counted): kvrouter's hashes know none of these; so
- *   are a hybrid model's KV cache groups but the one followed, its full-attention group.
+ *   clears this worker's cache in the routers. Blocks of a LoRA adapter, with extra_keys or a
+ *   cache_salt, or on another medium than the GPU are skipped (counted): kvrouter's hashes know
+ *   none of these; so are a hybrid model's KV cache groups but the one followed, its
+ *   full-attention group.
  * - its /metrics, read every --engine-metrics-ms on a thread of the adapter's own, give the
  *   heartbeat's waiting requests, KV usage and capacity; a block size other than the worker's
  *   refuses the start; an engine that does not answer makes the worker drain (routers send

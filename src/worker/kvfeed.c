@@ -1,11 +1,12 @@
 /*
  * kvfeed: the engine's KV events made the routers' (kvfeed.h). A Stored block becomes kvrouter's
  * (engine id, hash of its tokens at the worker's block size) when kvrouter's hash can name it:
- * on the GPU, without a LoRA adapter, and without extra_keys (vLLM mixes multimodal ids, the
- * LoRA name, cache_salt and prompt embeddings into a block's hash: a request of the same tokens
- * without them misses that block). Blocks chain: in a Stored run, every block after the first
- * with extra_keys is left out with it, and a later event chained on a block left out names a
- * parent the routers never learnt (they drop it).
+ * on the GPU, without a LoRA adapter, without extra_keys (vLLM mixes multimodal ids, the LoRA
+ * name, cache_salt and prompt embeddings into a block's hash: a request of the same tokens
+ * without them misses that block) and without SGLang's cache_salt (given once for a whole Stored,
+ * whose blocks all sit in the salt's namespace). Blocks chain: in a Stored run, every block after
+ * the first with extra_keys is left out with it, and a later event chained on a block left out
+ * names a parent the routers never learnt (they drop it).
  *
  * KV cache groups: vLLM serving a hybrid model (full attention beside sliding-window or Mamba
  * layers) announces each group's blocks with its own Stored and Removed of the same hashes
@@ -118,7 +119,7 @@ static void follow_groups(struct kvr_wk_kvfeed *f, const struct kvr_kvev_batch *
 }
 
 /* Whether an event's blocks are ones kvrouter can name: on the GPU, of the group followed,
- * without a LoRA adapter. */
+ * without a LoRA adapter, without a cache_salt. */
 static bool nameable(struct kvr_wk_kvfeed *f, const struct kvr_kvev_event *e)
 {
     if (!on_gpu(e)) {
@@ -131,6 +132,10 @@ static bool nameable(struct kvr_wk_kvfeed *f, const struct kvr_kvev_event *e)
     }
     if (e->kind == KVR_KVEV_STORED && e->has_lora) {
         f->s->kv_skipped_lora += e->nhashes;
+        return false;
+    }
+    if (e->kind == KVR_KVEV_STORED && e->has_salt) { /* every block of it keyed by the salt */
+        f->s->kv_skipped_salt += e->nhashes;
         return false;
     }
     return true;

@@ -1,11 +1,11 @@
 /*
  * kvfeed: the engine's KV events (decoded batches, src/kvevents) made the routers' KvEvents, for
  * the adapter (adapter.c). It decides which blocks kvrouter can name (its hash is of a block's
- * tokens alone: not a LoRA adapter's, not another medium's, not one with extra_keys) and, for an
- * engine that tags its blocks with a KV cache group (vLLM serving a hybrid model), follows one
- * group: the lowest whose kind is full attention, else group 0. It counts the blocks left out by
- * why. Everything runs under the worker's mutex, on the subscriber's thread; the feed holds no
- * lock of its own.
+ * tokens alone: not a LoRA adapter's, not another medium's, not one with extra_keys or a
+ * cache_salt) and, for an engine that tags its blocks with a KV cache group (vLLM serving a hybrid
+ * model), follows one group: the lowest whose kind is full attention, else group 0. It counts the
+ * blocks left out by why. Everything runs under the worker's mutex, on the subscriber's thread;
+ * the feed holds no lock of its own.
  */
 #ifndef KVR_WK_KVFEED_H
 #define KVR_WK_KVFEED_H

@@ -144,14 +144,12 @@ static void adapter(struct kvr_prom *p, const struct figures *f)
     kvr_prom_family(p, "kvworker_adapter_kv_skipped_blocks_total", KVR_PROM_COUNTER,
                     "Blocks skipped: of a LoRA adapter, on another medium than the GPU, at another "
                     "block size, with extra_keys (or chained after a block with them), of a KV "
-                    "cache group not followed (a hybrid model's other than full attention).");
-    struct kvr_prom_label l[] = {{"why", "lora"},
-                                 {"why", "medium"},
-                                 {"why", "block_size"},
-                                 {"why", "extra_keys"},
-                                 {"why", "group"}};
-    uint64_t v[] = {a->kv_skipped_lora, a->kv_skipped_medium, a->kv_bad_block_size,
-                    a->kv_skipped_extra, a->kv_skipped_group};
+                    "cache group not followed (a hybrid model's other than full attention), "
+                    "stored with a cache_salt (SGLang).");
+    struct kvr_prom_label l[] = {{"why", "lora"},       {"why", "medium"}, {"why", "block_size"},
+                                 {"why", "extra_keys"}, {"why", "group"},  {"why", "salt"}};
+    uint64_t v[] = {a->kv_skipped_lora,  a->kv_skipped_medium, a->kv_bad_block_size,
+                    a->kv_skipped_extra, a->kv_skipped_group,  a->kv_skipped_salt};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++)
         kvr_prom_u64(p, &l[i], 1, v[i]);
     counter(p, "kvworker_adapter_chunks_without_token_ids_total",

@@ -167,6 +167,7 @@ struct kvr_wk_adapter_stats {
     uint64_t kv_skipped_lora;    /* blocks of a LoRA adapter, skipped */
     uint64_t kv_skipped_medium;  /* blocks on another medium than the GPU, skipped */
     uint64_t kv_skipped_extra;   /* blocks with extra_keys (or chained after one), skipped */
+    uint64_t kv_skipped_salt;    /* blocks of a Stored with SGLang's cache_salt, skipped */
     uint64_t kv_skipped_group;   /* blocks of a KV cache group not followed, skipped */
     uint64_t kv_bad_block_size;  /* blocks announced at another block size, skipped */
     uint64_t kv_gaps;            /* sequence gaps seen */

@@ -138,6 +138,66 @@ Test(kvfeed, a_block_with_extra_keys_and_those_after_it_are_not_announced)
     free_kv(got, n);
 }
 
+/* --- SGLang's cache_salt ------------------------------------------------------------------- */
+
+/* A Stored with a cache_salt (SGLang's BlockStoredWithMetadata) was announced as the plain tokens'
+ * blocks: the routers sent unsalted prompts to a worker whose radix cache keeps those blocks in the
+ * salt's namespace, a prefix they miss there. */
+Test(kvfeed, a_salted_stored_is_not_announced)
+{
+    uint64_t ids[4];
+    struct kvr_kvev_event ev = stored_ev(ids, 51, 2, 0);
+    ev.has_salt = true;
+    size_t mark = rec_nsent;
+    feed(&ev, 1);
+    struct kvr_wire_kv got[2];
+    cr_assert(eq(int, kv_events(mark, got, 2), 0), "the salted blocks are not announced");
+    cr_assert(eq(u64, s.kv_skipped_salt, 2));
+    cr_assert(eq(u64, s.kv_stored_blocks, 0));
+    /* the same blocks without the salt are */
+    ev.has_salt = false;
+    mark = rec_nsent;
+    feed(&ev, 1);
+    int n = kv_events(mark, got, 2);
+    cr_assert(eq(int, n, 1));
+    cr_assert(eq(u32, got[0].nblocks, 2));
+    free_kv(got, n);
+    cr_assert(eq(u64, s.kv_skipped_salt, 2));
+    cr_assert(eq(u64, s.kv_stored_blocks, 2));
+}
+
+/* SGLang's batch as the decoder gives it (the fixture of make.py: salted, unsalted, metadata
+ * without a salt, a salt ""): only the unsalted Stored go on. */
+Test(kvfeed, an_sglang_batch_announces_its_unsalted_blocks_only)
+{
+    FILE *fp = fopen(KVR_SOURCE_ROOT "/tests/fixtures/kvevents/sglang_salt_array.msgpack", "rb");
+    cr_assert(fp != NULL);
+    static uint8_t data[4096];
+    size_t len = fread(data, 1, sizeof data, fp);
+    fclose(fp);
+    struct kvr_kvev_batch b;
+    cr_assert(eq(int, kvr_kvev_decode(data, len, NULL, &b), KVR_OK));
+    size_t mark = rec_nsent;
+    pthread_mutex_lock(&w.mu);
+    kvr__wk_kvfeed_batch(&f, &b, kvr_now_ns());
+    pthread_mutex_unlock(&w.mu);
+    kvr_worker_flush(&w);
+    kvr_kvev_batch_free(&b);
+    struct kvr_wire_kv got[8];
+    int n = kv_events(mark, got, 8);
+    static const uint64_t want[] = {33, 35, 36, 37, 39};
+    uint64_t seen[8];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        for (uint32_t j = 0; j < got[i].nblocks && k < 8; j++)
+            seen[k++] = got[i].blocks[j].engine_id;
+    free_kv(got, n);
+    cr_assert(eq(int, k, 5));
+    for (int i = 0; i < 5; i++)
+        cr_assert(eq(u64, seen[i], want[i]), "block %d", i);
+    cr_assert(eq(u64, s.kv_skipped_salt, 4), "31, 32, 34 and 38 are salted");
+}
+
 /* --- removals ------------------------------------------------------------------------------- */
 
 /* Every BlockRemoved goes on, whatever BlockStoreds came before it: one BlockStored is not always
