@@ -534,6 +534,8 @@ static kvr_status config_check(const struct kvr_oai_config *cfg, const struct kv
         return KVR_ERR_INVALID;
     if (cfg->model && strlen(cfg->model) >= KVR_OAI_MODEL_MAX)
         return KVR_ERR_INVALID;
+    if (cfg->pin_dp_rank && cfg->dp_rank > KVR_OAI_DP_RANK_MAX)
+        return KVR_ERR_INVALID;
     return KVR_OK;
 }
 
@@ -564,18 +566,8 @@ static kvr_status client_init(struct kvr_oai *c, const struct kvr_oai_config *cf
         return KVR_ERR_NOMEM;
     for (uint32_t i = 0; i < c->n_slots; i++)
         c->free_slots[c->n_free++] = c->n_slots - 1 - i;
-    struct curl_slist *h = NULL, *t;
-    const char *lines[] = {"Content-Type: application/json", "Accept: text/event-stream",
-                           "Expect:"};
-    for (size_t i = 0; i < 3; i++) {
-        t = curl_slist_append(h, lines[i]);
-        if (!t) {
-            curl_slist_free_all(h);
-            return KVR_ERR_NOMEM;
-        }
-        h = t;
-    }
-    c->headers = h;
+    if (kvr_oai_http_headers(cfg->pin_dp_rank, cfg->dp_rank, &c->headers) != KVR_OK)
+        return KVR_ERR_NOMEM;
     c->multi = curl_multi_init();
     return c->multi ? KVR_OK : KVR_ERR_NOMEM;
 }

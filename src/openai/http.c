@@ -3,6 +3,7 @@
  */
 #include "http.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -127,4 +128,24 @@ kvr_status kvr_oai_http_get(const char *base, const char *path, long timeout_ms,
     if (sink.too_large)
         return KVR_ERR_TOO_LARGE;
     return rc == CURLE_WRITE_ERROR ? KVR_ERR_NOMEM : kvr_oai_curl_status(rc);
+}
+
+kvr_status kvr_oai_http_headers(bool pin, uint32_t rank, struct curl_slist **out)
+{
+    char pinned[64];
+    snprintf(pinned, sizeof pinned, "X-data-parallel-rank: %" PRIu32, rank);
+    const char *lines[] = {"Content-Type: application/json", "Accept: text/event-stream",
+                           "Expect:", pinned};
+    struct curl_slist *h = NULL, *t;
+    for (size_t i = 0; i < (pin ? 4u : 3u); i++) {
+        t = curl_slist_append(h, lines[i]);
+        if (!t) {
+            curl_slist_free_all(h);
+            *out = NULL;
+            return KVR_ERR_NOMEM;
+        }
+        h = t;
+    }
+    *out = h;
+    return KVR_OK;
 }

@@ -10,6 +10,7 @@
 #include <curl/curl.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "buf.h"
 #include "kvr/status.h"
@@ -41,5 +42,13 @@ bool kvr_oai_base_url(const char *url, char *out, size_t len);
  */
 kvr_status kvr_oai_http_get(const char *base, const char *path, long timeout_ms, size_t max,
                             struct kvr_buf *body, long *code);
+
+/*
+ * The request headers of every completion into *out (the caller frees it with
+ * curl_slist_free_all): JSON in, an event stream out, no "Expect: 100-continue"; with pin,
+ * "X-data-parallel-rank: rank" too (vLLM's, and SGLang's, pin of a request to one data-parallel
+ * rank). KVR_OK or KVR_ERR_NOMEM (*out NULL).
+ */
+kvr_status kvr_oai_http_headers(bool pin, uint32_t rank, struct curl_slist **out);
 
 #endif

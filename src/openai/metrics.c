@@ -31,6 +31,9 @@ struct acc {
     bool have_hits, have_queries;
     uint64_t seen[SEEN_MAX]; /* the series taken so far (series_id), to refuse one twice */
     uint32_t nseen;          /* */
+    bool by_rank;            /* only the series of one data-parallel rank */
+    char rank[12];           /* that rank in decimal, as vLLM's engine label writes it */
+    size_t rank_len;         /* */
 };
 
 enum metric {
@@ -201,6 +204,27 @@ static bool taken(const struct acc *a, uint64_t id)
     return false;
 }
 
+/* Whether s is of the rank asked for: no engine label, or one naming it (its value is the
+ * engine's text: compared as bytes, never formatted). */
+static bool of_rank(struct acc *a, const struct kvr_promtext_sample *s)
+{
+    if (!a->by_rank)
+        return true;
+    for (uint32_t i = 0; i < s->n_labels; i++) {
+        const struct kvr_promtext_label *l = &s->labels[i];
+        if (!kvr_promtext_label_is(l, "engine"))
+            continue;
+        a->m->rank_labelled = true;
+        if (l->value_len == a->rank_len && memcmp(l->value, a->rank, a->rank_len) == 0) {
+            a->m->rank_seen = true;
+            return true;
+        }
+        a->m->other_ranks++;
+        return false;
+    }
+    return true;
+}
+
 static void on_sample(void *ctx, const struct kvr_promtext_sample *s)
 {
     struct acc *a = ctx;
@@ -210,6 +234,8 @@ static void on_sample(void *ctx, const struct kvr_promtext_sample *s)
                                                : KVR_ENGINE_UNKNOWN;
     for (size_t i = 0; i < sizeof metric_names / sizeof metric_names[0]; i++) {
         if (name_is(s, metric_names[i].name)) {
+            if (!of_rank(a, s))
+                return;
             uint64_t id = series_id(s);
             if (taken(a, id) || !take_sample(a, metric_names[i].what, s))
                 a->m->bad_lines++;
@@ -227,8 +253,18 @@ static uint64_t to_count(double v)
 
 kvr_status kvr_oai_metrics_parse(const char *text, size_t len, struct kvr_engine_metrics *out)
 {
+    return kvr_oai_metrics_parse_rank(text, len, -1, out);
+}
+
+kvr_status kvr_oai_metrics_parse_rank(const char *text, size_t len, int32_t rank,
+                                      struct kvr_engine_metrics *out)
+{
     memset(out, 0, sizeof *out);
-    struct acc a = {.m = out};
+    struct acc a = {.m = out, .by_rank = rank >= 0};
+    if (rank > KVR_OAI_DP_RANK_MAX)
+        return KVR_ERR_INVALID;
+    if (a.by_rank)
+        a.rank_len = (size_t)snprintf(a.rank, sizeof a.rank, "%d", (int)rank);
     uint32_t bad = 0;
     kvr_status st = kvr_promtext_parse(text, len, on_sample, &a, &out->samples, &bad);
     if (st != KVR_OK)
@@ -321,6 +357,12 @@ kvr_status kvr_oai_server_info_parse(const char *json, size_t len, struct kvr_en
 kvr_status kvr_oai_engine_metrics(const char *base_url, long timeout_ms,
                                   struct kvr_engine_metrics *out)
 {
+    return kvr_oai_engine_metrics_rank(base_url, timeout_ms, -1, out);
+}
+
+kvr_status kvr_oai_engine_metrics_rank(const char *base_url, long timeout_ms, int32_t rank,
+                                       struct kvr_engine_metrics *out)
+{
     memset(out, 0, sizeof *out);
     struct kvr_buf body = {0};
     long code = 0;
@@ -329,7 +371,7 @@ kvr_status kvr_oai_engine_metrics(const char *base_url, long timeout_ms,
     if (st == KVR_OK && code != 200)
         st = KVR_ERR_IO;
     if (st == KVR_OK)
-        st = kvr_oai_metrics_parse((const char *)body.data, body.len, out);
+        st = kvr_oai_metrics_parse_rank((const char *)body.data, body.len, rank, out);
     if (st == KVR_OK && out->kind == KVR_ENGINE_SGLANG && !out->have_num_blocks) {
         /* capacity is not in SGLang's /metrics; without /get_server_info it stays unknown */
         if (kvr_oai_http_get(base_url, "/get_server_info", timeout_ms, KVR_OAI_METRICS_MAX_BYTES,

@@ -36,6 +36,7 @@
 #define KVR_OAI_MESSAGE_MAX       256         /* bytes in an end message, NUL included */
 #define KVR_OAI_FINISH_MAX        32          /* bytes in a finish_reason, NUL included */
 #define KVR_OAI_METRICS_MAX_BYTES (16u << 20) /* a /metrics or /get_server_info body, at most */
+#define KVR_OAI_DP_RANK_MAX       65535       /* vLLM names an engine core by 2 bytes */
 
 struct kvr_oai_config {
     const char *base_url;     /* "http://host:port" (no trailing path); copied, borrowed */
@@ -51,6 +52,10 @@ struct kvr_oai_config {
     uint32_t max_event_bytes; /* one SSE event, at most; 0: KVR_OAI_EVENT_BYTES */
     bool return_token_ids;    /* send "return_token_ids": true (vLLM >= 0.10.2) */
     bool continuous_usage;    /* send stream_options.continuous_usage_stats: true (vLLM) */
+    bool pin_dp_rank;         /* send "X-data-parallel-rank: dp_rank" with every completion:
+                                 vLLM (since 0.11, PR 24945) and SGLang run it on that
+                                 data-parallel rank, not the one their balancer picks */
+    uint32_t dp_rank;         /* with pin_dp_rank: 0..KVR_OAI_DP_RANK_MAX */
 };
 
 /* Token counts of an engine's "usage" object. */
@@ -223,7 +228,10 @@ enum kvr_engine_kind { KVR_ENGINE_UNKNOWN, KVR_ENGINE_VLLM, KVR_ENGINE_SGLANG };
 
 /*
  * What an engine's /metrics says, each value summed over its label sets (several models, data
- * parallel ranks) unless said otherwise, each with a have_ flag (false: no sample seen).
+ * parallel ranks) unless said otherwise, each with a have_ flag (false: no sample seen). Read
+ * for one data-parallel rank (kvr_oai_metrics_parse_rank), the samples whose "engine" label (vLLM
+ * labels each rank's series engine="<rank>") names another rank are left out; samples without
+ * that label count as ever.
  */
 struct kvr_engine_metrics {
     enum kvr_engine_kind kind; /* from the metric names seen (vllm: or sglang:) */
@@ -250,10 +258,13 @@ struct kvr_engine_metrics {
     bool have_cache_hit_rate;
     double cache_hit_rate; /* sglang:cache_hit_rate, 0..1, the mean over label sets */
     bool have_start_time;
-    double start_time;  /* process_start_time_seconds (Unix s) of the engine's server: a new
-                           value is a restarted engine */
-    uint32_t samples;   /* sample lines parsed */
-    uint32_t bad_lines; /* lines skipped as malformed (the rest still counts) */
+    double start_time;    /* process_start_time_seconds (Unix s) of the engine's server: a new
+                             value is a restarted engine */
+    uint32_t samples;     /* sample lines parsed */
+    uint32_t bad_lines;   /* lines skipped as malformed (the rest still counts) */
+    uint32_t other_ranks; /* samples left out: their engine label names another rank */
+    bool rank_labelled;   /* read for a rank: a sample read carried an engine label */
+    bool rank_seen;       /* ... and one of them named the rank asked for */
 };
 
 /*
@@ -275,6 +286,18 @@ kvr_status kvr_oai_engine_metrics(const char *base_url, long timeout_ms,
  * capacity when they are not set yet: KVR_OK, or KVR_ERR_MALFORMED.
  */
 kvr_status kvr_oai_metrics_parse(const char *text, size_t len, struct kvr_engine_metrics *out);
+
+/*
+ * kvr_oai_metrics_parse and kvr_oai_engine_metrics for data-parallel rank (0..
+ * KVR_OAI_DP_RANK_MAX; < 0: every series, as the two above): a sample of the families read whose
+ * engine label is not exactly rank in decimal is left out (counted in other_ranks). Series that
+ * carry engine labels but none for rank leave rank_labelled set and rank_seen false: the caller
+ * judges (the figures then hold only the unlabelled series).
+ */
+kvr_status kvr_oai_metrics_parse_rank(const char *text, size_t len, int32_t rank,
+                                      struct kvr_engine_metrics *out);
+kvr_status kvr_oai_engine_metrics_rank(const char *base_url, long timeout_ms, int32_t rank,
+                                       struct kvr_engine_metrics *out);
 kvr_status kvr_oai_server_info_parse(const char *json, size_t len, struct kvr_engine_metrics *out);
 
 /*

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "chunk.h"
+#include "http.h"
 #include "openai.h"
 #include "promtext.h"
 #include "sse.h"
@@ -753,4 +755,105 @@ Test(metrics, garbage)
     for (size_t i = 0; i < sizeof noise; i++)
         noise[i] = (char)(i * 7919 % 251);
     cr_assert(eq(int, kvr_oai_metrics_parse(noise, sizeof noise, &m), KVR_ERR_MALFORMED));
+}
+
+static void rank_metrics(const char *text, int32_t rank, struct kvr_engine_metrics *m,
+                         kvr_status want)
+{
+    cr_assert(eq(int, kvr_oai_metrics_parse_rank(text, strlen(text), rank, m), want));
+}
+
+/* One adapter per data-parallel rank: each reads its own rank's series (vLLM labels them
+ * engine="<rank>"), not the sum over every rank of the engine. */
+Test(metrics, one_data_parallel_rank)
+{
+    struct kvr_engine_metrics m;
+    rank_metrics(vllm_v1, 1, &m, KVR_OK);
+    cr_assert(m.rank_labelled && m.rank_seen);
+    cr_assert(eq(u64, m.running, 5));
+    cr_assert(eq(u64, m.waiting, 0));
+    cr_assert(eq(dbl, m.kv_usage, 0.75));
+    cr_assert(eq(u64, m.num_blocks, 27000), "rank 1's blocks, not the engine's 54000");
+    cr_assert(eq(u32, m.block_size, 16));
+    cr_assert(eq(dbl, m.prefix_cache_hits, 100.0));
+    cr_assert(eq(dbl, m.prefix_cache_queries, 500.0));
+    cr_assert(eq(u32, m.other_ranks, 6), "rank 0's samples of the families read");
+    cr_assert(eq(u32, m.bad_lines, 0));
+    rank_metrics(vllm_v1, 0, &m, KVR_OK);
+    cr_assert(eq(u64, m.running, 3));
+    cr_assert(eq(u64, m.waiting, 2));
+    cr_assert(eq(dbl, m.kv_usage, 0.25));
+    cr_assert(eq(u64, m.num_blocks, 27000));
+    /* < 0: every rank, as kvr_oai_metrics_parse */
+    rank_metrics(vllm_v1, -1, &m, KVR_OK);
+    cr_assert(eq(u64, m.running, 8));
+    cr_assert(eq(u64, m.num_blocks, 54000));
+    cr_assert(not(m.rank_labelled));
+    cr_assert(eq(u32, m.other_ranks, 0));
+}
+
+/* A rank the engine does not label (a smaller data-parallel size than the adapter thinks): the
+ * labelled series are all left out and the caller is told; series without the label (an engine
+ * that does not label its ranks, process_start_time_seconds) count as ever. */
+Test(metrics, a_rank_the_engine_does_not_have)
+{
+    struct kvr_engine_metrics m;
+    rank_metrics(vllm_v1, 2, &m, KVR_OK);
+    cr_assert(m.rank_labelled);
+    cr_assert(not(m.rank_seen));
+    cr_assert(not(m.have_running || m.have_num_blocks || m.have_kv_usage));
+    cr_assert(eq(u32, m.other_ranks, 12));
+    rank_metrics(vllm_v0, 3, &m, KVR_OK); /* no engine label anywhere */
+    cr_assert(not(m.rank_labelled));
+    cr_assert(eq(u64, m.running, 1));
+    cr_assert(eq(u64, m.num_blocks, 7000));
+    rank_metrics("process_start_time_seconds 1.7e9\nvllm:num_requests_waiting{engine=\"0\"} 4\n", 1,
+                 &m, KVR_OK);
+    cr_assert(m.have_start_time, "no engine label: read for every rank");
+    cr_assert(not(m.have_waiting));
+    rank_metrics(vllm_v1, KVR_OAI_DP_RANK_MAX + 1, &m, KVR_ERR_INVALID);
+}
+
+/* The engine label is the engine's text: matched as the exact decimal, whatever it holds. */
+Test(metrics, rank_labels_are_matched_exactly)
+{
+    static const char odd[] = "vllm:num_requests_waiting{engine=\"01\"} 1\n"
+                              "vllm:num_requests_waiting{engine=\"1 \"} 2\n"
+                              "vllm:num_requests_waiting{engine=\"%s%n\"} 4\n"
+                              "vllm:num_requests_waiting{engine=\"\"} 8\n"
+                              "vllm:num_requests_waiting{engine=\"1\\\"\"} 16\n"
+                              "vllm:num_requests_waiting{engine=\"11\"} 32\n"
+                              "vllm:num_requests_waiting{engine=\"1\",engine=\"0\"} 64\n"
+                              "vllm:num_requests_waiting{model_name=\"m\",engine=\"1\"} 128\n";
+    struct kvr_engine_metrics m;
+    rank_metrics(odd, 1, &m, KVR_OK);
+    cr_assert(eq(u64, m.waiting, 64 + 128), "the first engine label decides");
+    cr_assert(eq(u32, m.other_ranks, 6));
+    char big[KVR_PROMTEXT_LINE_MAX];
+    size_t n = (size_t)snprintf(big, sizeof big, "vllm:num_requests_waiting{engine=\"");
+    memset(big + n, '1', 9000);
+    n += 9000;
+    n += (size_t)snprintf(big + n, sizeof big - n, "\"} 5\nvllm:num_requests_running 1\n");
+    cr_assert(eq(int, kvr_oai_metrics_parse_rank(big, n, 1, &m), KVR_OK));
+    cr_assert(not(m.have_waiting));
+    cr_assert(eq(u32, m.other_ranks, 1));
+    cr_assert(eq(u64, m.running, 1));
+}
+
+/* The pin of a completion to one data-parallel rank: vLLM's header (and SGLang's). */
+Test(headers, data_parallel_rank)
+{
+    struct curl_slist *h = NULL;
+    cr_assert(eq(int, kvr_oai_http_headers(false, 0, &h), KVR_OK));
+    size_t n = 0;
+    for (struct curl_slist *l = h; l; l = l->next, n++)
+        cr_assert(not(eq(int, strncasecmp(l->data, "x-data-parallel-rank", 20), 0)));
+    cr_assert(eq(sz, n, 3));
+    curl_slist_free_all(h);
+    cr_assert(eq(int, kvr_oai_http_headers(true, 65535, &h), KVR_OK));
+    struct curl_slist *last = h;
+    while (last->next)
+        last = last->next;
+    cr_assert(eq(str, last->data, "X-data-parallel-rank: 65535"));
+    curl_slist_free_all(h);
 }
