@@ -72,6 +72,7 @@ struct kvr_adapter {
     double start_time;           /* the engine's process_start_time_seconds; 0: not known */
     uint64_t warned_other_at;    /* the last kv_batch_dropped */
     uint64_t warned_metrics_at;  /* the last engine_metrics_failed */
+    uint64_t warned_rank_at;     /* the last kv_batch_other_rank */
     uint64_t failed_logged_at, failed_unlogged; /* engine failures: the last logged, since */
     struct kvr_wk_adapter_stats s;              /* */
     char url[KVR_OPT_STR_MAX]; /* the engine's URL as logs show it: no password (kvr_url_redact) */
@@ -205,12 +206,36 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
 
 /* --- the engine's KV events (the subscriber's thread) ---------------------------------------- */
 
+/* Under mu: whether b is another data-parallel rank's than --engine-dp-rank (a batch that says
+ * none is taken): skipped, counted, said at most every WARN_EVERY_NS. */
+static bool other_rank(struct kvr_adapter *ad, uint64_t seq, const struct kvr_kvev_batch *b,
+                       uint64_t now)
+{
+    int32_t rank = ad->w->cfg->adapter.dp_rank;
+    if (rank < 0 || !b->has_dp_rank || b->dp_rank == rank)
+        return false;
+    ad->s.kv_other_rank++;
+    if (!ad->warned_rank_at || now - ad->warned_rank_at >= WARN_EVERY_NS) {
+        ad->warned_rank_at = now;
+        kvr_log(KVR_LOG_WARN, "kv_batch_other_rank",
+                "seq=%" PRIu64 " batch_rank=%" PRId64 " dp_rank=%d skipped=%" PRIu64
+                " hint=\"vLLM publishes rank N's KV events on the --kv-events-config endpoint's "
+                "port + N: give --kv-events (and --kv-replay) that port\"",
+                seq, b->dp_rank, (int)rank, ad->s.kv_other_rank);
+    }
+    return true;
+}
+
 static void on_batch(void *ctx, uint64_t seq, struct kvr_kvev_batch *b, bool replayed)
 {
     struct kvr_adapter *ad = ctx;
     struct kvr_worker *w = ad->w;
     uint64_t now = kvr_now_ns();
     pthread_mutex_lock(&w->mu);
+    if (other_rank(ad, seq, b, now)) {
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
     ad->s.kv_batches++;
     ad->served_full_at = 0;
     ad->last_batch_ns = now;
@@ -290,7 +315,9 @@ static void probe(struct kvr_adapter *ad)
     struct kvr_worker *w = ad->w;
     const struct kvr_wk_adapter_config *a = &w->cfg->adapter;
     struct kvr_engine_metrics m;
-    kvr_status st = kvr_oai_engine_metrics(a->url, PROBE_TIMEOUT_MS, &m);
+    kvr_status st = kvr_oai_engine_metrics_rank(a->url, PROBE_TIMEOUT_MS, a->dp_rank, &m);
+    if (st == KVR_OK && m.rank_labelled && !m.rank_seen)
+        st = KVR_ERR_MALFORMED; /* its ranks changed: the last figures stand, said */
     kvr_status health = st == KVR_OK ? KVR_OK : kvr_oai_health(a->url, PROBE_TIMEOUT_MS);
     pthread_mutex_lock(&w->mu);
     uint64_t now = kvr_now_ns(); /* after served_full_at, which the client's thread sets under mu */
@@ -458,6 +485,20 @@ static kvr_status check_engine(struct kvr_worker *w, const struct kvr_engine_met
                 m->block_size, bs, m->block_size, bs);
         return KVR_ERR_BLOCK_SIZE;
     }
+    int32_t rank = w->cfg->adapter.dp_rank;
+    if (rank >= 0 && m->rank_labelled && !m->rank_seen) {
+        kvr_log(KVR_LOG_ERROR, "engine_dp_rank_missing",
+                "dp_rank=%d hint=\"the engine's /metrics labels no series engine=\\\"%d\\\": "
+                "give --engine-dp-rank a rank below its --data-parallel-size (with one server "
+                "per rank, --data-parallel-external-lb, give none)\"",
+                (int)rank, (int)rank);
+        return KVR_ERR_INVALID;
+    }
+    if (rank >= 0 && !m->rank_labelled)
+        kvr_log(KVR_LOG_WARN, "engine_dp_rank_unlabelled",
+                "dp_rank=%d hint=\"the engine's /metrics labels no rank (engine=\\\"N\\\"): "
+                "its figures are read whole\"",
+                (int)rank);
     if (!m->have_block_size)
         kvr_log(KVR_LOG_WARN, "engine_block_size_unknown",
                 "block_size=%u hint=\"the engine's /metrics does not say its block size: make "
@@ -501,7 +542,7 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
         return st;
     }
     struct kvr_engine_metrics m;
-    if (kvr_oai_engine_metrics(a->url, PROBE_TIMEOUT_MS, &m) == KVR_OK) {
+    if (kvr_oai_engine_metrics_rank(a->url, PROBE_TIMEOUT_MS, a->dp_rank, &m) == KVR_OK) {
         if ((st = check_engine(w, &m)) != KVR_OK)
             return st;
         ad->m = m;
@@ -515,7 +556,9 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
                                 .max_streams = a->max_streams,
                                 .max_event_bytes = event_bytes(cfg),
                                 .return_token_ids = a->token_ids,
-                                .continuous_usage = true};
+                                .continuous_usage = true,
+                                .pin_dp_rank = a->dp_rank >= 0,
+                                .dp_rank = a->dp_rank >= 0 ? (uint32_t)a->dp_rank : 0};
     struct kvr_oai_hooks oh = {on_chunk, on_end, ad};
     if (!(ad->oai = kvr_oai_create(&oc, &oh, &st)))
         return st;
@@ -535,9 +578,10 @@ kvr_status kvr__wk_adapter_open(struct kvr_worker *w)
     }
     char model[256]; /* the engine's to name: a quote in it would forge log fields */
     kvr_log(KVR_LOG_INFO, "engine_ready",
-            "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u", ad->url,
-            kvr_log_safe(model, sizeof model, kvr_oai_model(ad->oai)),
-            a->kv_events[0] ? a->kv_events : "none", w->capacity, cfg->engine.block_size);
+            "url=%s model=\"%s\" kv_events=%s capacity_blocks=%" PRIu64 " block_size=%u dp_rank=%d",
+            ad->url, kvr_log_safe(model, sizeof model, kvr_oai_model(ad->oai)),
+            a->kv_events[0] ? a->kv_events : "none", w->capacity, cfg->engine.block_size,
+            (int)a->dp_rank);
     if (pthread_create(&ad->poller, NULL, poll_main, ad)) /* it writes w->capacity under mu */
         return KVR_ERR_IO;
     ad->poller_started = true;

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ void kvr_wk_config_default(struct kvr_wk_config *c)
     a->metrics_ns = 1 * KVR_NS_PER_S;
     a->events_timeout_ns = 30 * KVR_NS_PER_S;
     a->token_ids = true;
+    a->dp_rank = -1;
 }
 
 #define NUM(n, t, p, lo, hi, h)                                                                    \
@@ -78,6 +80,14 @@ static size_t adapter_options(struct kvr_wk_config *c, struct kvr_opt *out)
         NUM("kv-events-timeout-ms", KVR_OPT_MS, &a->events_timeout_ns, 100, 3.6e6,
             "no KV batch this long while requests with full blocks are served: the engine "
             "publishes none"),
+        {.name = "engine-dp-rank",
+         .env = "KVR_ENGINE_DP_RANK",
+         .type = KVR_OPT_STR,
+         .ptr = a->dp_rank_text,
+         .help = "the engine's data-parallel rank this worker is, 0..65535 (vLLM "
+                 "--data-parallel-size behind one server): completions pinned to it "
+                 "(X-data-parallel-rank), its /metrics series (engine=\"N\") and KV batches "
+                 "only (none: the whole engine is one worker)"},
         {.name = "engine-token-ids",
          .env = "KVR_ENGINE_TOKEN_IDS",
          .type = KVR_OPT_BOOL,
@@ -125,7 +135,7 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
          .ptr = c->metrics_addr,
          .help = "serve /metrics, /healthz, /readyz on HOST:PORT (IPv4 or [IPv6]; none: off)"},
     };
-    _Static_assert(KVR_NATS_OPTIONS + KVR_ENGINE_OPTIONS + sizeof t / sizeof t[0] + 10 <=
+    _Static_assert(KVR_NATS_OPTIONS + KVR_ENGINE_OPTIONS + sizeof t / sizeof t[0] + 11 <=
                        KVR_WK_OPTIONS,
                    "KVR_WK_OPTIONS too small");
     size_t n = kvr_nats_config_options(&c->net, out);
@@ -135,8 +145,32 @@ size_t kvr_wk_config_options(struct kvr_wk_config *c, struct kvr_opt *out)
     return n + adapter_options(c, out + n);
 }
 
+/* --engine-dp-rank: "" (none, -1) or a decimal 0..65535 (vLLM names an engine core by 2
+ * bytes). */
+static kvr_status check_dp_rank(struct kvr_wk_config *c, char *why, size_t len)
+{
+    struct kvr_wk_adapter_config *a = &c->adapter;
+    const char *t = a->dp_rank_text;
+    size_t n = strspn(t, "0123456789");
+    a->dp_rank = -1;
+    if (!t[0])
+        return KVR_OK;
+    if (c->engine_kind != KVR_WK_ENGINE_OPENAI) {
+        snprintf(why, len, "--engine-dp-rank is for --engine openai");
+        return KVR_ERR_INVALID;
+    }
+    if (n == 0 || n > 5 || t[n] || strtol(t, NULL, 10) > 65535) {
+        snprintf(why, len, "--engine-dp-rank must be a data-parallel rank, 0..65535");
+        return KVR_ERR_INVALID;
+    }
+    a->dp_rank = (int32_t)strtol(t, NULL, 10);
+    return KVR_OK;
+}
+
 kvr_status kvr_wk_config_check(struct kvr_wk_config *c, char *why, size_t len)
 {
+    if (check_dp_rank(c, why, len) != KVR_OK)
+        return KVR_ERR_INVALID;
     if (!c->id)
         c->id = ((uint64_t)getpid() << 20) ^ (kvr_realtime_ns() & 0xfffff) ^ 1;
     if (c->id > 0x7fffffffffffffffull) { /* it names subjects and travels as a JSON integer */

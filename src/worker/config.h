@@ -34,6 +34,9 @@ struct kvr_wk_adapter_config {
                                         long: the engine publishes none (say so, learn from
                                         decisions) */
     bool token_ids;                  /* ask for the output's token ids (vLLM's return_token_ids) */
+    char dp_rank_text[KVR_OPT_STR_MAX]; /* --engine-dp-rank as given ("": none) */
+    int32_t dp_rank; /* from it once checked: the engine's data-parallel rank this worker is
+                        (completions pinned to it, its metrics and KV events only); -1: none */
 };
 
 struct kvr_wk_config {

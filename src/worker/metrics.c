@@ -132,6 +132,9 @@ static void adapter(struct kvr_prom *p, const struct figures *f)
     counter(p, "kvworker_adapter_kv_resets_total",
             "Cache states lost (a gap not filled, an engine restart): cleared in the routers.",
             a->kv_resets);
+    counter(p, "kvworker_adapter_kv_other_rank_batches_total",
+            "KV-event batches of another data-parallel rank than --engine-dp-rank, skipped.",
+            a->kv_other_rank);
     counter(p, "kvworker_adapter_kv_gaps_total", "Sequence gaps in the engine's KV events.",
             a->kv_gaps);
     counter(p, "kvworker_adapter_kv_gaps_filled_total", "Gaps filled from the replay socket.",

@@ -170,6 +170,7 @@ struct kvr_wk_adapter_stats {
     uint64_t kv_skipped_salt;    /* blocks of a Stored with SGLang's cache_salt, skipped */
     uint64_t kv_skipped_group;   /* blocks of a KV cache group not followed, skipped */
     uint64_t kv_bad_block_size;  /* blocks announced at another block size, skipped */
+    uint64_t kv_other_rank;      /* batches of another data-parallel rank, skipped */
     uint64_t kv_gaps;            /* sequence gaps seen */
     uint64_t kv_gaps_filled;     /* ... filled from the replay socket */
     uint64_t kv_bad;             /* messages that did not decode */
