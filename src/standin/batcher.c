@@ -93,7 +93,7 @@ void kvr_se_batcher_flush(struct kvr_se_batcher *b)
         return;
     struct kvr_kvev_batch batch = {.ts = b->ts,
                                    .has_dp_rank = b->how.dp_rank,
-                                   .dp_rank = 0,
+                                   .dp_rank = b->dp_rank,
                                    .events = b->wire,
                                    .nevents = b->nev};
     kvr_status st = view(b) ? KVR_OK : KVR_ERR_NOMEM;

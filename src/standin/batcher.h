@@ -41,6 +41,7 @@ struct kvr_se_batcher {
     struct kvr_kvev_encoding how;   /* the wire form */
     struct kvr_se_batch_limits lim; /* effective, no zero */
     bool hybrid;                    /* events of two KV cache groups (above); set after init */
+    uint32_t dp_rank;               /* the batches' data_parallel_rank; set after init */
     uint32_t block_size;            /* tokens per block */
     kvr_se_emit_fn emit;            /* */
     void *ctx;                      /* emit's */

@@ -27,6 +27,7 @@ void kvr_se_config_default(struct kvr_se_config *c)
     c->idle_timeout_ns = 60 * KVR_NS_PER_S;
     c->drain_timeout_ns = 5 * KVR_NS_PER_S;
     c->log_level = KVR_LOG_INFO;
+    c->dp_size = 1;
 }
 
 static const char *const hash_names[] = {"int", "uint", "bytes", NULL};
@@ -98,6 +99,10 @@ size_t kvr_se_config_options(struct kvr_se_config *c, struct kvr_opt *out)
             "an idle HTTP connection is closed after this"),
         NUM("drain-timeout-ms", KVR_OPT_MS, &c->drain_timeout_ns, 0, 3.6e6,
             "on SIGTERM, let requests finish this long, then abort them"),
+        NUM("dp-size", KVR_OPT_U32, &c->dp_size, 1, KVR_SE_DP_MAX,
+            "data-parallel ranks (vLLM's --data-parallel-size, internal balancing): each its own "
+            "engine and KV pool, its KV events on --kv-events' port + rank, its /metrics series "
+            "labelled engine=\"rank\"; a request's X-data-parallel-rank picks one"),
         {.name = "log-level",
          .env = "KVR_LOG_LEVEL",
          .type = KVR_OPT_ENUM,
@@ -131,6 +136,10 @@ kvr_status kvr_se_config_check(const struct kvr_se_config *c, char *why, size_t 
         bad = "--kv-topic needs --kv-events";
     else if (c->kv_hybrid && c->kv_layout != KVR_SE_LAYOUT_MAP)
         bad = "--kv-hybrid needs --kv-layout map (vLLM's KV cache groups in map events)";
+    else if (c->dp_size < 1 || c->dp_size > KVR_SE_DP_MAX)
+        bad = "--dp-size must be 1..8";
+    else if (c->dp_size > 1 && c->metrics_style != KVR_SE_STYLE_VLLM)
+        bad = "--dp-size plays vLLM's data parallelism: it needs --metrics-style vllm";
     if (bad) {
         snprintf(why, len, "%s", bad);
         return KVR_ERR_INVALID;

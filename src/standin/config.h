@@ -24,6 +24,7 @@ enum kvr_se_style { KVR_SE_STYLE_VLLM, KVR_SE_STYLE_SGLANG };
 enum kvr_se_error_shape { KVR_SE_ERROR_FLAT, KVR_SE_ERROR_NESTED };
 
 #define KVR_SE_MODEL_MAX 128 /* bytes of --model, NUL included */
+#define KVR_SE_DP_MAX    8   /* --dp-size, at most */
 
 struct kvr_se_config {
     char listen[KVR_OPT_STR_MAX];    /* HOST:PORT of the HTTP API; port 0: ephemeral */
@@ -51,6 +52,11 @@ struct kvr_se_config {
     uint64_t idle_timeout_ns;        /* an idle HTTP connection is closed after this */
     uint64_t drain_timeout_ns;       /* on SIGTERM, finish what runs within this, then abort */
     int log_level;                   /* enum kvr_log_level */
+    uint32_t dp_size;                /* data-parallel ranks, each an engine (pool, KV events) of
+                                        its own behind the one HTTP server, as vLLM's
+                                        --data-parallel-size with its internal balancer */
+    uint32_t dp_rank;                /* not an option: the rank a state plays (kvr_standin sets
+                                        it in each rank's copy) */
 };
 
 void kvr_se_config_default(struct kvr_se_config *c);

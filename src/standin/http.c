@@ -30,11 +30,13 @@
 #define PROM_TYPE     "text/plain; version=0.0.4; charset=utf-8"
 
 struct kvr_se_http {
-    struct MHD_Daemon *mhd;          /* owned */
-    struct kvr_se_state *st;         /* borrowed */
-    const struct kvr_se_config *cfg; /* borrowed */
-    int stopfd;                      /* eventfd written once at stop: every wait returns */
-    uint16_t port;                   /* bound */
+    struct MHD_Daemon *mhd;                    /* owned */
+    struct kvr_se_state *st;                   /* borrowed: rank 0's (health, hooks, refusals) */
+    struct kvr_se_state *ranks[KVR_SE_DP_MAX]; /* borrowed: every data-parallel rank's */
+    uint32_t nranks;                           /* of them */
+    const struct kvr_se_config *cfg;           /* borrowed */
+    int stopfd;    /* eventfd written once at stop: every wait returns */
+    uint16_t port; /* bound */
 };
 
 enum route {
@@ -165,6 +167,7 @@ static int socket_of(struct MHD_Connection *conn)
 /* A stream being sent: the response's reader state. */
 struct stream {
     struct kvr_se_http *h;
+    struct kvr_se_state *st; /* the rank that runs r */
     struct kvr_se_req *r;
     int sock;
 };
@@ -174,7 +177,7 @@ static ssize_t read_stream(void *cls, uint64_t pos, char *buf, size_t max)
     struct stream *s = cls;
     for (;;) {
         enum kvr_se_end end;
-        size_t n = kvr_se_read(s->h->st, s->r, buf, max, &end);
+        size_t n = kvr_se_read(s->st, s->r, buf, max, &end);
         if (n)
             return (ssize_t)n;
         if (end == KVR_SE_FINISHED || end == KVR_SE_SHUTDOWN)
@@ -189,19 +192,19 @@ static ssize_t read_stream(void *cls, uint64_t pos, char *buf, size_t max)
 static void end_stream(void *cls)
 {
     struct stream *s = cls;
-    kvr_se_release(s->h->st, s->r);
+    kvr_se_release(s->st, s->r);
     free(s);
 }
 
 static enum MHD_Result start_stream(struct kvr_se_http *h, struct MHD_Connection *conn,
-                                    struct kvr_se_req *r)
+                                    struct kvr_se_state *st, struct kvr_se_req *r)
 {
     struct stream *s = malloc(sizeof *s);
     if (!s) {
-        kvr_se_release(h->st, r);
+        kvr_se_release(st, r);
         return refusef(h, conn, 500, "out of memory");
     }
-    *s = (struct stream){h, r, socket_of(conn)};
+    *s = (struct stream){h, st, r, socket_of(conn)};
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
                                                                   read_stream, s, end_stream);
     if (!resp) {
@@ -219,24 +222,58 @@ static enum MHD_Result start_stream(struct kvr_se_http *h, struct MHD_Connection
 
 /* stream false: wait here (this connection's own thread) for the whole answer. */
 static enum MHD_Result answer_whole(struct kvr_se_http *h, struct MHD_Connection *conn,
-                                    struct kvr_se_req *r)
+                                    struct kvr_se_state *st, struct kvr_se_req *r)
 {
     int sock = socket_of(conn);
     struct kvr_buf out = {0};
     unsigned status = 0;
-    while (kvr_se_outcome(h->st, r, &out, &status) == KVR_SE_RUNNING) {
+    while (kvr_se_outcome(st, r, &out, &status) == KVR_SE_RUNNING) {
         if (wait_req(h, r, sock) != WOKE_DATA) {
-            kvr_se_release(h->st, r); /* cancelled in the engine */
-            return MHD_NO;            /* closes the connection */
+            kvr_se_release(st, r); /* cancelled in the engine */
+            return MHD_NO;         /* closes the connection */
         }
     }
-    kvr_se_release(h->st, r);
+    kvr_se_release(st, r);
     if (status >= 400)
         kvr_se_count_refusal(h->st, status);
     enum MHD_Result ok = out.data ? reply(conn, status, JSON_TYPE, out.data, out.len, NULL)
                                   : refusef(h, conn, 500, "out of memory");
     kvr_buf_free(&out);
     return ok;
+}
+
+/*
+ * The rank that runs a completion, as vLLM's API server picks it: its X-data-parallel-rank
+ * header when that is an integer (out of range: 400, as vLLM says it), else the rank with the
+ * fewest requests held (vLLM's balancer scores waiting and running; ties: the lowest rank).
+ */
+static struct kvr_se_state *pick_rank(struct kvr_se_http *h, struct MHD_Connection *conn,
+                                      struct kvr_se_refusal *why)
+{
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-data-parallel-rank");
+    size_t n = v ? strspn(v, "0123456789") : 0;
+    if (n && n < 10 && !v[n]) {
+        unsigned long r = strtoul(v, NULL, 10);
+        if (r < h->nranks)
+            return h->ranks[r];
+        why->status = 400;
+        why->param = NULL;
+        snprintf(why->message, sizeof why->message,
+                 "data_parallel_rank %lu is out of range [0, %u).", r, h->nranks);
+        return NULL;
+    }
+    struct kvr_se_state *best = h->ranks[0];
+    uint32_t least = UINT32_MAX;
+    for (uint32_t i = 0; i < h->nranks; i++) {
+        pthread_mutex_lock(&h->ranks[i]->mu);
+        uint32_t held = h->ranks[i]->nreqs;
+        pthread_mutex_unlock(&h->ranks[i]->mu);
+        if (held < least) {
+            least = held;
+            best = h->ranks[i];
+        }
+    }
+    return best;
 }
 
 static enum MHD_Result completions(struct kvr_se_http *h, struct MHD_Connection *conn,
@@ -253,12 +290,15 @@ static enum MHD_Result completions(struct kvr_se_http *h, struct MHD_Connection 
     /* while it waits for tokens (a long queue, a stall) the connection is not idle: no timeout
      * until the request is over (completed() puts it back) */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    struct kvr_se_state *rank = st == KVR_OK ? pick_rank(h, conn, &why) : NULL;
+    if (st == KVR_OK && !rank)
+        st = KVR_ERR_INVALID;
     if (st == KVR_OK)
-        st = kvr_se_submit(h->st, &comp, &r, &why);
+        st = kvr_se_submit(rank, &comp, &r, &why);
     kvr_se_completion_free(&comp);
     if (st != KVR_OK)
         return refuse(h, conn, &why, NULL);
-    return kvr_se_req_stream(r) ? start_stream(h, conn, r) : answer_whole(h, conn, r);
+    return kvr_se_req_stream(r) ? start_stream(h, conn, rank, r) : answer_whole(h, conn, rank, r);
 }
 
 /* --- the other routes ------------------------------------------------------------------------ */
@@ -301,6 +341,15 @@ static enum MHD_Result hook(struct kvr_se_http *h, struct MHD_Connection *conn, 
     return reply(conn, 200, JSON_TYPE, done, sizeof done - 1, NULL);
 }
 
+/* Every rank's figures, rank 0's first. */
+static kvr_status metrics(struct kvr_se_http *h, struct kvr_buf *out)
+{
+    struct kvr_se_snapshot snap[KVR_SE_DP_MAX];
+    for (uint32_t i = 0; i < h->nranks; i++)
+        kvr_se_snapshot_take(h->ranks[i], &snap[i]);
+    return kvr_se_metrics_write(snap, h->nranks, out);
+}
+
 static enum MHD_Result answer_get(struct kvr_se_http *h, struct MHD_Connection *conn, enum route r)
 {
     const struct kvr_se_config *cfg = h->cfg;
@@ -311,7 +360,7 @@ static enum MHD_Result answer_get(struct kvr_se_http *h, struct MHD_Connection *
             return refusef(h, conn, 503, "kvengine is shutting down");
         return reply(conn, 200, "text/plain; charset=utf-8", "", 0, NULL);
     case R_METRICS:
-        return reply_made(h, conn, kvr_se_metrics(h->st, &out), &out, PROM_TYPE);
+        return reply_made(h, conn, metrics(h, &out), &out, PROM_TYPE);
     case R_MODELS:
         return reply_made(h, conn,
                           kvr_se_wire_models(&out, cfg->model, kvr_realtime_ns() / KVR_NS_PER_S,
@@ -505,8 +554,9 @@ static uint16_t port_of(int fd)
                                           : ((struct sockaddr_in *)&ss)->sin_port);
 }
 
-kvr_status kvr_se_http_start(struct kvr_se_state *st, const struct kvr_se_config *cfg,
-                             struct kvr_se_http **out, char *why, size_t len)
+kvr_status kvr_se_http_start(struct kvr_se_state *const *ranks, uint32_t nranks,
+                             const struct kvr_se_config *cfg, struct kvr_se_http **out, char *why,
+                             size_t len)
 {
     *out = NULL;
     struct kvr_se_http *h = calloc(1, sizeof *h);
@@ -514,7 +564,10 @@ kvr_status kvr_se_http_start(struct kvr_se_state *st, const struct kvr_se_config
         snprintf(why, len, "out of memory");
         return KVR_ERR_NOMEM;
     }
-    h->st = st;
+    h->nranks = nranks < 1 ? 1 : nranks > KVR_SE_DP_MAX ? KVR_SE_DP_MAX : nranks;
+    for (uint32_t i = 0; i < h->nranks; i++)
+        h->ranks[i] = ranks[i];
+    h->st = ranks[0];
     h->cfg = cfg;
     h->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     int fd = h->stopfd >= 0 ? listen_on(cfg->listen, cfg->max_connections, why, len) : -1;

@@ -35,12 +35,15 @@
 struct kvr_se_http;
 
 /*
- * Listen on cfg->listen and serve st (both borrowed: they must outlive the server).
+ * Listen on cfg->listen and serve the data-parallel ranks ranks[0..nranks) (1..KVR_SE_DP_MAX,
+ * in rank order; a completion runs on the rank its X-data-parallel-rank header names, else on
+ * the one holding the fewest requests) with cfg (all borrowed: they must outlive the server).
  * KVR_ERR_INVALID (address), KVR_ERR_IO (cannot listen), KVR_ERR_NOMEM with why[0..len); *out
  * is the server (the caller stops it) or NULL.
  */
-kvr_status kvr_se_http_start(struct kvr_se_state *st, const struct kvr_se_config *cfg,
-                             struct kvr_se_http **out, char *why, size_t len);
+kvr_status kvr_se_http_start(struct kvr_se_state *const *ranks, uint32_t nranks,
+                             const struct kvr_se_config *cfg, struct kvr_se_http **out, char *why,
+                             size_t len);
 
 /* The port it listens on (the one chosen for port 0). */
 uint16_t kvr_se_http_port(const struct kvr_se_http *h);

@@ -26,42 +26,90 @@ static void counter1(struct kvr_prom *p, const char *name, const char *help,
     kvr_prom_u64(p, l, nl, v);
 }
 
-static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s)
+/* vLLM's families, one sample per data-parallel rank (labelled engine="<rank>", as vLLM's
+ * PrometheusStatLogger does). */
+enum vfig { V_RUNNING, V_WAITING, V_USAGE, V_QUERIES, V_HITS, V_PREEMPT, V_PROMPT, V_GEN };
+
+static const struct {
+    const char *name;
+    bool counter;
+    const char *help;
+} vllm_families[] = {
+    [V_RUNNING] = {"vllm:num_requests_running", false,
+                   "Number of requests in model execution batches."},
+    [V_WAITING] = {"vllm:num_requests_waiting", false,
+                   "Number of requests waiting to be processed."},
+    [V_USAGE] = {"vllm:kv_cache_usage_perc", false, "KV-cache usage. 1 means 100 percent usage."},
+    [V_QUERIES] = {"vllm:prefix_cache_queries_total", true,
+                   "Prefix cache queries, in terms of number of queried tokens."},
+    [V_HITS] = {"vllm:prefix_cache_hits_total", true,
+                "Prefix cache hits, in terms of number of cached tokens."},
+    [V_PREEMPT] = {"vllm:num_preemptions_total", true,
+                   "Cumulative number of preemption from the engine."},
+    [V_PROMPT] = {"vllm:prompt_tokens_total", true, "Number of prefill tokens processed."},
+    [V_GEN] = {"vllm:generation_tokens_total", true, "Number of generation tokens processed."},
+};
+
+static double vllm_figure(const struct kvr_se_snapshot *s, enum vfig f)
+{
+    switch (f) {
+    case V_RUNNING:
+        return s->engine.running;
+    case V_WAITING:
+        return s->engine.waiting;
+    case V_USAGE:
+        return s->engine.kv_usage;
+    case V_QUERIES:
+        return (double)s->c.prefix_queries;
+    case V_HITS:
+        return (double)s->c.prefix_hits;
+    case V_PREEMPT:
+        return (double)(s->c.engine_base[0] + s->engine.preemptions);
+    case V_PROMPT:
+        return (double)s->c.prompt_tokens;
+    case V_GEN:
+        return (double)s->c.generation_tokens;
+    }
+    return 0;
+}
+
+static void vllm(struct kvr_prom *p, const struct kvr_se_snapshot *s, uint32_t n)
 {
     const struct kvr_se_config *cfg = s->cfg;
-    const struct kvr_prom_label l[] = {{"model_name", cfg->model}, {"engine", "0"}};
-    gauge1(p, "vllm:num_requests_running", "Number of requests in model execution batches.", l, 2,
-           s->engine.running);
-    gauge1(p, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", l, 2,
-           s->engine.waiting);
-    gauge1(p, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l, 2,
-           s->engine.kv_usage);
-    char bs[16], nb[16];
+    char rank[KVR_SE_DP_MAX][12], bs[16], nb[16];
+    for (uint32_t r = 0; r < n; r++)
+        snprintf(rank[r], sizeof rank[r], "%u", s[r].cfg->dp_rank);
+    for (size_t f = 0; f < sizeof vllm_families / sizeof vllm_families[0]; f++) {
+        kvr_prom_family(p, vllm_families[f].name,
+                        vllm_families[f].counter ? KVR_PROM_COUNTER : KVR_PROM_GAUGE,
+                        vllm_families[f].help);
+        for (uint32_t r = 0; r < n; r++) {
+            const struct kvr_prom_label l[] = {{"model_name", cfg->model}, {"engine", rank[r]}};
+            kvr_prom_f64(p, l, 2, vllm_figure(&s[r], (enum vfig)f));
+        }
+    }
     snprintf(bs, sizeof bs, "%u", cfg->engine.block_size);
     snprintf(nb, sizeof nb, "%u", cfg->engine.num_blocks);
-    const struct kvr_prom_label info[] = {{"engine", "0"},
-                                          {"block_size", bs},
-                                          {"num_gpu_blocks", nb},
-                                          {"enable_prefix_caching", "True"},
-                                          {"cache_dtype", "auto"}};
-    gauge1(p, "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", info, 5, 1);
-    counter1(p, "vllm:prefix_cache_queries_total",
-             "Prefix cache queries, in terms of number of queried tokens.", l, 2,
-             s->c.prefix_queries);
-    counter1(p, "vllm:prefix_cache_hits_total",
-             "Prefix cache hits, in terms of number of cached tokens.", l, 2, s->c.prefix_hits);
-    counter1(p, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", l,
-             2, s->c.engine_base[0] + s->engine.preemptions);
-    counter1(p, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", l, 2,
-             s->c.prompt_tokens);
-    counter1(p, "vllm:generation_tokens_total", "Number of generation tokens processed.", l, 2,
-             s->c.generation_tokens);
-    const struct kvr_prom_label len[] = {l[0], l[1], {"finished_reason", "length"}};
-    const struct kvr_prom_label stop[] = {l[0], l[1], {"finished_reason", "stop"}};
+    kvr_prom_family(p, "vllm:cache_config_info", KVR_PROM_GAUGE,
+                    "Information of the LLMEngine CacheConfig.");
+    for (uint32_t r = 0; r < n; r++) {
+        const struct kvr_prom_label info[] = {{"engine", rank[r]},
+                                              {"block_size", bs},
+                                              {"num_gpu_blocks", nb},
+                                              {"enable_prefix_caching", "True"},
+                                              {"cache_dtype", "auto"}};
+        kvr_prom_f64(p, info, 5, 1);
+    }
     kvr_prom_family(p, "vllm:request_success_total", KVR_PROM_COUNTER,
                     "Count of successfully processed requests.");
-    kvr_prom_u64(p, len, 3, s->c.finished - s->c.stopped);
-    kvr_prom_u64(p, stop, 3, s->c.stopped);
+    for (uint32_t r = 0; r < n; r++) {
+        const struct kvr_prom_label len[] = {
+            {"model_name", cfg->model}, {"engine", rank[r]}, {"finished_reason", "length"}};
+        const struct kvr_prom_label stop[] = {
+            {"model_name", cfg->model}, {"engine", rank[r]}, {"finished_reason", "stop"}};
+        kvr_prom_u64(p, len, 3, s[r].c.finished - s[r].c.stopped);
+        kvr_prom_u64(p, stop, 3, s[r].c.stopped);
+    }
 }
 
 static void sglang(struct kvr_prom *p, const struct kvr_se_snapshot *s)
@@ -155,7 +203,7 @@ static void kv(struct kvr_prom *p, const struct kvr_se_snapshot *s)
                    s->pub.subscribers);
 }
 
-kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf *out)
+kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, uint32_t n, struct kvr_buf *out)
 {
     struct kvr_prom p;
     kvr_prom_begin(&p, out);
@@ -163,7 +211,7 @@ kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf 
     if (sg)
         sglang(&p, s);
     else
-        vllm(&p, s);
+        vllm(&p, s, n < 1 ? 1 : n > KVR_SE_DP_MAX ? KVR_SE_DP_MAX : n);
     requests(&p, s);
     kv(&p, s);
     struct kvr_procstat ps; /* process_start_time_seconds: how an adapter tells a restart */

@@ -3,7 +3,7 @@
  * vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
  * vllm:cache_config_info{block_size, num_gpu_blocks}, vllm:prefix_cache_queries_total,
  * vllm:prefix_cache_hits_total, ...; or SGLang's sglang:num_running_reqs, sglang:num_queue_reqs,
- * sglang:token_usage, sglang:cache_hit_rate), labelled model_name (and engine="0" for vLLM),
+ * sglang:token_usage, sglang:cache_hit_rate), labelled model_name (and engine="<rank>" for vLLM),
  * then kvengine's own kvengine_* families (requests by outcome, refusals by status, KV events,
  * the publisher, the server side's time to first token). Written with src/base/prom.h; pure,
  * from a snapshot taken under the state's mutex.
@@ -66,7 +66,9 @@ struct kvr_se_snapshot {
     struct kvr_kvpub_stats pub;      /* the publisher's counters */
 };
 
-/* Append the exposition of s to out. KVR_OK, or the writer's error (out then partial). */
-kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, struct kvr_buf *out);
+/* Append the exposition of s[0..n) to out, one snapshot per data-parallel rank (1..
+ * KVR_SE_DP_MAX, in rank order): vLLM's families have a sample per rank, kvengine's own and
+ * SGLang's are s[0]'s. KVR_OK, or the writer's error (out then partial). */
+kvr_status kvr_se_metrics_write(const struct kvr_se_snapshot *s, uint32_t n, struct kvr_buf *out);
 
 #endif

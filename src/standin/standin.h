@@ -38,6 +38,11 @@ uint16_t kvr_standin_port(const struct kvr_standin *s);
  * KVR_ERR_INVALID without KV events (or without a replay socket). */
 kvr_status kvr_standin_kv_endpoint(struct kvr_standin *s, bool replay, char *buf, size_t len);
 
+/* The same for data-parallel rank rank (--dp-size; rank 0 is kvr_standin_kv_endpoint's): vLLM's
+ * port + rank when --kv-events named a port, an ephemeral one of its own for port 0. */
+kvr_status kvr_standin_kv_endpoint_rank(struct kvr_standin *s, uint32_t rank, bool replay,
+                                        char *buf, size_t len);
+
 /* SIGTERM: stop taking requests (503), let those running finish within the drain timeout,
  * abort the rest. Returns the requests aborted. */
 uint32_t kvr_standin_drain(struct kvr_standin *s);
@@ -45,7 +50,9 @@ uint32_t kvr_standin_drain(struct kvr_standin *s);
 /* Close every connection, stop every thread, free. NULL is a no-op. */
 void kvr_standin_destroy(struct kvr_standin *s);
 
-/* The state inside (for tests: its counters, under its mutex). */
+/* The state inside (for tests: its counters, under its mutex): rank 0's. */
 struct kvr_se_state *kvr_standin_state(struct kvr_standin *s);
+/* Data-parallel rank rank's (NULL past --dp-size). */
+struct kvr_se_state *kvr_standin_rank_state(struct kvr_standin *s, uint32_t rank);
 
 #endif

@@ -283,12 +283,13 @@ static kvr_status open_pub(struct kvr_se_state *st, char *why, size_t len)
                                                     KVR_KVEV_HASH_BYTES32};
     static const enum kvr_kvev_layout layouts[] = {KVR_KVEV_LAYOUT_NEW, KVR_KVEV_LAYOUT_OLD,
                                                    KVR_KVEV_LAYOUT_MAP};
-    /* vLLM V1 appends its data-parallel rank (0 here); the older layout predates it */
+    /* vLLM V1 appends its data-parallel rank; the older layout predates it */
     struct kvr_kvev_encoding how = {forms[cfg->kv_hash], layouts[cfg->kv_layout],
                                     cfg->kv_layout != KVR_SE_LAYOUT_OLD};
     kvr_status err =
         kvr_se_batcher_init(&st->batcher, &how, NULL, cfg->engine.block_size, publish, st);
     st->batcher.hybrid = cfg->kv_hybrid;
+    st->batcher.dp_rank = cfg->dp_rank;
     if (err != KVR_OK) {
         snprintf(why, len, "KV events: --block-size %u does not fit a batch",
                  cfg->engine.block_size);
@@ -731,7 +732,7 @@ void kvr_se_count_refusal(struct kvr_se_state *st, unsigned status)
 
 /* --- metrics --------------------------------------------------------------------------------- */
 
-kvr_status kvr_se_metrics(struct kvr_se_state *st, struct kvr_buf *out)
+void kvr_se_snapshot_take(struct kvr_se_state *st, struct kvr_se_snapshot *out)
 {
     struct kvr_se_snapshot s = {.cfg = st->cfg};
     pthread_mutex_lock(&st->mu);
@@ -750,5 +751,5 @@ kvr_status kvr_se_metrics(struct kvr_se_state *st, struct kvr_buf *out)
     pthread_mutex_unlock(&st->mu);
     if ((s.has_pub = st->pub != NULL))
         kvr_kvpub_stats(st->pub, &s.pub);
-    return kvr_se_metrics_write(&s, out);
+    *out = s;
 }

@@ -146,7 +146,7 @@ kvr_status kvr_se_clear(struct kvr_se_state *st, struct kvr_se_refusal *why);
 /* Count an answer with HTTP status (>= 400) in refused. Takes mu. */
 void kvr_se_count_refusal(struct kvr_se_state *st, unsigned status);
 
-/* The metrics exposition (cfg->metrics_style) appended to out. Takes mu briefly. */
-kvr_status kvr_se_metrics(struct kvr_se_state *st, struct kvr_buf *out);
+/* What /metrics shows of st (kvr_se_metrics_write), taken at once. Takes mu briefly. */
+void kvr_se_snapshot_take(struct kvr_se_state *st, struct kvr_se_snapshot *out);
 
 #endif
