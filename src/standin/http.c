@@ -329,8 +329,13 @@ static enum MHD_Result hook(struct kvr_se_http *h, struct MHD_Connection *conn, 
             return refusef(h, conn, 409, "no KV events: kvengine runs without --kv-events");
         kvr_log(KVR_LOG_INFO, "test_drop_batches", "n=%u", n);
     } else if (r == R_STALL && hook_arg(h, conn, "ms", 600000, &n, &ok)) {
-        kvr_se_stall(h->st, n);
-        kvr_log(KVR_LOG_INFO, "test_stall", "ms=%u", n);
+        /* &rank=R (--dp-size): that rank's engine alone; absent: rank 0's */
+        const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "rank");
+        uint32_t rank = v && v[0] >= '0' && v[0] <= '9' && !v[1] ? (uint32_t)(v[0] - '0') : 0;
+        if (v && (rank >= h->nranks || !(v[0] >= '0' && v[0] <= '9' && !v[1])))
+            return refusef(h, conn, 400, "`rank` must be 0..%u", h->nranks - 1);
+        kvr_se_stall(h->ranks[rank], n);
+        kvr_log(KVR_LOG_INFO, "test_stall", "ms=%u rank=%u", n, rank);
     } else if (r == R_CLEAR) {
         if (kvr_se_clear(h->st, &why) != KVR_OK)
             return refuse(h, conn, &why, NULL);

@@ -2,10 +2,10 @@
  * kvr_se_http: kvengine's HTTP API on libmicrohttpd (the only includer of <microhttpd.h> in
  * src/standin): POST /v1/completions (an event stream, or one JSON), GET /v1/models, /health
  * (200 with an empty body; 503 while draining), /metrics, and with --metrics-style sglang GET
- * /get_server_info; with --test-hooks POST /test/drop_batches?n=N (1..10^6), /test/stall?ms=N
- * (1..600,000), /test/clear (409 while requests run). Unknown paths are 404 and other methods
- * 405 (Allow given), each with an error body in the configured shape; every error status is
- * counted (kvengine_http_refusals_total{code}).
+ * /get_server_info; with --test-hooks POST /test/drop_batches?n=N (1..10^6),
+ * /test/stall?ms=N[&rank=R] (1..600,000), /test/clear (409 while requests run). Unknown paths are
+ * 404 and other methods 405 (Allow given), each with an error body in the configured shape; every
+ * error status is counted (kvengine_http_refusals_total{code}).
  *
  * Threads: libmicrohttpd's listening thread and one thread per connection (at most
  * max_connections; more are closed at once). A connection's thread blocks while its request

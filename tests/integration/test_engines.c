@@ -12,6 +12,8 @@
 #include <criterion/criterion.h>
 #include "../criterion_gt.h"
 #include <curl/curl.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +233,16 @@ static struct got ask(const char *id, uint32_t base, uint32_t shared, uint32_t n
     cr_assert(h_send(nc, GEN, &q, id, base, shared, n, max));
     struct got g = collect(&q, 20000);
     h_sub_close(q.nc, q.sub);
+    return g;
+}
+
+/* ask, of 4 tokens, once the router at rport books nothing: on an idle fleet (kv's cost also
+ * prices the requests still decoding on a worker); asserts it finished. */
+static struct got ask_when_idle(int rport, const char *id, uint32_t base, uint32_t n)
+{
+    cr_assert(eq(dbl, until_metric_below(rport, "kvrouter_inflight_requests", 0, 5000), 0));
+    struct got g = ask(id, base, 0, n, 4);
+    cr_assert(g.final && g.error_code == 0, "request %s: error %u", id, g.error_code);
     return g;
 }
 
@@ -582,10 +594,7 @@ Test(engines, without_kv_events_the_router_learns_from_its_decisions)
     for (int p = 0; p < 3; p++) {
         char id[16];
         snprintf(id, sizeof id, "m%d", p);
-        /* an idle fleet: kv's cost also prices the requests still decoding on a worker */
-        cr_assert(eq(dbl, until_metric_below(rport, "kvrouter_inflight_requests", 0, 5000), 0));
-        struct got g = ask(id, 100000u * (uint32_t)(p + 1), 0, 600, 4);
-        cr_assert(g.final && g.error_code == 0);
+        struct got g = ask_when_idle(rport, id, 100000u * (uint32_t)(p + 1), 600);
         same += g.worker == first[p];
     }
     cr_expect(eq(int, same, 3), "%d of 3 followed their prefix", same);
@@ -783,5 +792,138 @@ Test(engines, a_restarted_engine_leaves_no_stale_blocks_in_the_index)
     cr_expect(ge(dbl, entries, 20), "the router holds %g, the new engine %g", entries, cached);
     cr_expect(le(dbl, entries, cached), "the router holds %g blocks, the engine only %g", entries,
               cached);
+    h_end();
+}
+
+/* A POST with a body and headers (NULL-terminated), answered within timeout_ms: its status. */
+static long post_json(const char *url, const char *json, const char *header, long timeout_ms)
+{
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, header);
+    long code = 0;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, json);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return code;
+}
+
+/* The prompt tokens kvengine's data-parallel rank r took in. */
+static double rank_prompt_tokens(int port, int r)
+{
+    char name[96];
+    snprintf(name, sizeof name, "vllm:prompt_tokens_total{model_name=\"kvengine\",engine=\"%d\"}",
+             r);
+    return metric(port, name);
+}
+
+static void *stalled_request(void *url)
+{
+    post_json(url, "{\"model\":\"kvengine\",\"prompt\":[1,2,3],\"max_tokens\":2}",
+              "X-data-parallel-rank: 1", 10000);
+    return NULL;
+}
+
+/* One vLLM with two data-parallel ranks behind one server (kvengine --dp-size 2), a worker per
+ * rank (--engine-dp-rank): each worker's requests run on its own rank, so a prefix returns to
+ * the rank that caches it; each heartbeat carries its own rank's capacity and queue, not the sum
+ * over the engine; each worker reads its own rank's KV events. */
+Test(engines, a_worker_per_data_parallel_rank_of_one_engine)
+{
+    struct engine e[2];
+    int pub, rep;
+    do { /* rank 1 publishes on port + 1, as vLLM's ranks do */
+        pub = h_free_port();
+        rep = h_free_port();
+    } while (rep == pub + 1 || pub == rep + 1 || rep == pub);
+    memset(e, 0, sizeof e);
+    char prog[512], pubs[2][64], reps[2][64];
+    for (int r = 0; r < 2; r++) {
+        snprintf(pubs[r], sizeof pubs[r], "tcp://127.0.0.1:%d", pub + r);
+        snprintf(reps[r], sizeof reps[r], "tcp://127.0.0.1:%d", rep + r);
+    }
+    snprintf(prog, sizeof prog, "%s/src/standin/kvengine", KVR_BUILD_ROOT);
+    e[0].pid = h_spawn_prog(prog, "kvengine",
+                            (const char *const[]){"--listen", "127.0.0.1:0", "--block-size",
+                                                  ENGINE_BS, "--speedup", "20", "--test-hooks",
+                                                  "--kv-events", pubs[0], "--kv-replay", reps[0],
+                                                  "--dp-size", "2", "--num-blocks", "3000", NULL});
+    e[0].port = h_http_port(e[0].pid, 10000);
+    snprintf(e[0].url, sizeof e[0].url, "http://127.0.0.1:%d", e[0].port);
+    e[1] = e[0];
+    for (int r = 0; r < 2; r++) {
+        snprintf(e[r].pub, sizeof e[r].pub, "%s", pubs[r]);
+        snprintf(e[r].replay, sizeof e[r].replay, "%s", reps[r]);
+        adapter_start_with(&e[r], r ? "2" : "1",
+                           (const char *const[]){"--engine-dp-rank", r ? "1" : "0", NULL});
+    }
+    pid_t rt = router();
+    int rport = h_http_port(rt, 10000);
+    h_until_served(nc, GEN, 1, 15000);
+    /* capacity: each rank's pool, not the engine's two */
+    for (int w = 1; w <= 2; w++) {
+        char name[96];
+        snprintf(name, sizeof name, "kvrouter_worker_capacity_blocks{worker=\"%d\"}", w);
+        cr_assert(eq(dbl, until_metric(rport, name, 3000, 5000), 3000), "worker %d", w);
+    }
+    /* queue: rank 1 stalled with a request held, worker 2 says it, worker 1 does not */
+    char url[128];
+    snprintf(url, sizeof url, "%s/test/stall?ms=3000&rank=1", e[0].url);
+    cr_assert(eq(long, post(url), 200));
+    snprintf(url, sizeof url, "%s/v1/completions", e[0].url);
+    pthread_t t;
+    cr_assert(eq(int, pthread_create(&t, NULL, stalled_request, url), 0));
+    double q2 = until_metric(rport, "kvrouter_worker_waiting_requests{worker=\"2\"}", 1, 2500);
+    double q1 = metric(rport, "kvrouter_worker_waiting_requests{worker=\"1\"}");
+    pthread_join(t, NULL);
+    cr_expect(eq(dbl, q2, 1), "worker 2 (rank 1) reports %g waiting", q2);
+    cr_expect(eq(dbl, q1, 0), "worker 1 (rank 0) reports %g waiting", q1);
+    /* requests: concurrent ones spread over both workers; each ran on its worker's rank */
+    double before[2];
+    for (int r = 0; r < 2; r++)
+        before[r] = rank_prompt_tokens(e[0].port, r);
+    struct h_req q[6];
+    uint64_t served[6];
+    for (int i = 0; i < 6; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "p%d", i);
+        cr_assert(h_send(nc, GEN, &q[i], id, 200000u * (uint32_t)(i + 1), 0, 520, 40));
+    }
+    double tokens[2] = {0, 0};
+    for (int i = 0; i < 6; i++) {
+        struct got g = collect(&q[i], 20000);
+        h_sub_close(q[i].nc, q[i].sub);
+        cr_assert(g.final && g.error_code == 0, "request %d: error %u", i, g.error_code);
+        cr_assert(g.worker == 1 || g.worker == 2);
+        served[i] = g.worker;
+        tokens[g.worker - 1] += 520;
+    }
+    cr_assert(gt(dbl, tokens[1], 0), "the router sent nothing to worker 2");
+    for (int r = 0; r < 2; r++) {
+        double ran = rank_prompt_tokens(e[0].port, r) - before[r];
+        cr_expect(eq(dbl, ran, tokens[r]), "rank %d ran %g prompt tokens, worker %d was sent %g", r,
+                  ran, r + 1, tokens[r]);
+    }
+    /* each prefix again: routed to the worker whose rank caches it, and found cached there */
+    double entries = until_metric(rport, "kvrouter_index_entries", 6 * 32, 5000);
+    cr_assert(ge(dbl, entries, 6 * 32), "the router's index holds %g entries", entries);
+    for (int i = 0; i < 6; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "again%d", i);
+        struct got g = ask_when_idle(rport, id, 200000u * (uint32_t)(i + 1), 560);
+        cr_expect(eq(u64, g.worker, served[i]), "prefix %d: worker %" PRIu64 ", first %" PRIu64, i,
+                  g.worker, served[i]);
+        cr_expect(ge(u32, g.cached, 512), "prefix %d: cached_tokens %u", i, g.cached);
+    }
+    for (int r = 0; r < 2; r++) {
+        cr_expect(gt(dbl, metric(e[r].metrics, "kvworker_adapter_kv_batches_total"), 0));
+        cr_expect(eq(dbl, metric(e[r].metrics, "kvworker_adapter_kv_other_rank_batches_total"), 0));
+    }
     h_end();
 }
