@@ -4,7 +4,8 @@
 # output read back as a config file gives the same settings, and bad values (out of range, not
 # a choice, not a number, an unknown key) are refused with exit status 2. No NATS is needed:
 # kvbench exits before it connects.
-# usage: options.sh KVSIM [KVBENCH]   (KVBENCH defaults to the kvbench beside KVSIM)
+# usage: options.sh KVSIM [KVBENCH]   (KVBENCH defaults to the kvbench beside KVSIM; kvworker,
+# checked for --engine-dp-rank, is the one beside KVBENCH)
 set -u
 kvsim=$1
 kvbench=${2:-$(dirname "$kvsim")/kvbench}
@@ -110,4 +111,12 @@ for bad in "--mode nope" "--log-level loud" "--concurrency 0" "--block-size 0" "
   expect2 "$kvbench" $bad
 done
 KVR_LOG_LEVEL=loud expect2 "$kvbench" --print-config
+# kvworker checks its options before it connects: a bad data-parallel rank is exit 2 too
+kvworker=$(dirname "$kvbench")/kvworker
+for bad in "--engine openai --engine-dp-rank 65536" "--engine openai --engine-dp-rank -1" \
+           "--engine openai --engine-dp-rank 1x" "--engine openai --engine-dp-rank 000001" \
+           "--engine-dp-rank 0"; do
+  # shellcheck disable=SC2086
+  expect2 "$kvworker" --nats nats://127.0.0.1:1 $bad
+done
 echo "1 passed, 0 failed"
