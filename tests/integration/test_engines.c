@@ -925,5 +925,26 @@ Test(engines, a_worker_per_data_parallel_rank_of_one_engine)
         cr_expect(gt(dbl, metric(e[r].metrics, "kvworker_adapter_kv_batches_total"), 0));
         cr_expect(eq(dbl, metric(e[r].metrics, "kvworker_adapter_kv_other_rank_batches_total"), 0));
     }
+    /* a worker of rank 0 given rank 1's KV ports by mistake: rank 1's batches (the rank in each)
+     * are skipped and counted, none applied as its own (prompts sent to rank 1 until one is seen:
+     * a subscriber hears only what is published after it joined) */
+    struct engine wrong = e[1];
+    adapter_start_with(&wrong, "3", (const char *const[]){"--engine-dp-rank", "0", NULL});
+    double skipped = 0;
+    for (int i = 0; i < 50 && skipped <= 0; i++) { /* -1: not served yet */
+        char json[256];
+        int n =
+            snprintf(json, sizeof json, "{\"model\":\"kvengine\",\"max_tokens\":1,\"prompt\":[");
+        for (int k = 0; k < 20; k++)
+            n += snprintf(json + n, sizeof json - (size_t)n, "%s%d", k ? "," : "",
+                          900000 + 32 * i + k);
+        snprintf(json + n, sizeof json - (size_t)n, "]}");
+        cr_assert(eq(long, post_json(url, json, "X-data-parallel-rank: 1", 10000), 200));
+        skipped = metric(wrong.metrics, "kvworker_adapter_kv_other_rank_batches_total");
+        if (skipped <= 0)
+            h_sleep_ms(100);
+    }
+    cr_assert(gt(dbl, skipped, 0), "rank 1's batches were not skipped by a worker of rank 0");
+    cr_expect(eq(dbl, metric(wrong.metrics, "kvworker_adapter_kv_batches_total"), 0));
     h_end();
 }
