@@ -914,7 +914,7 @@ Test(engines, a_worker_per_data_parallel_rank_of_one_engine)
     double entries = until_metric(rport, "kvrouter_index_entries", 6 * 32, 5000);
     cr_assert(ge(dbl, entries, 6 * 32), "the router's index holds %g entries", entries);
     for (int i = 0; i < 6; i++) {
-        char id[16];
+        char id[24];
         snprintf(id, sizeof id, "again%d", i);
         struct got g = ask_when_idle(rport, id, 200000u * (uint32_t)(i + 1), 560);
         cr_expect(eq(u64, g.worker, served[i]), "prefix %d: worker %" PRIu64 ", first %" PRIu64, i,
