@@ -18,6 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "codec.h"
 #include "harness.h"
@@ -834,27 +838,57 @@ static void *stalled_request(void *url)
  * rank (--engine-dp-rank): each worker's requests run on its own rank, so a prefix returns to
  * the rank that caches it; each heartbeat carries its own rank's capacity and queue, not the sum
  * over the engine; each worker reads its own rank's KV events. */
+/* Whether port of 127.0.0.1 can be bound now. */
+static bool bindable(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* kvengine --dp-size 2 (3,000 blocks a rank) into e, its ranks' KV endpoints into pubs and reps:
+ * rank 1 publishes on the ports after rank 0's, as vLLM's ranks do. Free ports are only free
+ * when asked, and the one after a free port may be taken (a connection's ephemeral port: seen in
+ * a clean-clone CI run), so a start that cannot bind is tried again on other ports. */
+static void dp_engine_start(struct engine *e, char pubs[2][64], char reps[2][64])
+{
+    char prog[512];
+    snprintf(prog, sizeof prog, "%s/src/standin/kvengine", KVR_BUILD_ROOT);
+    for (int attempt = 0;; attempt++) {
+        int pub, rep;
+        do {
+            pub = h_free_port();
+            rep = h_free_port();
+        } while (rep == pub + 1 || pub == rep + 1 || rep == pub || pub == 65535 || rep == 65535 ||
+                 !bindable(pub + 1) || !bindable(rep + 1));
+        for (int r = 0; r < 2; r++) {
+            snprintf(pubs[r], 64, "tcp://127.0.0.1:%d", pub + r);
+            snprintf(reps[r], 64, "tcp://127.0.0.1:%d", rep + r);
+        }
+        e->pid = h_spawn_prog(
+            prog, "kvengine",
+            (const char *const[]){"--listen", "127.0.0.1:0", "--block-size", ENGINE_BS, "--speedup",
+                                  "20", "--test-hooks", "--kv-events", pubs[0], "--kv-replay",
+                                  reps[0], "--dp-size", "2", "--num-blocks", "3000", NULL});
+        uint64_t end = h_now_ms() + 10000;
+        while (!h_log_has(e->pid, "msg=http_listening") && !h_exited(e->pid) && h_now_ms() < end)
+            h_sleep_ms(20);
+        if (!h_exited(e->pid) || attempt == 4)
+            break;
+    }
+    e->port = h_http_port(e->pid, 10000);
+}
+
 Test(engines, a_worker_per_data_parallel_rank_of_one_engine)
 {
     struct engine e[2];
-    int pub, rep;
-    do { /* rank 1 publishes on port + 1, as vLLM's ranks do */
-        pub = h_free_port();
-        rep = h_free_port();
-    } while (rep == pub + 1 || pub == rep + 1 || rep == pub);
     memset(e, 0, sizeof e);
-    char prog[512], pubs[2][64], reps[2][64];
-    for (int r = 0; r < 2; r++) {
-        snprintf(pubs[r], sizeof pubs[r], "tcp://127.0.0.1:%d", pub + r);
-        snprintf(reps[r], sizeof reps[r], "tcp://127.0.0.1:%d", rep + r);
-    }
-    snprintf(prog, sizeof prog, "%s/src/standin/kvengine", KVR_BUILD_ROOT);
-    e[0].pid = h_spawn_prog(prog, "kvengine",
-                            (const char *const[]){"--listen", "127.0.0.1:0", "--block-size",
-                                                  ENGINE_BS, "--speedup", "20", "--test-hooks",
-                                                  "--kv-events", pubs[0], "--kv-replay", reps[0],
-                                                  "--dp-size", "2", "--num-blocks", "3000", NULL});
-    e[0].port = h_http_port(e[0].pid, 10000);
+    char pubs[2][64], reps[2][64];
+    dp_engine_start(&e[0], pubs, reps);
     snprintf(e[0].url, sizeof e[0].url, "http://127.0.0.1:%d", e[0].port);
     e[1] = e[0];
     for (int r = 0; r < 2; r++) {
