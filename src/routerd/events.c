@@ -145,8 +145,6 @@ static kvr_status end_request(struct kvr_rd *rd, uint64_t wid, uint64_t key, kvr
      * the requests this router held (whose resends would be generated a second time) */
     struct kvr_recent *t = &rd->recent;
     const struct kvr_recent_item *r = p ? NULL : kvr_rd_ended(rd, key, now, &t);
-    if (!p && !r)
-        t = &rd->early_dones;
     bool answered = r && r->kind == KVR_RECENT_FAILED;
     if (!answered && status == KVR_OK)
         kvr_recent_put(t, key, KVR_RECENT_ENDED, KVR_OK, false, now);

@@ -180,7 +180,8 @@ void kvr_rd_procs_free(struct kvr_rd *rd);
  * Under mu: what this router remembers of the end of request key at now (kvr_recent.h): in
  * rd->recent (the requests it held or answered), else in rd->early_dones (dones of requests it
  * did not hold); NULL when neither. *in (when in is not NULL): the table it was found in, for
- * kvr_recent_age. Borrowed until the next put into that table.
+ * kvr_recent_age, or rd->early_dones when neither (where the end of a request this router did
+ * not hold goes). Borrowed until the next put into that table.
  */
 const struct kvr_recent_item *kvr_rd_ended(struct kvr_rd *rd, uint64_t key, uint64_t now,
                                            struct kvr_recent **in);

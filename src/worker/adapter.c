@@ -204,6 +204,16 @@ static void on_end(void *ctx, uint64_t key, kvr_status st, const char *message)
     kvr__worker_unlock(w);
 }
 
+/* Under mu: whether a warning last said at *at (0: never) is due again at now; if so, now is
+ * its time. */
+static bool warn_due(uint64_t *at, uint64_t now)
+{
+    if (*at && now - *at < WARN_EVERY_NS)
+        return false;
+    *at = now;
+    return true;
+}
+
 /* --- the engine's KV events (the subscriber's thread) ---------------------------------------- */
 
 /* Under mu: whether b is another data-parallel rank's than --engine-dp-rank (a batch that says
@@ -215,14 +225,12 @@ static bool other_rank(struct kvr_adapter *ad, uint64_t seq, const struct kvr_kv
     if (rank < 0 || !b->has_dp_rank || b->dp_rank == rank)
         return false;
     ad->s.kv_other_rank++;
-    if (!ad->warned_rank_at || now - ad->warned_rank_at >= WARN_EVERY_NS) {
-        ad->warned_rank_at = now;
+    if (warn_due(&ad->warned_rank_at, now))
         kvr_log(KVR_LOG_WARN, "kv_batch_other_rank",
                 "seq=%" PRIu64 " batch_rank=%" PRId64 " dp_rank=%d skipped=%" PRIu64
                 " hint=\"vLLM publishes rank N's KV events on the --kv-events-config endpoint's "
                 "port + N: give --kv-events (and --kv-replay) that port\"",
                 seq, b->dp_rank, (int)rank, ad->s.kv_other_rank);
-    }
     return true;
 }
 
@@ -264,9 +272,7 @@ static void on_bad(void *ctx, uint64_t seq, kvr_status st)
     struct kvr_adapter *ad = ctx;
     uint64_t now = kvr_now_ns();
     pthread_mutex_lock(&ad->w->mu);
-    bool say = !ad->warned_other_at || now - ad->warned_other_at >= WARN_EVERY_NS;
-    if (say)
-        ad->warned_other_at = now;
+    bool say = warn_due(&ad->warned_other_at, now);
     pthread_mutex_unlock(&ad->w->mu);
     if (say)
         kvr_log(KVR_LOG_WARN, "kv_batch_dropped", "seq=%" PRIu64 " error=\"%s\"", seq,
@@ -300,9 +306,8 @@ static void restarted(struct kvr_adapter *ad, const struct kvr_engine_metrics *m
 static void metrics_failed(struct kvr_adapter *ad, kvr_status st, uint64_t now)
 {
     ad->s.metrics_failed++;
-    if (ad->warned_metrics_at && now - ad->warned_metrics_at < WARN_EVERY_NS)
+    if (!warn_due(&ad->warned_metrics_at, now))
         return;
-    ad->warned_metrics_at = now;
     kvr_log(KVR_LOG_WARN, "engine_metrics_failed",
             "url=%s/metrics error=\"%s\" failed=%" PRIu64
             " action=\"heartbeats keep the last waiting requests and KV usage read\"",
