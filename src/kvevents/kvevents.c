@@ -9,6 +9,7 @@
 #include "kvevents.h"
 
 #include <msgpack.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,25 @@ static enum tag tag_of(const msgpack_object *t)
     return TAG_UNKNOWN;
 }
 
+/* A map event's keys and the field each fills (a key met twice: the last counts). */
+static const struct {
+    const char *key;
+    size_t at; /* offsetof the field in struct fields */
+} map_keys[] = {
+    {"block_hashes", offsetof(struct fields, hashes)},
+    {"parent_block_hash", offsetof(struct fields, parent)},
+    {"token_ids", offsetof(struct fields, tokens)},
+    {"block_size", offsetof(struct fields, block_size)},
+    {"num_toks_per_block", offsetof(struct fields, block_size)}, /* the older name */
+    {"lora_id", offsetof(struct fields, lora)},
+    {"medium", offsetof(struct fields, medium)},
+    {"group_idx", offsetof(struct fields, group)},
+    {"extra_keys", offsetof(struct fields, extra)},
+    {"kv_cache_spec_kind", offsetof(struct fields, kind)},
+    {"cache_salt", offsetof(struct fields, salt)},
+    {"metadata", offsetof(struct fields, meta)},
+};
+
 /* The tag and fields of an event (array or map); false when it is neither or has no tag. */
 static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *f)
 {
@@ -139,28 +159,12 @@ static bool event_fields(const msgpack_object *e, enum tag *tag, struct fields *
             continue;
         if (is_str(k, "type"))
             type = v;
-        else if (is_str(k, "block_hashes"))
-            f->hashes = v;
-        else if (is_str(k, "parent_block_hash"))
-            f->parent = v;
-        else if (is_str(k, "token_ids"))
-            f->tokens = v;
-        else if (is_str(k, "block_size") || is_str(k, "num_toks_per_block"))
-            f->block_size = v;
-        else if (is_str(k, "lora_id"))
-            f->lora = v;
-        else if (is_str(k, "medium"))
-            f->medium = v;
-        else if (is_str(k, "group_idx"))
-            f->group = v;
-        else if (is_str(k, "extra_keys"))
-            f->extra = v;
-        else if (is_str(k, "kv_cache_spec_kind"))
-            f->kind = v;
-        else if (is_str(k, "cache_salt"))
-            f->salt = v;
-        else if (is_str(k, "metadata"))
-            f->meta = v;
+        for (size_t j = 0; j < sizeof map_keys / sizeof map_keys[0]; j++) {
+            if (is_str(k, map_keys[j].key)) {
+                *(const msgpack_object **)((char *)f + map_keys[j].at) = v;
+                break;
+            }
+        }
     }
     *tag = tag_of(type);
     if (*tag == TAG_REMOVED) {
