@@ -55,6 +55,7 @@ struct kvr_fleet {
     bool keep_index;                  /* ... unless its sender's index has holes too (sync.c) */
     uint32_t partial_answers;         /* snapshots in a row whose index had holes (sync.c) */
     uint64_t resync_retry_at;         /* ask another peer then (0: no) */
+    bool took_holes;                  /* the last snapshot taken in had holes (sync.c) */
     uint64_t sync_token;              /* the awaited snapshot's token */
     uint64_t sync_asked_ns;           /* when it was asked (kvr_now_ns) */
     bool replay_kv;                   /* its index replaced this one's: apply the KV events of the
